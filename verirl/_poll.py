@@ -1,0 +1,91 @@
+"""Deadline-bounded polling with capped exponential backoff.
+
+Shared by the env-server probe and the vLLM server's readiness wait, so both
+notice a service within tens of milliseconds early on, never sleep past their
+deadline, and report progress the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import attrs
+
+from verirl.errors import ConfigError
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], None]
+
+
+@attrs.frozen
+class Backoff:
+    """Poll intervals: ``initial``, then times ``factor`` each turn, at most ``cap`` seconds."""
+
+    initial: float = 0.02
+    factor: float = 2.0
+    cap: float = 1.0
+
+    def __attrs_post_init__(self) -> None:
+        if not self.initial > 0:
+            raise ConfigError.invalid("initial", self.initial, "must be > 0")
+        if not self.factor >= 1:
+            raise ConfigError.invalid("factor", self.factor, "must be >= 1")
+        if not self.cap >= self.initial:
+            raise ConfigError.invalid("cap", self.cap, f"must be >= initial ({self.initial})")
+
+    def intervals(self) -> Iterator[float]:
+        """Yield the sleep before each next attempt, forever."""
+        interval = self.initial
+        while True:
+            yield interval
+            interval = min(interval * self.factor, self.cap)
+
+
+@attrs.frozen
+class PollResult:
+    """How a poll ended: ``ready``, after ``elapsed`` seconds and ``attempts`` tries."""
+
+    ready: bool
+    elapsed: float
+    attempts: int
+    last_error: str | None
+
+
+def poll(
+    attempt: Callable[[float], str | None],
+    *,
+    timeout: float,
+    backoff: Backoff,
+    clock: Clock = time.monotonic,
+    sleep: Sleep = time.sleep,
+    progress: Callable[[float, str | None], None] | None = None,
+    progress_every: float = 10.0,
+) -> PollResult:
+    """Call ``attempt(time_left)`` until it returns ``None`` (ready) or time runs out.
+
+    ``attempt`` returns a short failure reason otherwise; it may raise to abort
+    the poll (the exception propagates). It is always tried at least once, and
+    is told how much time is left so it can clip its own request timeout. Sleeps
+    are clipped to the deadline, so the call ends within ``timeout`` plus the
+    duration of the last attempt. ``progress(elapsed, last_error)`` is called at
+    most every ``progress_every`` seconds while waiting.
+    """
+    start = clock()
+    deadline = start + timeout
+    next_progress = start + progress_every
+    attempts = 0
+    last_error: str | None = None
+    for interval in backoff.intervals():
+        attempts += 1
+        last_error = attempt(max(deadline - clock(), 0.0))
+        now = clock()
+        if last_error is None:
+            return PollResult(ready=True, elapsed=now - start, attempts=attempts, last_error=None)
+        if now >= deadline:
+            break
+        if progress is not None and now >= next_progress:
+            progress(now - start, last_error)
+            next_progress = now + progress_every
+        sleep(min(interval, deadline - now))
+    return PollResult(ready=False, elapsed=clock() - start, attempts=attempts, last_error=last_error)

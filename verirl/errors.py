@@ -1,0 +1,122 @@
+"""Every error verirl raises on purpose.
+
+Each one also subclasses the built-in exception a caller would catch without
+knowing verirl, so ``except TimeoutError`` or ``except FileNotFoundError``
+keep working::
+
+    VeriRLError
+    ├── ConfigError(ValueError)                  bad input, at construction/parse time
+    ├── EnvServerUnavailable(TimeoutError)       .url .elapsed .last_error
+    ├── VLLMServerError(RuntimeError)            server faults; launch command missing
+    │   ├── PortInUseError                       .host .port; nothing was spawned
+    │   ├── VLLMServerExited                     .returncode .log_tail
+    │   └── VLLMStartupTimeout(TimeoutError)     .timeout .log_tail; tree already gone
+    ├── CheckpointNotFoundError(FileNotFoundError)  .searched
+    └── CheckpointSourceError                    a source could not be read; see __cause__
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointNotFoundError",
+    "CheckpointSourceError",
+    "ConfigError",
+    "EnvServerUnavailable",
+    "PortInUseError",
+    "VLLMServerError",
+    "VLLMServerExited",
+    "VLLMStartupTimeout",
+    "VeriRLError",
+]
+
+
+class VeriRLError(Exception):
+    """Base of every error verirl raises on purpose."""
+
+
+class ConfigError(VeriRLError, ValueError):
+    """Bad input; the message names the field and the offending value."""
+
+    def __init__(self, message: str, *, field: str | None = None, value: object = None) -> None:
+        self.field = field
+        self.value = value
+        super().__init__(message)
+
+    @classmethod
+    def invalid(cls, field: str, value: object, reason: str) -> ConfigError:
+        """Build the usual message: ``field=value: reason``."""
+        return cls(f"{field}={value!r}: {reason}", field=field, value=value)
+
+
+class EnvServerUnavailable(VeriRLError, TimeoutError):
+    """The reward environment server did not answer healthy in time."""
+
+    def __init__(self, url: str, elapsed: float, last_error: str | None) -> None:
+        self.url = url
+        self.elapsed = elapsed
+        self.last_error = last_error
+        super().__init__(
+            f"env server {url} not healthy after {elapsed:.1f}s "
+            f"(last error: {last_error or 'none'})"
+        )
+
+
+class VLLMServerError(VeriRLError, RuntimeError):
+    """The vLLM server could not be launched or failed."""
+
+
+class PortInUseError(VLLMServerError):
+    """The server's port is already bound; nothing was spawned."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        self.port = port
+        self.host = host
+        super().__init__(
+            f"port={port}: already in use on {host}; "
+            "stop whatever holds it or choose another port"
+        )
+
+
+def _format_tail(log_tail: str) -> str:
+    if not log_tail.strip():
+        return " (the server log is empty)"
+    return "\n--- last lines of the server log ---\n" + log_tail.rstrip("\n")
+
+
+class VLLMServerExited(VLLMServerError):
+    """The server process exited before it was ready (or while in use)."""
+
+    def __init__(self, returncode: int | None, log_tail: str, log_path: str | None = None) -> None:
+        self.returncode = returncode
+        self.log_tail = log_tail
+        self.log_path = log_path
+        where = f"; full log: {log_path}" if log_path else ""
+        super().__init__(f"vLLM server exited with code {returncode}{where}{_format_tail(log_tail)}")
+
+
+class VLLMStartupTimeout(VLLMServerError, TimeoutError):
+    """The server was not healthy within ``startup_timeout``; it has been torn down."""
+
+    def __init__(self, timeout: float, log_tail: str, log_path: str | None = None) -> None:
+        self.timeout = timeout
+        self.log_tail = log_tail
+        self.log_path = log_path
+        where = f"; full log: {log_path}" if log_path else ""
+        super().__init__(
+            f"vLLM server not healthy after {timeout:.1f}s and was stopped{where}"
+            f"{_format_tail(log_tail)}"
+        )
+
+
+class CheckpointNotFoundError(VeriRLError, FileNotFoundError):
+    """No (complete) checkpoint where one was asked for; names every place searched."""
+
+    def __init__(self, request: str, searched: tuple[str, ...] | list[str]) -> None:
+        self.request = request
+        self.searched = tuple(searched)
+        places = ", ".join(self.searched) if self.searched else "no sources configured"
+        super().__init__(f"no complete checkpoint for {request!r}; searched: {places}")
+
+
+class CheckpointSourceError(VeriRLError):
+    """A checkpoint source could not be read; ``__cause__`` holds the original error."""
