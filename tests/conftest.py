@@ -1,0 +1,28 @@
+"""Suite-wide guards: no test may leave a child process behind."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_leftover_children() -> Iterator[None]:
+    """Fail the run if any process started by the suite outlives it."""
+    before = _children()
+    yield
+    left = []
+    for pid in _children() - before:
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{pid}: {' '.join(proc.cmdline())}")
+        except psutil.NoSuchProcess:
+            continue
+    assert not left, "processes left behind by the suite:\n" + "\n".join(left)
