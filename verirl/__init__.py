@@ -7,6 +7,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from verirl.distenv import DistributedEnv, find_free_port
+from verirl.envserver import EnvServerProbe, HttpEnvServerProbe
 from verirl.errors import (
     CheckpointNotFoundError,
     CheckpointSourceError,
@@ -18,16 +20,23 @@ from verirl.errors import (
     VLLMServerExited,
     VLLMStartupTimeout,
 )
+from verirl.topology import VLLMTopology, detect_gpu_count
 
 __all__ = [
     "CheckpointNotFoundError",
     "CheckpointSourceError",
     "ConfigError",
+    "DistributedEnv",
+    "EnvServerProbe",
     "EnvServerUnavailable",
+    "HttpEnvServerProbe",
     "PortInUseError",
     "VLLMServerError",
     "VLLMServerExited",
     "VLLMStartupTimeout",
+    "VLLMTopology",
     "VeriRLError",
     "__version__",
+    "detect_gpu_count",
+    "find_free_port",
 ]

@@ -1,0 +1,191 @@
+"""Test doubles for the reward environment server.
+
+`FakeEnvServer` is a real HTTP server on loopback whose health endpoint you
+script; `FakeEnvServerProbe` implements `verirl.EnvServerProbe` with no
+network at all. Both are used by verirl's own tests and ship for yours::
+
+    with FakeEnvServer(ready_after=0.5) as server:
+        HttpEnvServerProbe(server.url).wait(timeout=5)
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from typing import Any
+
+import attrs
+
+from verirl.errors import EnvServerUnavailable
+
+__all__ = ["FakeEnvServer", "FakeEnvServerProbe"]
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _HTTPServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002, ANN401
+        """Keep test output quiet; requests are recorded on the fake instead."""
+
+    def do_GET(self) -> None:  # noqa: N802 - the http.server naming scheme
+        fake = self.server.fake
+        fake._record(self.path)  # noqa: SLF001 - the fake owns its handler
+        if self.path.rstrip("/") != fake.health_path.rstrip("/"):
+            self._reply(404, b'{"detail": "Not Found"}')
+            return
+        if fake.hang:
+            fake._released.wait()  # noqa: SLF001 - held until the fake is told or closed
+            return
+        if fake.is_ready():
+            self._reply(200, b'{"status": "ok"}')
+        else:
+            self._reply(fake.status_when_not_ready, b'{"status": "starting"}')
+
+    def _reply(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class _HTTPServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    fake: FakeEnvServer
+
+
+@attrs.define
+class FakeEnvServer:
+    """A loopback HTTP server whose ``health_path`` answers as scripted.
+
+    ``ready_after`` seconds after `start` (``None``: only when `set_ready` is
+    called) it answers 200 ``{"status": "ok"}``; before that,
+    ``status_when_not_ready`` (503). ``hang=True`` accepts connections and
+    never answers, like a wedged server. ``request_times`` records when each
+    request arrived (monotonic clock), ``paths`` what it asked for.
+    """
+
+    ready_after: float | None = 0.0
+    status_when_not_ready: int = 503
+    hang: bool = False
+    health_path: str = "/health"
+    host: str = "127.0.0.1"
+    port: int = 0
+    request_times: list[float] = attrs.field(factory=list, init=False)
+    paths: list[str] = attrs.field(factory=list, init=False)
+    _started_at: float | None = attrs.field(default=None, init=False)
+    _ready_event: threading.Event = attrs.field(factory=threading.Event, init=False)
+    _released: threading.Event = attrs.field(factory=threading.Event, init=False)
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+    _httpd: _HTTPServer | None = attrs.field(default=None, init=False)
+    _thread: threading.Thread | None = attrs.field(default=None, init=False)
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:54321``."""
+        if self._httpd is None:
+            msg = "FakeEnvServer is not started"
+            raise RuntimeError(msg)
+        return f"http://{self.host}:{self._httpd.server_address[1]}"
+
+    @property
+    def requests(self) -> int:
+        """How many requests arrived so far."""
+        with self._lock:
+            return len(self.request_times)
+
+    def _record(self, path: str) -> None:
+        with self._lock:
+            self.request_times.append(time.monotonic())
+            self.paths.append(path)
+
+    def is_ready(self) -> bool:
+        """Whether the health endpoint answers 200 right now."""
+        if self._ready_event.is_set():
+            return True
+        if self.ready_after is None or self._started_at is None:
+            return False
+        if time.monotonic() - self._started_at >= self.ready_after:
+            self._ready_event.set()
+            return True
+        return False
+
+    @property
+    def ready_at(self) -> float | None:
+        """Monotonic time the server became (or becomes) healthy, if known."""
+        if self._started_at is None or self.ready_after is None:
+            return None
+        return self._started_at + self.ready_after
+
+    def set_ready(self, ready: bool = True) -> None:
+        """Turn health on (or off again) now."""
+        if ready:
+            self._ready_event.set()
+        else:
+            self._ready_event.clear()
+            self.ready_after = None
+
+    def release(self) -> None:
+        """Let hanging requests finish (they get no answer)."""
+        self._released.set()
+
+    def start(self) -> FakeEnvServer:
+        """Bind and serve in a background thread."""
+        self._httpd = _HTTPServer((self.host, self.port), _Handler)
+        self._httpd.fake = self
+        self._started_at = time.monotonic()
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket; safe to call twice."""
+        self._released.set()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._httpd = None
+        self._thread = None
+
+    def __enter__(self) -> FakeEnvServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+@attrs.define
+class FakeEnvServerProbe:
+    """A scripted `verirl.EnvServerProbe`: healthy from the ``ready_after_checks``-th check.
+
+    ``ready_after_checks=None`` never becomes healthy. ``wait`` takes
+    ``wait_delay`` seconds (to model a slow environment in overlap tests),
+    then succeeds or raises `EnvServerUnavailable`. Calls are recorded.
+    """
+
+    url: str = "http://fake-env-server"
+    ready_after_checks: int | None = 0
+    wait_delay: float = 0.0
+    checks: int = attrs.field(default=0, init=False)
+    waits: list[float] = attrs.field(factory=list, init=False)
+
+    def check(self) -> bool:
+        """Count the check; healthy once ``ready_after_checks`` checks have failed."""
+        self.checks += 1
+        return self.ready_after_checks is not None and self.checks > self.ready_after_checks
+
+    def wait(self, timeout: float) -> None:
+        """Record ``timeout``, take ``wait_delay`` seconds, then succeed or raise."""
+        self.waits.append(timeout)
+        if self.wait_delay:
+            time.sleep(min(self.wait_delay, timeout))
+        if self.ready_after_checks is None or self.wait_delay > timeout:
+            raise EnvServerUnavailable(self.url, min(self.wait_delay, timeout), "fake: never ready")
+        self.checks = max(self.checks, self.ready_after_checks + 1)
+

@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from verirl import ConfigError, DistributedEnv, find_free_port
+
+TORCHRUN = {
+    "RANK": "3",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "8",
+    "LOCAL_WORLD_SIZE": "4",
+    "MASTER_ADDR": "node0",
+    "MASTER_PORT": "29500",
+}
+
+
+def test_single_node_defaults():
+    env = DistributedEnv.single_node(environ={})
+    v = env.variables
+    assert (v["RANK"], v["LOCAL_RANK"], v["WORLD_SIZE"]) == ("0", "0", "1")
+    assert v["MASTER_ADDR"] == "127.0.0.1"
+    assert v["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert 1 <= int(v["MASTER_PORT"]) <= 65535
+    assert env.defaulted == set(v)
+    assert (env.rank, env.local_rank, env.world_size, env.is_local_main) == (0, 0, 1, True)
+
+
+def test_launcher_values_win():
+    env = DistributedEnv.single_node(environ=dict(TORCHRUN), master_port=1234)
+    for name, value in TORCHRUN.items():
+        assert env.variables[name] == value
+    assert "MASTER_PORT" not in env.defaulted
+    assert env.defaulted == {"PYTORCH_CUDA_ALLOC_CONF"}
+    assert (env.rank, env.local_rank, env.world_size, env.is_local_main) == (3, 1, 8, False)
+
+
+@pytest.mark.parametrize("name", ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"])
+def test_user_allocator_config_is_kept(name):
+    env = DistributedEnv.single_node(environ={name: "backend:cudaMallocAsync"})
+    assert env.variables[name] == "backend:cudaMallocAsync"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in env.defaulted
+
+
+def test_master_port_is_free_and_differs_between_jobs():
+    a = int(DistributedEnv.single_node(environ={}).variables["MASTER_PORT"])
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", a))  # it really is free
+    ports = {int(DistributedEnv.single_node(environ={}).variables["MASTER_PORT"]) for _ in range(5)}
+    assert len(ports) > 1
+
+
+def test_master_port_explicit_and_avoided_ports():
+    assert DistributedEnv.single_node(environ={}, master_port=4321).variables["MASTER_PORT"] == "4321"
+    taken = find_free_port()
+    assert find_free_port(avoid=range(1, taken + 1)) > taken
+
+
+@pytest.mark.parametrize(
+    ("environ", "field"),
+    [
+        ({"RANK": "x"}, "RANK"),
+        ({"RANK": "-1"}, "RANK"),
+        ({"WORLD_SIZE": "0"}, "WORLD_SIZE"),
+        ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK"),
+        ({"RANK": "1"}, "RANK"),
+        ({"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK"),
+        ({"MASTER_PORT": "99999"}, "MASTER_PORT"),
+        ({"MASTER_PORT": "port"}, "MASTER_PORT"),
+    ],
+)
+def test_inconsistent_launcher_values(environ, field):
+    with pytest.raises(ConfigError) as info:
+        DistributedEnv.single_node(environ=environ)
+    assert info.value.field == field
+    assert repr(environ[field]) in str(info.value)
+
+
+@pytest.mark.parametrize("port", [0, 70000, "29500", True])
+def test_bad_master_port_argument(port):
+    with pytest.raises(ConfigError, match="^master_port="):
+        DistributedEnv.single_node(environ={}, master_port=port)
+
+
+def test_apply_writes_into_the_given_mapping_only():
+    target: dict[str, str] = {"KEEP": "1"}
+    before = dict(os.environ)
+    env = DistributedEnv.single_node(environ={}, master_port=5555)
+    env.apply(target)
+    assert target["MASTER_PORT"] == "5555"
+    assert target["KEEP"] == "1"
+    assert dict(os.environ) == before
+
+
+def test_apply_defaults_to_os_environ(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "somewhere")
+    env = DistributedEnv.single_node(master_port=6000)
+    monkeypatch.setenv("RANK", "0")  # registers RANK & co. for cleanup by monkeypatch
+    for name in env.variables:
+        monkeypatch.setenv(name, "placeholder")
+    env.apply()
+    assert os.environ["MASTER_PORT"] == "6000"
+    assert os.environ["MASTER_ADDR"] == "somewhere"
+
+
+def test_variables_are_read_only():
+    env = DistributedEnv.single_node(environ={})
+    with pytest.raises(TypeError):
+        env.variables["RANK"] = "1"  # type: ignore[index]

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import pytest
+
+from verirl import (
+    CheckpointNotFoundError,
+    CheckpointSourceError,
+    ConfigError,
+    EnvServerUnavailable,
+    PortInUseError,
+    VeriRLError,
+    VLLMServerError,
+    VLLMServerExited,
+    VLLMStartupTimeout,
+)
+
+
+@pytest.mark.parametrize(
+    ("error", "bases"),
+    [
+        (ConfigError, (VeriRLError, ValueError)),
+        (EnvServerUnavailable, (VeriRLError, TimeoutError)),
+        (VLLMServerError, (VeriRLError, RuntimeError)),
+        (PortInUseError, (VLLMServerError,)),
+        (VLLMServerExited, (VLLMServerError,)),
+        (VLLMStartupTimeout, (VLLMServerError, TimeoutError)),
+        (CheckpointNotFoundError, (VeriRLError, FileNotFoundError)),
+        (CheckpointSourceError, (VeriRLError,)),
+    ],
+)
+def test_tree(error, bases):
+    assert issubclass(error, bases)
+
+
+def test_every_error_is_drawn_in_the_module_docstring():
+    import verirl.errors
+
+    doc = verirl.errors.__doc__ or ""
+    for name in verirl.errors.__all__:
+        assert name in doc
+
+
+def test_config_error_names_field_and_value():
+    err = ConfigError.invalid("port", -1, "must be >= 1")
+    assert str(err) == "port=-1: must be >= 1"
+    assert (err.field, err.value) == ("port", -1)
+    assert str(ConfigError("plain message")) == "plain message"
+
+
+def test_env_server_unavailable_context():
+    err = EnvServerUnavailable("http://h:1", 2.25, "HTTP 503")
+    assert (err.url, err.elapsed, err.last_error) == ("http://h:1", 2.25, "HTTP 503")
+    assert "http://h:1" in str(err)
+    assert "2.2s" in str(err) or "2.3s" in str(err)
+    assert "HTTP 503" in str(err)
+    assert "none" in str(EnvServerUnavailable("http://h:1", 0.0, None))
+
+
+def test_server_errors_carry_log_tail():
+    exited = VLLMServerExited(3, "loading\nCUDA out of memory\n", "/tmp/x.log")
+    assert exited.returncode == 3
+    assert "CUDA out of memory" in str(exited)
+    assert "/tmp/x.log" in str(exited)
+    timeout = VLLMStartupTimeout(1.5, "")
+    assert timeout.log_tail == ""
+    assert "empty" in str(timeout)
+    assert "1.5s" in str(timeout)
+    port = PortInUseError(8001)
+    assert port.port == 8001
+    assert "8001" in str(port)
+
+
+def test_checkpoint_not_found_names_places():
+    err = CheckpointNotFoundError("latest", ["local:/out", "hub:org/repo"])
+    assert err.searched == ("local:/out", "hub:org/repo")
+    assert "local:/out" in str(err)
+    assert "hub:org/repo" in str(err)
+    assert "no sources" in str(CheckpointNotFoundError("latest", []))

@@ -1,0 +1,190 @@
+from __future__ import annotations
+
+import logging
+import sys
+
+import attrs
+import pytest
+
+from verirl import ConfigError, VLLMTopology, detect_gpu_count
+from verirl.topology import max_model_len_field
+
+
+def plan(gpus: int, **kwargs) -> VLLMTopology:
+    kwargs.setdefault("max_model_len", 16384)
+    return VLLMTopology.plan(gpus, **kwargs)
+
+
+# ---------------------------------------------------------------- the contract's rules
+
+
+def test_one_gpu_colocates_with_half_memory_and_capped_length():
+    t = plan(1)
+    assert t.mode == "colocate"
+    assert t.training_devices == (0,)
+    assert t.vllm_devices == (0,)
+    kwargs = t.grpo_kwargs(trl_version="1.16.0")
+    assert kwargs["use_vllm"] is True
+    assert kwargs["vllm_mode"] == "colocate"
+    assert kwargs["vllm_gpu_memory_utilization"] == 0.5
+    assert kwargs["vllm_max_model_length"] == 8192
+    assert plan(1, max_model_len=4096).grpo_kwargs(trl_version="1.16")["vllm_max_model_length"] == 4096
+
+
+@pytest.mark.parametrize("gpus", [2, 3, 4, 8])
+def test_two_or_more_gpus_serve_on_the_last_and_train_on_all_others(gpus):
+    t = plan(gpus)
+    assert t.mode == "server"
+    assert t.vllm_devices == (gpus - 1,)
+    assert t.training_devices == tuple(range(gpus - 1))
+    kwargs = t.grpo_kwargs()
+    assert kwargs["vllm_mode"] == "server"
+    assert kwargs["vllm_server_host"] == "127.0.0.1"
+    assert kwargs["vllm_server_port"] == 8001
+    assert t.is_local_server
+    assert t.server_url == "http://127.0.0.1:8001"
+
+
+def test_bigger_vllm_share_by_parallel_sizes():
+    t = plan(8, tensor_parallel_size=2, data_parallel_size=2)
+    assert t.vllm_devices == (4, 5, 6, 7)
+    assert t.training_devices == (0, 1, 2, 3)
+    assert plan(8, vllm_gpus=2).tensor_parallel_size == 2
+    t = plan(8, vllm_gpus=4, data_parallel_size=2)
+    assert (t.tensor_parallel_size, t.data_parallel_size) == (2, 2)
+
+
+def test_explicit_colocate_on_many_gpus():
+    t = plan(4, mode="colocate", tensor_parallel_size=2)
+    assert t.mode == "colocate"
+    assert t.training_devices == t.vllm_devices == (0, 1, 2, 3)
+    assert t.grpo_kwargs()["vllm_tensor_parallel_size"] == 2
+    assert t.server_url is None
+    assert not t.is_local_server
+
+
+def test_remote_vllm_host_trains_on_every_local_gpu():
+    t = plan(4, remote_host="vllm-node", port=9000)
+    assert t.mode == "server"
+    assert t.training_devices == (0, 1, 2, 3)
+    assert t.vllm_devices == ()
+    assert not t.is_local_server
+    assert t.grpo_kwargs()["vllm_server_host"] == "vllm-node"
+    assert t.server_url == "http://vllm-node:9000"
+    assert "remote" in t.describe()
+    with pytest.raises(ConfigError, match="only a local server-mode"):
+        t.serve_args("m")
+
+
+def test_ipv6_and_wildcard_hosts_in_urls():
+    assert plan(2, remote_host="fe80::1").server_url == "http://[fe80::1]:8001"
+    assert plan(2, host="0.0.0.0").server_url == "http://127.0.0.1:8001"
+
+
+def test_gpu_memory_override():
+    assert plan(2, gpu_memory_utilization=0.7).gpu_memory_utilization == 0.7
+    assert plan(1, gpu_memory_utilization=0.3).grpo_kwargs()["vllm_gpu_memory_utilization"] == 0.3
+
+
+def test_value_is_frozen():
+    t = plan(2)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        t.mode = "colocate"  # type: ignore[misc]
+    assert t == plan(2)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("gpus", "kwargs", "field"),
+    [
+        (0, {}, "gpu_count"),
+        (-1, {}, "gpu_count"),
+        (1.5, {}, "gpu_count"),
+        (True, {}, "gpu_count"),
+        (2, {"max_model_len": 0}, "max_model_len"),
+        (2, {"max_model_len": -5}, "max_model_len"),
+        (2, {"max_model_len": "4096"}, "max_model_len"),
+        (2, {"mode": "distributed"}, "mode"),
+        (1, {"mode": "server"}, "gpu_count"),
+        (2, {"vllm_gpus": 2}, "gpu_count"),
+        (4, {"vllm_gpus": 0}, "vllm_gpus"),
+        (4, {"vllm_gpus": 3, "tensor_parallel_size": 2}, "vllm_gpus"),
+        (4, {"vllm_gpus": 3, "data_parallel_size": 2}, "vllm_gpus"),
+        (4, {"tensor_parallel_size": 0}, "tensor_parallel_size"),
+        (4, {"data_parallel_size": 0}, "data_parallel_size"),
+        (2, {"mode": "colocate", "tensor_parallel_size": 4}, "tensor_parallel_size"),
+        (2, {"mode": "colocate", "data_parallel_size": 2}, "data_parallel_size"),
+        (2, {"mode": "colocate", "remote_host": "h"}, "mode"),
+        (2, {"port": 0}, "port"),
+        (2, {"port": 70000}, "port"),
+        (2, {"host": ""}, "host"),
+        (2, {"remote_host": ""}, "remote_host"),
+        (2, {"gpu_memory_utilization": 0}, "gpu_memory_utilization"),
+        (2, {"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        (2, {"server_timeout": 0}, "server_timeout"),
+        (2, {"server_timeout": "1"}, "server_timeout"),
+    ],
+)
+def test_bad_input_is_config_error_naming_field_and_value(gpus, kwargs, field):
+    with pytest.raises(ConfigError) as info:
+        plan(gpus, **kwargs)
+    assert info.value.field == field
+    assert str(info.value).startswith(f"{field}=")
+
+
+# ---------------------------------------------------------------- TRL spellings and serve args
+
+
+@pytest.mark.parametrize(
+    ("version", "field"),
+    [("0.19.1", "vllm_max_model_len"), ("0.25.0", "vllm_max_model_len"),
+     ("0.26.0", "vllm_max_model_length"), ("1.16.0", "vllm_max_model_length"),
+     ("1.0.0rc1", "vllm_max_model_length")],
+)
+def test_max_model_len_field_follows_trl_version(version, field):
+    assert max_model_len_field(version) == field
+    assert field in plan(1).grpo_kwargs(trl_version=version)
+
+
+def test_serve_args():
+    args = plan(4, vllm_gpus=2, max_model_len=4096, port=8123).serve_args("Qwen/Qwen3-0.6B")
+    assert args == [
+        "--model", "Qwen/Qwen3-0.6B", "--host", "127.0.0.1", "--port", "8123",
+        "--gpu-memory-utilization", "0.9", "--max-model-len", "4096",
+        "--tensor-parallel-size", "2", "--data-parallel-size", "1",
+    ]  # fmt: skip
+    with pytest.raises(ConfigError, match="model"):
+        plan(2).serve_args("")
+    with pytest.raises(ConfigError, match="mode='colocate'"):
+        plan(1).serve_args("m")
+
+
+def test_describe_is_readable():
+    assert plan(1).describe().startswith("colocate: train and vLLM share GPU 0")
+    text = plan(4).describe()
+    assert text.startswith("server: train on GPUs 0,1,2 · vLLM on GPU 3")
+    assert "http://127.0.0.1:8001" in text
+
+
+# ---------------------------------------------------------------- GPU detection
+
+
+def test_detect_uses_injected_counter():
+    assert detect_gpu_count(environ={}, cuda_device_count=lambda: 3) == 3
+
+
+@pytest.mark.parametrize(
+    ("visible", "count"), [("0,1,2", 3), ("4", 1), ("", 0), ("-1", 0), ("GPU-aa,GPU-bb", 2)]
+)
+def test_detect_without_torch_counts_visible_devices(visible, count, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` fail
+    assert detect_gpu_count(environ={"CUDA_VISIBLE_DEVICES": visible}) == count
+
+
+def test_detect_without_torch_or_visible_devices_is_zero_with_a_log_line(caplog, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    caplog.set_level(logging.INFO, logger="verirl.topology")
+    assert detect_gpu_count(environ={}) == 0
+    assert "assuming 0 GPUs" in caplog.text

@@ -1,0 +1,157 @@
+"""Single-node ``torch.distributed`` variables that never trample a real launcher's.
+
+TRL's trainer calls into ``torch.distributed`` even for one process, which
+needs ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``. The old
+helper overwrote them with constants (port 29500 for every job on the host);
+here a launcher's values win and a missing ``MASTER_PORT`` is a free port.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import types
+from collections.abc import Collection, Mapping, MutableMapping
+
+import attrs
+
+from verirl.errors import ConfigError
+from verirl.topology import TRL_GROUP_PORT
+
+__all__ = ["DistributedEnv", "find_free_port"]
+
+_ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+_DEFAULT_VLLM_PORTS = (8000, 8001, TRL_GROUP_PORT)
+
+
+def find_free_port(*, host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
+    """Return a TCP port the OS reports free on ``host``, never one in ``avoid``."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port: int = sock.getsockname()[1]
+        if port not in avoid:
+            return port
+
+
+def _read_int(environ: Mapping[str, str], name: str, minimum: int) -> int | None:
+    raw = environ.get(name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ConfigError.invalid(name, raw, "must be an integer") from None
+    if value < minimum:
+        raise ConfigError.invalid(name, raw, f"must be >= {minimum}")
+    return value
+
+
+def _frozen_mapping(value: Mapping[str, str]) -> Mapping[str, str]:
+    return types.MappingProxyType(dict(value))
+
+
+@attrs.frozen
+class DistributedEnv:
+    """The ``torch.distributed`` variables a trainer process should run with.
+
+    ``variables`` holds every value (the launcher's and the defaults),
+    ``defaulted`` the names verirl filled in.
+    """
+
+    variables: Mapping[str, str] = attrs.field(converter=_frozen_mapping, hash=False)
+    defaulted: frozenset[str] = frozenset()
+
+    @classmethod
+    def single_node(
+        cls,
+        *,
+        environ: Mapping[str, str] | None = None,
+        master_port: int | None = None,
+        avoid_ports: Collection[int] = _DEFAULT_VLLM_PORTS,
+    ) -> DistributedEnv:
+        """Read ``environ`` (default ``os.environ``) and fill in what a launcher did not set.
+
+        Defaults: ``RANK=0``, ``LOCAL_RANK=0``, ``WORLD_SIZE=1``,
+        ``LOCAL_WORLD_SIZE=1``, ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT``
+        = ``master_port`` or a free port outside ``avoid_ports`` (the vLLM
+        server ports and TRL's group port), and
+        ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` unless an
+        allocator config is set. Inconsistent launcher values raise `ConfigError`.
+        """
+        env = os.environ if environ is None else environ
+        rank = _read_int(env, "RANK", 0)
+        local_rank = _read_int(env, "LOCAL_RANK", 0)
+        world_size = _read_int(env, "WORLD_SIZE", 1)
+        local_world_size = _read_int(env, "LOCAL_WORLD_SIZE", 1)
+        env_port = _read_int(env, "MASTER_PORT", 1)
+        if env_port is not None and env_port > 65535:  # noqa: PLR2004 - the TCP port range
+            raise ConfigError.invalid("MASTER_PORT", env["MASTER_PORT"], "must be <= 65535")
+        if master_port is not None and (
+            isinstance(master_port, bool)
+            or not isinstance(master_port, int)
+            or not 1 <= master_port <= 65535  # noqa: PLR2004
+        ):
+            raise ConfigError.invalid("master_port", master_port, "must be a port in 1..65535")
+        if rank is not None and world_size is not None and rank >= world_size:
+            raise ConfigError.invalid("RANK", env["RANK"], f"must be < WORLD_SIZE={world_size}")
+        if rank is not None and world_size is None and rank > 0:
+            raise ConfigError.invalid("RANK", env["RANK"], "is set without WORLD_SIZE")
+        if (
+            local_rank is not None
+            and local_world_size is not None
+            and local_rank >= local_world_size
+        ):
+            raise ConfigError.invalid(
+                "LOCAL_RANK",
+                env["LOCAL_RANK"],
+                f"must be < LOCAL_WORLD_SIZE={local_world_size}",
+            )
+
+        defaults: dict[str, str] = {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+        }
+        if not any(name in env for name in _ALLOC_VARS):
+            defaults["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        if "MASTER_PORT" not in env:
+            defaults["MASTER_PORT"] = str(
+                master_port if master_port is not None else find_free_port(avoid=avoid_ports)
+            )
+        variables: dict[str, str] = {}
+        filled: set[str] = set()
+        for name in (*defaults, "MASTER_PORT", *_ALLOC_VARS):
+            if name in env:
+                variables[name] = env[name]
+            elif name in defaults:
+                variables[name] = defaults[name]
+                filled.add(name)
+        return cls(variables=variables, defaulted=frozenset(filled))
+
+    @property
+    def rank(self) -> int:
+        """Global rank of this process."""
+        return int(self.variables["RANK"])
+
+    @property
+    def local_rank(self) -> int:
+        """Rank of this process on its node."""
+        return int(self.variables["LOCAL_RANK"])
+
+    @property
+    def world_size(self) -> int:
+        """Number of trainer processes in the job."""
+        return int(self.variables["WORLD_SIZE"])
+
+    @property
+    def is_local_main(self) -> bool:
+        """True on local rank 0, the process that owns node-wide work like the vLLM server."""
+        return self.local_rank == 0
+
+    def apply(self, environ: MutableMapping[str, str] | None = None) -> None:
+        """Write the variables into ``environ`` (default ``os.environ``) before CUDA starts."""
+        target = os.environ if environ is None else environ
+        target.update(self.variables)

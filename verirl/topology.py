@@ -1,0 +1,360 @@
+"""Lay a machine's GPUs out between training and vLLM generation.
+
+The old helper put vLLM on GPU 1 and training on GPU 0, leaving GPUs 2..N idle.
+`VLLMTopology.plan` gives vLLM the last GPU(s) and training every other one, or
+colocates both on a single GPU, and hands `trl.GRPOConfig` the matching
+``vllm_*`` settings under the field names of the installed TRL.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import re
+from collections.abc import Callable, Mapping
+from typing import Literal
+
+import attrs
+
+from verirl._serve_args import vllm_serve_args
+from verirl.errors import ConfigError
+
+__all__ = [
+    "COLOCATE_MAX_MODEL_LEN",
+    "TRL_GROUP_PORT",
+    "VLLMTopology",
+    "detect_gpu_count",
+    "max_model_len_field",
+]
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["server", "colocate"]
+_MODES = ("auto", "server", "colocate")
+
+COLOCATE_MAX_MODEL_LEN = 8192
+"""Colocated vLLM shares the training GPU, so its KV cache length is capped here."""
+
+TRL_GROUP_PORT = 51216
+"""TRL's default ``vllm_group_port`` (the NCCL weight-sync group)."""
+
+_COLOCATE_MEMORY = 0.5
+_SERVER_MEMORY = 0.9
+
+
+def _check_int(field: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError.invalid(field, value, "must be an integer")
+    if value < minimum:
+        raise ConfigError.invalid(field, value, f"must be >= {minimum}")
+    return value
+
+
+def _check_port(field: str, value: object) -> int:
+    port = _check_int(field, value, 1)
+    if port > 65535:  # noqa: PLR2004 - the TCP port range
+        raise ConfigError.invalid(field, value, "must be <= 65535")
+    return port
+
+
+def _parse_version(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def max_model_len_field(trl_version: str | None = None) -> str:
+    """The GRPOConfig field for vLLM's max length: ``vllm_max_model_length`` since TRL 0.26.
+
+    Read from the installed distribution's metadata, so TRL is not imported.
+    With no TRL installed the current spelling is used.
+    """
+    if trl_version is None:
+        try:
+            trl_version = importlib.metadata.version("trl")
+        except importlib.metadata.PackageNotFoundError:
+            return "vllm_max_model_length"
+    if _parse_version(trl_version) < (0, 26):
+        return "vllm_max_model_len"
+    return "vllm_max_model_length"
+
+
+@attrs.frozen
+class VLLMTopology:
+    """Which local GPUs train, which serve vLLM, and how TRL reaches the server.
+
+    Build it with `plan`. ``training_devices`` and ``vllm_devices`` are indices
+    into the GPUs this process sees (the numbering torch uses). In colocate
+    mode both are the same GPU(s); with a remote vLLM host ``vllm_devices`` is
+    empty and training takes every local GPU.
+    """
+
+    mode: Mode
+    gpu_count: int
+    training_devices: tuple[int, ...]
+    vllm_devices: tuple[int, ...]
+    max_model_len: int
+    gpu_memory_utilization: float
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    host: str = "127.0.0.1"
+    port: int = 8001
+    remote_host: str | None = None
+    server_timeout: float = 240.0
+
+    @classmethod
+    def plan(  # noqa: C901, PLR0912 - one flat list of input checks reads best
+        cls,
+        gpu_count: int,
+        *,
+        max_model_len: int,
+        mode: str = "auto",
+        vllm_gpus: int | None = None,
+        tensor_parallel_size: int | None = None,
+        data_parallel_size: int = 1,
+        gpu_memory_utilization: float | None = None,
+        host: str = "127.0.0.1",
+        port: int = 8001,
+        remote_host: str | None = None,
+        server_timeout: float = 240.0,
+    ) -> VLLMTopology:
+        """Plan the layout for ``gpu_count`` local GPUs.
+
+        ``mode="auto"``: two or more GPUs → server mode with vLLM on the last
+        ``vllm_gpus`` (default ``tensor_parallel_size * data_parallel_size``,
+        i.e. one) and training on all the others; one GPU → colocate with half
+        the memory and ``max_model_len`` capped at 8192. ``remote_host`` means
+        vLLM runs elsewhere (multi-node): server mode, no local vLLM GPUs.
+        Bad input raises `ConfigError` naming the field and value.
+        """
+        gpu_count = _check_int("gpu_count", gpu_count, 1)
+        max_model_len = _check_int("max_model_len", max_model_len, 1)
+        if mode not in _MODES:
+            raise ConfigError.invalid("mode", mode, f"must be one of {', '.join(_MODES)}")
+        data_parallel_size = _check_int("data_parallel_size", data_parallel_size, 1)
+        if tensor_parallel_size is not None:
+            tensor_parallel_size = _check_int("tensor_parallel_size", tensor_parallel_size, 1)
+        if vllm_gpus is not None:
+            vllm_gpus = _check_int("vllm_gpus", vllm_gpus, 1)
+        port = _check_port("port", port)
+        if not isinstance(host, str) or not host:
+            raise ConfigError.invalid("host", host, "must be a non-empty host name or address")
+        if remote_host is not None and (not isinstance(remote_host, str) or not remote_host):
+            raise ConfigError.invalid("remote_host", remote_host, "must be a non-empty host name")
+        if isinstance(server_timeout, bool) or not isinstance(server_timeout, (int, float)):
+            raise ConfigError.invalid("server_timeout", server_timeout, "must be a number")
+        if not server_timeout > 0:
+            raise ConfigError.invalid("server_timeout", server_timeout, "must be > 0")
+        if gpu_memory_utilization is not None and (
+            isinstance(gpu_memory_utilization, bool)
+            or not isinstance(gpu_memory_utilization, (int, float))
+            or not 0 < gpu_memory_utilization <= 1
+        ):
+            raise ConfigError.invalid(
+                "gpu_memory_utilization", gpu_memory_utilization, "must be in (0, 1]"
+            )
+
+        if tensor_parallel_size is None:
+            if vllm_gpus is None:
+                tensor_parallel_size = 1
+            elif vllm_gpus % data_parallel_size:
+                raise ConfigError.invalid(
+                    "vllm_gpus",
+                    vllm_gpus,
+                    f"must be a multiple of data_parallel_size={data_parallel_size}",
+                )
+            else:
+                tensor_parallel_size = vllm_gpus // data_parallel_size
+        parallel = tensor_parallel_size * data_parallel_size
+        if vllm_gpus is None:
+            vllm_gpus = parallel
+        elif vllm_gpus != parallel:
+            raise ConfigError.invalid(
+                "vllm_gpus",
+                vllm_gpus,
+                f"must equal tensor_parallel_size * data_parallel_size = {parallel}",
+            )
+
+        chosen: Mode
+        if mode == "auto":
+            chosen = "server" if remote_host is not None or gpu_count >= 2 else "colocate"  # noqa: PLR2004
+        else:
+            chosen = "server" if mode == "server" else "colocate"
+        all_gpus = tuple(range(gpu_count))
+
+        if chosen == "colocate":
+            if remote_host is not None:
+                raise ConfigError.invalid(
+                    "mode", mode, "colocate runs vLLM in-process; it cannot use remote_host"
+                )
+            if data_parallel_size != 1:
+                raise ConfigError.invalid(
+                    "data_parallel_size", data_parallel_size, "colocate mode supports only 1"
+                )
+            if tensor_parallel_size > gpu_count:
+                raise ConfigError.invalid(
+                    "tensor_parallel_size",
+                    tensor_parallel_size,
+                    f"exceeds the {gpu_count} GPU(s) to colocate on",
+                )
+            return cls(
+                mode="colocate",
+                gpu_count=gpu_count,
+                training_devices=all_gpus,
+                vllm_devices=all_gpus,
+                max_model_len=min(max_model_len, COLOCATE_MAX_MODEL_LEN),
+                gpu_memory_utilization=gpu_memory_utilization or _COLOCATE_MEMORY,
+                tensor_parallel_size=tensor_parallel_size,
+                data_parallel_size=1,
+                host=host,
+                port=port,
+                remote_host=None,
+                server_timeout=float(server_timeout),
+            )
+
+        if remote_host is not None:
+            training, serving = all_gpus, ()
+        else:
+            if vllm_gpus >= gpu_count:
+                raise ConfigError.invalid(
+                    "gpu_count",
+                    gpu_count,
+                    f"server mode needs more GPUs than the {vllm_gpus} given to vLLM "
+                    "(at least one must train); use mode='colocate' or fewer vLLM GPUs",
+                )
+            training, serving = all_gpus[:-vllm_gpus], all_gpus[-vllm_gpus:]
+        return cls(
+            mode="server",
+            gpu_count=gpu_count,
+            training_devices=training,
+            vllm_devices=serving,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization or _SERVER_MEMORY,
+            tensor_parallel_size=tensor_parallel_size,
+            data_parallel_size=data_parallel_size,
+            host=host,
+            port=port,
+            remote_host=remote_host,
+            server_timeout=float(server_timeout),
+        )
+
+    @property
+    def is_local_server(self) -> bool:
+        """True when this machine must run ``trl vllm-serve`` itself."""
+        return self.mode == "server" and self.remote_host is None
+
+    @property
+    def server_host(self) -> str:
+        """The host the trainer connects to: the remote host, or the local bind address."""
+        if self.remote_host is not None:
+            return self.remote_host
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host  # noqa: S104
+
+    @property
+    def server_url(self) -> str | None:
+        """``http://host:port`` of the vLLM server in server mode, else ``None``."""
+        if self.mode != "server":
+            return None
+        host = self.server_host
+        if ":" in host:  # a bare IPv6 address needs brackets in a URL
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    def grpo_kwargs(self, *, trl_version: str | None = None) -> dict[str, object]:
+        """Keyword arguments for `trl.GRPOConfig`, spelled as the installed TRL expects."""
+        if self.mode == "colocate":
+            return {
+                "use_vllm": True,
+                "vllm_mode": "colocate",
+                "vllm_gpu_memory_utilization": self.gpu_memory_utilization,
+                max_model_len_field(trl_version): self.max_model_len,
+                "vllm_tensor_parallel_size": self.tensor_parallel_size,
+            }
+        return {
+            "use_vllm": True,
+            "vllm_mode": "server",
+            "vllm_server_host": self.server_host,
+            "vllm_server_port": self.port,
+            "vllm_server_timeout": self.server_timeout,
+            # Read by TRL only when colocating; kept so both modes state the length.
+            max_model_len_field(trl_version): self.max_model_len,
+        }
+
+    def serve_args(self, model: str) -> list[str]:
+        """Flags for ``trl vllm-serve`` that start this topology's server."""
+        if not self.is_local_server:
+            raise ConfigError.invalid(
+                "mode",
+                self.mode if self.remote_host is None else f"server@{self.remote_host}",
+                "only a local server-mode topology starts trl vllm-serve",
+            )
+        if not isinstance(model, str) or not model:
+            raise ConfigError.invalid("model", model, "must be a non-empty model id or path")
+        return vllm_serve_args(
+            model,
+            host=self.host,
+            port=self.port,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_model_len=self.max_model_len,
+            tensor_parallel_size=self.tensor_parallel_size,
+            data_parallel_size=self.data_parallel_size,
+        )
+
+    def describe(self) -> str:
+        """One line for logs, e.g. ``server: train on GPUs 0,1,2 · vLLM on GPU 3 (…)``."""
+
+        def gpus(devices: tuple[int, ...]) -> str:
+            label = "GPU" if len(devices) == 1 else "GPUs"
+            return f"{label} {','.join(map(str, devices))}"
+
+        if self.mode == "colocate":
+            return (
+                f"colocate: train and vLLM share {gpus(self.training_devices)} "
+                f"(vLLM memory {self.gpu_memory_utilization:.0%}, "
+                f"max_model_len {self.max_model_len}, tp {self.tensor_parallel_size})"
+            )
+        if self.remote_host is not None:
+            return (
+                f"server: train on {gpus(self.training_devices)} · "
+                f"vLLM remote at {self.server_url}"
+            )
+        return (
+            f"server: train on {gpus(self.training_devices)} · vLLM on {gpus(self.vllm_devices)} "
+            f"(tp {self.tensor_parallel_size} × dp {self.data_parallel_size}, "
+            f"memory {self.gpu_memory_utilization:.0%}, max_model_len {self.max_model_len}) "
+            f"at {self.server_url}"
+        )
+
+
+def detect_gpu_count(
+    *,
+    environ: Mapping[str, str] | None = None,
+    cuda_device_count: Callable[[], int] | None = None,
+) -> int:
+    """Count the GPUs this process may use.
+
+    Uses ``torch.cuda.device_count()`` (imported only here, lazily), which
+    honours ``CUDA_VISIBLE_DEVICES``. Without torch, counts the entries of
+    ``CUDA_VISIBLE_DEVICES`` when it is set, else returns 0 with a log line.
+    ``cuda_device_count`` replaces torch's counter (tests, other backends).
+    """
+    env = os.environ if environ is None else environ
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if cuda_device_count is None:
+        try:
+            import torch  # noqa: PLC0415 - torch is heavy and optional
+        except ImportError:
+            pass
+        else:
+            cuda_device_count = torch.cuda.device_count
+    if cuda_device_count is not None:
+        count = int(cuda_device_count())
+        log.debug("detected %d GPU(s) (CUDA_VISIBLE_DEVICES=%s)", count, visible)
+        return count
+    if visible is not None:
+        entries = [item for item in visible.split(",") if item.strip()]
+        if entries and entries[0].strip() == "-1":
+            return 0
+        log.info("torch is not installed; counting CUDA_VISIBLE_DEVICES=%s", visible)
+        return len(entries)
+    log.info("torch is not installed and CUDA_VISIBLE_DEVICES is unset: assuming 0 GPUs")
+    return 0
