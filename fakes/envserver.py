@@ -11,6 +11,7 @@ network at all. Both are used by verirl's own tests and ship for yours::
 from __future__ import annotations
 
 import http.server
+import sys
 import threading
 import time
 from typing import Any
@@ -18,6 +19,11 @@ from typing import Any
 import attrs
 
 from verirl.errors import EnvServerUnavailable
+
+if sys.version_info >= (3, 11):
+    from typing import Self
+else:
+    from typing_extensions import Self
 
 __all__ = ["FakeEnvServer", "FakeEnvServerProbe"]
 
@@ -29,7 +35,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002, ANN401
         """Keep test output quiet; requests are recorded on the fake instead."""
 
-    def do_GET(self) -> None:  # noqa: N802 - the http.server naming scheme
+    def do_GET(self) -> None:
         fake = self.server.fake
         fake._record(self.path)  # noqa: SLF001 - the fake owns its handler
         if self.path.rstrip("/") != fake.health_path.rstrip("/"):
@@ -131,7 +137,7 @@ class FakeEnvServer:
         """Let hanging requests finish (they get no answer)."""
         self._released.set()
 
-    def start(self) -> FakeEnvServer:
+    def start(self) -> None:
         """Bind and serve in a background thread."""
         self._httpd = _HTTPServer((self.host, self.port), _Handler)
         self._httpd.fake = self
@@ -140,7 +146,6 @@ class FakeEnvServer:
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
         self._thread.start()
-        return self
 
     def stop(self) -> None:
         """Stop serving and close the socket; safe to call twice."""
@@ -153,8 +158,9 @@ class FakeEnvServer:
         self._httpd = None
         self._thread = None
 
-    def __enter__(self) -> FakeEnvServer:
-        return self.start()
+    def __enter__(self) -> Self:
+        self.start()
+        return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
@@ -188,4 +194,3 @@ class FakeEnvServerProbe:
         if self.ready_after_checks is None or self.wait_delay > timeout:
             raise EnvServerUnavailable(self.url, min(self.wait_delay, timeout), "fake: never ready")
         self.checks = max(self.checks, self.ready_after_checks + 1)
-

@@ -53,7 +53,9 @@ def test_master_port_is_free_and_differs_between_jobs():
 
 
 def test_master_port_explicit_and_avoided_ports():
-    assert DistributedEnv.single_node(environ={}, master_port=4321).variables["MASTER_PORT"] == "4321"
+    assert (
+        DistributedEnv.single_node(environ={}, master_port=4321).variables["MASTER_PORT"] == "4321"
+    )
     taken = find_free_port()
     assert find_free_port(avoid=range(1, taken + 1)) > taken
 
@@ -80,7 +82,7 @@ def test_inconsistent_launcher_values(environ, field):
 
 @pytest.mark.parametrize("port", [0, 70000, "29500", True])
 def test_bad_master_port_argument(port):
-    with pytest.raises(ConfigError, match="^master_port="):
+    with pytest.raises(ConfigError, match=r"^master_port="):
         DistributedEnv.single_node(environ={}, master_port=port)
 
 

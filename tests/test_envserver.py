@@ -35,7 +35,7 @@ def probe(clock: FakeClock, **kwargs) -> HttpEnvServerProbe:
     return HttpEnvServerProbe(URL, clock=clock, sleep=clock.sleep, **kwargs)
 
 
-# ---------------------------------------------------------------- construction
+# -- construction
 
 
 @pytest.mark.parametrize(
@@ -89,7 +89,7 @@ def test_health_url_joins_path():
     assert HttpEnvServerProbe(URL + "/ping", health_path="").health_url == URL + "/ping"
 
 
-# ---------------------------------------------------------------- check()
+# -- check(): one request, never raises
 
 
 @responses.activate
@@ -109,7 +109,7 @@ def test_check_never_raises_even_on_unexpected_errors():
     assert HttpEnvServerProbe(URL).check() is False
 
 
-# ---------------------------------------------------------------- wait() with virtual time
+# -- wait(): deadline and backoff, on virtual time
 
 
 @responses.activate
@@ -206,7 +206,7 @@ def test_session_is_used_when_given():
     assert responses.calls[0].request.headers["X-Probe"] == "yes"
 
 
-# ---------------------------------------------------------------- real loopback servers
+# -- real loopback servers
 
 
 def test_wait_against_real_server_that_comes_up(caplog):
@@ -262,7 +262,7 @@ def test_fake_server_scripting():
         _ = server.url
 
 
-# ---------------------------------------------------------------- the shipped fake probe
+# -- the shipped fake probe
 
 
 def test_fake_probe_scripted_checks_and_waits():

@@ -15,7 +15,7 @@ def plan(gpus: int, **kwargs) -> VLLMTopology:
     return VLLMTopology.plan(gpus, **kwargs)
 
 
-# ---------------------------------------------------------------- the contract's rules
+# -- the contract's rules
 
 
 def test_one_gpu_colocates_with_half_memory_and_capped_length():
@@ -28,7 +28,9 @@ def test_one_gpu_colocates_with_half_memory_and_capped_length():
     assert kwargs["vllm_mode"] == "colocate"
     assert kwargs["vllm_gpu_memory_utilization"] == 0.5
     assert kwargs["vllm_max_model_length"] == 8192
-    assert plan(1, max_model_len=4096).grpo_kwargs(trl_version="1.16")["vllm_max_model_length"] == 4096
+    assert (
+        plan(1, max_model_len=4096).grpo_kwargs(trl_version="1.16")["vllm_max_model_length"] == 4096
+    )
 
 
 @pytest.mark.parametrize("gpus", [2, 3, 4, 8])
@@ -93,7 +95,7 @@ def test_value_is_frozen():
     assert t == plan(2)
 
 
-# ---------------------------------------------------------------- bad input
+# -- bad input
 
 
 @pytest.mark.parametrize(
@@ -134,14 +136,18 @@ def test_bad_input_is_config_error_naming_field_and_value(gpus, kwargs, field):
     assert str(info.value).startswith(f"{field}=")
 
 
-# ---------------------------------------------------------------- TRL spellings and serve args
+# -- TRL spellings and serve args
 
 
 @pytest.mark.parametrize(
     ("version", "field"),
-    [("0.19.1", "vllm_max_model_len"), ("0.25.0", "vllm_max_model_len"),
-     ("0.26.0", "vllm_max_model_length"), ("1.16.0", "vllm_max_model_length"),
-     ("1.0.0rc1", "vllm_max_model_length")],
+    [
+        ("0.19.1", "vllm_max_model_len"),
+        ("0.25.0", "vllm_max_model_len"),
+        ("0.26.0", "vllm_max_model_length"),
+        ("1.16.0", "vllm_max_model_length"),
+        ("1.0.0rc1", "vllm_max_model_length"),
+    ],
 )
 def test_max_model_len_field_follows_trl_version(version, field):
     assert max_model_len_field(version) == field
@@ -168,7 +174,7 @@ def test_describe_is_readable():
     assert "http://127.0.0.1:8001" in text
 
 
-# ---------------------------------------------------------------- GPU detection
+# -- GPU detection
 
 
 def test_detect_uses_injected_counter():

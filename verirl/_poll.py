@@ -88,4 +88,6 @@ def poll(
             progress(now - start, last_error)
             next_progress = now + progress_every
         sleep(min(interval, deadline - now))
-    return PollResult(ready=False, elapsed=clock() - start, attempts=attempts, last_error=last_error)
+    return PollResult(
+        ready=False, elapsed=clock() - start, attempts=attempts, last_error=last_error
+    )

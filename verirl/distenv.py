@@ -15,6 +15,7 @@ from collections.abc import Collection, Mapping, MutableMapping
 
 import attrs
 
+from verirl._validate import MAX_PORT, check_port
 from verirl.errors import ConfigError
 from verirl.topology import TRL_GROUP_PORT
 
@@ -63,7 +64,7 @@ class DistributedEnv:
     defaulted: frozenset[str] = frozenset()
 
     @classmethod
-    def single_node(
+    def single_node(  # noqa: C901 - one flat list of launcher checks
         cls,
         *,
         environ: Mapping[str, str] | None = None,
@@ -85,14 +86,10 @@ class DistributedEnv:
         world_size = _read_int(env, "WORLD_SIZE", 1)
         local_world_size = _read_int(env, "LOCAL_WORLD_SIZE", 1)
         env_port = _read_int(env, "MASTER_PORT", 1)
-        if env_port is not None and env_port > 65535:  # noqa: PLR2004 - the TCP port range
-            raise ConfigError.invalid("MASTER_PORT", env["MASTER_PORT"], "must be <= 65535")
-        if master_port is not None and (
-            isinstance(master_port, bool)
-            or not isinstance(master_port, int)
-            or not 1 <= master_port <= 65535  # noqa: PLR2004
-        ):
-            raise ConfigError.invalid("master_port", master_port, "must be a port in 1..65535")
+        if env_port is not None and env_port > MAX_PORT:
+            raise ConfigError.invalid("MASTER_PORT", env["MASTER_PORT"], f"must be <= {MAX_PORT}")
+        if master_port is not None:
+            master_port = check_port("master_port", master_port)
         if rank is not None and world_size is not None and rank >= world_size:
             raise ConfigError.invalid("RANK", env["RANK"], f"must be < WORLD_SIZE={world_size}")
         if rank is not None and world_size is None and rank > 0:

@@ -17,6 +17,7 @@ import attrs
 import requests
 
 from verirl._poll import Backoff, Clock, Sleep, poll
+from verirl._validate import check_number
 from verirl.errors import ConfigError, EnvServerUnavailable
 
 __all__ = ["EnvServerProbe", "HttpEnvServerProbe", "describe_request_error", "validate_http_url"]
@@ -43,7 +44,7 @@ class EnvServerProbe(Protocol):
 
 
 def validate_http_url(field: str, url: object) -> str:
-    """Return ``url`` if it is an ``http(s)://host…`` URL, else raise `ConfigError` naming ``field``."""
+    """Return ``url`` if it is an ``http(s)://host…`` URL; else `ConfigError` naming ``field``."""
     if not isinstance(url, str):
         raise ConfigError.invalid(field, url, "must be a string such as 'http://127.0.0.1:8000'")
     try:
@@ -70,12 +71,12 @@ def describe_request_error(exc: requests.RequestException) -> str:
     return f"{type(exc).__name__}: {text}"[:200]
 
 
-def _positive(field: str) -> object:
-    def check(_inst: object, _attr: object, value: float) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ConfigError.invalid(field, value, "must be a number > 0")
+def _url(value: object) -> str:
+    return validate_http_url("url", value)
 
-    return check
+
+def _positive(_inst: object, attribute: attrs.Attribute[float], value: object) -> None:
+    check_number(attribute.name, value, positive=True)
 
 
 @attrs.define
@@ -86,23 +87,18 @@ class HttpEnvServerProbe:
     ``clock``/``sleep`` let unit tests run the backoff without real time.
     """
 
-    url: str = attrs.field(converter=lambda u: validate_http_url("url", u))
+    url: str = attrs.field(converter=_url)
     health_path: str = attrs.field(default="/health", kw_only=True)
-    request_timeout: float = attrs.field(
-        default=5.0, kw_only=True, validator=_positive("request_timeout")
-    )
+    request_timeout: float = attrs.field(default=5.0, kw_only=True, validator=_positive)
     _session: requests.Session | None = attrs.field(default=None, kw_only=True, alias="session")
     _clock: Clock = attrs.field(default=time.monotonic, kw_only=True, alias="clock", repr=False)
     _sleep: Sleep = attrs.field(default=time.sleep, kw_only=True, alias="sleep", repr=False)
     backoff: Backoff = attrs.field(factory=Backoff, kw_only=True)
-    progress_every: float = attrs.field(
-        default=10.0, kw_only=True, validator=_positive("progress_every")
-    )
+    progress_every: float = attrs.field(default=10.0, kw_only=True, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
-        if not isinstance(self.health_path, str) or (
-            self.health_path and not self.health_path.startswith("/")
-        ):
+        path: object = self.health_path
+        if not isinstance(path, str) or (path and not path.startswith("/")):
             raise ConfigError.invalid(
                 "health_path", self.health_path, "must be empty or start with '/'"
             )
@@ -128,7 +124,7 @@ class HttpEnvServerProbe:
         """Send one health request (``request_timeout``); ``True`` on HTTP 200, never raises."""
         try:
             return self._attempt(self.request_timeout) is None
-        except Exception:  # noqa: BLE001 - a probe reports, it never fails its caller
+        except Exception:  # a probe reports, it never fails its caller
             log.debug("health check of %s failed unexpectedly", self.health_url, exc_info=True)
             return False
 
@@ -139,8 +135,7 @@ class HttpEnvServerProbe:
         so a server that accepts connections but never answers cannot hold the
         wait past its deadline.
         """
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
-            raise ConfigError.invalid("timeout", timeout, "must be a number >= 0")
+        timeout = check_number("timeout", timeout, non_negative=True)
         log.info("waiting up to %.0fs for env server %s", timeout, self.health_url)
 
         def progress(elapsed: float, last_error: str | None) -> None:

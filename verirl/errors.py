@@ -72,8 +72,7 @@ class PortInUseError(VLLMServerError):
         self.port = port
         self.host = host
         super().__init__(
-            f"port={port}: already in use on {host}; "
-            "stop whatever holds it or choose another port"
+            f"port={port}: already in use on {host}; stop whatever holds it or choose another port"
         )
 
 
@@ -91,7 +90,9 @@ class VLLMServerExited(VLLMServerError):
         self.log_tail = log_tail
         self.log_path = log_path
         where = f"; full log: {log_path}" if log_path else ""
-        super().__init__(f"vLLM server exited with code {returncode}{where}{_format_tail(log_tail)}")
+        super().__init__(
+            f"vLLM server exited with code {returncode}{where}{_format_tail(log_tail)}"
+        )
 
 
 class VLLMStartupTimeout(VLLMServerError, TimeoutError):

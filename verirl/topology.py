@@ -18,6 +18,7 @@ from typing import Literal
 import attrs
 
 from verirl._serve_args import vllm_serve_args
+from verirl._validate import check_int, check_number, check_port, check_text
 from verirl.errors import ConfigError
 
 __all__ = [
@@ -41,21 +42,6 @@ TRL_GROUP_PORT = 51216
 
 _COLOCATE_MEMORY = 0.5
 _SERVER_MEMORY = 0.9
-
-
-def _check_int(field: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError.invalid(field, value, "must be an integer")
-    if value < minimum:
-        raise ConfigError.invalid(field, value, f"must be >= {minimum}")
-    return value
-
-
-def _check_port(field: str, value: object) -> int:
-    port = _check_int(field, value, 1)
-    if port > 65535:  # noqa: PLR2004 - the TCP port range
-        raise ConfigError.invalid(field, value, "must be <= 65535")
-    return port
 
 
 def _parse_version(version: str) -> tuple[int, ...]:
@@ -126,31 +112,23 @@ class VLLMTopology:
         vLLM runs elsewhere (multi-node): server mode, no local vLLM GPUs.
         Bad input raises `ConfigError` naming the field and value.
         """
-        gpu_count = _check_int("gpu_count", gpu_count, 1)
-        max_model_len = _check_int("max_model_len", max_model_len, 1)
+        gpu_count = check_int("gpu_count", gpu_count, 1)
+        max_model_len = check_int("max_model_len", max_model_len, 1)
         if mode not in _MODES:
             raise ConfigError.invalid("mode", mode, f"must be one of {', '.join(_MODES)}")
-        data_parallel_size = _check_int("data_parallel_size", data_parallel_size, 1)
+        data_parallel_size = check_int("data_parallel_size", data_parallel_size, 1)
         if tensor_parallel_size is not None:
-            tensor_parallel_size = _check_int("tensor_parallel_size", tensor_parallel_size, 1)
+            tensor_parallel_size = check_int("tensor_parallel_size", tensor_parallel_size, 1)
         if vllm_gpus is not None:
-            vllm_gpus = _check_int("vllm_gpus", vllm_gpus, 1)
-        port = _check_port("port", port)
-        if not isinstance(host, str) or not host:
-            raise ConfigError.invalid("host", host, "must be a non-empty host name or address")
-        if remote_host is not None and (not isinstance(remote_host, str) or not remote_host):
-            raise ConfigError.invalid("remote_host", remote_host, "must be a non-empty host name")
-        if isinstance(server_timeout, bool) or not isinstance(server_timeout, (int, float)):
-            raise ConfigError.invalid("server_timeout", server_timeout, "must be a number")
-        if not server_timeout > 0:
-            raise ConfigError.invalid("server_timeout", server_timeout, "must be > 0")
-        if gpu_memory_utilization is not None and (
-            isinstance(gpu_memory_utilization, bool)
-            or not isinstance(gpu_memory_utilization, (int, float))
-            or not 0 < gpu_memory_utilization <= 1
-        ):
-            raise ConfigError.invalid(
-                "gpu_memory_utilization", gpu_memory_utilization, "must be in (0, 1]"
+            vllm_gpus = check_int("vllm_gpus", vllm_gpus, 1)
+        port = check_port("port", port)
+        host = check_text("host", host, "a non-empty host name or address")
+        if remote_host is not None:
+            remote_host = check_text("remote_host", remote_host, "a non-empty host name")
+        server_timeout = check_number("server_timeout", server_timeout, positive=True)
+        if gpu_memory_utilization is not None:
+            gpu_memory_utilization = check_number(
+                "gpu_memory_utilization", gpu_memory_utilization, positive=True, at_most=1.0
             )
 
         if tensor_parallel_size is None:
@@ -208,11 +186,12 @@ class VLLMTopology:
                 host=host,
                 port=port,
                 remote_host=None,
-                server_timeout=float(server_timeout),
+                server_timeout=server_timeout,
             )
 
+        serving: tuple[int, ...] = ()
         if remote_host is not None:
-            training, serving = all_gpus, ()
+            training = all_gpus
         else:
             if vllm_gpus >= gpu_count:
                 raise ConfigError.invalid(
@@ -234,7 +213,7 @@ class VLLMTopology:
             host=host,
             port=port,
             remote_host=remote_host,
-            server_timeout=float(server_timeout),
+            server_timeout=server_timeout,
         )
 
     @property
@@ -287,8 +266,7 @@ class VLLMTopology:
                 self.mode if self.remote_host is None else f"server@{self.remote_host}",
                 "only a local server-mode topology starts trl vllm-serve",
             )
-        if not isinstance(model, str) or not model:
-            raise ConfigError.invalid("model", model, "must be a non-empty model id or path")
+        check_text("model", model, "a non-empty model id or path")
         return vllm_serve_args(
             model,
             host=self.host,
@@ -314,8 +292,7 @@ class VLLMTopology:
             )
         if self.remote_host is not None:
             return (
-                f"server: train on {gpus(self.training_devices)} · "
-                f"vLLM remote at {self.server_url}"
+                f"server: train on {gpus(self.training_devices)} · vLLM remote at {self.server_url}"
             )
         return (
             f"server: train on {gpus(self.training_devices)} · vLLM on {gpus(self.vllm_devices)} "

@@ -1,0 +1,73 @@
+"""Every way to build, check and run verirl: `nox` runs what CI needs.
+
+`nox -s demo` runs the main job GPU-free; `nox -s bench` prints the figures.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.error_on_missing_interpreters = True
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["lint", "typecheck", "tests", "compat"]
+
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+# The CPU build of torch lies on this machine's disk for Python 3.11 only; an
+# unpinned torch would download a multi-GB CUDA build.
+TORCH = "torch==2.13.0"
+TRL = "trl>=0.26"
+
+
+@nox.session(python=PYTHONS)
+def tests(session: nox.Session) -> None:
+    """Unit and process tests with branch coverage (fails under 90%)."""
+    session.install("-e", ".[tests]")
+    session.run("coverage", "erase")
+    session.run("coverage", "run", "-m", "pytest", *session.posargs)
+    session.run("coverage", "combine")
+    session.run("coverage", "report")
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    """Ruff: formatting and a broad rule set."""
+    session.install("ruff>=0.8")
+    session.run("ruff", "format", "--check", ".")
+    session.run("ruff", "check", ".")
+
+
+@nox.session(python="3.11")
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on the library, the fakes and the examples."""
+    session.install("-e", ".[tests]", "mypy>=1.13", "types-requests", "types-psutil", "pytest")
+    session.run("mypy")
+
+
+@nox.session(python="3.11")
+def compat(session: nox.Session) -> None:
+    """What verirl hands the real TRL (GRPOConfig, vllm-serve's parser), on CPU."""
+    session.install(TORCH)
+    session.install("-e", ".[tests]", TRL, TORCH)
+    session.run("python", "-c", "import trl; print('trl', trl.__version__)")
+    session.run("pytest", "tests/compat", *session.posargs, env={"VERIRL_COMPAT": "1"})
+
+
+@nox.session(python="3.11")
+def demo(session: nox.Session) -> None:
+    """The main job, GPU-free: `verirl launch` end to end on the shipped fakes."""
+    session.install("-e", ".")
+    session.run("python", "examples/demo.py", *session.posargs)
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """Figures against the old helper's behaviour, written to bench/results.md."""
+    session.install("-e", ".[tests]", "matplotlib")
+    session.run("python", "bench/run.py", *session.posargs, env={"PYTHONHASHSEED": "0"})
+
+
+if os.environ.get("CI"):
+    nox.options.reuse_existing_virtualenvs = False

@@ -1,0 +1,72 @@
+"""What verirl hands the real TRL is what TRL accepts (run by `nox -s compat`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import trl
+from trl.scripts.vllm_serve import ScriptArguments
+
+from verirl import VLLMTopology
+from verirl._serve_args import vllm_serve_args
+
+# trl's own GRPOConfig sets a deprecated transformers field; not something verirl passes.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:`gradient_checkpointing` is deprecated:FutureWarning"
+)
+
+LAYOUTS = [
+    pytest.param({"gpu_count": 1}, id="1gpu-colocate"),
+    pytest.param({"gpu_count": 2}, id="2gpu-server"),
+    pytest.param({"gpu_count": 8}, id="8gpu-server"),
+    pytest.param(
+        {"gpu_count": 8, "tensor_parallel_size": 2, "data_parallel_size": 2}, id="8gpu-tp2dp2"
+    ),
+    pytest.param(
+        {"gpu_count": 4, "mode": "colocate", "tensor_parallel_size": 2}, id="4gpu-colocate"
+    ),
+    pytest.param({"gpu_count": 4, "remote_host": "vllm-node", "port": 9000}, id="remote"),
+]
+
+
+def parse_serve_args(args: list[str]) -> ScriptArguments:
+    (parsed,) = trl.TrlParser(ScriptArguments).parse_args_and_config(args)
+    return parsed
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_grpo_config_accepts_grpo_kwargs(layout, tmp_path):
+    topology = VLLMTopology.plan(max_model_len=16384, **layout)
+    kwargs = topology.grpo_kwargs()
+    fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    assert set(kwargs) <= fields, set(kwargs) - fields
+    config = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **kwargs)
+    for name, value in kwargs.items():
+        assert getattr(config, name) == value, name
+
+
+@pytest.mark.parametrize("layout", LAYOUTS[1:4])
+def test_serve_args_parse_with_trls_own_parser(layout):
+    topology = VLLMTopology.plan(max_model_len=4096, **layout)
+    parsed = parse_serve_args(topology.serve_args("Qwen/Qwen3-0.6B"))
+    assert parsed.model == "Qwen/Qwen3-0.6B"
+    assert parsed.host == "127.0.0.1"
+    assert parsed.port == 8001
+    assert parsed.gpu_memory_utilization == topology.gpu_memory_utilization
+    assert parsed.max_model_len == 4096
+    assert parsed.tensor_parallel_size == topology.tensor_parallel_size
+    assert parsed.data_parallel_size == topology.data_parallel_size
+
+
+def test_extra_args_parse_too():
+    args = vllm_serve_args(
+        "m",
+        host="0.0.0.0",
+        port=8123,
+        gpu_memory_utilization=0.85,
+        extra_args=["--enforce-eager", "True", "--dtype", "bfloat16"],
+    )
+    parsed = parse_serve_args(args)
+    assert (parsed.port, parsed.enforce_eager, parsed.dtype) == (8123, True, "bfloat16")
+    assert parsed.max_model_len is None
