@@ -1,28 +1,408 @@
-"""The ``verirl`` command line."""
+"""The ``verirl`` command line: plan, wait-env, resume, serve, launch, doctor.
+
+argparse, not click: it is in the standard library, so the core keeps its
+four dependencies, and ``--help`` on every command comes for free.
+
+Exit codes: 0 success; 2 bad usage or configuration (`ConfigError`); 3 the env
+server never became healthy; 4 the vLLM server failed; 5 no checkpoint or a
+checkpoint source failed; 1 any other verirl error; ``launch`` exits with its
+command's code (128+N when the command died of signal N).
+"""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import types
+from collections.abc import Callable, Sequence
 
 from verirl import __version__
+from verirl.distenv import DistributedEnv
+from verirl.envserver import HttpEnvServerProbe
+from verirl.errors import (
+    CheckpointNotFoundError,
+    CheckpointSourceError,
+    ConfigError,
+    EnvServerUnavailable,
+    VeriRLError,
+    VLLMServerError,
+)
+from verirl.runtime import RESUME_VARIABLE, TrainingRuntime, visible_devices
+from verirl.topology import detect_gpu_count
 
-__all__ = ["main"]
+__all__ = ["EXIT_CODES", "GRPO_KWARGS_VARIABLE", "build_parser", "main"]
+
+log = logging.getLogger("verirl")
+
+GRPO_KWARGS_VARIABLE = "VERIRL_GRPO_KWARGS"
+VLLM_URL_VARIABLE = "VERIRL_VLLM_URL"
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_CONFIG = 2
+EXIT_ENV_SERVER = 3
+EXIT_VLLM = 4
+EXIT_CHECKPOINT = 5
+
+EXIT_CODES: dict[type[BaseException], int] = {
+    ConfigError: EXIT_CONFIG,
+    EnvServerUnavailable: EXIT_ENV_SERVER,
+    VLLMServerError: EXIT_VLLM,
+    CheckpointNotFoundError: EXIT_CHECKPOINT,
+    CheckpointSourceError: EXIT_CHECKPOINT,
+}
+
+
+def _exit_code(exc: BaseException) -> int:
+    for kind, code in EXIT_CODES.items():
+        if isinstance(exc, kind):
+            return code
+    return EXIT_ERROR
+
+
+# -- argument groups shared by several commands
+
+
+def _add_topology_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("topology")
+    group.add_argument(
+        "--gpus", type=int, help="GPU count (default: $VERIRL_GPU_COUNT or detected)"
+    )
+    group.add_argument("--max-model-len", type=int, help="vLLM max model length (default: 8192)")
+    group.add_argument("--mode", choices=("auto", "server", "colocate"), help="default: auto")
+    group.add_argument("--vllm-gpus", type=int, help="GPUs given to vLLM in server mode")
+    group.add_argument("--vllm-port", type=int, help="vLLM server port (default: 8001)")
+    group.add_argument("--vllm-host", help="a remote vLLM host: start nothing locally")
+
+
+def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("checkpoints")
+    group.add_argument("--output-dir", help="local checkpoints (default: $VERIRL_OUTPUT_DIR)")
+    group.add_argument("--hub-repo", help="Hub repo with checkpoints ($VERIRL_HUB_REPO_ID)")
+    group.add_argument("--hub-endpoint", help="Hub endpoint URL ($VERIRL_HUB_ENDPOINT)")
+    group.add_argument("--hub-revision", help="Hub revision ($VERIRL_HUB_REVISION)")
+    group.add_argument(
+        "--resume",
+        help=f"'latest', a path, or empty for a fresh start (default: ${RESUME_VARIABLE})",
+    )
+
+
+def _add_server_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("vLLM server")
+    group.add_argument("--model", help="model to serve ($VERIRL_MODEL)")
+    group.add_argument(
+        "--vllm-command",
+        help="command replacing 'trl vllm-serve', e.g. 'python -m fakes.vllm_serve' "
+        "($VERIRL_VLLM_COMMAND)",
+    )
+
+
+def _runtime_from_args(args: argparse.Namespace) -> TrainingRuntime:
+    command = shlex.split(args.vllm_command) if getattr(args, "vllm_command", None) else None
+    return TrainingRuntime.from_settings(
+        env_url=getattr(args, "env_url", None),
+        model=getattr(args, "model", None),
+        max_model_len=args.max_model_len,
+        output_dir=getattr(args, "output_dir", None),
+        hub_repo_id=getattr(args, "hub_repo", None),
+        hub_endpoint=getattr(args, "hub_endpoint", None),
+        hub_revision=getattr(args, "hub_revision", None),
+        gpu_count=args.gpus,
+        mode=args.mode,
+        vllm_gpus=args.vllm_gpus,
+        vllm_port=args.vllm_port,
+        vllm_remote_host=args.vllm_host,
+        vllm_command=command,
+        resume_from=getattr(args, "resume", None),
+        env_timeout=getattr(args, "env_timeout", None),
+    )
+
+
+def _emit(args: argparse.Namespace, data: dict[str, object], text: str) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True) if args.json else text)
+
+
+# -- commands
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Print the topology and GRPOConfig kwargs for a GPU count."""
+    topology = _runtime_from_args(args).topology
+    data: dict[str, object] = {
+        "mode": topology.mode,
+        "gpu_count": topology.gpu_count,
+        "training_devices": list(topology.training_devices),
+        "vllm_devices": list(topology.vllm_devices),
+        "server_url": topology.server_url,
+        "grpo_kwargs": topology.grpo_kwargs(),
+    }
+    if topology.is_local_server and args.model:
+        data["serve_args"] = topology.serve_args(args.model)
+    text = topology.describe() + "\n" + json.dumps(topology.grpo_kwargs(), sort_keys=True)
+    _emit(args, data, text)
+    return EXIT_OK
+
+
+def cmd_wait_env(args: argparse.Namespace) -> int:
+    """Wait for the env server's health; exit 0 when healthy, 3 with the reason otherwise."""
+    probe = HttpEnvServerProbe(args.url, health_path=args.health_path)
+    try:
+        probe.wait(args.timeout)
+    except EnvServerUnavailable as exc:
+        _emit(args, {"healthy": False, "url": exc.url, "elapsed": exc.elapsed,
+                     "last_error": exc.last_error}, f"not healthy: {exc}")  # fmt: skip
+        return EXIT_ENV_SERVER
+    _emit(args, {"healthy": True, "url": args.url}, f"healthy: {args.url}")
+    return EXIT_OK
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """Print the checkpoint path to resume from (nothing for a fresh start)."""
+    runtime = _runtime_from_args(args)
+    if runtime.checkpoints is None:
+        if runtime.resume_from not in (None, "", "latest", "last-checkpoint"):
+            path = runtime.resume_from
+        elif runtime.resume_from in (None, ""):
+            path = None
+        else:
+            raise ConfigError.invalid(
+                "--output-dir", None, f"resume={runtime.resume_from!r} needs a place to search"
+            )
+    else:
+        path = runtime.checkpoints.resolve(runtime.resume_from)
+    _emit(args, {"resume_from_checkpoint": path}, path or "")
+    return EXIT_OK
+
+
+def _wait_for_signal() -> int:
+    """Block until SIGINT or SIGTERM; return 128 + its number."""
+    received = threading.Event()
+    number: list[int] = []
+
+    def handler(signum: int, _frame: types.FrameType | None) -> None:
+        number.append(signum)
+        received.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not received.wait(timeout=1.0):
+            pass
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    return 128 + number[0]
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the vLLM server in the foreground until Ctrl-C or SIGTERM."""
+    runtime = _runtime_from_args(args)
+    if not runtime.topology.is_local_server:
+        raise ConfigError.invalid(
+            "--mode", runtime.topology.mode, "serve needs a local server-mode topology (>= 2 GPUs)"
+        )
+    with runtime as session:
+        print(f"vLLM server ready at {session.server_url} ({runtime.topology.describe()})")
+        sys.stdout.flush()
+        code = _wait_for_signal()
+    log.info("vLLM server stopped")
+    return EXIT_OK if code in (128 + signal.SIGINT, 128 + signal.SIGTERM) else code
+
+
+def _training_environment(
+    runtime: TrainingRuntime, resume: str | None, url: str | None
+) -> dict[str, str]:
+    env = dict(os.environ)
+    topology = runtime.topology
+    env["CUDA_VISIBLE_DEVICES"] = visible_devices(topology.training_devices)
+    env[RESUME_VARIABLE] = resume or ""
+    env[GRPO_KWARGS_VARIABLE] = json.dumps(topology.grpo_kwargs(), sort_keys=True)
+    if url is not None:
+        env[VLLM_URL_VARIABLE] = url
+    return env
+
+
+def _run_forwarding_signals(command: Sequence[str], env: dict[str, str]) -> int:
+    """Run ``command``; pass SIGINT/SIGTERM on to it; return its exit code (128+N for signal N)."""
+    try:
+        child = subprocess.Popen(list(command), env=env)
+    except OSError as exc:
+        log.error("cannot run %s: %s", shlex.join(command), exc)  # noqa: TRY400 - no traceback for a missing program
+        return 127
+
+    def forward(signum: int, _frame: types.FrameType | None) -> None:
+        log.warning("forwarding signal %d to the training command (pid %d)", signum, child.pid)
+        child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = child.wait()
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    return 128 - code if code < 0 else code
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    """The whole lifecycle around a training command."""
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise ConfigError.invalid("COMMAND", command, "give the training command after --")
+    runtime = _runtime_from_args(args)
+    with runtime as session:
+        env = _training_environment(runtime, session.resume_from_checkpoint, session.server_url)
+        log.info(
+            "running %s on GPUs %s (resume: %s)",
+            shlex.join(command),
+            env["CUDA_VISIBLE_DEVICES"] or "-",
+            session.resume_from_checkpoint or "fresh start",
+        )
+        print(session.timeline(), file=sys.stderr)
+        code = _run_forwarding_signals(command, env)
+    log.info("training command exited with %d; everything torn down", code)
+    return code
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _version_of(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "missing"
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """A table of what this machine has for a GRPO job."""
+    vllm_port = args.vllm_port or 8001
+    rows: list[tuple[str, str]] = [
+        ("python", f"{platform.python_version()} ({sys.executable})"),
+        ("verirl", __version__),
+    ]
+    rows += [(name, _version_of(name)) for name in ("trl", "vllm", "torch", "transformers")]
+    rows.append(("GPUs visible", str(detect_gpu_count())))
+    rows.append(("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")))
+    for label, port in (("vLLM port", vllm_port), ("TRL group port", 51216)):
+        rows.append((f"{label} {port}", "free" if _port_free(port) else "IN USE"))
+    env_url = args.env_url or os.environ.get("VERIRL_ENV_SERVER_URL")
+    if env_url:
+        healthy = HttpEnvServerProbe(env_url, request_timeout=2.0).check()
+        rows.append((f"env server {env_url}", "healthy" if healthy else "NOT reachable/healthy"))
+    else:
+        rows.append(("env server", "(no --env-url / VERIRL_ENV_SERVER_URL)"))
+    token_set = bool(os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN"))
+    rows.append(("Hub token", "set" if token_set else "not set"))
+    dist = DistributedEnv.single_node()
+    rows.append(
+        ("launcher", "none" if "RANK" in dist.defaulted else f"rank {dist.rank}/{dist.world_size}")
+    )
+    width = max(len(name) for name, _ in rows)
+    text = "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+    _emit(args, dict(rows), text)
+    return EXIT_OK
+
+
+# -- parser and entry point
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser for ``verirl``."""
+    """The argument parser for ``verirl`` and its commands."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    common.add_argument("-q", "--quiet", action="count", default=0, help="less log output")
+    common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+
     parser = argparse.ArgumentParser(
         prog="verirl",
-        description="Start, resume and tear down GRPO jobs (TRL + vLLM + env server).",
+        description="Start, resume and tear down GRPO jobs (TRL + vLLM + a reward env server).",
+        epilog="Exit codes: 0 ok, 1 error, 2 bad configuration, 3 env server unavailable, "
+        "4 vLLM server failed, 5 checkpoint not found/unreadable; launch: the command's code.",
     )
     parser.add_argument("--version", action="version", version=f"verirl {__version__}")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def add(
+        name: str, func: Callable[[argparse.Namespace], int], help_text: str
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text, parents=[common])
+        p.set_defaults(func=func)
+        return p
+
+    p = add("plan", cmd_plan, "Show the GPU topology and GRPOConfig kwargs.")
+    _add_topology_args(p)
+    p.add_argument("--model", help="also print the vllm-serve flags for this model")
+
+    p = add("wait-env", cmd_wait_env, "Wait until the env server answers healthy.")
+    p.add_argument("url", help="env server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds (default: 300)")
+    p.add_argument("--health-path", default="/health", help="default: /health")
+
+    p = add("resume", cmd_resume, "Print the checkpoint to resume from (empty: fresh start).")
+    _add_checkpoint_args(p)
+    p.set_defaults(
+        gpus=1, max_model_len=None, mode=None, vllm_gpus=None, vllm_port=None, vllm_host=None
+    )
+
+    p = add("serve", cmd_serve, "Run trl vllm-serve under verirl until Ctrl-C/SIGTERM.")
+    _add_topology_args(p)
+    _add_server_args(p)
+
+    p = add("launch", cmd_launch, "Run the whole start-up, then COMMAND, then tear down.")
+    _add_topology_args(p)
+    _add_server_args(p)
+    _add_checkpoint_args(p)
+    p.add_argument("--env-url", help="env server base URL ($VERIRL_ENV_SERVER_URL)")
+    p.add_argument("--env-timeout", type=float, help="seconds to wait for it (default: 600)")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+
+    p = add("doctor", cmd_doctor, "Show what this machine has for a GRPO job.")
+    p.add_argument("--env-url", help="env server to check ($VERIRL_ENV_SERVER_URL)")
+    p.add_argument("--vllm-port", type=int, help="vLLM port to check (default: 8001)")
     return parser
 
 
+def _configure_logging(verbosity: int) -> None:
+    level = {-1: logging.WARNING, 0: logging.INFO}.get(verbosity, logging.DEBUG)
+    if verbosity < -1:
+        level = logging.ERROR
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("verirl")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the process exit code."""
+    """Run the command line; return the process exit code."""
     parser = build_parser()
-    parser.parse_args(argv)
-    parser.print_help()
-    return 0
+    args = parser.parse_args(argv)
+    _configure_logging(args.verbose - args.quiet)
+    try:
+        code: int = args.func(args)
+    except VeriRLError as exc:
+        log.error("%s", exc)  # noqa: TRY400 - the message is the point, not a traceback
+        return _exit_code(exc)
+    except KeyboardInterrupt:
+        return 130
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    return code

@@ -1,0 +1,492 @@
+"""`TrainingRuntime`: every start-up phase of a GRPO job, in the right order, at once.
+
+The old helper ran the phases one after another: wait for the env server,
+then start vLLM, then download a checkpoint. Each takes tens of seconds to
+minutes on a real job, so here they run concurrently and start-up takes about
+as long as the slowest one. Any phase failing tears down what was started and
+raises that phase's own error; leaving the ``with`` block stops the server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import shlex
+import signal
+import threading
+import time
+import types
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+from verirl._validate import check_int, check_number, check_text
+from verirl.distenv import DistributedEnv
+from verirl.envserver import EnvServerProbe, HttpEnvServerProbe
+from verirl.errors import ConfigError
+from verirl.topology import VLLMTopology, detect_gpu_count
+
+__all__ = [
+    "CheckpointResolving",
+    "PhaseTiming",
+    "RuntimeSession",
+    "ServerFactory",
+    "ServerHandle",
+    "TrainingRuntime",
+    "visible_devices",
+]
+
+log = logging.getLogger(__name__)
+
+RESUME_VARIABLE = "VERIRL_RESUME_FROM_CHECKPOINT"
+
+
+@runtime_checkable
+class ServerHandle(Protocol):
+    """What the runtime needs of a vLLM server: `verirl.VLLMServer` or `fakes.FakeVLLMServer`."""
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` of the running server."""
+        ...
+
+    def start(self) -> None:
+        """Launch and block until healthy; raise on failure, leaving nothing behind."""
+        ...
+
+    def stop(self) -> None:
+        """Tear down; idempotent, and safe to call while `start` runs in another thread."""
+        ...
+
+
+ServerFactory = Callable[[VLLMTopology], ServerHandle]
+"""Builds the server for a local server-mode topology."""
+
+
+class CheckpointResolving(Protocol):
+    """What the runtime needs of a `verirl.CheckpointResolver`."""
+
+    def resolve(self, request: str | None) -> str | None:
+        """The local path to resume from, or ``None`` for a fresh start."""
+        ...
+
+
+@attrs.frozen
+class PhaseTiming:
+    """When a start-up phase ran, in seconds since the runtime started."""
+
+    name: str
+    start: float
+    end: float
+
+    @property
+    def duration(self) -> float:
+        """Seconds the phase took."""
+        return self.end - self.start
+
+
+@attrs.frozen
+class RuntimeSession:
+    """Everything a training script needs once the runtime is up."""
+
+    topology: VLLMTopology
+    grpo_kwargs: Mapping[str, object]
+    resume_from_checkpoint: str | None
+    server: ServerHandle | None
+    server_url: str | None
+    dist_env: DistributedEnv
+    timings: tuple[PhaseTiming, ...]
+    total: float
+
+    @property
+    def training_devices(self) -> tuple[int, ...]:
+        """GPU indices (as this process sees them) that training should use."""
+        return self.topology.training_devices
+
+    def timeline(self) -> str:
+        """One line: each phase's window and the total, e.g. for logs."""
+        parts = [f"{t.name} {t.start:.2f}-{t.end:.2f}s" for t in self.timings]
+        return "start-up timeline: " + " · ".join([*parts, f"ready at {self.total:.2f}s"])
+
+
+def visible_devices(devices: tuple[int, ...], environ: Mapping[str, str] | None = None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a child that should see ``devices`` of ours.
+
+    ``devices`` index the GPUs this process sees, so with our
+    ``CUDA_VISIBLE_DEVICES=4,5,6,7`` the devices ``(1, 2)`` are ``"5,6"``.
+    """
+    env = os.environ if environ is None else environ
+    parent = env.get("CUDA_VISIBLE_DEVICES")
+    if parent is None:
+        return ",".join(str(d) for d in devices)
+    entries = [item.strip() for item in parent.split(",") if item.strip()]
+    for device in devices:
+        if device >= len(entries):
+            raise ConfigError.invalid(
+                "devices",
+                devices,
+                f"index {device} is beyond CUDA_VISIBLE_DEVICES={parent!r} "
+                f"({len(entries)} visible)",
+            )
+    return ",".join(entries[d] for d in devices)
+
+
+def _default_server_factory(model: str | None) -> ServerFactory:
+    def build(topology: VLLMTopology) -> ServerHandle:
+        from verirl.vllm_server import VLLMServer  # noqa: PLC0415 - keeps import verirl light
+
+        if model is None:
+            raise ConfigError.invalid("model", model, "is required to start a vLLM server")
+        return VLLMServer.from_topology(topology, model=model)
+
+    return build
+
+
+def _build_resolver(
+    *,
+    output_dir: str | None,
+    hub_repo_id: str | None,
+    hub_token: str | None,
+    hub_endpoint: str | None,
+    hub_revision: str | None,
+) -> CheckpointResolving | None:
+    """Local checkpoints in ``output_dir`` first, then the Hub repo (downloaded beside them)."""
+    from verirl.checkpoints import (  # noqa: PLC0415 - keeps import verirl light
+        CheckpointResolver,
+        CheckpointSource,
+        HubCheckpointSource,
+        LocalCheckpointSource,
+    )
+
+    sources: list[CheckpointSource] = []
+    if output_dir is not None:
+        sources.append(LocalCheckpointSource(output_dir))
+    if hub_repo_id is not None:
+        download_dir = os.path.join(output_dir or ".", "verirl-hub-download")  # noqa: PTH118
+        sources.append(
+            HubCheckpointSource(
+                hub_repo_id,
+                download_dir=download_dir,
+                token=hub_token,
+                revision=hub_revision,
+                endpoint=hub_endpoint,
+            )
+        )
+    return CheckpointResolver(sources) if sources else None
+
+
+@attrs.frozen
+class _Outcome:
+    name: str
+    start: float
+    end: float
+    value: object = None
+    error: BaseException | None = None
+
+
+@contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """While active (main thread only), SIGTERM raises `SystemExit(143)` so teardown runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: types.FrameType | None) -> None:
+        log.warning("received signal %d: tearing down before exiting", signum)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@attrs.define
+class TrainingRuntime:
+    """The facade: distributed env, vLLM server, env-server wait and checkpoint, together.
+
+    Assemble it from components (dependency injection: tests pass fakes) or
+    with `from_settings`. ``with runtime as session:`` (or `start` / `stop`):
+
+    1. applies the distributed env before anything can touch CUDA;
+    2. starts the vLLM server when the topology is in local server mode and
+       this is local rank 0; other local ranks, and remote topologies, wait
+       for that server's health instead;
+    3. at the same time waits for the env server and resolves (and fetches)
+       the checkpoint to resume from;
+    4. returns a `RuntimeSession` with the GRPO kwargs, the checkpoint path,
+       the server handle and per-phase timings (also logged as one line).
+
+    Any phase failing stops the server (if started) and raises that phase's
+    error. While started in the main thread, SIGTERM (what Modal and
+    Kubernetes send on preemption) becomes `SystemExit(143)`, so the ``with``
+    block unwinds and the server goes.
+    """
+
+    topology: VLLMTopology
+    model: str | None = attrs.field(default=None, kw_only=True)
+    env_probe: EnvServerProbe | None = attrs.field(default=None, kw_only=True)
+    checkpoints: CheckpointResolving | None = attrs.field(default=None, kw_only=True)
+    resume_from: str | None = attrs.field(default=None, kw_only=True)
+    dist_env: DistributedEnv | None = attrs.field(default=None, kw_only=True)
+    server_factory: ServerFactory | None = attrs.field(default=None, kw_only=True)
+    env_timeout: float = attrs.field(default=600.0, kw_only=True)
+    server_timeout: float = attrs.field(default=900.0, kw_only=True)
+    environ: MutableMapping[str, str] | None = attrs.field(default=None, kw_only=True, repr=False)
+    _server: ServerHandle | None = attrs.field(default=None, init=False, repr=False)
+    _session: RuntimeSession | None = attrs.field(default=None, init=False, repr=False)
+    _exit_stack: ExitStack | None = attrs.field(default=None, init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        check_number("env_timeout", self.env_timeout, non_negative=True)
+        check_number("server_timeout", self.server_timeout, positive=True)
+        if self.model is not None:
+            check_text("model", self.model, "a non-empty model id or path")
+
+    @classmethod
+    def from_settings(  # noqa: C901 - one flat mapping of settings to components
+        cls,
+        *,
+        env_url: str | None = None,
+        model: str | None = None,
+        max_model_len: int | None = None,
+        output_dir: str | None = None,
+        hub_repo_id: str | None = None,
+        hub_token: str | None = None,
+        hub_endpoint: str | None = None,
+        hub_revision: str | None = None,
+        gpu_count: int | None = None,
+        mode: str | None = None,
+        vllm_gpus: int | None = None,
+        vllm_port: int | None = None,
+        vllm_remote_host: str | None = None,
+        vllm_command: Sequence[str] | None = None,
+        resume_from: str | None = None,
+        env_timeout: float | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> TrainingRuntime:
+        """Build the real components from plain settings, falling back to environment variables.
+
+        Each argument left ``None`` is read from its variable (see the README's
+        table): ``VERIRL_ENV_SERVER_URL``, ``VERIRL_MODEL``,
+        ``VERIRL_MAX_MODEL_LEN`` (default 8192), ``VERIRL_OUTPUT_DIR``,
+        ``VERIRL_HUB_REPO_ID``, ``HF_TOKEN``, ``VERIRL_HUB_ENDPOINT``,
+        ``VERIRL_HUB_REVISION``, ``VERIRL_GPU_COUNT`` (default: detected),
+        ``VERIRL_VLLM_MODE``, ``VERIRL_VLLM_GPUS``, ``VERIRL_VLLM_PORT`` (8001),
+        ``VERIRL_VLLM_HOST`` (a remote vLLM host), ``VERIRL_VLLM_COMMAND``,
+        ``VERIRL_RESUME_FROM_CHECKPOINT`` and ``VERIRL_ENV_TIMEOUT`` (600).
+        """
+        env = os.environ if environ is None else environ
+
+        def text(value: str | None, name: str) -> str | None:
+            if value is not None:
+                return value
+            raw = env.get(name, "").strip()
+            return raw or None
+
+        def integer(value: int | None, name: str, minimum: int) -> int | None:
+            if value is not None:
+                return check_int(name.removeprefix("VERIRL_").lower(), value, minimum)
+            raw = text(None, name)
+            if raw is None:
+                return None
+            try:
+                number = int(raw)
+            except ValueError:
+                raise ConfigError.invalid(name, raw, "must be an integer") from None
+            return check_int(name, number, minimum)
+
+        count = integer(gpu_count, "VERIRL_GPU_COUNT", 0)
+        if count is None:
+            count = detect_gpu_count(environ=env)
+        length = integer(max_model_len, "VERIRL_MAX_MODEL_LEN", 1) or 8192
+        port = integer(vllm_port, "VERIRL_VLLM_PORT", 1) or 8001
+        topology = VLLMTopology.plan(
+            count,
+            max_model_len=length,
+            mode=text(mode, "VERIRL_VLLM_MODE") or "auto",
+            vllm_gpus=integer(vllm_gpus, "VERIRL_VLLM_GPUS", 1),
+            port=port,
+            remote_host=text(vllm_remote_host, "VERIRL_VLLM_HOST"),
+        )
+        model = text(model, "VERIRL_MODEL")
+        url = text(env_url, "VERIRL_ENV_SERVER_URL")
+        probe = HttpEnvServerProbe(url) if url is not None else None
+
+        if vllm_command is None:
+            raw_command = text(None, "VERIRL_VLLM_COMMAND")
+            vllm_command = shlex.split(raw_command) if raw_command else None
+        factory: ServerFactory | None = None
+        if vllm_command is not None:
+            command = list(vllm_command)
+            if not command:
+                raise ConfigError.invalid("vllm_command", vllm_command, "must not be empty")
+
+            def factory(topology: VLLMTopology) -> ServerHandle:
+                from verirl.vllm_server import VLLMServer  # noqa: PLC0415
+
+                if model is None:
+                    raise ConfigError.invalid("model", model, "is required to start a vLLM server")
+                return VLLMServer.from_topology(topology, model=model, command=command)
+
+        resolver = _build_resolver(
+            output_dir=text(output_dir, "VERIRL_OUTPUT_DIR"),
+            hub_repo_id=text(hub_repo_id, "VERIRL_HUB_REPO_ID"),
+            hub_token=text(hub_token, "HF_TOKEN"),
+            hub_endpoint=text(hub_endpoint, "VERIRL_HUB_ENDPOINT"),
+            hub_revision=text(hub_revision, "VERIRL_HUB_REVISION"),
+        )
+        timeout_raw = text(None, "VERIRL_ENV_TIMEOUT") if env_timeout is None else None
+        if timeout_raw is not None:
+            try:
+                env_timeout = float(timeout_raw)
+            except ValueError:
+                raise ConfigError.invalid(
+                    "VERIRL_ENV_TIMEOUT", timeout_raw, "must be a number"
+                ) from None
+        return cls(
+            topology,
+            model=model,
+            env_probe=probe,
+            checkpoints=resolver,
+            resume_from=text(resume_from, RESUME_VARIABLE),
+            server_factory=factory,
+            env_timeout=600.0 if env_timeout is None else env_timeout,
+        )
+
+    @property
+    def session(self) -> RuntimeSession | None:
+        """The running session, or ``None`` before `start` / after `stop`."""
+        return self._session
+
+    @property
+    def starts_server(self) -> bool:
+        """Whether this process would launch the vLLM server (local server mode, local rank 0)."""
+        dist = self.dist_env
+        return self.topology.is_local_server and (dist is None or dist.is_local_main)
+
+    def start(self) -> RuntimeSession:
+        """Run every start-up phase; return the session or raise the first phase error."""
+        if self._session is not None or self._exit_stack is not None:
+            msg = "TrainingRuntime is already started; stop() it first"
+            raise RuntimeError(msg)
+        origin = time.monotonic()
+        environ = os.environ if self.environ is None else self.environ
+        dist = self.dist_env or DistributedEnv.single_node(environ=environ)
+        self.dist_env = dist
+        dist.apply(environ)
+        dist_phase = PhaseTiming("dist-env", 0.0, time.monotonic() - origin)
+        self._exit_stack = ExitStack()
+        self._exit_stack.enter_context(_sigterm_as_exit())
+        try:
+            outcomes = self._run_phases(origin)
+        except BaseException:
+            self.stop()
+            raise
+        resume = next((o.value for o in outcomes if o.name == "checkpoint"), None)
+        server_url = self._server.base_url if self._server else self.topology.server_url
+        session = RuntimeSession(
+            topology=self.topology,
+            grpo_kwargs=types.MappingProxyType(self.topology.grpo_kwargs()),
+            resume_from_checkpoint=resume if isinstance(resume, str) else None,
+            server=self._server,
+            server_url=server_url,
+            dist_env=dist,
+            timings=(dist_phase, *(PhaseTiming(o.name, o.start, o.end) for o in outcomes)),
+            total=time.monotonic() - origin,
+        )
+        self._session = session
+        log.info("%s", session.timeline())
+        return session
+
+    def _phases(self) -> dict[str, Callable[[], object]]:
+        phases: dict[str, Callable[[], object]] = {}
+        topology = self.topology
+        if self.starts_server:
+            factory = self.server_factory or _default_server_factory(self.model)
+            server = factory(topology)
+            self._server = server
+            log.info("starting vLLM server: %s", topology.describe())
+            phases["vllm"] = server.start
+        elif topology.mode == "server" and topology.server_url is not None:
+            url = topology.server_url
+            log.info("waiting for the vLLM server at %s (started elsewhere)", url)
+            probe = HttpEnvServerProbe(url, health_path="/health/")
+            phases["vllm-wait"] = lambda: probe.wait(self.server_timeout)
+        if self.env_probe is not None:
+            env_probe = self.env_probe
+            phases["env"] = lambda: env_probe.wait(self.env_timeout)
+        if self.checkpoints is not None:
+            resolver = self.checkpoints
+            phases["checkpoint"] = lambda: resolver.resolve(self.resume_from)
+        return phases
+
+    def _run_phases(self, origin: float) -> list[_Outcome]:
+        """Run the phases in threads; return their outcomes or raise the first failure."""
+        phases = self._phases()
+        done: queue.Queue[_Outcome] = queue.Queue()
+
+        def run(name: str, job: Callable[[], object]) -> None:
+            start = time.monotonic() - origin
+            try:
+                value = job()
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+                done.put(_Outcome(name, start, time.monotonic() - origin, error=exc))
+            else:
+                done.put(_Outcome(name, start, time.monotonic() - origin, value=value))
+
+        threads = {
+            name: threading.Thread(target=run, args=(name, job), name=f"verirl-{name}", daemon=True)
+            for name, job in phases.items()
+        }
+        for thread in threads.values():
+            thread.start()
+        outcomes: list[_Outcome] = []
+        try:
+            while len(outcomes) < len(threads):
+                outcome = done.get()
+                if outcome.error is not None:
+                    log.error("start-up phase %r failed: %s", outcome.name, outcome.error)
+                    raise outcome.error  # noqa: TRY301 - re-raised in the caller thread as is
+                log.info(
+                    "start-up phase %r done in %.2fs", outcome.name, outcome.end - outcome.start
+                )
+                outcomes.append(outcome)
+        except BaseException:
+            self._abort_server(threads.get("vllm"))
+            raise
+        order = list(phases)
+        return sorted(outcomes, key=lambda o: order.index(o.name))
+
+    def _abort_server(self, thread: threading.Thread | None) -> None:
+        """Stop a server whose start may still be running in ``thread``, and wait for it."""
+        server = self._server
+        if server is None or thread is None:
+            return
+        deadline = time.monotonic() + 30.0
+        while thread.is_alive() and time.monotonic() < deadline:
+            server.stop()  # makes a running start() fail fast; repeated in case it was early
+            thread.join(timeout=0.5)
+        server.stop()
+
+    def stop(self) -> None:
+        """Stop the server (if this runtime started one) and restore signal handling."""
+        server, self._server = self._server, None
+        self._session = None
+        try:
+            if server is not None:
+                server.stop()
+        finally:
+            stack, self._exit_stack = self._exit_stack, None
+            if stack is not None:
+                stack.close()
+
+    def __enter__(self) -> RuntimeSession:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
