@@ -12,6 +12,15 @@ for, and is injected through the constructor::
 
 from __future__ import annotations
 
+from fakes.checkpoints import FakeCheckpointSource
 from fakes.envserver import FakeEnvServer, FakeEnvServerProbe
+from fakes.hub import FakeHub, isolated_hf_client, serve_fake_hub
 
-__all__ = ["FakeEnvServer", "FakeEnvServerProbe"]
+__all__ = [
+    "FakeCheckpointSource",
+    "FakeEnvServer",
+    "FakeEnvServerProbe",
+    "FakeHub",
+    "isolated_hf_client",
+    "serve_fake_hub",
+]

@@ -7,6 +7,14 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from verirl.checkpoints import (
+    RESUME_ENV_VAR,
+    Checkpoint,
+    CheckpointResolver,
+    CheckpointSource,
+    HubCheckpointSource,
+    LocalCheckpointSource,
+)
 from verirl.distenv import DistributedEnv, find_free_port
 from verirl.envserver import EnvServerProbe, HttpEnvServerProbe
 from verirl.errors import (
@@ -23,14 +31,20 @@ from verirl.errors import (
 from verirl.topology import VLLMTopology, detect_gpu_count
 
 __all__ = [
+    "Checkpoint",
     "CheckpointNotFoundError",
+    "CheckpointResolver",
+    "CheckpointSource",
     "CheckpointSourceError",
     "ConfigError",
     "DistributedEnv",
     "EnvServerProbe",
     "EnvServerUnavailable",
     "HttpEnvServerProbe",
+    "HubCheckpointSource",
+    "LocalCheckpointSource",
     "PortInUseError",
+    "RESUME_ENV_VAR",
     "VLLMServerError",
     "VLLMServerExited",
     "VLLMStartupTimeout",

@@ -27,6 +27,7 @@ import types
 from collections.abc import Callable, Sequence
 
 from verirl import __version__
+from verirl.checkpoints import RESUME_ENV_VAR
 from verirl.distenv import DistributedEnv
 from verirl.envserver import HttpEnvServerProbe
 from verirl.errors import (
@@ -37,7 +38,7 @@ from verirl.errors import (
     VeriRLError,
     VLLMServerError,
 )
-from verirl.runtime import RESUME_VARIABLE, TrainingRuntime, visible_devices
+from verirl.runtime import TrainingRuntime, visible_devices
 from verirl.topology import detect_gpu_count
 
 __all__ = ["EXIT_CODES", "GRPO_KWARGS_VARIABLE", "build_parser", "main"]
@@ -93,7 +94,7 @@ def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--hub-revision", help="Hub revision ($VERIRL_HUB_REVISION)")
     group.add_argument(
         "--resume",
-        help=f"'latest', a path, or empty for a fresh start (default: ${RESUME_VARIABLE})",
+        help=f"'latest', a path, or empty for a fresh start (default: ${RESUME_ENV_VAR})",
     )
 
 
@@ -224,7 +225,7 @@ def _training_environment(
     env = dict(os.environ)
     topology = runtime.topology
     env["CUDA_VISIBLE_DEVICES"] = visible_devices(topology.training_devices)
-    env[RESUME_VARIABLE] = resume or ""
+    env[RESUME_ENV_VAR] = resume or ""
     env[GRPO_KWARGS_VARIABLE] = json.dumps(topology.grpo_kwargs(), sort_keys=True)
     if url is not None:
         env[VLLM_URL_VARIABLE] = url

@@ -24,6 +24,7 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from verirl._validate import check_int, check_number, check_text
+from verirl.checkpoints import RESUME_ENV_VAR
 from verirl.distenv import DistributedEnv
 from verirl.envserver import EnvServerProbe, HttpEnvServerProbe
 from verirl.errors import ConfigError
@@ -40,8 +41,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-RESUME_VARIABLE = "VERIRL_RESUME_FROM_CHECKPOINT"
 
 
 @runtime_checkable
@@ -353,7 +352,7 @@ class TrainingRuntime:
             model=model,
             env_probe=probe,
             checkpoints=resolver,
-            resume_from=text(resume_from, RESUME_VARIABLE),
+            resume_from=text(resume_from, RESUME_ENV_VAR),
             server_factory=factory,
             env_timeout=600.0 if env_timeout is None else env_timeout,
         )

@@ -1,0 +1,504 @@
+"""A fake Hugging Face Hub: a real loopback HTTP server for the real huggingface_hub client.
+
+huggingface_hub 1.x+ talks HTTP through its own client, which ``responses``
+cannot intercept, so Hub code is tested here against a server that speaks the
+part of the Hub's HTTP API the client uses to list and download a model repo:
+``GET /api/models/{repo}[/revision/{rev}]`` (repo info with ``sha`` and
+``siblings``), ``GET /api/models/{repo}/tree/{rev}[/{path}]`` (the paginated,
+optionally recursive tree listing) and ``HEAD``/``GET /{repo}/resolve/{rev}/{path}``
+(with ``X-Repo-Commit``, ``ETag`` and ``Content-Length``; no Xet headers, so
+the client downloads over plain HTTP). Unknown repos, revisions and files get
+the Hub's 404s (``X-Error-Code: RepoNotFound``, ``RevisionNotFound``,
+``EntryNotFound``); `FakeHub.protect` makes a repo answer 401 to requests
+without its token. It counts requests and the bytes of file bodies served::
+
+    with serve_fake_hub() as hub:  # also keeps huggingface_hub off the network
+        hub.add_checkpoint("org/run", "checkpoint-30", step=30, size=1_000)
+        source = HubCheckpointSource("org/run", download_dir=tmp, endpoint=hub.endpoint)
+        source.fetch(source.latest())
+        assert hub.bytes_served == hub.folder_size("org/run", "checkpoint-30")
+
+Pass ``endpoint=hub.endpoint`` explicitly: huggingface_hub reads ``HF_ENDPOINT``
+only when it is imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.server
+import json
+import logging
+import socket
+import threading
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import attrs
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["FakeHub", "isolated_hf_client", "serve_fake_hub"]
+
+log = logging.getLogger(__name__)
+
+_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+def _git_blob_sha(data: bytes) -> str:
+    """The id git (and the Hub's ``oid``/``ETag``) gives a file's content."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+@attrs.frozen
+class _Response:
+    status: int
+    headers: Mapping[str, str] = attrs.Factory(dict)
+    body: bytes = b""
+    counts_as_download: tuple[str, str] | None = None
+
+
+def _json(status: int, payload: object, headers: Mapping[str, str] | None = None) -> _Response:
+    body = json.dumps(payload).encode()
+    return _Response(status, {"Content-Type": "application/json", **(headers or {})}, body)
+
+
+def _error(status: int, code: str | None, message: str, **headers: str) -> _Response:
+    extra = dict(headers)
+    if code is not None:
+        extra["X-Error-Code"] = code
+    extra["X-Error-Message"] = message
+    return _json(status, {"error": message}, extra)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _HTTPServer
+    protocol_version = "HTTP/1.1"
+    timeout = 30  # a stuck client cannot hold a handler thread forever
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002, ANN401
+        """Route the access log to logging instead of stderr."""
+        log.debug("fake hub: " + format, *args)  # noqa: G003 - http.server's own format string
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_HEAD(self) -> None:
+        self._serve("HEAD")
+
+    def _serve(self, method: str) -> None:
+        response = self.server.hub._handle(method, self.path, self.headers.get("Authorization"))  # noqa: SLF001
+        self.send_response(response.status)
+        for name, value in response.headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(response.body)))
+        self.end_headers()
+        if method == "GET":
+            self.wfile.write(response.body)
+            if response.counts_as_download is not None:
+                self.server.hub._count_download(response.counts_as_download, len(response.body))  # noqa: SLF001
+
+
+class _HTTPServer(http.server.ThreadingHTTPServer):
+    """One daemon thread per connection, tracked so `FakeHub.close` can end and join them."""
+
+    daemon_threads = True
+    block_on_close = False  # the stdlib never joins daemon threads; close_connections does
+    hub: FakeHub
+
+    def __init__(self, address: tuple[str, int], hub: FakeHub) -> None:
+        self.hub = hub
+        self._connections: dict[socket.socket, threading.Thread] = {}
+        self._connections_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:  # noqa: ANN401
+        # Tracked here, in the serving thread, so that close_connections cannot miss one.
+        thread = threading.Thread(
+            target=self.process_request_thread,
+            args=(request, client_address),
+            name="fake-hub-connection",
+            daemon=True,
+        )
+        with self._connections_lock:
+            self._connections[request] = thread
+        thread.start()
+
+    def shutdown_request(self, request: Any) -> None:  # noqa: ANN401
+        with self._connections_lock:
+            self._connections.pop(request, None)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        """End kept-alive connections so their handler threads return, and join those threads."""
+        with self._connections_lock:
+            connections = list(self._connections.items())
+        for connection, _ in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+        for _, thread in connections:
+            thread.join()
+
+
+@attrs.frozen
+class _Commit:
+    sha: str
+    files: Mapping[str, bytes]
+
+
+@attrs.define
+class FakeHub:
+    """A loopback Hub holding model repos in memory; use as a context manager.
+
+    Repos appear when a file is added (`add_file`, `add_checkpoint`); every
+    addition makes a new commit on its branch, and older commits stay readable
+    by sha, as on the Hub. ``page_size`` is how many entries one tree-listing
+    page holds (the Hub uses 1000), so pagination can be exercised.
+
+    Counters: ``requests`` (``(method, path)`` pairs, path without query),
+    ``downloads`` (``(repo_id, filename)`` of each file body served) and
+    ``bytes_served`` (the sum of those bodies); `reset_counters` clears them.
+    """
+
+    host: str = "127.0.0.1"
+    page_size: int = 1000
+    _branches: dict[tuple[str, str], str] = attrs.field(factory=dict, init=False)
+    _commits: dict[tuple[str, str], _Commit] = attrs.field(factory=dict, init=False)
+    _tokens: dict[str, str] = attrs.field(factory=dict, init=False, repr=False)
+    _requests: list[tuple[str, str]] = attrs.field(factory=list, init=False)
+    _downloads: list[tuple[str, str]] = attrs.field(factory=list, init=False)
+    _bytes_served: int = attrs.field(default=0, init=False)
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
+    _httpd: _HTTPServer | None = attrs.field(default=None, init=False, repr=False)
+    _thread: threading.Thread | None = attrs.field(default=None, init=False, repr=False)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> FakeHub:
+        """Bind a free port on ``host`` and serve in a background thread."""
+        if self._httpd is not None:
+            msg = "FakeHub is already started"
+            raise RuntimeError(msg)
+        self._httpd = _HTTPServer((self.host, 0), self)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="fake-hub",
+            daemon=True,
+        )
+        self._thread.start()
+        log.debug("fake hub serving at %s", self.endpoint)
+        return self
+
+    def close(self) -> None:
+        """Stop serving, end open connections and join every thread; safe to call twice."""
+        httpd, thread = self._httpd, self._thread
+        self._httpd = self._thread = None
+        if httpd is None:
+            return
+        httpd.shutdown()
+        httpd.close_connections()
+        httpd.server_close()
+        if thread is not None:
+            thread.join()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def endpoint(self) -> str:
+        """The URL to pass as ``endpoint=``, e.g. ``http://127.0.0.1:54321``."""
+        if self._httpd is None:
+            msg = "FakeHub is not started"
+            raise RuntimeError(msg)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self._httpd.server_address[1]}"
+
+    # ------------------------------------------------------------ content
+
+    def add_file(self, repo_id: str, path: str, data: bytes, revision: str = "main") -> str:
+        """Commit ``data`` at ``path`` on branch ``revision`` of ``repo_id``; return the new sha."""
+        if repo_id.count("/") != 1 or not all(repo_id.split("/")):
+            msg = f"repo_id={repo_id!r}: the fake Hub wants 'namespace/name'"
+            raise ValueError(msg)
+        if not path or path.startswith("/") or path.endswith("/"):
+            msg = f"path={path!r}: must be a relative file path"
+            raise ValueError(msg)
+        with self._lock:
+            parent = self._branches.get((repo_id, revision))
+            files = dict(self._commits[repo_id, parent].files) if parent else {}
+            files[path] = bytes(data)
+            sha = hashlib.sha1(
+                f"{parent}\0{path}\0{_git_blob_sha(data)}".encode(), usedforsecurity=False
+            ).hexdigest()
+            self._commits[repo_id, sha] = _Commit(sha, files)
+            self._branches[repo_id, revision] = sha
+        return sha
+
+    def add_checkpoint(
+        self,
+        repo_id: str,
+        folder: str,
+        step: int,
+        *,
+        size: int = 1024,
+        complete: bool = True,
+        revision: str = "main",
+    ) -> int:
+        """Add a Trainer-shaped checkpoint folder; return its total size in bytes.
+
+        ``model.safetensors`` has ``size`` bytes, ``optimizer.pt`` twice that
+        (Adam keeps two moments), plus ``scheduler.pt``, ``rng_state.pth``,
+        ``config.json`` and, when ``complete``, ``trainer_state.json`` with
+        ``global_step`` = ``step`` (Trainer writes it last).
+        """
+        files = {
+            "config.json": json.dumps({"model_type": "fake"}).encode(),
+            "model.safetensors": _payload(f"{folder}/model", size),
+            "optimizer.pt": _payload(f"{folder}/optimizer", 2 * size),
+            "scheduler.pt": _payload(f"{folder}/scheduler", 64),
+            "rng_state.pth": _payload(f"{folder}/rng", 128),
+        }
+        if complete:
+            state = {"global_step": step, "epoch": step / 100, "log_history": []}
+            files["trainer_state.json"] = json.dumps(state).encode()
+        for name, data in files.items():
+            self.add_file(repo_id, f"{folder}/{name}", data, revision)
+        return sum(len(data) for data in files.values())
+
+    def protect(self, repo_id: str, token: str) -> None:
+        """Answer 401 to requests for ``repo_id`` without ``Authorization: Bearer <token>``."""
+        with self._lock:
+            self._tokens[repo_id] = token
+
+    def sha(self, repo_id: str, revision: str = "main") -> str:
+        """The commit ``revision`` of ``repo_id`` points at."""
+        with self._lock:
+            return self._branches[repo_id, revision]
+
+    def files(self, repo_id: str, revision: str = "main") -> dict[str, bytes]:
+        """A copy of the files at ``revision``."""
+        with self._lock:
+            return dict(self._commits[repo_id, self._branches[repo_id, revision]].files)
+
+    def folder_size(self, repo_id: str, folder: str, revision: str = "main") -> int:
+        """Total bytes of the files under ``folder/`` at ``revision``."""
+        prefix = folder.rstrip("/") + "/"
+        return sum(
+            len(data)
+            for path, data in self.files(repo_id, revision).items()
+            if path.startswith(prefix)
+        )
+
+    # ------------------------------------------------------------ counters
+
+    @property
+    def requests(self) -> list[tuple[str, str]]:
+        """``(method, path)`` of every request so far (path without the query string)."""
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def downloads(self) -> list[tuple[str, str]]:
+        """``(repo_id, filename)`` of every file body served so far."""
+        with self._lock:
+            return list(self._downloads)
+
+    @property
+    def bytes_served(self) -> int:
+        """Bytes of file bodies served by ``GET .../resolve/...`` so far."""
+        with self._lock:
+            return self._bytes_served
+
+    def reset_counters(self) -> None:
+        """Forget the requests, downloads and bytes counted so far."""
+        with self._lock:
+            self._requests.clear()
+            self._downloads.clear()
+            self._bytes_served = 0
+
+    def _count_download(self, what: tuple[str, str], size: int) -> None:
+        with self._lock:
+            self._downloads.append(what)
+            self._bytes_served += size
+
+    # ------------------------------------------------------------ HTTP
+
+    def _handle(self, method: str, raw_path: str, authorization: str | None) -> _Response:
+        parts = urlsplit(raw_path)
+        with self._lock:
+            self._requests.append((method, parts.path))
+        segments = [unquote(s) for s in parts.path.split("/")[1:]]
+        if segments[:2] == ["api", "models"]:
+            repo_id, rest = "/".join(segments[2:4]), segments[4:]
+        elif len(segments) >= 5 and segments[2] == "resolve":  # noqa: PLR2004
+            repo_id, rest = "/".join(segments[:2]), segments[2:]
+        else:
+            return _error(404, None, f"no such route on the fake Hub: {method} {parts.path}")
+        denied = self._denied(repo_id, authorization)
+        if denied is not None:
+            return denied
+        return self._route(method, parts.path, repo_id, rest, parse_qs(parts.query))
+
+    def _route(
+        self, method: str, path: str, repo_id: str, rest: list[str], query: dict[str, list[str]]
+    ) -> _Response:
+        kind = rest[0] if rest else ""
+        if kind == "resolve":
+            return self._resolve(repo_id, rest[1], "/".join(rest[2:]))
+        if method == "GET" and not rest:
+            return self._repo_info(repo_id, "main", query)
+        if method == "GET" and kind == "revision" and len(rest) == 2:  # noqa: PLR2004
+            return self._repo_info(repo_id, rest[1], query)
+        if method == "GET" and kind == "tree" and len(rest) >= 2:  # noqa: PLR2004
+            return self._tree(path, repo_id, rest[1], "/".join(rest[2:]), query)
+        return _error(404, None, f"no such route on the fake Hub: {method} {path}")
+
+    def _denied(self, repo_id: str, authorization: str | None) -> _Response | None:
+        with self._lock:
+            token = self._tokens.get(repo_id)
+            known = any(repo == repo_id for repo, _ in self._branches)
+        if token is not None and authorization != f"Bearer {token}":
+            if authorization:
+                return _error(401, None, "Invalid credentials in Authorization header")
+            return _error(401, "RepoNotFound", "Repository not found")
+        if not known:
+            return _error(404, "RepoNotFound", "Repository not found")
+        return None
+
+    def _commit(self, repo_id: str, revision: str) -> _Commit | None:
+        with self._lock:
+            sha = self._branches.get((repo_id, revision), revision)
+            return self._commits.get((repo_id, sha))
+
+    def _repo_info(self, repo_id: str, revision: str, query: dict[str, list[str]]) -> _Response:
+        commit = self._commit(repo_id, revision)
+        if commit is None:
+            return _error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+        blobs = query.get("blobs", ["false"])[0].lower() == "true"
+        siblings = [
+            {"rfilename": path, "size": len(data), "blobId": _git_blob_sha(data)}
+            if blobs
+            else {"rfilename": path}
+            for path, data in sorted(commit.files.items())
+        ]
+        with self._lock:
+            private = repo_id in self._tokens
+        info = {"_id": repo_id, "id": repo_id, "modelId": repo_id, "sha": commit.sha}
+        return _json(200, {**info, "private": private, "tags": [], "siblings": siblings})
+
+    def _tree(
+        self, url_path: str, repo_id: str, revision: str, folder: str, query: dict[str, list[str]]
+    ) -> _Response:
+        commit = self._commit(repo_id, revision)
+        if commit is None:
+            return _error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+        recursive = query.get("recursive", ["false"])[0].lower() == "true"
+        prefix = f"{folder}/" if folder else ""
+        entries: dict[str, dict[str, object]] = {}
+        for path, data in sorted(commit.files.items()):
+            if not path.startswith(prefix):
+                continue
+            parts = path[len(prefix) :].split("/")
+            # Every folder on the way down is an entry of its own, as on the Hub.
+            depth = len(parts) if recursive else 1
+            for i in range(1, min(depth, len(parts) - 1) + 1):
+                name = prefix + "/".join(parts[:i])
+                entries.setdefault(name, {"type": "directory", "oid": _git_blob_sha(name.encode())})
+            if recursive or len(parts) == 1:
+                entries[path] = {"type": "file", "oid": _git_blob_sha(data), "size": len(data)}
+        if folder and not entries:
+            return _error(404, "EntryNotFound", f"{folder} does not exist on {revision}")
+        listing = [{**entry, "path": path} for path, entry in sorted(entries.items())]
+        start = int(query.get("cursor", ["0"])[0])
+        page = listing[start : start + self.page_size]
+        headers: dict[str, str] = {}
+        if start + self.page_size < len(listing):
+            next_url = (
+                f"{self.endpoint}{url_path}?recursive={str(recursive).lower()}"
+                f"&expand=false&cursor={start + self.page_size}"
+            )
+            headers["Link"] = f'<{next_url}>; rel="next"'
+        return _json(200, page, headers)
+
+    def _resolve(self, repo_id: str, revision: str, filename: str) -> _Response:
+        commit = self._commit(repo_id, revision)
+        if commit is None:
+            return _error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+        data = commit.files.get(filename)
+        if data is None:
+            return _error(
+                404, "EntryNotFound", f"{filename} does not exist", **{"X-Repo-Commit": commit.sha}
+            )
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "X-Repo-Commit": commit.sha,
+            "ETag": f'"{_git_blob_sha(data)}"',
+            "Accept-Ranges": "none",
+        }
+        return _Response(200, headers, data, counts_as_download=(repo_id, filename))
+
+
+def _payload(seed: str, size: int) -> bytes:
+    """``size`` bytes that differ per ``seed`` (so blobs differ), cheap to make."""
+    block = hashlib.sha256(seed.encode()).digest()
+    return (block * (size // len(block) + 1))[:size]
+
+
+@contextlib.contextmanager
+def isolated_hf_client() -> Iterator[None]:
+    """Keep huggingface_hub off the network and away from the user's token, for tests.
+
+    Inside the block huggingface_hub refuses any request to a non-loopback
+    host (so huggingface.co is never contacted by mistake), sends no
+    telemetry (which would also fetch an agent registry from huggingface.co)
+    and uses no token it finds on the machine (only explicit ``token=``).
+    On exit the settings are restored and the HTTP client is reset to
+    huggingface_hub's default, closing its pooled connections.
+    """
+    from huggingface_hub import close_session, constants, set_client_factory  # noqa: PLC0415
+    from huggingface_hub.utils._http import default_client_factory  # noqa: PLC0415
+
+    def refuse_non_loopback(request: Any) -> None:  # noqa: ANN401 - an httpx request
+        host = request.url.host
+        if host not in _LOOPBACK_HOSTS:
+            msg = f"isolated_hf_client: refusing a request to {request.url} (not loopback)"
+            raise RuntimeError(msg)
+
+    def factory() -> Any:  # noqa: ANN401 - an httpx client; httpx is not our dependency
+        client = default_client_factory()
+        client.event_hooks["request"] = [refuse_non_loopback, *client.event_hooks["request"]]
+        return client
+
+    saved = (constants.HF_HUB_DISABLE_TELEMETRY, constants.HF_HUB_DISABLE_IMPLICIT_TOKEN)
+    constants.HF_HUB_DISABLE_TELEMETRY = True
+    constants.HF_HUB_DISABLE_IMPLICIT_TOKEN = True
+    set_client_factory(factory)
+    try:
+        yield
+    finally:
+        set_client_factory(default_client_factory)
+        close_session()
+        constants.HF_HUB_DISABLE_TELEMETRY, constants.HF_HUB_DISABLE_IMPLICIT_TOKEN = saved
+
+
+@contextlib.contextmanager
+def serve_fake_hub(*, page_size: int = 1000) -> Iterator[FakeHub]:
+    """A started `FakeHub` inside `isolated_hf_client`; the body of a ``fake_hub`` fixture.
+
+    Everything is torn down on exit: the client's connections, the server's
+    socket and its threads. A pytest plugin exposes it as::
+
+        @pytest.fixture
+        def fake_hub() -> Iterator[FakeHub]:
+            with serve_fake_hub() as hub:
+                yield hub
+    """
+    with isolated_hf_client(), FakeHub(page_size=page_size) as hub:
+        yield hub

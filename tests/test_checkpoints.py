@@ -1,0 +1,797 @@
+"""Resume from the newest complete checkpoint, locally or on the Hub, downloading only that one.
+
+Local sources run on real directories; Hub sources run the real huggingface_hub
+client against `fakes.hub.FakeHub`, a loopback server, never the network.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import attrs
+import pytest
+from huggingface_hub import constants, snapshot_download
+from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
+
+from fakes.checkpoints import FakeCheckpointSource
+from fakes.hub import FakeHub, serve_fake_hub
+from verirl.checkpoints import (
+    RESUME_ENV_VAR,
+    Checkpoint,
+    CheckpointResolver,
+    CheckpointSource,
+    HubCheckpointSource,
+    LocalCheckpointSource,
+    read_trainer_state,
+)
+from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError
+
+REPO = "org/run"
+SIZE = 100_000  # model.safetensors; optimizer.pt is twice that
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def make_checkpoint(root: Path, name: str, state: object = "default", raw: bytes | None = None):
+    """A Trainer-like folder; ``state=None`` leaves trainer_state.json out (interrupted save)."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "optimizer.pt").write_bytes(b"moments")
+    if raw is not None:
+        (folder / "trainer_state.json").write_bytes(raw)
+    elif state == "default":
+        step = int(name.rsplit("-", 1)[1]) if name[-1].isdigit() else 0
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    elif state is not None:
+        (folder / "trainer_state.json").write_text(json.dumps(state))
+    return folder
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under ``folder`` with its bytes and mtime, to prove nothing was touched."""
+    return {
+        p.relative_to(folder).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _threads() -> set[threading.Thread]:
+    # tqdm's monitor is a process-wide helper tqdm keeps for huggingface_hub's progress bars.
+    return {t for t in threading.enumerate() if t.name != "tqdm_monitor"}
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """A FakeHub, with huggingface_hub kept off the network, the user's token and caches."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", RESUME_ENV_VAR):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    global_cache = tmp_path / "global-hf-cache"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(global_cache))
+    system_tmp = tmp_path / "system-tmp"
+    system_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
+    before = _threads()
+    with serve_fake_hub() as fake:
+        yield fake
+    assert _threads() - before == set(), "threads left behind"
+    assert list(system_tmp.iterdir()) == [], "temporary directories left behind"
+    assert not global_cache.exists(), "wrote into the global huggingface_hub cache"
+
+
+def hub_source(hub: FakeHub, tmp_path: Path, **kwargs) -> HubCheckpointSource:
+    kwargs.setdefault("download_dir", tmp_path / "hub-download")
+    kwargs.setdefault("endpoint", hub.endpoint)
+    return HubCheckpointSource(REPO, **kwargs)
+
+
+def files_under(hub: FakeHub, folder: str) -> set[str]:
+    return {p for p in hub.files(REPO) if p.startswith(f"{folder}/")}
+
+
+def warnings_of(caplog) -> str:
+    return "\n".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+
+
+# ---------------------------------------------------------------- Checkpoint
+
+
+def test_checkpoint_is_a_frozen_value():
+    cp = Checkpoint(30, "/x/out/checkpoint-30", "local:/x/out")
+    assert cp == Checkpoint(step=30, path="/x/out/checkpoint-30", source="local:/x/out")
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        cp.step = 31  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        ((-1, "p", "s"), "step"),
+        ((True, "p", "s"), "step"),
+        ((1, "", "s"), "path"),
+        ((1, "p", ""), "source"),
+    ],
+)
+def test_checkpoint_validates(args, field):
+    with pytest.raises(ConfigError, match=rf"^{field}="):
+        Checkpoint(*args)
+
+
+# ---------------------------------------------------------------- local source
+
+
+def test_local_latest_is_the_highest_complete_step(tmp_path):
+    for step in (5, 10, 200, 30):
+        make_checkpoint(tmp_path, f"checkpoint-{step}")
+    source = LocalCheckpointSource(tmp_path)
+    assert source.latest() == Checkpoint(200, str(tmp_path / "checkpoint-200"), f"local:{tmp_path}")
+    assert isinstance(source, CheckpointSource)
+
+
+def test_local_names_are_strict(tmp_path):
+    make_checkpoint(tmp_path, "checkpoint-5")
+    for name in (
+        "tmp-checkpoint-50",  # Trainer's staging folder
+        "checkpoint-60.bak",
+        "Checkpoint-70",
+        "checkpoint-",
+        "checkpoint--80",
+        "checkpoint-x",
+        "checkpoint-\u0669\u0669",  # Arabic-Indic digits match \d, not a Trainer name
+        "run/checkpoint-90",
+    ):
+        make_checkpoint(tmp_path, name, state={"global_step": 99})
+    (tmp_path / "checkpoint-100").write_text("a file, not a folder")
+    assert LocalCheckpointSource(tmp_path).latest().step == 5
+
+
+def test_local_follows_symlinked_checkpoints(tmp_path):
+    real = make_checkpoint(tmp_path / "elsewhere", "checkpoint-7")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "checkpoint-7").symlink_to(real, target_is_directory=True)
+    assert LocalCheckpointSource(tmp_path / "out").latest().step == 7
+
+
+@pytest.mark.parametrize(
+    ("broken", "reason"),
+    [
+        ({"state": None}, "no trainer_state.json"),
+        ({"raw": b'{"global_step": 3'}, "not valid JSON"),
+        ({"raw": b""}, "not valid JSON"),
+        ({"state": [1, 2]}, "not a JSON object"),
+        ({"raw": b"\xff\xfe\x00"}, "unreadable"),
+    ],
+)
+def test_partial_newest_checkpoint_falls_back_and_is_left_alone(tmp_path, caplog, broken, reason):
+    make_checkpoint(tmp_path, "checkpoint-10")
+    partial = make_checkpoint(tmp_path, "checkpoint-20", **broken)
+    before = snapshot(partial)
+    assert LocalCheckpointSource(tmp_path).latest().step == 10
+    assert snapshot(partial) == before
+    warned = warnings_of(caplog)
+    assert "checkpoint-20" in warned
+    assert reason in warned
+
+
+def test_only_incomplete_checkpoints_is_none(tmp_path, caplog):
+    make_checkpoint(tmp_path, "checkpoint-10", state=None)
+    assert LocalCheckpointSource(tmp_path).latest() is None
+    assert (tmp_path / "checkpoint-10" / "model.safetensors").exists()
+    assert "checkpoint-10" in warnings_of(caplog)
+
+
+def test_missing_root_has_no_checkpoints(tmp_path):
+    assert LocalCheckpointSource(tmp_path / "not-yet").latest() is None
+
+
+def test_root_that_is_a_file(tmp_path):
+    (tmp_path / "out").write_text("x")
+    with pytest.raises(ConfigError, match=r"^root=.*not a directory"):
+        LocalCheckpointSource(tmp_path / "out")
+    source = LocalCheckpointSource(tmp_path / "later")
+    (tmp_path / "later").write_text("x")
+    with pytest.raises(CheckpointSourceError, match="cannot list") as info:
+        source.latest()
+    assert isinstance(info.value.__cause__, NotADirectoryError)
+
+
+def test_local_fetch_returns_the_directory_without_copying(tmp_path):
+    make_checkpoint(tmp_path, "checkpoint-3")
+    source = LocalCheckpointSource(tmp_path)
+    cp = source.latest()
+    assert source.fetch(cp) == tmp_path / "checkpoint-3"
+    with pytest.raises(ConfigError, match=r"^checkpoint=.*comes from"):
+        source.fetch(Checkpoint(3, str(tmp_path / "checkpoint-3"), "local:/elsewhere"))
+    (tmp_path / "checkpoint-3" / "trainer_state.json").unlink()
+    (tmp_path / "checkpoint-3" / "model.safetensors").unlink()
+    (tmp_path / "checkpoint-3" / "optimizer.pt").unlink()
+    (tmp_path / "checkpoint-3").rmdir()
+    with pytest.raises(CheckpointSourceError, match="no longer a directory") as info:
+        source.fetch(cp)
+    assert isinstance(info.value.__cause__, FileNotFoundError)
+
+
+def test_read_trainer_state(tmp_path):
+    make_checkpoint(tmp_path, "checkpoint-4")
+    assert read_trainer_state(tmp_path / "checkpoint-4") == ({"global_step": 4}, "")
+    state, why = read_trainer_state(tmp_path)
+    assert state is None
+    assert "no trainer_state.json" in why
+
+
+# ---------------------------------------------------------------- resolver, with fakes
+
+
+@pytest.mark.parametrize("request_", [None, "", "   ", "\n"])
+def test_no_request_is_a_fresh_start(request_):
+    source = FakeCheckpointSource(steps=[10])
+    assert CheckpointResolver([source]).resolve(request_) is None
+    assert source.latest_calls == 0
+
+
+@pytest.mark.parametrize("request_", ["latest", "last-checkpoint", " latest\n"])
+def test_latest_is_the_newest_over_all_sources(request_):
+    a = FakeCheckpointSource(steps=[10, 20], description="a", root="/a")
+    b = FakeCheckpointSource(steps=[30], description="b", root="/b")
+    c = FakeCheckpointSource(steps=[], description="c", root="/c")
+    assert CheckpointResolver([a, b, c]).resolve(request_) == "/b/checkpoint-30"
+    assert (a.fetched, b.fetched, c.fetched) == ([], [b.checkpoint(30)], [])
+
+
+def test_ties_go_to_the_earlier_source():
+    first = FakeCheckpointSource(steps=[30], description="first", root="/first")
+    second = FakeCheckpointSource(steps=[30], description="second", root="/second")
+    assert CheckpointResolver([first, second]).resolve("latest") == "/first/checkpoint-30"
+    assert second.fetched == []
+    assert CheckpointResolver([second, first]).resolve("latest") == "/second/checkpoint-30"
+
+
+def test_nothing_found_names_every_place_searched():
+    sources = [
+        FakeCheckpointSource(description="local:/x/out"),
+        FakeCheckpointSource(description="hub:o/r@main"),
+    ]
+    with pytest.raises(CheckpointNotFoundError) as info:
+        CheckpointResolver(sources).resolve("latest")
+    assert isinstance(info.value, FileNotFoundError)
+    assert info.value.searched == ("local:/x/out", "hub:o/r@main")
+    assert "local:/x/out" in str(info.value)
+    assert "hub:o/r@main" in str(info.value)
+
+
+def test_no_sources_is_allowed_for_explicit_paths(tmp_path):
+    resolver = CheckpointResolver([])
+    with pytest.raises(CheckpointNotFoundError, match="no sources configured"):
+        resolver.resolve("latest")
+    assert resolver.resolve(str(make_checkpoint(tmp_path, "checkpoint-1"))) == str(
+        tmp_path / "checkpoint-1"
+    )
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        CheckpointSourceError("hub down"),
+        PermissionError(13, "denied"),
+        CheckpointNotFoundError("x", []),
+    ],
+)
+def test_failing_source_is_a_warning_when_another_has_one(caplog, error):
+    broken = FakeCheckpointSource(description="broken", error=error)
+    ok = FakeCheckpointSource(steps=[5], description="ok")
+    assert CheckpointResolver([broken, ok]).resolve("latest") == "/fake/checkpoint-5"
+    assert "broken" in warnings_of(caplog)
+
+
+def test_failing_source_is_an_error_when_none_has_one():
+    cause = ConnectionRefusedError(111, "refused")
+    wrapped = CheckpointSourceError("cannot list hub:o/r@main: refused")
+    wrapped.__cause__ = cause
+    sources = [
+        FakeCheckpointSource(description="local"),
+        FakeCheckpointSource(description="hub", error=wrapped),
+    ]
+    with pytest.raises(CheckpointSourceError) as info:
+        CheckpointResolver(sources).resolve("latest")
+    assert info.value.__cause__ is cause
+    assert "cannot list hub:o/r@main" in str(info.value)
+    assert "searched: local, hub" in str(info.value)
+
+
+def test_unexpected_errors_are_not_swallowed():
+    broken = FakeCheckpointSource(error=RuntimeError("bug"))
+    with pytest.raises(RuntimeError, match="bug"):
+        CheckpointResolver([broken, FakeCheckpointSource(steps=[1])]).resolve("latest")
+
+
+def test_fetch_errors_propagate():
+    source = FakeCheckpointSource(steps=[1], fetch_error=CheckpointSourceError("download failed"))
+    with pytest.raises(CheckpointSourceError, match="download failed"):
+        CheckpointResolver([source]).resolve("latest")
+
+
+def test_explicit_path_must_be_an_existing_directory(tmp_path, caplog):
+    folder = make_checkpoint(tmp_path, "checkpoint-8")
+    source = FakeCheckpointSource(steps=[99])
+    resolver = CheckpointResolver([source])
+    assert resolver.resolve(str(folder)) == str(folder)
+    assert source.latest_calls == 0
+    with pytest.raises(CheckpointNotFoundError) as info:
+        resolver.resolve(str(tmp_path / "checkpoint-9"))
+    assert str(tmp_path / "checkpoint-9") in str(info.value)
+    with pytest.raises(CheckpointNotFoundError):
+        resolver.resolve(str(folder / "trainer_state.json"))  # a file, not a directory
+    partial = make_checkpoint(tmp_path, "checkpoint-12", state=None)
+    assert resolver.resolve(str(partial)) == str(partial)
+    assert "does not look like a complete" in warnings_of(caplog)
+
+
+@pytest.mark.parametrize("value", ["none", "false", "0", "no", "None"])
+def test_no_magic_words_besides_empty(value, tmp_path, monkeypatch):
+    """Only unset/empty start fresh; anything else is a path, so typos fail loudly."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointNotFoundError):
+        CheckpointResolver([FakeCheckpointSource(steps=[1])]).resolve(value)
+
+
+def test_keyword_wins_over_a_directory_called_latest(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    make_checkpoint(tmp_path, "latest", state={"global_step": 1})
+    resolver = CheckpointResolver([FakeCheckpointSource(steps=[2])])
+    assert resolver.resolve("latest") == "/fake/checkpoint-2"
+    assert resolver.resolve("./latest") == "latest"
+
+
+def test_resolve_from_env(tmp_path, monkeypatch):
+    resolver = CheckpointResolver([FakeCheckpointSource(steps=[4])])
+    assert resolver.resolve_from_env({}) is None
+    assert resolver.resolve_from_env({RESUME_ENV_VAR: "  "}) is None
+    assert resolver.resolve_from_env({RESUME_ENV_VAR: " latest\n"}) == "/fake/checkpoint-4"
+    folder = make_checkpoint(tmp_path, "checkpoint-1")
+    assert resolver.resolve_from_env({RESUME_ENV_VAR: f"{folder} "}) == str(folder)
+    monkeypatch.setenv(RESUME_ENV_VAR, "last-checkpoint")
+    assert resolver.resolve_from_env() == "/fake/checkpoint-4"
+    monkeypatch.delenv(RESUME_ENV_VAR)
+    assert resolver.resolve_from_env() is None
+
+
+def test_resolver_rejects_non_sources():
+    with pytest.raises(ConfigError, match=r"^sources\[1\]="):
+        CheckpointResolver([FakeCheckpointSource(), "/x/out"])  # type: ignore[list-item]
+
+
+def test_resolver_refuses_downloads_into_the_local_root(tmp_path):
+    local = LocalCheckpointSource(tmp_path / "out")
+    hub = HubCheckpointSource(REPO, download_dir=tmp_path / "out/../out")
+    with pytest.raises(ConfigError, match=r"^sources=.*download_dir.*local:"):
+        CheckpointResolver([local, hub])
+    CheckpointResolver([local, HubCheckpointSource(REPO, download_dir=tmp_path / "out" / "hub")])
+
+
+def test_local_and_fake_sources_mix(tmp_path):
+    make_checkpoint(tmp_path, "checkpoint-10")
+    remote = FakeCheckpointSource(steps=[15], description="remote")
+    assert (
+        CheckpointResolver([LocalCheckpointSource(tmp_path), remote]).resolve("latest")
+        == "/fake/checkpoint-15"
+    )
+    remote = FakeCheckpointSource(steps=[10], description="remote")
+    assert CheckpointResolver([LocalCheckpointSource(tmp_path), remote]).resolve("latest") == str(
+        tmp_path / "checkpoint-10"
+    )
+    assert remote.fetched == []
+
+
+# ---------------------------------------------------------------- Hub source: construction
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"repo_id": ""}, "repo_id"),
+        ({"repo_id": "a/b/c"}, "repo_id"),
+        ({"repo_id": "a//b"}, "repo_id"),
+        ({"repo_id": "a/b--c"}, "repo_id"),
+        ({"repo_id": "org/" + "x" * 100}, "repo_id"),
+        ({"repo_id": 7}, "repo_id"),
+        ({"revision": ""}, "revision"),
+        ({"endpoint": "huggingface.co"}, "endpoint"),
+        ({"endpoint": "ftp://hub.example"}, "endpoint"),
+        ({"endpoint": "https://user:pw@hub.example"}, "endpoint"),
+        ({"timeout": 0}, "timeout"),
+        ({"timeout": True}, "timeout"),
+        ({"max_workers": 0}, "max_workers"),
+        ({"download_dir": ""}, "download_dir"),
+    ],
+)
+def test_hub_source_validates(tmp_path, kwargs, field):
+    kwargs = {"repo_id": REPO, "download_dir": tmp_path, **kwargs}
+    repo_id = kwargs.pop("repo_id")
+    with pytest.raises(ConfigError, match=rf"^{field}="):
+        HubCheckpointSource(repo_id, **kwargs)
+
+
+def test_hub_source_download_dir_must_not_be_a_file(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match=r"^download_dir="):
+        HubCheckpointSource(REPO, download_dir=tmp_path / "f")
+
+
+def test_hub_source_basics(tmp_path):
+    source = HubCheckpointSource("gpt2", download_dir=tmp_path, token="", revision="v1")
+    assert source.description == "hub:gpt2@v1"
+    assert isinstance(source, CheckpointSource)
+    source = HubCheckpointSource(REPO, download_dir=str(tmp_path), endpoint="http://h:1/")
+    assert source.description == f"hub:{REPO}@main via http://h:1"
+    assert source.download_dir == tmp_path
+
+
+# ---------------------------------------------------------------- Hub source on FakeHub
+
+
+def test_hub_latest_reads_steps_from_folder_names(hub, tmp_path):
+    for step in (10, 20, 30):
+        hub.add_checkpoint(REPO, f"checkpoint-{step}", step)
+    hub.add_checkpoint(REPO, "tmp-checkpoint-40", 40)
+    hub.add_file(REPO, "checkpoint-50", b"a file at the top, not a folder")
+    hub.add_file(REPO, "model.safetensors", b"final weights")
+    hub.reset_counters()
+    source = hub_source(hub, tmp_path)
+    assert source.latest() == Checkpoint(30, "checkpoint-30", source.description)
+    assert hub.downloads == []  # metadata only
+    assert [m for m, p in hub.requests if "/tree/" in p] == ["GET"]  # one listing
+
+
+def test_hub_skips_an_incomplete_upload(hub, tmp_path, caplog):
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    hub.add_checkpoint(REPO, "checkpoint-30", 30, complete=False)
+    source = hub_source(hub, tmp_path)
+    assert source.latest().step == 20
+    assert "checkpoint-30" in warnings_of(caplog)
+
+
+def test_hub_empty_repo_has_none(hub, tmp_path):
+    hub.add_file(REPO, "README.md", b"nothing yet")
+    assert hub_source(hub, tmp_path).latest() is None
+
+
+def test_last_checkpoint_step_comes_from_global_step(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-10", 10)
+    hub.add_checkpoint(REPO, "last-checkpoint", 25)
+    hub.reset_counters()
+    source = hub_source(hub, tmp_path)
+    assert source.latest() == Checkpoint(25, "last-checkpoint", source.description)
+    assert hub.downloads == [(REPO, "last-checkpoint/trainer_state.json")]
+    assert not (tmp_path / "hub-download").exists()  # the probe went to a temporary directory
+    hub.reset_counters()
+    path = source.fetch(source.latest())
+    assert path == tmp_path / "hub-download" / "last-checkpoint"
+    assert read_trainer_state(path)[0]["global_step"] == 25  # type: ignore[index]
+    state_size = len(hub.files(REPO)["last-checkpoint/trainer_state.json"])
+    assert hub.bytes_served == hub.folder_size(REPO, "last-checkpoint") + state_size
+
+
+def test_numbered_checkpoint_wins_a_tie_with_last_checkpoint(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    hub.add_checkpoint(REPO, "last-checkpoint", 30)
+    assert hub_source(hub, tmp_path).latest().path == "checkpoint-30"
+
+
+@pytest.mark.parametrize(
+    ("state", "why"),
+    [
+        ({"epoch": 1.0}, "global_step"),
+        ({"global_step": "30"}, "global_step"),
+        ([30], "JSON object"),
+    ],
+)
+def test_last_checkpoint_without_usable_step_is_skipped(hub, tmp_path, caplog, state, why):
+    hub.add_checkpoint(REPO, "checkpoint-10", 10)
+    hub.add_checkpoint(REPO, "last-checkpoint", 99)
+    hub.add_file(REPO, "last-checkpoint/trainer_state.json", json.dumps(state).encode())
+    assert hub_source(hub, tmp_path).latest().step == 10
+    assert "last-checkpoint" in warnings_of(caplog)
+    assert why in warnings_of(caplog)
+
+
+def test_incomplete_last_checkpoint_is_not_even_probed(hub, tmp_path, caplog):
+    hub.add_checkpoint(REPO, "last-checkpoint", 99, complete=False)
+    hub.reset_counters()
+    assert hub_source(hub, tmp_path).latest() is None
+    assert hub.downloads == []
+    assert "last-checkpoint" in warnings_of(caplog)
+
+
+def test_resume_downloads_only_the_newest_checkpoint(hub, tmp_path, caplog):
+    """The issue's byte count: the old helper served ~3x what resuming needs."""
+    sizes = {
+        step: hub.add_checkpoint(REPO, f"checkpoint-{step}", step, size=SIZE)
+        for step in (10, 20, 30)
+    }
+    hub.reset_counters()
+    resolver = CheckpointResolver(
+        [LocalCheckpointSource(tmp_path / "out"), hub_source(hub, tmp_path)]
+    )
+    path = resolver.resolve("latest")
+    assert path == str(tmp_path / "hub-download" / "checkpoint-30")
+    new_bytes = hub.bytes_served
+    assert new_bytes == sizes[30] == hub.folder_size(REPO, "checkpoint-30")
+    assert {p for _, p in hub.downloads} == files_under(hub, "checkpoint-30")
+    assert not any("checkpoint-10" in p or "checkpoint-20" in p for _, p in hub.requests)
+    assert snapshot(Path(path)).keys() == {
+        p.split("/", 1)[1] for p in files_under(hub, "checkpoint-30")
+    }
+    assert "293.2 KiB" in caplog.text  # what is fetched, and how big
+    assert "6 files" in caplog.text
+
+    hub.reset_counters()
+    snapshot_download(  # the old helper's call
+        REPO,
+        allow_patterns=["last-checkpoint/**", "checkpoint-*/**"],
+        endpoint=hub.endpoint,
+        local_dir=tmp_path / "old",
+        cache_dir=tmp_path / "old-cache",
+    )
+    old_bytes = hub.bytes_served
+    assert old_bytes == sum(sizes.values())
+    assert old_bytes / new_bytes == pytest.approx(3, rel=0.01)
+
+
+def test_local_older_than_hub_fetches_the_hub_one(hub, tmp_path):
+    local = make_checkpoint(tmp_path / "out", "checkpoint-20")
+    before = snapshot(local)
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    resolver = CheckpointResolver(
+        [LocalCheckpointSource(tmp_path / "out"), hub_source(hub, tmp_path)]
+    )
+    assert resolver.resolve("latest") == str(tmp_path / "hub-download" / "checkpoint-30")
+    assert snapshot(local) == before
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["checkpoint-20"]
+
+
+def test_local_as_new_as_hub_downloads_nothing(hub, tmp_path):
+    make_checkpoint(tmp_path / "out", "checkpoint-30")
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    hub.reset_counters()
+    resolver = CheckpointResolver(
+        [LocalCheckpointSource(tmp_path / "out"), hub_source(hub, tmp_path)]
+    )
+    assert resolver.resolve("latest") == str(tmp_path / "out" / "checkpoint-30")
+    assert hub.downloads == []
+    assert not any("/resolve/" in p for _, p in hub.requests)
+    assert not (tmp_path / "hub-download").exists()
+
+
+def test_second_fetch_reuses_the_download(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    source = hub_source(hub, tmp_path)
+    first = source.fetch(source.latest())
+    hub.reset_counters()
+    again = hub_source(hub, tmp_path)  # a new process after the next preemption
+    assert again.fetch(again.latest()) == first
+    assert hub.bytes_served == 0
+
+
+def test_files_the_commit_does_not_have_are_reported_not_deleted(hub, tmp_path, caplog):
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    source = hub_source(hub, tmp_path)
+    path = source.fetch(source.latest())
+    (path / "optimizer.bin").write_bytes(b"left over from an older upload")
+    assert hub_source(hub, tmp_path).fetch(source.latest()) == path
+    assert (path / "optimizer.bin").exists()
+    assert "optimizer.bin" in warnings_of(caplog)
+
+
+def test_fetch_without_latest_lists_first(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    source = hub_source(hub, tmp_path)
+    path = source.fetch(Checkpoint(30, "checkpoint-30", source.description))
+    assert read_trainer_state(path)[0] == {"global_step": 30, "epoch": 0.3, "log_history": []}
+
+
+def test_fetch_refuses_to_overwrite_a_folder_it_did_not_download(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    foreign = make_checkpoint(tmp_path / "hub-download", "checkpoint-30", state=None)
+    before = snapshot(foreign)
+    source = hub_source(hub, tmp_path)
+    with pytest.raises(ConfigError, match=r"^download_dir=.*refusing to overwrite"):
+        source.fetch(source.latest())
+    assert snapshot(foreign) == before
+    assert hub.downloads == []
+
+
+def test_fetch_checks_what_it_is_given(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    source = hub_source(hub, tmp_path)
+    with pytest.raises(ConfigError, match=r"^checkpoint=.*comes from"):
+        source.fetch(Checkpoint(30, "checkpoint-30", "local:/x"))
+    with pytest.raises(ConfigError, match=r"^checkpoint=.*folder name"):
+        source.fetch(Checkpoint(30, "../etc", source.description))
+    with pytest.raises(CheckpointSourceError, match="checkpoint-99 is not") as info:
+        source.fetch(Checkpoint(99, "checkpoint-99", source.description))
+    assert isinstance(info.value.__cause__, FileNotFoundError)
+
+
+def test_fetch_failure_is_a_source_error(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    source = hub_source(hub, tmp_path, max_workers=2)
+    cp = source.latest()
+    hub.protect(REPO, "hf_now_private")
+    with pytest.raises(CheckpointSourceError, match=f"cannot download from hub:{REPO}") as info:
+        source.fetch(cp)
+    assert info.value.__cause__ is not None
+
+
+def test_hub_pagination_is_followed(tmp_path, monkeypatch):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with serve_fake_hub(page_size=3) as fake:
+        for step in (10, 20, 30):
+            fake.add_checkpoint(REPO, f"checkpoint-{step}", step)
+        assert hub_source(fake, tmp_path).latest().step == 30
+        assert len([p for _, p in fake.requests if "/tree/" in p]) > 1
+
+
+def test_revision_is_passed_through(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-10", 10, revision="run-b")
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    source = hub_source(hub, tmp_path, revision="run-b")
+    assert source.latest() == Checkpoint(
+        10, "checkpoint-10", f"hub:{REPO}@run-b via {hub.endpoint}"
+    )
+    assert source.fetch(source.latest()) == tmp_path / "hub-download" / "checkpoint-10"
+
+
+def test_token_is_sent(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    hub.protect(REPO, "hf_right_token")
+    source = hub_source(hub, tmp_path, token="hf_right_token")
+    assert source.fetch(source.latest()).name == "checkpoint-30"
+
+
+# ---------------------------------------------------------------- failing Hub
+
+
+def _break(kind: str, hub: FakeHub, tmp_path: Path) -> HubCheckpointSource:
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    if kind == "401 no token":
+        hub.protect(REPO, "hf_needed")
+        return hub_source(hub, tmp_path)
+    if kind == "401 wrong token":
+        hub.protect(REPO, "hf_needed")
+        return hub_source(hub, tmp_path, token="hf_wrong")
+    if kind == "404":
+        return HubCheckpointSource(
+            "org/missing", download_dir=tmp_path / "dl", endpoint=hub.endpoint
+        )
+    assert kind == "unreachable"
+    return hub_source(hub, tmp_path, endpoint=f"http://127.0.0.1:{closed_port()}")
+
+
+FAILURES = {
+    "401 no token": RepositoryNotFoundError,
+    "401 wrong token": HfHubHTTPError,
+    "404": RepositoryNotFoundError,
+    "unreachable": Exception,
+}
+
+
+@pytest.mark.parametrize("kind", FAILURES)
+def test_failing_hub_with_a_local_checkpoint_warns_and_resumes_locally(hub, tmp_path, caplog, kind):
+    source = _break(kind, hub, tmp_path)
+    make_checkpoint(tmp_path / "out", "checkpoint-5")
+    resolver = CheckpointResolver([LocalCheckpointSource(tmp_path / "out"), source])
+    assert resolver.resolve("latest") == str(tmp_path / "out" / "checkpoint-5")
+    warned = warnings_of(caplog)
+    assert source.repo_id in warned
+    assert "could not be read" in warned
+
+
+@pytest.mark.parametrize("kind", FAILURES)
+def test_failing_hub_alone_is_a_source_error_with_the_cause(hub, tmp_path, kind):
+    source = _break(kind, hub, tmp_path)
+    with pytest.raises(CheckpointSourceError) as direct:
+        source.latest()
+    assert isinstance(direct.value.__cause__, FAILURES[kind])
+    assert source.repo_id in str(direct.value)
+    resolver = CheckpointResolver([LocalCheckpointSource(tmp_path / "out"), source])
+    with pytest.raises(CheckpointSourceError) as info:
+        resolver.resolve("latest")
+    assert isinstance(info.value.__cause__, FAILURES[kind])
+    assert source.repo_id in str(info.value)
+    assert f"local:{tmp_path / 'out'}" in str(info.value)
+
+
+def test_unreachable_hub_says_so(hub, tmp_path):
+    source = _break("unreachable", hub, tmp_path)
+    with pytest.raises(CheckpointSourceError, match="ConnectError"):
+        source.latest()
+
+
+@pytest.mark.parametrize("how", ["env", "constant", "transformers-env"])
+def test_offline_mode_is_honoured(hub, tmp_path, monkeypatch, caplog, how):
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    if how == "env":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    elif how == "transformers-env":
+        monkeypatch.setenv("TRANSFORMERS_OFFLINE", "yes")
+    else:
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    hub.reset_counters()
+    source = hub_source(hub, tmp_path)
+    with pytest.raises(CheckpointSourceError, match="offline") as info:
+        source.latest()
+    assert isinstance(info.value.__cause__, OfflineModeIsEnabled)
+    with pytest.raises(CheckpointSourceError, match="offline"):
+        source.fetch(Checkpoint(30, "checkpoint-30", source.description))
+    make_checkpoint(tmp_path / "out", "checkpoint-3")
+    resolver = CheckpointResolver([LocalCheckpointSource(tmp_path / "out"), source])
+    assert resolver.resolve("latest") == str(tmp_path / "out" / "checkpoint-3")
+    assert "offline" in warnings_of(caplog)
+    assert hub.requests == []
+
+
+def test_the_token_never_leaks(hub, tmp_path, caplog):
+    secret = "hf_SuperSecretToken1234567890"
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    hub.protect(REPO, "hf_the_real_one")
+    source = hub_source(hub, tmp_path, token=secret)
+    assert secret not in repr(source)
+    with pytest.raises(CheckpointSourceError) as info:
+        source.latest()
+    assert "401" in str(info.value)
+    assert REPO in str(info.value)
+    make_checkpoint(tmp_path / "out", "checkpoint-1")
+    CheckpointResolver([LocalCheckpointSource(tmp_path / "out"), source]).resolve("latest")
+    with pytest.raises(CheckpointSourceError) as resolved:
+        CheckpointResolver([source]).resolve("latest")
+    for text in (str(info.value), str(resolved.value), caplog.text, repr(source), repr(info.value)):
+        assert secret not in text
+    assert caplog.records  # the check above looked at real log output
+
+
+def test_the_token_never_leaks_when_it_works(hub, tmp_path, caplog):
+    secret = "hf_AnotherSecretToken0987654321"
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    hub.protect(REPO, secret)
+    source = hub_source(hub, tmp_path, token=secret)
+    CheckpointResolver([source]).resolve("latest")
+    assert "downloading checkpoint-30" in caplog.text
+    assert secret not in caplog.text
+    assert secret not in repr(source)
+
+
+def test_import_verirl_checkpoints_does_not_import_huggingface_hub():
+    code = (
+        "import sys, verirl.checkpoints, fakes.hub, fakes.checkpoints; "
+        "print('huggingface_hub' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "False"
+
+
+def test_examples_in_the_fake_source_docstring():
+    local = FakeCheckpointSource(steps=[10, 20], description="fake:local")
+    hub = FakeCheckpointSource(error=CheckpointSourceError("hub down"))
+    assert CheckpointResolver([local, hub]).resolve("latest") == "/fake/checkpoint-20"
+    assert local.fetched[0].step == 20
+    assert os.fspath(local.fetch(local.checkpoint(10))) == "/fake/checkpoint-10"

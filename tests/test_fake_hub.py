@@ -1,0 +1,244 @@
+"""FakeHub speaks enough of the Hub's HTTP API for the real huggingface_hub client."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    HfHubHTTPError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.hf_api import RepoFile, RepoFolder
+
+from fakes.hub import FakeHub, isolated_hf_client, serve_fake_hub
+
+REPO = "org/run"
+
+
+def _threads() -> set[threading.Thread]:
+    # tqdm's monitor is a process-wide helper tqdm keeps for its own bars.
+    return {t for t in threading.enumerate() if t.name != "tqdm_monitor"}
+
+
+@pytest.fixture
+def hub():
+    before = _threads()
+    with serve_fake_hub(page_size=4) as fake:
+        yield fake
+    assert _threads() - before == set(), "FakeHub left threads behind"
+
+
+def api(hub: FakeHub, token: str | None = None) -> HfApi:
+    return HfApi(endpoint=hub.endpoint, token=token)
+
+
+def test_repo_info_has_sha_and_siblings(hub):
+    hub.add_file(REPO, "README.md", b"hello")
+    sha = hub.add_file(REPO, "checkpoint-1/trainer_state.json", b"{}")
+    info = api(hub).model_info(REPO)
+    assert info.sha == sha == hub.sha(REPO)
+    assert sorted(s.rfilename for s in info.siblings or []) == [
+        "README.md",
+        "checkpoint-1/trainer_state.json",
+    ]
+    assert api(hub).model_info(REPO, revision="main").sha == sha
+    assert api(hub).model_info(REPO, revision=sha).sha == sha
+    sizes = {
+        s.rfilename: s.size for s in api(hub).model_info(REPO, files_metadata=True).siblings or []
+    }
+    assert sizes == {"README.md": 5, "checkpoint-1/trainer_state.json": 2}
+
+
+def test_recursive_tree_listing_is_paginated_and_complete(hub):
+    sizes = {}
+    for step in (1, 2, 3):
+        sizes.update(
+            {
+                f"checkpoint-{step}/{name}": len(data)
+                for name, data in _files_of(hub, f"checkpoint-{step}", step).items()
+            }
+        )
+    hub.add_file(REPO, "README.md", b"x" * 7)
+    sizes["README.md"] = 7
+    hub.reset_counters()
+    entries = list(api(hub).list_repo_tree(REPO, recursive=True))
+    files = {e.path: e.size for e in entries if isinstance(e, RepoFile)}
+    folders = {e.path for e in entries if isinstance(e, RepoFolder)}
+    assert files == sizes
+    assert folders == {"checkpoint-1", "checkpoint-2", "checkpoint-3"}
+    pages = [r for r in hub.requests if "/tree/" in r[1]]
+    assert len(pages) == -(-len(entries) // 4) > 1  # page_size=4: the client followed the links
+
+
+def test_non_recursive_and_sub_path_listing(hub):
+    hub.add_file(REPO, "a/b/c.txt", b"c")
+    hub.add_file(REPO, "a/d.txt", b"d")
+    hub.add_file(REPO, "top.txt", b"t")
+    top = {(type(e).__name__, e.path) for e in api(hub).list_repo_tree(REPO)}
+    assert top == {("RepoFolder", "a"), ("RepoFile", "top.txt")}
+    sub = {(type(e).__name__, e.path) for e in api(hub).list_repo_tree(REPO, path_in_repo="a")}
+    assert sub == {("RepoFolder", "a/b"), ("RepoFile", "a/d.txt")}
+    with pytest.raises(EntryNotFoundError):
+        list(api(hub).list_repo_tree(REPO, path_in_repo="nope"))
+
+
+def test_hf_hub_download_over_plain_http_counts_bytes(hub, tmp_path):
+    data = b"\x00\x01" * 5000
+    sha = hub.add_file(REPO, "checkpoint-1/model.safetensors", data)
+    hub.reset_counters()
+    path = hf_hub_download(
+        REPO,
+        "checkpoint-1/model.safetensors",
+        endpoint=hub.endpoint,
+        local_dir=tmp_path / "out",
+        cache_dir=tmp_path / "cache",
+    )
+    assert Path(path).read_bytes() == data
+    assert hub.bytes_served == len(data)
+    assert hub.downloads == [(REPO, "checkpoint-1/model.safetensors")]
+    assert hub.requests == [
+        ("HEAD", f"/{REPO}/resolve/main/checkpoint-1/model.safetensors"),
+        ("GET", f"/{REPO}/resolve/main/checkpoint-1/model.safetensors"),
+    ]
+    meta = huggingface_hub.get_hf_file_metadata(
+        huggingface_hub.hf_hub_url(REPO, "checkpoint-1/model.safetensors", endpoint=hub.endpoint)
+    )
+    assert (meta.commit_hash, meta.size, meta.xet_file_data) == (sha, len(data), None)
+    assert meta.etag is not None
+    assert len(meta.etag) == 40
+
+
+def test_snapshot_download_with_patterns(hub, tmp_path):
+    for step in (1, 2):
+        hub.add_checkpoint(REPO, f"checkpoint-{step}", step, size=100)
+    hub.add_file(REPO, "README.md", b"readme")
+    hub.reset_counters()
+    snapshot_download(
+        REPO,
+        allow_patterns=["checkpoint-2/*"],
+        endpoint=hub.endpoint,
+        local_dir=tmp_path / "out",
+        cache_dir=tmp_path / "cache",
+    )
+    assert hub.bytes_served == hub.folder_size(REPO, "checkpoint-2")
+    assert {p for _, p in hub.downloads} == {
+        p for p in hub.files(REPO) if p.startswith("checkpoint-2/")
+    }
+    state = json.loads((tmp_path / "out/checkpoint-2/trainer_state.json").read_text())
+    assert state["global_step"] == 2
+
+
+def test_unknown_repo_revision_and_file_are_the_hubs_404s(hub, tmp_path):
+    hub.add_file(REPO, "a.txt", b"a")
+    with pytest.raises(RepositoryNotFoundError) as repo_error:
+        api(hub).model_info("org/missing")
+    assert repo_error.value.response.status_code == 404
+    with pytest.raises(RevisionNotFoundError):
+        api(hub).model_info(REPO, revision="nope")
+    with pytest.raises(EntryNotFoundError):
+        hf_hub_download(
+            REPO, "b.txt", endpoint=hub.endpoint, local_dir=tmp_path, cache_dir=tmp_path / "c"
+        )
+
+
+def test_protected_repo_wants_its_token(hub, tmp_path):
+    hub.add_file(REPO, "a.txt", b"a")
+    hub.protect(REPO, "hf_right")
+    with pytest.raises(RepositoryNotFoundError) as missing:
+        api(hub).model_info(REPO)
+    assert missing.value.response.status_code == 401
+    with pytest.raises(HfHubHTTPError) as wrong:
+        api(hub, token="hf_wrong").model_info(REPO)
+    assert wrong.value.response.status_code == 401
+    assert api(hub, token="hf_right").model_info(REPO).private is True
+    path = hf_hub_download(
+        REPO,
+        "a.txt",
+        endpoint=hub.endpoint,
+        token="hf_right",
+        local_dir=tmp_path,
+        cache_dir=tmp_path / "c",
+    )
+    assert Path(path).read_bytes() == b"a"
+
+
+def test_old_commits_stay_readable_by_sha(hub):
+    first = hub.add_file(REPO, "a.txt", b"1")
+    second = hub.add_file(REPO, "a.txt", b"2")
+    assert first != second
+    assert api(hub).model_info(REPO, revision=first).sha == first
+    assert [e.path for e in api(hub).list_repo_tree(REPO, revision=first)] == ["a.txt"]
+    assert hub.files(REPO) == {"a.txt": b"2"}
+
+
+def test_branches_are_separate(hub):
+    hub.add_file(REPO, "a.txt", b"main")
+    hub.add_file(REPO, "b.txt", b"dev", revision="dev")
+    assert [e.path for e in api(hub).list_repo_tree(REPO, revision="dev")] == ["b.txt"]
+
+
+def test_reset_counters(hub):
+    hub.add_file(REPO, "a.txt", b"a")
+    api(hub).model_info(REPO)
+    assert hub.requests
+    hub.reset_counters()
+    assert (hub.requests, hub.downloads, hub.bytes_served) == ([], [], 0)
+
+
+def test_unknown_route_is_404(hub):
+    host, port = hub.endpoint.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"GET /nothing/here HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        reply = sock.makefile("rb").read()
+    assert reply.startswith(b"HTTP/1.1 404")
+
+
+@pytest.mark.parametrize(
+    ("repo_id", "path"),
+    [("norepo", "a.txt"), ("a/b/c", "a.txt"), (REPO, ""), (REPO, "/abs"), (REPO, "dir/")],
+)
+def test_add_file_rejects_bad_names(repo_id, path):
+    with pytest.raises(ValueError, match=r"repo_id=|path="):
+        FakeHub().add_file(repo_id, path, b"")
+
+
+def test_close_frees_port_and_threads_and_is_idempotent():
+    before = _threads()
+    hub = FakeHub().start()
+    port = int(hub.endpoint.rsplit(":", 1)[1])
+    with pytest.raises(RuntimeError, match="already started"):
+        hub.start()
+    with isolated_hf_client():
+        hub.add_file(REPO, "a.txt", b"a")
+        HfApi(endpoint=hub.endpoint).model_info(REPO)  # leaves a kept-alive connection open
+        hub.close()
+    hub.close()
+    assert _threads() - before == set()
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port)):
+        pass
+    with pytest.raises(RuntimeError, match="not started"):
+        _ = hub.endpoint
+
+
+def test_isolated_client_refuses_the_real_hub_and_restores_settings():
+    saved = (constants.HF_HUB_DISABLE_TELEMETRY, constants.HF_HUB_DISABLE_IMPLICIT_TOKEN)
+    with isolated_hf_client():
+        assert constants.HF_HUB_DISABLE_TELEMETRY is True
+        assert constants.HF_HUB_DISABLE_IMPLICIT_TOKEN is True
+        with pytest.raises(RuntimeError, match="not loopback"):
+            HfApi(endpoint="https://huggingface.co").model_info("openai-community/gpt2")
+    assert saved == (constants.HF_HUB_DISABLE_TELEMETRY, constants.HF_HUB_DISABLE_IMPLICIT_TOKEN)
+
+
+def _files_of(hub: FakeHub, folder: str, step: int) -> dict[str, bytes]:
+    hub.add_checkpoint(REPO, folder, step, size=10)
+    prefix = f"{folder}/"
+    return {p[len(prefix) :]: d for p, d in hub.files(REPO).items() if p.startswith(prefix)}

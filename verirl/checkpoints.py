@@ -1,0 +1,753 @@
+"""Pick the checkpoint to resume from after a preemption, locally or on the Hub.
+
+Trainer writes ``trainer_state.json`` last, so a ``checkpoint-N`` folder
+without a readable one is the leftover of a job killed while saving. Resuming
+from it crashes (transformers' ``get_last_checkpoint`` does not check), so
+here such folders are skipped with a warning and never touched. A Hub source
+lists the repo once and downloads only the checkpoint that was chosen, where
+the old helper's ``snapshot_download(allow_patterns=["checkpoint-*/**", ...])``
+downloaded every checkpoint (weights and optimizer state) to use one::
+
+    resolver = CheckpointResolver([
+        LocalCheckpointSource("/x/out"),
+        HubCheckpointSource("org/run", download_dir="/x/hub-download", token=token),
+    ])
+    resume_from = resolver.resolve_from_env()  # None, or a local directory
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import attrs
+
+from verirl.envserver import validate_http_url
+from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
+
+__all__ = [
+    "RESUME_ENV_VAR",
+    "Checkpoint",
+    "CheckpointResolver",
+    "CheckpointSource",
+    "HubCheckpointSource",
+    "LocalCheckpointSource",
+    "read_trainer_state",
+]
+
+log = logging.getLogger(__name__)
+
+RESUME_ENV_VAR = "VERIRL_RESUME_FROM_CHECKPOINT"
+"""The environment variable `CheckpointResolver.resolve_from_env` reads."""
+
+TRAINER_STATE = "trainer_state.json"
+LAST_CHECKPOINT = "last-checkpoint"
+_LATEST_REQUESTS = frozenset({"latest", LAST_CHECKPOINT})
+# ASCII digits only: str.isdigit and \d also accept e.g. Arabic-Indic digits.
+_CHECKPOINT_NAME = re.compile(r"checkpoint-([0-9]+)", re.ASCII)
+# A Hub repo id: "name" or "namespace/name", as huggingface_hub validates it.
+_REPO_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*", re.ASCII)
+_OFFLINE_ENV_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+_TRUE_VALUES = frozenset({"1", "ON", "YES", "TRUE"})
+_KIB = 1024
+_MAX_REPO_ID = 96  # the Hub's limit
+
+
+def _checkpoint_step(name: str) -> int | None:
+    """Step of a strict ``checkpoint-N`` name, else None (``tmp-checkpoint-5``, ``x.bak``)."""
+    match = _CHECKPOINT_NAME.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def read_trainer_state(folder: str | os.PathLike[str]) -> tuple[dict[str, object] | None, str]:
+    """Read ``folder/trainer_state.json``: ``(state, "")``, or ``(None, why it is unusable)``.
+
+    A checkpoint is complete exactly when this returns a state: Trainer writes
+    the file last, so its absence (or a torn write) marks an interrupted save.
+    """
+    path = Path(folder) / TRAINER_STATE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None, f"no {TRAINER_STATE}"
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, f"{TRAINER_STATE} is unreadable ({type(exc).__name__}: {exc})"
+    try:
+        state = json.loads(text)
+    except ValueError as exc:
+        return None, f"{TRAINER_STATE} is not valid JSON ({exc})"
+    if not isinstance(state, dict):
+        return None, f"{TRAINER_STATE} is not a JSON object"
+    return state, ""
+
+
+def _global_step(state: Mapping[str, object]) -> int | None:
+    step = state.get("global_step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return None
+    return step
+
+
+def _human_size(size: int) -> str:
+    if size < _KIB:
+        return f"{size} B"
+    value, unit = size / _KIB, "KiB"
+    for bigger in ("MiB", "GiB", "TiB"):
+        if value < _KIB:
+            break
+        value, unit = value / _KIB, bigger
+    return f"{value:.1f} {unit}"
+
+
+@attrs.frozen
+class Checkpoint:
+    """A checkpoint a source knows about.
+
+    ``path`` is a local directory for local sources and a folder name in the
+    repo (``checkpoint-30``, ``last-checkpoint``) for the Hub; ``source`` says
+    where, for messages (``local:/x/out``, ``hub:org/run@main``). Turn it into
+    a local directory with the source's `CheckpointSource.fetch`.
+    """
+
+    step: int
+    path: str
+    source: str
+
+    def __attrs_post_init__(self) -> None:
+        step: object = self.step
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ConfigError.invalid("step", step, "must be an int >= 0")
+        for field in ("path", "source"):
+            value: object = getattr(self, field)
+            if not isinstance(value, str) or not value:
+                raise ConfigError.invalid(field, value, "must be a non-empty string")
+
+
+@runtime_checkable
+class CheckpointSource(Protocol):
+    """A place checkpoints may be: a local output directory, a Hub repo, a test double."""
+
+    @property
+    def description(self) -> str:
+        """Where this source looks, for messages; also each `Checkpoint.source` it returns."""
+        ...
+
+    def latest(self) -> Checkpoint | None:
+        """The newest complete checkpoint, or None; reads metadata only, no big download.
+
+        Raises `CheckpointSourceError` when the source cannot be read.
+        """
+        ...
+
+    def fetch(self, checkpoint: Checkpoint) -> Path:
+        """Make ``checkpoint`` (from `latest`) available as a local directory and return it."""
+        ...
+
+
+def _path(field: str, value: object) -> Path:
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value).strip():
+        raise ConfigError.invalid(field, value, "must be a non-empty path")
+    return Path(value)
+
+
+def _root_path(value: str | os.PathLike[str]) -> Path:
+    return _path("root", value)
+
+
+def _download_dir_path(value: str | os.PathLike[str]) -> Path:
+    return _path("download_dir", value)
+
+
+def _check_source(source: CheckpointSource, checkpoint: Checkpoint) -> None:
+    if checkpoint.source != source.description:
+        raise ConfigError.invalid(
+            "checkpoint",
+            checkpoint,
+            f"comes from {checkpoint.source!r}, not from {source.description!r}",
+        )
+
+
+@attrs.frozen
+class LocalCheckpointSource:
+    """The ``checkpoint-N`` directories under ``root`` (Trainer's ``output_dir``).
+
+    Names must match ``checkpoint-<digits>`` exactly: files, ``tmp-checkpoint-*``
+    (Trainer's staging folders) and anything else are ignored. A missing
+    ``root`` holds no checkpoints (a first run); a ``root`` that is a file is a
+    `ConfigError`. Incomplete checkpoints are skipped with a warning and are
+    never modified or deleted.
+    """
+
+    root: Path = attrs.field(converter=_root_path)
+
+    def __attrs_post_init__(self) -> None:
+        if self.root.exists() and not self.root.is_dir():
+            raise ConfigError.invalid("root", str(self.root), "is not a directory")
+
+    @property
+    def description(self) -> str:
+        """``local:<root>``."""
+        return f"local:{self.root}"
+
+    def _numbered_dirs(self) -> list[tuple[int, str]]:
+        try:
+            with os.scandir(self.root) as entries:
+                found = []
+                for entry in entries:
+                    step = _checkpoint_step(entry.name)
+                    if step is not None and _is_dir(entry):
+                        found.append((step, entry.name))
+        except FileNotFoundError:
+            log.debug("%s does not exist yet: no local checkpoints", self.root)
+            return []
+        except OSError as exc:
+            msg = f"cannot list {self.description}: {type(exc).__name__}: {exc}"
+            raise CheckpointSourceError(msg) from exc
+        # Newest first; on equal steps (checkpoint-7, checkpoint-007) the name decides.
+        return sorted(found, key=lambda item: (-item[0], item[1]))
+
+    def latest(self) -> Checkpoint | None:
+        """The complete ``checkpoint-N`` with the highest N, or None."""
+        for step, name in self._numbered_dirs():
+            folder = self.root / name
+            state, why = read_trainer_state(folder)
+            if state is None:
+                log.warning(
+                    "skipping incomplete checkpoint %s: %s (probably interrupted while saving; "
+                    "left as it is)",
+                    folder,
+                    why,
+                )
+                continue
+            return Checkpoint(step, os.fspath(folder), self.description)
+        return None
+
+    def fetch(self, checkpoint: Checkpoint) -> Path:
+        """Return the checkpoint's directory; nothing is copied."""
+        _check_source(self, checkpoint)
+        folder = Path(checkpoint.path)
+        if not folder.is_dir():
+            cause = FileNotFoundError(
+                errno.ENOENT, "checkpoint directory vanished", checkpoint.path
+            )
+            msg = f"{checkpoint.path} from {self.description} is no longer a directory"
+            raise CheckpointSourceError(msg) from cause
+        return folder
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()  # follows symlinks: a linked checkpoint counts
+    except OSError:
+        return False
+
+
+def _check_repo_id(value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ConfigError.invalid("repo_id", value, "must be a non-empty 'namespace/name' string")
+    if (
+        len(value) > _MAX_REPO_ID
+        or not _REPO_ID.fullmatch(value)
+        or "--" in value
+        or ".." in value
+        or value.endswith((".", "-"))
+    ):
+        raise ConfigError.invalid("repo_id", value, "is not a valid Hub repo id ('namespace/name')")
+
+
+def _check_revision(value: object) -> None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise ConfigError.invalid("revision", value, "must be None or a non-empty string")
+
+
+def _check_endpoint(value: object) -> None:
+    if value is None:
+        return
+    validate_http_url("endpoint", value)
+    if "@" in str(value).split("/")[2]:
+        raise ConfigError.invalid(
+            "endpoint", value, "must not carry credentials; pass token= instead"
+        )
+
+
+def _check_positive_number(field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError.invalid(field, value, "must be a number > 0")
+
+
+def _empty_token_to_none(value: str | None) -> str | None:
+    return value or None
+
+
+def _endpoint_rstrip(value: str | None) -> str | None:
+    return value.rstrip("/") if isinstance(value, str) else value
+
+
+def _hub_offline() -> bool:
+    """Whether HF offline mode is on, as huggingface_hub saw it at import or the env says now."""
+    if any(os.environ.get(name, "").upper() in _TRUE_VALUES for name in _OFFLINE_ENV_VARS):
+        return True
+    from huggingface_hub import constants  # noqa: PLC0415 - keep import verirl light
+
+    return bool(constants.is_offline_mode())
+
+
+@attrs.frozen
+class _Listing:
+    """What one tree listing of the repo said: the commit, and each top-level folder's files."""
+
+    commit: str
+    folders: Mapping[str, Mapping[str, int]]
+
+
+@attrs.define
+class HubCheckpointSource:
+    """The ``checkpoint-N/`` and ``last-checkpoint/`` folders of a Hugging Face Hub model repo.
+
+    `latest` resolves ``revision`` to a commit, lists the repo once, reads steps
+    from ``checkpoint-N`` folder names and, for ``last-checkpoint`` (Trainer's
+    ``hub_strategy="checkpoint"``), from its ``trainer_state.json``
+    ``global_step`` (one small download). A folder is complete when the listing
+    has its ``trainer_state.json``. `fetch` downloads only that folder, pinned
+    to the listed commit, into ``download_dir/<folder>``, and refuses to write
+    into a folder there that huggingface_hub did not download.
+
+    ``endpoint`` and ``token`` go to huggingface_hub as they are (``HF_ENDPOINT``
+    is read when huggingface_hub is imported, so ``endpoint`` is how a mirror or
+    a test server is reached); ``token=None`` lets huggingface_hub find one
+    (``HF_TOKEN``, ``hf auth login``). The token never appears in a repr, log
+    line or error message. ``HF_HUB_OFFLINE`` makes every call a
+    `CheckpointSourceError`. ``timeout`` bounds each metadata request;
+    ``max_workers`` files are downloaded at once.
+    """
+
+    repo_id: str
+    download_dir: Path = attrs.field(kw_only=True, converter=_download_dir_path)
+    _token: str | None = attrs.field(
+        kw_only=True,
+        default=None,
+        alias="token",
+        repr=False,
+        eq=False,
+        converter=_empty_token_to_none,
+    )
+    revision: str | None = attrs.field(kw_only=True, default=None)
+    endpoint: str | None = attrs.field(kw_only=True, default=None, converter=_endpoint_rstrip)
+    timeout: float = attrs.field(kw_only=True, default=30.0)
+    max_workers: int = attrs.field(kw_only=True, default=8)
+    _listing: _Listing | None = attrs.field(init=False, default=None, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        _check_repo_id(self.repo_id)
+        _check_revision(self.revision)
+        _check_endpoint(self.endpoint)
+        _check_positive_number("timeout", self.timeout)
+        token: object = self._token
+        if token is not None and not isinstance(token, str):
+            raise ConfigError.invalid("token", "<hidden>", "must be a string or None")
+        if self.download_dir.exists() and not self.download_dir.is_dir():
+            raise ConfigError.invalid(
+                "download_dir", str(self.download_dir), "exists and is not a directory"
+            )
+        workers: object = self.max_workers
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ConfigError.invalid("max_workers", workers, "must be an int >= 1")
+
+    @property
+    def description(self) -> str:
+        """``hub:<repo_id>@<revision>``, plus `` via <endpoint>`` when one is set."""
+        where = f"hub:{self.repo_id}@{self.revision or 'main'}"
+        return f"{where} via {self.endpoint}" if self.endpoint else where
+
+    # ------------------------------------------------------------ helpers
+
+    def _error(self, doing: str, exc: BaseException) -> CheckpointSourceError:
+        """A `CheckpointSourceError` for ``exc`` whose message names the repo, never the token."""
+        message = f"cannot {doing} {self.description}: {_describe_hub_error(exc)}"
+        if self._token:
+            message = message.replace(self._token, "<token>")
+        return CheckpointSourceError(message)
+
+    def _refuse_offline(self, doing: str) -> None:
+        if _hub_offline():
+            from huggingface_hub.errors import OfflineModeIsEnabled  # noqa: PLC0415
+
+            cause = OfflineModeIsEnabled("HF_HUB_OFFLINE is set")
+            raise CheckpointSourceError(
+                f"cannot {doing} {self.description}: Hugging Face Hub offline mode is on "
+                "(HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE); unset it, or resume from a local "
+                "checkpoint"
+            ) from cause
+
+    def _api(self) -> HfApi:
+        from huggingface_hub import HfApi  # noqa: PLC0415
+
+        from verirl import __version__  # noqa: PLC0415 - verirl/__init__ imports this module
+
+        return HfApi(
+            endpoint=self.endpoint,
+            token=self._token,
+            library_name="verirl",
+            library_version=__version__,
+        )
+
+    def _list(self) -> _Listing:
+        """Resolve the revision to a commit and list the repo once, recursively."""
+        self._refuse_offline("list")
+        from huggingface_hub.hf_api import RepoFile  # noqa: PLC0415
+
+        api = self._api()
+        try:
+            info = api.model_info(self.repo_id, revision=self.revision, timeout=self.timeout)
+            commit = info.sha or self.revision or "main"
+            entries = list(api.list_repo_tree(self.repo_id, revision=commit, recursive=True))
+        except Exception as exc:
+            raise self._error("list", exc) from exc
+        folders: dict[str, dict[str, int]] = {}
+        for entry in entries:
+            if isinstance(entry, RepoFile) and "/" in entry.path:
+                folder = entry.path.split("/", 1)[0]
+                folders.setdefault(folder, {})[entry.path] = int(entry.size or 0)
+        listing = _Listing(commit=commit, folders=folders)
+        log.debug(
+            "%s is at commit %s; %d top-level folders", self.description, commit, len(folders)
+        )
+        self._listing = listing
+        return listing
+
+    def _download(self, filename: str, commit: str, local_dir: Path) -> Path:
+        from huggingface_hub import hf_hub_download  # noqa: PLC0415
+
+        path = hf_hub_download(
+            self.repo_id,
+            filename,
+            revision=commit,
+            local_dir=local_dir,
+            # Keep everything under local_dir: huggingface_hub only reads this cache here,
+            # and the global one (~/.cache/huggingface) stays untouched.
+            cache_dir=local_dir / ".cache" / "huggingface" / "hub",
+            endpoint=self.endpoint,
+            token=self._token,
+            etag_timeout=self.timeout,
+            library_name="verirl",
+        )
+        return Path(path)
+
+    def _last_checkpoint_step(self, listing: _Listing) -> int | None:
+        """``global_step`` of ``last-checkpoint/trainer_state.json`` (a small download), or None."""
+        filename = f"{LAST_CHECKPOINT}/{TRAINER_STATE}"
+        with tempfile.TemporaryDirectory(prefix="verirl-hub-") as tmp:
+            try:
+                self._download(filename, listing.commit, Path(tmp))
+            except Exception as exc:
+                raise self._error(f"read {filename} from", exc) from exc
+            state, why = read_trainer_state(Path(tmp) / LAST_CHECKPOINT)
+        if state is None:
+            log.warning("skipping %s in %s: %s", LAST_CHECKPOINT, self.description, why)
+            return None
+        step = _global_step(state)
+        if step is None:
+            log.warning(
+                "skipping %s in %s: %s has no usable global_step (%r)",
+                LAST_CHECKPOINT,
+                self.description,
+                TRAINER_STATE,
+                state.get("global_step"),
+            )
+        return step
+
+    # ------------------------------------------------------------ protocol
+
+    def latest(self) -> Checkpoint | None:
+        """The newest complete checkpoint folder in the repo, or None; one listing."""
+        listing = self._list()
+        best: Checkpoint | None = None
+        numbered = sorted(
+            (
+                (step, folder)
+                for folder in listing.folders
+                if (step := _checkpoint_step(folder)) is not None
+            ),
+            key=lambda item: (-item[0], item[1]),
+        )
+        for step, folder in numbered:
+            if f"{folder}/{TRAINER_STATE}" in listing.folders[folder]:
+                best = Checkpoint(step, folder, self.description)
+                break
+            log.warning(
+                "skipping incomplete checkpoint %s in %s: no %s (probably an interrupted upload)",
+                folder,
+                self.description,
+                TRAINER_STATE,
+            )
+        last = listing.folders.get(LAST_CHECKPOINT)
+        if last is not None:
+            if f"{LAST_CHECKPOINT}/{TRAINER_STATE}" not in last:
+                log.warning(
+                    "skipping incomplete %s in %s: no %s",
+                    LAST_CHECKPOINT,
+                    self.description,
+                    TRAINER_STATE,
+                )
+            else:
+                step = self._last_checkpoint_step(listing)
+                # On a tie the numbered folder wins: it is not rewritten by later pushes.
+                if step is not None and (best is None or step > best.step):
+                    best = Checkpoint(step, LAST_CHECKPOINT, self.description)
+        log.debug("newest complete checkpoint in %s: %s", self.description, best)
+        return best
+
+    def _check_target(self, folder: str) -> Path:
+        target = self.download_dir / folder
+        ours = (self.download_dir / ".cache" / "huggingface").is_dir()
+        if target.exists() and not (ours and target.is_dir()):
+            raise ConfigError.invalid(
+                "download_dir",
+                str(self.download_dir),
+                f"already holds {folder}, which huggingface_hub did not download there; refusing "
+                "to overwrite it (use a dedicated download directory, not the training output_dir)",
+            )
+        return target
+
+    def fetch(self, checkpoint: Checkpoint) -> Path:
+        """Download only ``checkpoint``'s folder into ``download_dir``; return its local path."""
+        _check_source(self, checkpoint)
+        folder = checkpoint.path
+        if folder != LAST_CHECKPOINT and _checkpoint_step(folder) is None:
+            raise ConfigError.invalid("checkpoint", checkpoint, "is not a checkpoint folder name")
+        target = self._check_target(folder)
+        listing = self._listing if self._listing is not None else self._list()
+        files = listing.folders.get(folder, {})
+        if f"{folder}/{TRAINER_STATE}" not in files:
+            cause = FileNotFoundError(errno.ENOENT, "not in the repo listing", f"{folder}/")
+            msg = f"{folder} is not (or no longer) a complete checkpoint in {self.description}"
+            raise CheckpointSourceError(msg) from cause
+        self._refuse_offline("download from")
+        size = sum(files.values())
+        log.info(
+            "downloading %s (step %d) from %s at commit %s: %d files, %s, into %s",
+            folder,
+            checkpoint.step,
+            self.description,
+            listing.commit[:12],
+            len(files),
+            _human_size(size),
+            target,
+        )
+        self.download_dir.mkdir(parents=True, exist_ok=True)
+        self._download_all(sorted(files), listing.commit)
+        state, why = read_trainer_state(target)
+        if state is None:
+            msg = f"downloaded {folder} from {self.description} but it is unusable: {why}"
+            raise CheckpointSourceError(msg) from ValueError(why)
+        _warn_about_strays(target, folder, files)
+        log.info("downloaded %s (%s) to %s", folder, _human_size(size), target)
+        return target
+
+    def _download_all(self, filenames: list[str], commit: str) -> None:
+        workers = max(1, min(self.max_workers, len(filenames)))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="verirl-hub") as pool:
+            futures = [
+                pool.submit(self._download, name, commit, self.download_dir) for name in filenames
+            ]
+            try:
+                for future in futures:
+                    future.result()
+            except Exception as exc:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise self._error("download from", exc) from exc
+
+
+def _warn_about_strays(target: Path, folder: str, files: Iterable[str]) -> None:
+    """Warn about files in ``target`` the listed commit does not have (an older download's)."""
+    expected = {name.split("/", 1)[1] for name in files}
+    strays = sorted(
+        p.relative_to(target).as_posix()
+        for p in target.rglob("*")
+        if p.is_file() and p.relative_to(target).as_posix() not in expected
+    )
+    if strays:
+        log.warning(
+            "%s holds files the Hub's %s does not (from an earlier download?): %s",
+            target,
+            folder,
+            ", ".join(strays[:10]) + (" ..." if len(strays) > 10 else ""),  # noqa: PLR2004
+        )
+
+
+def _describe_hub_error(exc: BaseException) -> str:
+    """A short reason for a huggingface_hub / httpx failure, without request headers."""
+    from huggingface_hub import errors  # noqa: PLC0415
+
+    status = _status_code(exc)
+    # Most specific first: GatedRepoError is a RepositoryNotFoundError, all are HfHubHTTPErrors.
+    known: list[tuple[type[BaseException], str]] = [
+        (errors.OfflineModeIsEnabled, "Hugging Face Hub offline mode is on (HF_HUB_OFFLINE)"),
+        (errors.GatedRepoError, f"gated repository, the token has no access (HTTP {status})"),
+        (
+            errors.RepositoryNotFoundError,
+            f"repository not found, or private and the token has no access (HTTP {status})",
+        ),
+        (errors.RevisionNotFoundError, f"revision not found (HTTP {status})"),
+        (
+            getattr(errors, "RemoteEntryNotFoundError", errors.EntryNotFoundError),
+            f"file not found (HTTP {status})",
+        ),
+        (errors.HfHubHTTPError, f"HTTP {status}"),
+    ]
+    for kind, reason in known:
+        if isinstance(exc, kind):
+            return reason
+    text = str(exc).strip()
+    first_line = text.splitlines()[0] if text else ""
+    return (f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__)[:300]
+
+
+def _status_code(exc: BaseException) -> int | None:
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def _check_sources(_inst: object, _attr: object, sources: tuple[object, ...]) -> None:
+    for index, source in enumerate(sources):
+        if not isinstance(source, CheckpointSource):
+            raise ConfigError.invalid(
+                f"sources[{index}]",
+                source,
+                "is not a CheckpointSource (latest, fetch, description)",
+            )
+    roots = {
+        _resolved(s.root): s.description for s in sources if isinstance(s, LocalCheckpointSource)
+    }
+    for source in sources:
+        if isinstance(source, HubCheckpointSource) and _resolved(source.download_dir) in roots:
+            raise ConfigError.invalid(
+                "sources",
+                source.description,
+                f"download_dir {source.download_dir} is the root of "
+                f"{roots[_resolved(source.download_dir)]}; Hub downloads would land among (and "
+                "could overwrite) local checkpoints, use a separate directory",
+            )
+
+
+def _resolved(path: Path) -> Path:
+    return path.expanduser().resolve()
+
+
+def _to_tuple(sources: Iterable[CheckpointSource]) -> tuple[CheckpointSource, ...]:
+    return tuple(sources)
+
+
+@attrs.define
+class CheckpointResolver:
+    """Turn a resume request into a local checkpoint directory, or None for a fresh start.
+
+    ``sources`` are searched in order; on equal steps the earlier one wins, so
+    list local sources first and a checkpoint already on disk is never
+    downloaded again. An empty list is allowed (explicit paths only).
+    """
+
+    _sources: tuple[CheckpointSource, ...] = attrs.field(
+        alias="sources", converter=_to_tuple, validator=_check_sources
+    )
+
+    @property
+    def sources(self) -> tuple[CheckpointSource, ...]:
+        """The sources, in search order."""
+        return self._sources
+
+    def resolve(self, request: str | None) -> str | None:
+        """Resolve ``request`` (see the table in the README).
+
+        ``None`` or blank: None (fresh start). ``"latest"`` or ``"last-checkpoint"``:
+        the newest complete checkpoint over all sources, fetched, as a local
+        path; `CheckpointNotFoundError` when there is none, `CheckpointSourceError`
+        when there is none and a source failed. Anything else: an existing
+        directory, returned with ``~`` expanded (`CheckpointNotFoundError` otherwise).
+        """
+        if request is None or not request.strip():
+            log.info("no checkpoint requested: starting fresh")
+            return None
+        request = request.strip()
+        if request in _LATEST_REQUESTS:
+            return self._resolve_latest(request)
+        return _resolve_explicit(request)
+
+    def resolve_from_env(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """`resolve` the value of ``VERIRL_RESUME_FROM_CHECKPOINT`` (unset: fresh start)."""
+        env = os.environ if environ is None else environ
+        value = env.get(RESUME_ENV_VAR)
+        log.debug("%s=%r", RESUME_ENV_VAR, value)
+        return self.resolve(value)
+
+    def _resolve_latest(self, request: str) -> str:
+        best: tuple[Checkpoint, CheckpointSource] | None = None
+        failures: list[tuple[CheckpointSource, Exception]] = []
+        for source in self._sources:
+            try:
+                found = source.latest()
+            except (CheckpointSourceError, OSError) as exc:
+                failures.append((source, exc))
+                continue
+            log.debug("%s: newest complete checkpoint %s", source.description, found)
+            # Strictly greater: on a tie the earlier source keeps it.
+            if found is not None and (best is None or found.step > best[0].step):
+                best = (found, source)
+        searched = [source.description for source in self._sources]
+        if best is None:
+            if failures:
+                reasons = "; ".join(str(exc) for _, exc in failures)
+                msg = (
+                    f"no checkpoint for {request!r}: {len(failures)} of {len(searched)} "
+                    f"source(s) could not be read ({reasons}); searched: {', '.join(searched)}"
+                )
+                raise CheckpointSourceError(msg) from _original(failures[0][1])
+            raise CheckpointNotFoundError(request, searched)
+        for failed, error in failures:
+            log.warning(
+                "ignoring checkpoint source %s, which could not be read (%s); it may hold a "
+                "newer checkpoint than the one chosen",
+                failed.description,
+                error,
+            )
+        checkpoint, source = best
+        log.info("newest complete checkpoint: step %d, %s", checkpoint.step, checkpoint.source)
+        path = source.fetch(checkpoint)
+        log.info("resuming from %s (step %d)", path, checkpoint.step)
+        return os.fspath(path)
+
+
+def _original(exc: BaseException) -> BaseException:
+    """The error a source's `CheckpointSourceError` wraps (its ``__cause__``), else ``exc``."""
+    if isinstance(exc, CheckpointSourceError) and exc.__cause__ is not None:
+        return exc.__cause__
+    return exc
+
+
+def _resolve_explicit(request: str) -> str:
+    folder = Path(request).expanduser()
+    if not folder.is_dir():
+        raise CheckpointNotFoundError(request, [os.fspath(folder)])
+    state, why = read_trainer_state(folder)
+    if state is None:
+        log.warning(
+            "resuming from %s as asked, but it does not look like a complete Trainer "
+            "checkpoint: %s",
+            folder,
+            why,
+        )
+    else:
+        log.info("resuming from %s (explicit path)", folder)
+    return os.fspath(folder)
