@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -30,8 +31,9 @@ class FakeCheckpointSource:
 
     Paths are ``<root>/checkpoint-<step>`` and nothing is created on disk:
     `fetch` returns the path without checking it. ``error`` is raised by
-    `latest` (model an unreachable source), ``fetch_error`` by `fetch`. Calls
-    are recorded in ``latest_calls`` and ``fetched``.
+    `latest` (model an unreachable source), ``fetch_error`` by `fetch`;
+    ``fetch_delay`` seconds model a download's duration. Calls are recorded
+    in ``latest_calls`` and ``fetched``.
     """
 
     steps: tuple[int, ...] = attrs.field(default=(), converter=_steps)
@@ -39,6 +41,7 @@ class FakeCheckpointSource:
     root: str = "/fake"
     error: Exception | None = None
     fetch_error: Exception | None = None
+    fetch_delay: float = 0.0
     latest_calls: int = attrs.field(default=0, init=False)
     fetched: list[Checkpoint] = attrs.field(factory=list, init=False)
 
@@ -56,6 +59,8 @@ class FakeCheckpointSource:
     def fetch(self, checkpoint: Checkpoint) -> Path:
         """Record ``checkpoint`` and return its path; raises ``fetch_error`` if set."""
         self.fetched.append(checkpoint)
+        if self.fetch_delay:
+            time.sleep(self.fetch_delay)
         if self.fetch_error is not None:
             raise self.fetch_error
         return Path(checkpoint.path)

@@ -28,6 +28,7 @@ from verirl.errors import (
     VLLMServerExited,
     VLLMStartupTimeout,
 )
+from verirl.runtime import PhaseTiming, RuntimeSession, TrainingRuntime
 from verirl.topology import VLLMTopology, detect_gpu_count
 
 __all__ = [
@@ -43,8 +44,11 @@ __all__ = [
     "HttpEnvServerProbe",
     "HubCheckpointSource",
     "LocalCheckpointSource",
+    "PhaseTiming",
     "PortInUseError",
     "RESUME_ENV_VAR",
+    "RuntimeSession",
+    "TrainingRuntime",
     "VLLMServerError",
     "VLLMServerExited",
     "VLLMStartupTimeout",

@@ -269,7 +269,6 @@ def cmd_launch(args: argparse.Namespace) -> int:
             env["CUDA_VISIBLE_DEVICES"] or "-",
             session.resume_from_checkpoint or "fresh start",
         )
-        print(session.timeline(), file=sys.stderr)
         code = _run_forwarding_signals(command, env)
     log.info("training command exited with %d; everything torn down", code)
     return code

@@ -1,0 +1,336 @@
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from fakes import FakeEnvServer
+from verirl import find_free_port
+from verirl.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60):
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "verirl", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("VERIRL_") or name in ("CUDA_VISIBLE_DEVICES", "HF_TOKEN"):
+            monkeypatch.delenv(name)
+
+
+# -- help and exit codes
+
+
+@pytest.mark.parametrize("command", ["plan", "wait-env", "resume", "serve", "launch", "doctor"])
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([command, "--help"])
+    assert info.value.code == 0
+    assert "usage: verirl" in capsys.readouterr().out
+
+
+def test_top_level_help_lists_exit_codes(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "Exit codes" in out
+    assert "launch" in out
+
+
+def test_version():
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.startswith("verirl ")
+
+
+def test_no_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        main([])
+    assert info.value.code == 2
+
+
+# -- plan
+
+
+def test_plan_json(capsys, clean_env):
+    assert main(["plan", "--gpus", "4", "--vllm-gpus", "2", "--json", "--model", "m"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["mode"] == "server"
+    assert data["training_devices"] == [0, 1]
+    assert data["vllm_devices"] == [2, 3]
+    assert data["grpo_kwargs"]["vllm_server_port"] == 8001
+    assert data["serve_args"][:2] == ["--model", "m"]
+
+
+def test_plan_text_and_bad_gpu_count(capsys, clean_env):
+    assert main(["plan", "--gpus", "1"]) == 0
+    assert capsys.readouterr().out.startswith("colocate:")
+    assert main(["plan", "--gpus", "0"]) == 2
+
+
+def test_plan_reads_gpu_count_from_the_environment(capsys, clean_env, monkeypatch):
+    monkeypatch.setenv("VERIRL_GPU_COUNT", "3")
+    assert main(["plan", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpu_count"] == 3
+
+
+# -- wait-env
+
+
+def test_wait_env_healthy_and_unhealthy(capsys):
+    with FakeEnvServer(ready_after=0.1) as server:
+        assert main(["wait-env", server.url, "--timeout", "5"]) == 0
+        assert "healthy" in capsys.readouterr().out
+    with FakeEnvServer(ready_after=None) as server:
+        assert main(["wait-env", server.url, "--timeout", "0.2", "--json"]) == 3
+        data = json.loads(capsys.readouterr().out)
+        assert data["healthy"] is False
+        assert data["last_error"] == "HTTP 503"
+
+
+def test_wait_env_bad_url_is_a_config_error():
+    result = run_cli("wait-env", "localhost:8000")
+    assert result.returncode == 2
+    assert "url='localhost:8000'" in result.stderr
+
+
+# -- resume
+
+
+def write_checkpoint(root: Path, step: int, *, complete: bool = True) -> Path:
+    path = root / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    if complete:
+        (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return path
+
+
+def test_resume_prints_the_newest_complete_checkpoint(tmp_path, capsys, clean_env):
+    write_checkpoint(tmp_path, 10)
+    write_checkpoint(tmp_path, 20, complete=False)
+    assert main(["resume", "--output-dir", str(tmp_path), "--resume", "latest"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "checkpoint-10")
+    assert (tmp_path / "checkpoint-20").is_dir()  # the partial one is left alone
+
+
+def test_resume_fresh_start_prints_nothing(tmp_path, capsys, clean_env):
+    write_checkpoint(tmp_path, 10)
+    assert main(["resume", "--output-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == "\n"
+    assert main(["resume", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"resume_from_checkpoint": None}
+
+
+def test_resume_from_the_environment_and_not_found(tmp_path, capsys, clean_env, monkeypatch):
+    monkeypatch.setenv("VERIRL_RESUME_FROM_CHECKPOINT", "latest")
+    monkeypatch.setenv("VERIRL_OUTPUT_DIR", str(tmp_path))
+    assert main(["resume"]) == 5
+    assert main(["resume", "--resume", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip().endswith(str(tmp_path))
+
+
+def test_resume_latest_without_any_source_is_a_config_error(clean_env):
+    assert main(["resume", "--resume", "latest"]) == 2
+
+
+def test_resume_explicit_path_without_sources(tmp_path, capsys, clean_env):
+    assert main(["resume", "--resume", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path)
+
+
+# -- doctor
+
+
+def test_doctor_reports_without_leaking_the_token(capsys, clean_env, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_supersecret")
+    with FakeEnvServer() as server:
+        url = server.url
+        assert main(["doctor", "--env-url", url, "--json"]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(out)
+    assert data["Hub token"] == "set"
+    assert data[f"env server {url}"] == "healthy"
+    assert data["python"].startswith(".".join(map(str, sys.version_info[:2])))
+    assert {"trl", "vllm", "torch", "GPUs visible"} <= set(data)
+    assert "hf_supersecret" not in out
+    monkeypatch.delenv("HF_TOKEN")
+    assert main(["doctor", "--env-url", url]) == 0
+    text = capsys.readouterr().out
+    assert "NOT reachable" in text
+    assert "not set" in text
+
+
+# -- launch
+
+
+def training_script(tmp_path: Path, body: str) -> Path:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(body))
+    return script
+
+
+def test_launch_exports_the_plan_and_exits_with_the_commands_code(tmp_path, clean_env):
+    out = tmp_path / "seen.json"
+    script = training_script(tmp_path, f"""
+        import json, os, sys
+        keys = ("CUDA_VISIBLE_DEVICES", "VERIRL_RESUME_FROM_CHECKPOINT", "VERIRL_GRPO_KWARGS",
+                "MASTER_PORT", "RANK")
+        json.dump({{k: os.environ.get(k) for k in keys}}, open({str(out)!r}, "w"))
+        sys.exit(7)
+    """)
+    write_checkpoint(tmp_path / "ckpt", 30)
+    result = run_cli(
+        "launch", "--gpus", "1", "--output-dir", str(tmp_path / "ckpt"), "--resume", "latest",
+        "--", sys.executable, str(script),
+    )  # fmt: skip
+    assert result.returncode == 7, result.stderr
+    seen = json.loads(out.read_text())
+    assert seen["CUDA_VISIBLE_DEVICES"] == "0"
+    assert seen["VERIRL_RESUME_FROM_CHECKPOINT"] == str(tmp_path / "ckpt" / "checkpoint-30")
+    assert json.loads(seen["VERIRL_GRPO_KWARGS"])["vllm_mode"] == "colocate"
+    assert seen["RANK"] == "0"
+    assert seen["MASTER_PORT"].isdigit()
+    assert "start-up timeline" in result.stderr
+
+
+def test_launch_without_a_command_is_a_usage_error(clean_env):
+    assert main(["launch", "--gpus", "1"]) == 2
+    assert main(["launch", "--gpus", "1", "--"]) == 2
+
+
+def test_launch_missing_program_exits_127(clean_env):
+    assert main(["launch", "--gpus", "1", "--", "/nonexistent/trainer"]) == 127
+
+
+def test_launch_env_server_down_fails_before_running_the_command(tmp_path, clean_env):
+    marker = tmp_path / "ran"
+    with FakeEnvServer(ready_after=None) as server:
+        code = main([
+            "launch", "--gpus", "1", "--env-url", server.url, "--env-timeout", "0.2",
+            "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')",
+        ])  # fmt: skip
+    assert code == 3
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_launch_forwards_signals_to_the_command(tmp_path, sig, clean_env):
+    ready = tmp_path / "ready"
+    got = tmp_path / "got"
+    script = training_script(tmp_path, f"""
+        import signal, sys, threading
+        def handler(signum, frame):
+            open({str(got)!r}, "w").write(str(signum))
+            sys.exit(42)
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+        open({str(ready)!r}, "w").close()
+        threading.Event().wait(60)
+    """)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--", sys.executable, str(script)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = psutil.time.monotonic() + 30
+        while not ready.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert psutil.time.monotonic() < deadline
+            psutil.wait_procs([], timeout=0.02)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 42, stderr
+    assert got.read_text() == str(int(sig))
+    assert "forwarding signal" in stderr
+
+
+def test_launch_with_the_fake_vllm_server_end_to_end(tmp_path, clean_env):
+    port = find_free_port()
+    out = tmp_path / "seen.json"
+    script = training_script(tmp_path, f"""
+        import json, os, urllib.request
+        url = os.environ["VERIRL_VLLM_URL"]
+        with urllib.request.urlopen(url + "/health/") as r:
+            status = r.status
+        json.dump({{"status": status, "url": url,
+                    "cvd": os.environ["CUDA_VISIBLE_DEVICES"]}}, open({str(out)!r}, "w"))
+    """)
+    result = run_cli(
+        "launch", "--gpus", "3", "--model", "m", "--vllm-port", str(port),
+        "--vllm-command", f"{sys.executable} -m fakes.vllm_serve",
+        "--", sys.executable, str(script),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(out.read_text())
+    assert seen == {"status": 200, "url": f"http://127.0.0.1:{port}", "cvd": "0,1"}
+    assert port_is_free(port)  # the server is gone
+
+
+def port_is_free(port: int) -> bool:
+    """Nothing listens on ``port`` (TIME_WAIT leftovers of closed connections do not count)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_serve_requires_a_server_topology(clean_env):
+    assert main(["serve", "--gpus", "1", "--model", "m"]) == 2
+
+
+def test_serve_runs_until_sigterm(tmp_path, clean_env):
+    port = find_free_port()
+    command = [sys.executable, "-m", "verirl", "serve", "--gpus", "2", "--model", "m",
+               "--vllm-port", str(port), "--vllm-command", f"{sys.executable} -m fakes.vllm_serve"]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert "vLLM server ready" in line
+            children = psutil.Process(proc.pid).children(recursive=True)
+            assert children
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0
+    _, alive = psutil.wait_procs(children, timeout=5)
+    assert not alive
+    assert port_is_free(port)
+
+
+def test_module_entry_point():
+    result = subprocess.run(
+        [sys.executable, "-m", "verirl", "plan", "--gpus", "2", "--json"],
+        capture_output=True, text=True, check=False, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["mode"] == "server"
