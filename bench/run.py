@@ -1,0 +1,795 @@
+# ruff: noqa: T201, INP001 - a benchmark script (not a package) whose output is the printed table
+"""verirl's figures against the old helper's behaviour, measured side by side in one run.
+
+Run it as ``nox -s bench`` (or ``python bench/run.py [--runs N] [--no-write]``). Each
+figure runs verirl and a baseline that reproduces what the old helper (or a bare
+``subprocess.Popen`` user, or trl's ``check_server``) did, on loopback fakes with no
+GPU and no network, and reports medians over ``--runs`` repetitions and their ratio:
+
+1. readiness lag of `verirl.HttpEnvServerProbe` vs fixed 2 s polling;
+2. bytes downloaded to resume via `verirl.HubCheckpointSource` vs ``snapshot_download``;
+3. `verirl.TrainingRuntime` start-up (phases overlapped) vs the phases one after another;
+4. `verirl.VLLMServer` teardown vs ``Popen.terminate()`` on the server process only;
+5. ``import verirl`` vs a bare interpreter (and ``import trl`` when it is installed).
+
+It prints one markdown table, writes it to ``bench/results.md`` with the date, Python
+version and core count, and draws ``bench/timeline.png`` (start-up, sequential vs
+overlapped). It is not a test: nothing here fails on a slow figure; the "met?"
+column only says whether the issue's goal was reached. It exits non-zero if a
+figure could not be measured, and leaves no process, port or temporary directory
+behind (survivors of the baselines are killed by the bench itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import importlib.util
+import logging
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import attrs
+import psutil
+import requests
+
+from fakes import FakeCheckpointSource, FakeEnvServer, FakeEnvServerProbe
+from fakes.hub import FakeHub, serve_fake_hub
+from fakes.vllm import FakeVLLMServer
+from verirl import (
+    CheckpointResolver,
+    DistributedEnv,
+    HttpEnvServerProbe,
+    HubCheckpointSource,
+    TrainingRuntime,
+    VLLMTopology,
+    find_free_port,
+)
+from verirl.runtime import PhaseTiming, ServerHandle
+from verirl.vllm_server import VLLMServer
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS = BENCH_DIR / "results.md"
+TIMELINE = BENCH_DIR / "timeline.png"
+
+OLD_POLL_INTERVAL = 2.0  # the old helper's and trl's check_server's retry interval
+READINESS_DELAYS = (0.1, 1.0, 5.0)
+CHECKPOINT_COUNTS = (1, 3, 10)
+CHECKPOINT_SIZE = 64 * 1024  # model.safetensors; the fake adds 2x for optimizer.pt
+OLD_ALLOW_PATTERNS = ["last-checkpoint/**", "checkpoint-*/**"]
+PHASE_DELAYS = {"env": 0.3, "checkpoint": 0.6, "vllm": 0.9}  # seconds each phase takes
+PHASE_LABELS = {"env": "env-server wait", "vllm": "vLLM start", "checkpoint": "checkpoint fetch"}
+SHUTDOWN_TIMEOUT = 1.0  # VLLMServer's grace before SIGKILL, and the baseline's grace too
+FAKE_SERVE = (sys.executable, "-m", "fakes.vllm_serve")
+TEARDOWN_CASES: Mapping[str, Mapping[str, str]] = {
+    "well-behaved server + 2 workers": {},
+    # The workers also leave the server's process group: a group-wide signal misses them.
+    "server + 2 workers ignoring SIGTERM": {
+        "FAKE_VLLM_IGNORE_SIGTERM": "1",
+        "FAKE_VLLM_WORKER_NEW_SESSION": "1",
+    },
+}
+HEAVY_MODULES = ("torch", "trl", "vllm", "transformers", "huggingface_hub")
+
+log = logging.getLogger("bench")
+
+
+# ---------------------------------------------------------------- results
+
+
+@attrs.frozen
+class Row:
+    """One line of the table: a case measured with verirl and with the baseline."""
+
+    figure: str
+    case: str
+    verirl: str
+    baseline: str
+    ratio: str
+    goal: str
+    met: bool | None = None
+
+
+@attrs.frozen
+class Timeline:
+    """One start-up's phase windows (seconds from its start) and when it was ready."""
+
+    phases: tuple[PhaseTiming, ...]
+    total: float
+
+
+@attrs.define
+class Report:
+    """What the figures produced: table rows, the start-up timelines and any errors."""
+
+    rows: list[Row] = attrs.Factory(list)
+    timelines: dict[str, Timeline] = attrs.Factory(dict)
+    errors: list[str] = attrs.Factory(list)
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of a non-empty sequence."""
+    return statistics.median(values)
+
+
+def ms(seconds: float) -> str:
+    """``0.0412`` -> ``"41 ms"``."""
+    return f"{seconds * 1000:.0f} ms"
+
+
+def size(count: float) -> str:
+    """Bytes in KiB or MiB."""
+    if count >= 1024 * 1024:
+        return f"{count / (1024 * 1024):.2f} MiB"
+    return f"{count / 1024:.0f} KiB"
+
+
+def ratio(new: float, old: float) -> str:
+    """``new / old`` as ``"0.05×"`` (``"—"`` when ``old`` is zero)."""
+    return f"{new / old:.2f}×" if old else "—"
+
+
+# ---------------------------------------------------------------- 1. readiness lag
+
+
+def old_wait_for_health(url: str, *, timeout: float = 60.0) -> None:
+    """The baseline: ``GET /health`` every 2 s until 200, as the old helper and trl did."""
+    start = time.monotonic()
+    while True:
+        try:
+            response = requests.get(f"{url}/health", timeout=OLD_POLL_INTERVAL)
+        except requests.RequestException:
+            pass
+        else:
+            response.close()
+            if response.status_code == requests.codes.ok:
+                return
+        if time.monotonic() - start >= timeout:
+            raise TimeoutError(f"{url} not healthy after {timeout:.0f}s")
+        time.sleep(OLD_POLL_INTERVAL)
+
+
+def verirl_wait_for_health(url: str) -> None:
+    """verirl: `HttpEnvServerProbe.wait` (backoff 20 ms x2 up to 1 s, with a deadline)."""
+    HttpEnvServerProbe(url).wait(timeout=60.0)
+
+
+def readiness_trial(delay: float, waiter: Callable[[str], None]) -> tuple[float, int]:
+    """Start a server turning healthy after ``delay``, wait; return (lag, requests sent)."""
+    with FakeEnvServer(ready_after=delay) as server:
+        waiter(server.url)
+        returned = time.monotonic()
+        ready_at = server.ready_at
+        assert ready_at is not None  # noqa: S101 - set by start() with a ready_after
+        return returned - ready_at, server.requests
+
+
+def bench_readiness(report: Report, runs: int) -> None:
+    """Figure 1: both waiters run at once (separate servers), ``runs`` times per delay."""
+    for delay in READINESS_DELAYS:
+        with ThreadPoolExecutor(max_workers=2 * runs, thread_name_prefix="bench-ready") as pool:
+            new = [pool.submit(readiness_trial, delay, verirl_wait_for_health) for _ in range(runs)]
+            old = [pool.submit(readiness_trial, delay, old_wait_for_health) for _ in range(runs)]
+            new_results = [future.result() for future in new]
+            old_results = [future.result() for future in old]
+        new_lag = median([lag for lag, _ in new_results])
+        old_lag = median([lag for lag, _ in old_results])
+        new_requests = median([count for _, count in new_results])
+        old_requests = median([count for _, count in old_results])
+        early = delay < 0.5  # noqa: PLR2004 - "early" is within the first doublings of 20 ms
+        limit = 0.1 if early else 1.0 + 0.1
+        goal = "lag < 100 ms" if early else "lag ≤ 1 s cap"
+        report.rows.append(
+            Row(
+                "1 readiness lag",
+                f"healthy after {delay:g} s",
+                f"{ms(new_lag)} · {new_requests:.0f} req",
+                f"{ms(old_lag)} · {old_requests:.0f} req",
+                ratio(new_lag, old_lag),
+                f"{goal}, ≤ 15 req",
+                new_lag < limit and new_requests <= 15,  # noqa: PLR2004 - "a modest count"
+            )
+        )
+
+
+# ---------------------------------------------------------------- 2. resume bytes
+
+
+def bench_resume_bytes(report: Report, runs: int, scratch: Path) -> None:
+    """Figure 2: bytes the fake Hub serves to resume from the newest of N checkpoints."""
+    from huggingface_hub.utils.tqdm import (  # noqa: PLC0415 - as verirl, import it late
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    bars_were_disabled = are_progress_bars_disabled()
+    disable_progress_bars()  # snapshot_download's bars would garble the bench's output
+    try:
+        with serve_fake_hub() as hub:
+            _resume_bytes(report, runs, scratch, hub)
+    finally:
+        if not bars_were_disabled:
+            enable_progress_bars()
+
+
+def _resume_bytes(report: Report, runs: int, scratch: Path, hub: FakeHub) -> None:
+    """Figure 2 on a started fake Hub: each repo size, verirl then the old call."""
+    from huggingface_hub import snapshot_download  # noqa: PLC0415
+
+    for count in CHECKPOINT_COUNTS:
+        repo = f"bench/run-{count}"
+        for index in range(1, count + 1):
+            step = 100 * index
+            hub.add_checkpoint(repo, f"checkpoint-{step}", step, size=CHECKPOINT_SIZE)
+        chosen = hub.folder_size(repo, f"checkpoint-{100 * count}")
+        new_bytes: list[int] = []
+        old_bytes: list[int] = []
+        new_times: list[float] = []
+        old_times: list[float] = []
+        for _ in range(max(1, min(runs, 3))):  # bytes are deterministic; times vary
+            target = scratch / f"resume-{count}"
+            hub.reset_counters()
+            started = time.monotonic()
+            source = HubCheckpointSource(repo, download_dir=target, endpoint=hub.endpoint)
+            CheckpointResolver([source]).resolve("latest")
+            new_times.append(time.monotonic() - started)
+            new_bytes.append(hub.bytes_served)
+            shutil.rmtree(target)
+
+            hub.reset_counters()
+            started = time.monotonic()
+            snapshot_download(  # the old helper's call
+                repo,
+                allow_patterns=OLD_ALLOW_PATTERNS,
+                endpoint=hub.endpoint,
+                local_dir=target / "local",
+                cache_dir=target / "cache",
+            )
+            old_times.append(time.monotonic() - started)
+            old_bytes.append(hub.bytes_served)
+            shutil.rmtree(target)
+        new, old = median(new_bytes), median(old_bytes)
+        report.rows.append(
+            Row(
+                "2 resume bytes",
+                f"{count} checkpoint{'s' if count > 1 else ''} of {size(chosen)}",
+                f"{size(new)} = {new / chosen:.2f}× chosen · {ms(median(new_times))}",
+                f"{size(old)} = {old / chosen:.2f}× chosen · {ms(median(old_times))}",
+                ratio(new, old),
+                "≈ 1.00× chosen",
+                abs(new / chosen - 1.0) < 0.01,  # noqa: PLR2004 - "≈ 1.00"
+            )
+        )
+
+
+# ---------------------------------------------------------------- 3. start-up overlap
+
+
+def topology() -> VLLMTopology:
+    """Two GPUs: training on GPU 0, a (fake) vLLM server on GPU 1, on a free port."""
+    return VLLMTopology.plan(2, max_model_len=4096, port=find_free_port())
+
+
+def server_factory(topology: VLLMTopology) -> ServerHandle:
+    """A process-less vLLM server that takes ``PHASE_DELAYS['vllm']`` to start."""
+    return FakeVLLMServer.from_topology(
+        topology, model="bench/model", startup_delay=PHASE_DELAYS["vllm"]
+    )
+
+
+def checkpoints() -> CheckpointResolver:
+    """A resolver over one source whose download takes ``PHASE_DELAYS['checkpoint']``."""
+    return CheckpointResolver(
+        [FakeCheckpointSource(steps=[100, 200], fetch_delay=PHASE_DELAYS["checkpoint"])]
+    )
+
+
+def probe() -> FakeEnvServerProbe:
+    """An env-server probe whose wait takes ``PHASE_DELAYS['env']``."""
+    return FakeEnvServerProbe(wait_delay=PHASE_DELAYS["env"])
+
+
+def overlapped_startup() -> Timeline:
+    """verirl: `TrainingRuntime` runs the three phases at once."""
+    environ: dict[str, str] = {}
+    runtime = TrainingRuntime(
+        topology(),
+        environ=environ,
+        dist_env=DistributedEnv.single_node(environ=environ),
+        server_factory=server_factory,
+        env_probe=probe(),
+        checkpoints=checkpoints(),
+        resume_from="latest",
+    )
+    with runtime as session:
+        phases = tuple(t for t in session.timings if t.name in PHASE_LABELS)
+        return Timeline(phases, session.total)
+
+
+def sequential_startup() -> Timeline:
+    """The baseline: the same phases, one after another, as the old helper ran them."""
+    origin = time.monotonic()
+    environ: dict[str, str] = {}
+    DistributedEnv.single_node(environ=environ).apply(environ)
+    server = server_factory(topology())
+    phases: list[PhaseTiming] = []
+
+    def timed(name: str, job: Callable[[], object]) -> None:
+        start = time.monotonic() - origin
+        job()
+        phases.append(PhaseTiming(name, start, time.monotonic() - origin))
+
+    try:
+        timed("env", lambda: probe().wait(600.0))
+        timed("vllm", server.start)
+        timed("checkpoint", lambda: checkpoints().resolve("latest"))
+        total = time.monotonic() - origin
+    finally:
+        server.stop()
+    return Timeline(tuple(phases), total)
+
+
+def median_run(timelines: Sequence[Timeline]) -> Timeline:
+    """The run whose total is the median one (lower median for an even count)."""
+    ordered = sorted(timelines, key=lambda timeline: timeline.total)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def bench_overlap(report: Report, runs: int) -> None:
+    """Figure 3: start-up with known phase delays, overlapped vs sequential, alternating."""
+    new: list[Timeline] = []
+    old: list[Timeline] = []
+    for _ in range(runs):
+        new.append(overlapped_startup())
+        old.append(sequential_startup())
+    new_total = median([timeline.total for timeline in new])
+    old_total = median([timeline.total for timeline in old])
+    slowest = max(PHASE_DELAYS.values())
+    delays = " / ".join(f"{PHASE_LABELS[name]} {PHASE_DELAYS[name]:g} s" for name in PHASE_DELAYS)
+    report.rows.append(
+        Row(
+            "3 start-up overlap",
+            delays,
+            ms(new_total),
+            ms(old_total),
+            ratio(new_total, old_total),
+            f"≈ slowest phase ({ms(slowest)})",
+            new_total <= slowest * 1.1 + 0.05,
+        )
+    )
+    report.timelines["sequential\n(old helper)"] = median_run(old)
+    report.timelines["overlapped\n(verirl TrainingRuntime)"] = median_run(new)
+
+
+# ---------------------------------------------------------------- 4. teardown
+
+
+def alive(process: psutil.Process) -> bool:
+    """Whether ``process`` (the same one, not a reused pid) still runs and is no zombie."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def server_tree(base_url: str, pid: int) -> list[psutil.Process]:
+    """The fake server and the workers it reports."""
+    response = requests.get(f"{base_url}/verirl/workers/", timeout=5)
+    response.raise_for_status()
+    workers: list[int] = response.json()["pids"]
+    return [psutil.Process(pid), *(psutil.Process(worker) for worker in workers)]
+
+
+def kill_survivors(processes: Sequence[psutil.Process]) -> None:
+    """SIGKILL whatever of ``processes`` is still alive and wait for it to go."""
+    left = [process for process in processes if alive(process)]
+    for process in left:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(left, timeout=5)
+
+
+def wait_gone(processes: Sequence[psutil.Process], deadline: float) -> list[psutil.Process]:
+    """Wait until every process is gone or ``deadline`` passes; return those left."""
+    while True:
+        left = [process for process in processes if alive(process)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.005)
+
+
+def verirl_teardown(env: Mapping[str, str], scratch: Path) -> tuple[float, int]:
+    """verirl: `VLLMServer.stop` (SIGTERM to the tree, grace, SIGKILL); (seconds, left)."""
+    server = VLLMServer(
+        "bench/model",
+        port=find_free_port(),
+        devices=(0, 1),
+        tensor_parallel_size=2,
+        command=FAKE_SERVE,
+        env=dict(env),
+        log_path=scratch / "verirl-vllm.log",
+        startup_timeout=60.0,
+        shutdown_timeout=SHUTDOWN_TIMEOUT,
+    )
+    processes: list[psutil.Process] = []
+    try:
+        server.start()
+        assert server.pid is not None  # noqa: S101 - set while the server runs
+        processes = server_tree(server.base_url, server.pid)
+        started = time.monotonic()
+        server.stop()
+        took = time.monotonic() - started
+        return took, sum(alive(process) for process in processes)
+    finally:
+        server.stop()
+        kill_survivors(processes)
+
+
+def wait_healthy(popen: subprocess.Popen[bytes], base_url: str, timeout: float = 60.0) -> None:
+    """Poll the fake server's ``/health/`` until 200 (the start is not what is measured)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if popen.poll() is not None:
+            raise RuntimeError(f"fake vllm-serve exited with {popen.returncode}")
+        with contextlib.suppress(requests.RequestException):
+            response = requests.get(f"{base_url}/health/", timeout=1)
+            response.close()
+            if response.status_code == requests.codes.ok:
+                return
+        time.sleep(0.02)
+    raise TimeoutError(f"fake vllm-serve at {base_url} not healthy after {timeout:.0f}s")
+
+
+def popen_teardown(env: Mapping[str, str], scratch: Path) -> tuple[float | None, int]:
+    """The baseline: ``Popen.terminate()`` on the server only, then the same grace.
+
+    Returns (seconds until the server and its workers were gone, or ``None`` if
+    some were still alive after the grace; how many were left). The bench then
+    kills the survivors itself.
+    """
+    port = find_free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    argv = [*FAKE_SERVE, "--model", "bench/model", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--tensor-parallel-size", "2"]
+    processes: list[psutil.Process] = []
+    with (scratch / "popen-vllm.log").open("ab") as log_file:
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env, "CUDA_VISIBLE_DEVICES": "0,1"},
+        )
+    try:
+        wait_healthy(popen, base_url)
+        processes = server_tree(base_url, popen.pid)
+        started = time.monotonic()
+        popen.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popen.wait(timeout=SHUTDOWN_TIMEOUT)
+        left = wait_gone(processes, started + SHUTDOWN_TIMEOUT)
+        took = None if left else time.monotonic() - started
+        return took, len(left)
+    finally:
+        kill_survivors(processes)
+        if popen.poll() is None:
+            popen.kill()
+        popen.wait()
+
+
+@contextlib.contextmanager
+def quiet(logger: str, level: int) -> Iterator[None]:
+    """Raise ``logger``'s level for the block (to hide warnings the bench provokes on purpose)."""
+    target = logging.getLogger(logger)
+    previous = target.level
+    target.setLevel(level)
+    try:
+        yield
+    finally:
+        target.setLevel(previous)
+
+
+def bench_teardown(report: Report, runs: int, scratch: Path) -> None:
+    """Figure 4: stop a fake vllm-serve with 2 worker processes, alternating the two ways."""
+    for case, env in TEARDOWN_CASES.items():
+        new: list[tuple[float, int]] = []
+        old: list[tuple[float | None, int]] = []
+        for _ in range(runs):
+            # The stubborn case makes VLLMServer warn "sending SIGKILL": expected here.
+            with quiet("verirl.vllm_server", logging.ERROR):
+                new.append(verirl_teardown(env, scratch))
+            old.append(popen_teardown(env, scratch))
+        new_time = median([took for took, _ in new])
+        new_left = max(left for _, left in new)
+        old_left = max(left for _, left in old)
+        old_times = [took for took, _ in old if took is not None]
+        if len(old_times) == len(old):
+            old_cell = f"{ms(median(old_times))} · {old_left} left"
+            old_ratio = ratio(new_time, median(old_times))
+        else:
+            old_cell = f"never (> {SHUTDOWN_TIMEOUT:g} s grace) · {old_left} left"
+            old_ratio = "—"
+        stubborn = bool(env)
+        limit = SHUTDOWN_TIMEOUT + 1.0 if stubborn else 1.0
+        goal = f"0 left, ≈ {SHUTDOWN_TIMEOUT:g} s timeout" if stubborn else "0 left, < 1 s"
+        report.rows.append(
+            Row(
+                "4 teardown",
+                case,
+                f"{ms(new_time)} · {new_left} left",
+                old_cell,
+                old_ratio,
+                goal,
+                new_left == 0 and new_time < limit,
+            )
+        )
+
+
+# ---------------------------------------------------------------- 5. import cost
+
+
+def interpreter_time(code: str) -> float:
+    """Wall seconds for ``python -c code`` in a fresh interpreter."""
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True)
+    return time.perf_counter() - started
+
+
+def heavy_imports(module: str) -> list[str]:
+    """Which of `HEAVY_MODULES` ``import module`` pulls in."""
+    code = (
+        f"import sys, {module}; "
+        f"print(' '.join(m for m in {HEAVY_MODULES!r} if m in sys.modules and m != {module!r}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    )
+    return result.stdout.split()
+
+
+def bench_import(report: Report, runs: int) -> None:
+    """Figure 5: fresh interpreters, interleaved, after one untimed warm-up each."""
+    commands = {"bare": "pass", "verirl": "import verirl"}
+    trl_installed = importlib.util.find_spec("trl") is not None
+    if trl_installed:
+        commands["trl"] = "import trl"
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    for code in commands.values():
+        interpreter_time(code)
+    for _ in range(max(runs, 5) * 2):
+        for name, code in commands.items():
+            times[name].append(interpreter_time(code))
+    bare = median(times["bare"])
+    verirl_time = median(times["verirl"])
+    heavy = heavy_imports("verirl")
+    report.rows.append(
+        Row(
+            "5 import cost",
+            "`python -c 'import verirl'` vs `python -c pass`",
+            f"{ms(verirl_time)} (+{ms(verirl_time - bare)})",
+            ms(bare),
+            ratio(verirl_time, bare),
+            "no torch/trl/vllm/transformers/huggingface_hub",
+            not heavy,
+        )
+    )
+    if trl_installed:
+        trl_time = median(times["trl"])
+        trl_cell = f"{ms(trl_time)} (+{ms(trl_time - bare)})"
+        trl_ratio = ratio(verirl_time, trl_time)
+    else:
+        trl_cell, trl_ratio = "not installed", "—"
+    report.rows.append(
+        Row(
+            "5 import cost",
+            "`import verirl` vs `import trl`",
+            ms(verirl_time),
+            trl_cell,
+            trl_ratio,
+            "—",
+        )
+    )
+
+
+# ---------------------------------------------------------------- output
+
+
+def render_table(rows: Sequence[Row]) -> str:
+    """The rows as one markdown table."""
+    header = ("figure", "case", "verirl", "baseline (old behaviour)", "ratio", "goal", "met?")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        met = "—" if row.met is None else ("yes" if row.met else "no")
+        cells = (row.figure, row.case, row.verirl, row.baseline, row.ratio, row.goal, met)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+BASELINES = """\
+How each baseline reproduces the old behaviour (same run, same machine, alternating or
+concurrent with the verirl measurement):
+
+1. **Readiness lag**: a `FakeEnvServer` on loopback answers 503 until `ready_after`, then
+   200. verirl: `HttpEnvServerProbe(url).wait()` (polls 20 ms apart, ×2 up to 1 s). Baseline:
+   `GET /health` every 2 s until 200, as the old helper and trl's `check_server` do. Both
+   start polling when their own server starts and run concurrently; lag is the time from
+   the server turning healthy to `wait()` returning, requests are those the server saw.
+2. **Resume bytes**: a `FakeHub` repo with N checkpoints (`model.safetensors` of 64 KiB plus
+   an optimizer twice that, as Trainer writes them); body bytes the fake Hub served to
+   resume from the newest. verirl: `CheckpointResolver([HubCheckpointSource(...)])
+   .resolve("latest")`. Baseline: the old helper's `snapshot_download(repo,
+   allow_patterns=["last-checkpoint/**", "checkpoint-*/**"])`. "chosen" is the size of the
+   checkpoint resumed from; times are the wall time of each download on loopback.
+3. **Start-up overlap**: fakes whose env-server wait, vLLM start and checkpoint download
+   take known delays. verirl: `TrainingRuntime(...).start()` (`session.total`). Baseline: the
+   same three phases, one after another.
+4. **Teardown**: the fake `trl vllm-serve` (`python -m fakes.vllm_serve`,
+   `--tensor-parallel-size 2`, so a server and 2 worker processes); time from the call to
+   every process gone, and how many were left. verirl: `VLLMServer(...,
+   shutdown_timeout=1).stop()` (SIGTERM to the tree, 1 s grace, SIGKILL). Baseline:
+   `Popen.terminate()` on the server process only, as a bare Popen user would, survivors
+   counted after the same 1 s grace (the bench kills them afterwards). In the stubborn
+   case the server and workers ignore SIGTERM and the workers left the server's session.
+5. **Import cost**: wall time of a fresh `python -c "import verirl"` vs `python -c pass`
+   (and `import trl` when installed), interleaved after one warm-up each.
+"""
+
+
+def render_results(report: Report, runs: int, elapsed: float) -> str:
+    """``bench/results.md``: the table, how it was measured, on what."""
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    machine = (
+        f"{now} · Python {platform.python_version()} ({platform.python_implementation()}) · "
+        f"{platform.system()} {platform.machine()} · {os.cpu_count()} CPU cores · "
+        f"no GPU needed"
+    )
+    return (
+        "# verirl benchmarks\n\n"
+        "Generated by `nox -s bench` (`python bench/run.py`); do not edit by hand.\n\n"
+        f"{machine}. Medians over {runs} runs per case (figure 2: up to 3, its bytes are "
+        f"deterministic; figure 5: {max(runs, 5) * 2}); the whole bench took {elapsed:.0f} s.\n"
+        "Ratio is verirl ÷ baseline (lower is better). These are figures, not tests: "
+        '"met?" only says whether the goal of issue 6 was reached on this run.\n\n'
+        f"{render_table(report.rows)}\n\n"
+        "![Start-up timeline, sequential vs overlapped](timeline.png)\n\n"
+        f"{BASELINES}"
+    )
+
+
+def plot_timeline(timelines: Mapping[str, Timeline], path: Path) -> None:
+    """Draw each start-up (top to bottom) as one lane per phase, with when it was ready."""
+    import matplotlib as mpl  # noqa: PLC0415 - only the bench draws, and only here
+
+    mpl.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    colors = {"env": "#4C72B0", "vllm": "#DD8452", "checkpoint": "#55A868"}
+    lanes = list(PHASE_LABELS)  # the same phase order in every group
+    fig, ax = plt.subplots(figsize=(9, 4), layout="constrained")
+    ticks: list[float] = []
+    y = 0.0
+    for timeline in timelines.values():
+        top = y
+        by_name = {phase.name: phase for phase in timeline.phases}
+        for name in lanes:
+            phase = by_name[name]
+            ax.barh(y, phase.duration, left=phase.start, height=0.8, color=colors[name])
+            ax.text(phase.end + 0.015, y, f"{phase.duration:.2f} s", va="center", fontsize=8)
+            y += 1
+        ax.plot([timeline.total] * 2, [top - 0.5, y - 0.5], color="black", ls="--", lw=1)
+        ax.text(
+            timeline.total,
+            top - 0.6,
+            f"ready at {timeline.total:.2f} s",
+            ha="center",
+            va="bottom",
+            fontsize=9,
+            fontweight="bold",
+        )
+        ticks.append(top + (len(lanes) - 1) / 2)
+        y += 1.0
+    ax.set_yticks(ticks, list(timelines))
+    ax.invert_yaxis()  # the first start-up on top
+    ax.set_xlabel("seconds since start-up began")
+    longest = max(timeline.total for timeline in timelines.values())
+    ax.set_xlim(0, longest * 1.15)
+    ax.legend(
+        handles=[mpl.patches.Patch(color=colors[name], label=PHASE_LABELS[name]) for name in lanes],
+        loc="lower right",
+        frameon=False,
+    )
+    ax.set_title("Start-up with fake phases of known length (median run of each)")
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.savefig(path, dpi=120, metadata={"Software": None})
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- main
+
+
+@contextlib.contextmanager
+def no_leftovers(report: Report) -> Iterator[None]:
+    """Fail the run (and clean up) if a figure left a child process behind."""
+    try:
+        yield
+    finally:
+        children = [child for child in psutil.Process().children(recursive=True) if alive(child)]
+        if children:
+            report.errors.append(f"processes left behind: {[c.pid for c in children]}")
+            kill_survivors(children)
+
+
+def run_figure(report: Report, name: str, job: Callable[[], None]) -> None:
+    """Run one figure; on error record it (the run will exit non-zero) and go on."""
+    print(f"measuring {name} …", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    try:
+        job()
+    except Exception as exc:  # noqa: BLE001 - reported, and the exit status says so
+        traceback.print_exc()
+        report.errors.append(f"{name}: {type(exc).__name__}: {exc}")
+        report.rows.append(Row(name, "error", f"{type(exc).__name__}: {exc}", "—", "—", "—"))
+    print(f"  {name}: {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Measure every figure, print the table, write the results; 1 if anything failed."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5, help="repetitions per case (default 5)")
+    parser.add_argument(
+        "--no-write", action="store_true", help="print only; leave results.md and the PNG alone"
+    )
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be >= 1")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    started = time.monotonic()
+    report = Report()
+    runs: int = args.runs
+    with tempfile.TemporaryDirectory(prefix="verirl-bench-") as tmp:
+        scratch = Path(tmp)
+        with no_leftovers(report):
+            run_figure(report, "1 readiness lag", lambda: bench_readiness(report, runs))
+            run_figure(report, "2 resume bytes", lambda: bench_resume_bytes(report, runs, scratch))
+            run_figure(report, "3 start-up overlap", lambda: bench_overlap(report, runs))
+            run_figure(report, "4 teardown", lambda: bench_teardown(report, runs, scratch))
+            run_figure(report, "5 import cost", lambda: bench_import(report, runs))
+    elapsed = time.monotonic() - started
+    stray = [t.name for t in threading.enumerate() if t.name.startswith("bench-")]
+    if stray:
+        report.errors.append(f"threads left behind: {stray}")
+
+    print(render_table(report.rows))
+    print(f"\n{len(report.rows)} rows in {elapsed:.0f} s on {os.cpu_count()} cores")
+    if report.errors:
+        for error in report.errors:
+            print(f"error: {error}", file=sys.stderr)
+        print("not writing results: the run had errors", file=sys.stderr)
+        return 1
+    if not args.no_write:
+        RESULTS.write_text(render_results(report, runs, elapsed), encoding="utf-8")
+        try:
+            plot_timeline(report.timelines, TIMELINE)
+        except ImportError as exc:
+            print(f"error: cannot draw {TIMELINE.name}: {exc} (pip install matplotlib)")
+            return 1
+        print(f"wrote {RESULTS.relative_to(BENCH_DIR.parent)} and {TIMELINE.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
