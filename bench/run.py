@@ -1,4 +1,4 @@
-# ruff: noqa: T201, INP001 - a benchmark script (not a package) whose output is the printed table
+# ruff: noqa: T201 - a benchmark script (not a package) whose output is the printed table
 """verirl's figures against the old helper's behaviour, measured side by side in one run.
 
 Run it as ``nox -s bench`` (or ``python bench/run.py [--runs N] [--no-write]``). Each

@@ -32,9 +32,11 @@ HERE = Path(__file__).resolve().parent
 
 def main() -> int:
     """Run the demo; return ``verirl launch``'s exit code."""
-    with tempfile.TemporaryDirectory(prefix="verirl-demo-") as tmp, FakeEnvServer(
-        ready_after=0.5
-    ) as env_server, FakeHub() as hub:
+    with (
+        tempfile.TemporaryDirectory(prefix="verirl-demo-") as tmp,
+        FakeEnvServer(ready_after=0.5) as env_server,
+        FakeHub() as hub,
+    ):
         sizes = {
             folder: hub.add_checkpoint(REPO, folder, step, size=256 * 1024)
             for folder, step in (("checkpoint-10", 10), ("checkpoint-20", 20))
@@ -56,10 +58,12 @@ def main() -> int:
         ]  # fmt: skip
         env = dict(os.environ)
         env.update(
-            HF_HOME=str(Path(tmp) / "hf-home"),
-            HF_HUB_DISABLE_TELEMETRY="1",
-            HF_HUB_DISABLE_IMPLICIT_TOKEN="1",
-            HF_HUB_DISABLE_PROGRESS_BARS="1",
+            {
+                "HF_HOME": str(Path(tmp) / "hf-home"),
+                "HF_HUB_DISABLE_TELEMETRY": "1",
+                "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1",
+                "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            }
         )
         env.pop("HF_TOKEN", None)
         print("$ verirl launch --gpus 2 ... -- python examples/train_fake.py\n", flush=True)

@@ -1,4 +1,4 @@
-"""A real GRPO run on a GPU machine: TRL's GRPOTrainer behind `verirl.TrainingRuntime`.
+r"""A real GRPO run on a GPU machine: TRL's GRPOTrainer behind `verirl.TrainingRuntime`.
 
 Run with ``python examples/grpo_train.py`` (one process) or under
 ``torchrun``/``accelerate launch``; only local rank 0 starts ``trl vllm-serve``.

@@ -1,4 +1,4 @@
-"""Where verirl goes in a Hugging Face Jobs entry point.
+r"""Where verirl goes in a Hugging Face Jobs entry point.
 
 Submit with retries so a preempted job starts again and resumes, e.g.::
 

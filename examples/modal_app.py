@@ -17,7 +17,7 @@ image = modal.Image.debian_slim().pip_install("verirl[vllm]")
 volume = modal.Volume.from_name("grpo-checkpoints", create_if_missing=True)
 
 
-@app.function(
+@app.function(  # type: ignore[untyped-decorator]  # modal is not installed here
     image=image,
     gpu="H100:4",
     timeout=24 * 3600,

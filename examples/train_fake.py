@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import urllib.request
+from http import HTTPStatus
 from pathlib import Path
 
 STEPS_PER_RUN = 10
@@ -31,7 +32,7 @@ def main() -> int:
 
     if vllm_url:
         with urllib.request.urlopen(f"{vllm_url}/health/", timeout=5) as reply:  # noqa: S310 - our own loopback URL
-            assert reply.status == 200  # noqa: S101 - a demo's sanity check
+            assert reply.status == HTTPStatus.OK  # noqa: S101 - a demo's sanity check
         with urllib.request.urlopen(f"{vllm_url}/get_world_size/", timeout=5) as reply:  # noqa: S310
             world = json.load(reply)["world_size"]
         print(f"[train] vLLM server at {vllm_url} is healthy (world size {world})")

@@ -191,13 +191,16 @@ def training_script(tmp_path: Path, body: str) -> Path:
 
 def test_launch_exports_the_plan_and_exits_with_the_commands_code(tmp_path, clean_env):
     out = tmp_path / "seen.json"
-    script = training_script(tmp_path, f"""
+    script = training_script(
+        tmp_path,
+        f"""
         import json, os, sys
         keys = ("CUDA_VISIBLE_DEVICES", "VERIRL_RESUME_FROM_CHECKPOINT", "VERIRL_GRPO_KWARGS",
                 "MASTER_PORT", "RANK")
         json.dump({{k: os.environ.get(k) for k in keys}}, open({str(out)!r}, "w"))
         sys.exit(7)
-    """)
+    """,
+    )
     write_checkpoint(tmp_path / "ckpt", 30)
     result = run_cli(
         "launch", "--gpus", "1", "--output-dir", str(tmp_path / "ckpt"), "--resume", "latest",
@@ -237,7 +240,9 @@ def test_launch_env_server_down_fails_before_running_the_command(tmp_path, clean
 def test_launch_forwards_signals_to_the_command(tmp_path, sig, clean_env):
     ready = tmp_path / "ready"
     got = tmp_path / "got"
-    script = training_script(tmp_path, f"""
+    script = training_script(
+        tmp_path,
+        f"""
         import signal, sys, threading
         def handler(signum, frame):
             open({str(got)!r}, "w").write(str(signum))
@@ -246,9 +251,11 @@ def test_launch_forwards_signals_to_the_command(tmp_path, sig, clean_env):
         signal.signal(signal.SIGINT, handler)
         open({str(ready)!r}, "w").close()
         threading.Event().wait(60)
-    """)
+    """,
+    )
+    command = [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--", sys.executable, str(script)],
+        [*command, sys.executable, str(script)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -271,14 +278,17 @@ def test_launch_forwards_signals_to_the_command(tmp_path, sig, clean_env):
 def test_launch_with_the_fake_vllm_server_end_to_end(tmp_path, clean_env):
     port = find_free_port()
     out = tmp_path / "seen.json"
-    script = training_script(tmp_path, f"""
+    script = training_script(
+        tmp_path,
+        f"""
         import json, os, urllib.request
         url = os.environ["VERIRL_VLLM_URL"]
         with urllib.request.urlopen(url + "/health/") as r:
             status = r.status
         json.dump({{"status": status, "url": url,
                     "cvd": os.environ["CUDA_VISIBLE_DEVICES"]}}, open({str(out)!r}, "w"))
-    """)
+    """,
+    )
     result = run_cli(
         "launch", "--gpus", "3", "--model", "m", "--vllm-port", str(port),
         "--vllm-command", f"{sys.executable} -m fakes.vllm_serve",
@@ -307,9 +317,12 @@ def test_serve_requires_a_server_topology(clean_env):
 
 def test_serve_runs_until_sigterm(tmp_path, clean_env):
     port = find_free_port()
+    fake = f"{sys.executable} -m fakes.vllm_serve"
     command = [sys.executable, "-m", "verirl", "serve", "--gpus", "2", "--model", "m",
-               "--vllm-port", str(port), "--vllm-command", f"{sys.executable} -m fakes.vllm_serve"]  # fmt: skip
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+               "--vllm-port", str(port), "--vllm-command", fake]  # fmt: skip
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
         try:
             assert proc.stdout is not None
             line = proc.stdout.readline()

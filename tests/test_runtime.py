@@ -224,9 +224,14 @@ def test_sigterm_during_the_block_becomes_system_exit_and_tears_down():
     factory = Recorder()
     previous = signal.getsignal(signal.SIGTERM)
     rt = runtime(server_factory=factory)
-    with pytest.raises(SystemExit) as info, rt:
-        os.kill(os.getpid(), signal.SIGTERM)
-        threading.Event().wait(5)  # the handler raises before this returns
+
+    def body() -> None:
+        with rt:
+            os.kill(os.getpid(), signal.SIGTERM)
+            threading.Event().wait(5)  # the handler raises before this returns
+
+    with pytest.raises(SystemExit) as info:
+        body()
     assert info.value.code == 143
     assert factory.servers[0].stops == 1
     assert signal.getsignal(signal.SIGTERM) is previous

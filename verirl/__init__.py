@@ -8,7 +8,6 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from verirl.checkpoints import (
-    RESUME_ENV_VAR,
     Checkpoint,
     CheckpointResolver,
     CheckpointSource,
@@ -46,7 +45,6 @@ __all__ = [
     "LocalCheckpointSource",
     "PhaseTiming",
     "PortInUseError",
-    "RESUME_ENV_VAR",
     "RuntimeSession",
     "TrainingRuntime",
     "VLLMServerError",
