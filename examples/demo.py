@@ -48,6 +48,7 @@ def main() -> int:
             "--model", "demo/tiny-model",
             "--vllm-command", f"{shlex.quote(sys.executable)} -m fakes.vllm_serve",
             "--vllm-port", str(find_free_port()),
+            "--log-dir", tmp,
             "--env-url", env_server.url,
             "--output-dir", str(output_dir),
             "--hub-repo", REPO,

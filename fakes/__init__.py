@@ -15,12 +15,14 @@ from __future__ import annotations
 from fakes.checkpoints import FakeCheckpointSource
 from fakes.envserver import FakeEnvServer, FakeEnvServerProbe
 from fakes.hub import FakeHub, isolated_hf_client, serve_fake_hub
+from fakes.vllm import FakeVLLMServer
 
 __all__ = [
     "FakeCheckpointSource",
     "FakeEnvServer",
     "FakeEnvServerProbe",
     "FakeHub",
+    "FakeVLLMServer",
     "isolated_hf_client",
     "serve_fake_hub",
 ]

@@ -291,13 +291,14 @@ def test_launch_with_the_fake_vllm_server_end_to_end(tmp_path, clean_env):
     )
     result = run_cli(
         "launch", "--gpus", "3", "--model", "m", "--vllm-port", str(port),
-        "--vllm-command", f"{sys.executable} -m fakes.vllm_serve",
+        "--vllm-command", f"{sys.executable} -m fakes.vllm_serve", "--log-dir", str(tmp_path),
         "--", sys.executable, str(script),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     seen = json.loads(out.read_text())
     assert seen == {"status": 200, "url": f"http://127.0.0.1:{port}", "cvd": "0,1"}
     assert port_is_free(port)  # the server is gone
+    assert "Uvicorn running" in (tmp_path / f"vllm-serve-{port}.log").read_text()
 
 
 def port_is_free(port: int) -> bool:
@@ -319,7 +320,7 @@ def test_serve_runs_until_sigterm(tmp_path, clean_env):
     port = find_free_port()
     fake = f"{sys.executable} -m fakes.vllm_serve"
     command = [sys.executable, "-m", "verirl", "serve", "--gpus", "2", "--model", "m",
-               "--vllm-port", str(port), "--vllm-command", fake]  # fmt: skip
+               "--vllm-port", str(port), "--vllm-command", fake, "--log-dir", str(tmp_path)]  # fmt: skip
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as proc:

@@ -20,7 +20,7 @@ from verirl import (
     VLLMTopology,
     find_free_port,
 )
-from verirl.runtime import ServerHandle, visible_devices
+from verirl.runtime import ServerHandle
 
 DELAY = 0.4
 
@@ -327,13 +327,6 @@ def test_from_settings_remote_host_and_hub(tmp_path):
 def test_from_settings_bad_values_name_the_variable(environ, field):
     with pytest.raises(ConfigError, match=rf"^{field}="):
         TrainingRuntime.from_settings(environ=environ)
-
-
-def test_visible_devices_maps_through_the_parents_list():
-    assert visible_devices((1,), {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}) == "5"
-    assert visible_devices((0, 2), {}) == "0,2"
-    with pytest.raises(ConfigError, match="devices"):
-        visible_devices((3,), {"CUDA_VISIBLE_DEVICES": "0,1"})
 
 
 def test_timings_are_ordered_and_non_negative():

@@ -29,6 +29,7 @@ from verirl.errors import (
 )
 from verirl.runtime import PhaseTiming, RuntimeSession, TrainingRuntime
 from verirl.topology import VLLMTopology, detect_gpu_count
+from verirl.vllm_server import VLLMServer
 
 __all__ = [
     "Checkpoint",
@@ -47,6 +48,7 @@ __all__ = [
     "PortInUseError",
     "RuntimeSession",
     "TrainingRuntime",
+    "VLLMServer",
     "VLLMServerError",
     "VLLMServerExited",
     "VLLMStartupTimeout",

@@ -38,7 +38,8 @@ from verirl.errors import (
     VeriRLError,
     VLLMServerError,
 )
-from verirl.runtime import TrainingRuntime, visible_devices
+from verirl.runtime import TrainingRuntime
+from verirl.vllm_server import map_visible_devices
 from verirl.topology import detect_gpu_count
 
 __all__ = ["EXIT_CODES", "GRPO_KWARGS_VARIABLE", "build_parser", "main"]
@@ -106,6 +107,11 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
         help="command replacing 'trl vllm-serve', e.g. 'python -m fakes.vllm_serve' "
         "($VERIRL_VLLM_COMMAND)",
     )
+    group.add_argument(
+        "--log-dir",
+        help="folder for the server's log, vllm-serve-PORT.log, appended to "
+        "($VERIRL_VLLM_LOG_DIR; default: a new temporary folder, kept and logged)",
+    )
 
 
 def _runtime_from_args(args: argparse.Namespace) -> TrainingRuntime:
@@ -124,6 +130,7 @@ def _runtime_from_args(args: argparse.Namespace) -> TrainingRuntime:
         vllm_port=args.vllm_port,
         vllm_remote_host=args.vllm_host,
         vllm_command=command,
+        vllm_log_dir=getattr(args, "log_dir", None),
         resume_from=getattr(args, "resume", None),
         env_timeout=getattr(args, "env_timeout", None),
     )
@@ -224,7 +231,9 @@ def _training_environment(
 ) -> dict[str, str]:
     env = dict(os.environ)
     topology = runtime.topology
-    env["CUDA_VISIBLE_DEVICES"] = visible_devices(topology.training_devices)
+    env["CUDA_VISIBLE_DEVICES"] = map_visible_devices(
+        topology.training_devices, env.get("CUDA_VISIBLE_DEVICES")
+    )
     env[RESUME_ENV_VAR] = resume or ""
     env[GRPO_KWARGS_VARIABLE] = json.dumps(topology.grpo_kwargs(), sort_keys=True)
     if url is not None:
@@ -379,23 +388,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _configure_logging(verbosity: int) -> None:
+def _configure_logging(verbosity: int) -> Callable[[], None]:
+    """Send verirl's logs to stderr; return a function that undoes it."""
     level = {-1: logging.WARNING, 0: logging.INFO}.get(verbosity, logging.DEBUG)
     if verbosity < -1:
         level = logging.ERROR
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("verirl")
+    saved = (root.handlers[:], root.level, root.propagate)
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+
+    def restore() -> None:
+        root.handlers[:], root.level, root.propagate = saved
+
+    return restore
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    _configure_logging(args.verbose - args.quiet)
+    restore_logging = _configure_logging(args.verbose - args.quiet)
     try:
         code: int = args.func(args)
     except VeriRLError as exc:
@@ -405,4 +421,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    finally:
+        restore_logging()
     return code

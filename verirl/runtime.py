@@ -29,6 +29,7 @@ from verirl.distenv import DistributedEnv
 from verirl.envserver import EnvServerProbe, HttpEnvServerProbe
 from verirl.errors import ConfigError
 from verirl.topology import VLLMTopology, detect_gpu_count
+from verirl.vllm_server import VLLMServer
 
 __all__ = [
     "CheckpointResolving",
@@ -37,7 +38,6 @@ __all__ = [
     "ServerFactory",
     "ServerHandle",
     "TrainingRuntime",
-    "visible_devices",
 ]
 
 log = logging.getLogger(__name__)
@@ -111,35 +111,23 @@ class RuntimeSession:
         return "start-up timeline: " + " · ".join([*parts, f"ready at {self.total:.2f}s"])
 
 
-def visible_devices(devices: tuple[int, ...], environ: Mapping[str, str] | None = None) -> str:
-    """``CUDA_VISIBLE_DEVICES`` for a child that should see ``devices`` of ours.
+def _default_server_factory(
+    model: str | None,
+    *,
+    command: Sequence[str] | None = None,
+    log_dir: str | None = None,
+) -> ServerFactory:
+    """`VLLMServer.from_topology`, with ``command`` and ``log_dir`` when given."""
 
-    ``devices`` index the GPUs this process sees, so with our
-    ``CUDA_VISIBLE_DEVICES=4,5,6,7`` the devices ``(1, 2)`` are ``"5,6"``.
-    """
-    env = os.environ if environ is None else environ
-    parent = env.get("CUDA_VISIBLE_DEVICES")
-    if parent is None:
-        return ",".join(str(d) for d in devices)
-    entries = [item.strip() for item in parent.split(",") if item.strip()]
-    for device in devices:
-        if device >= len(entries):
-            raise ConfigError.invalid(
-                "devices",
-                devices,
-                f"index {device} is beyond CUDA_VISIBLE_DEVICES={parent!r} "
-                f"({len(entries)} visible)",
-            )
-    return ",".join(entries[d] for d in devices)
-
-
-def _default_server_factory(model: str | None) -> ServerFactory:
     def build(topology: VLLMTopology) -> ServerHandle:
-        from verirl.vllm_server import VLLMServer  # noqa: PLC0415 - keeps import verirl light
-
         if model is None:
             raise ConfigError.invalid("model", model, "is required to start a vLLM server")
-        return VLLMServer.from_topology(topology, model=model)
+        overrides: dict[str, object] = {}
+        if command is not None:
+            overrides["command"] = command
+        if log_dir is not None:
+            overrides["log_path"] = log_dir
+        return VLLMServer.from_topology(topology, model=model, **overrides)
 
     return build
 
@@ -264,6 +252,7 @@ class TrainingRuntime:
         vllm_port: int | None = None,
         vllm_remote_host: str | None = None,
         vllm_command: Sequence[str] | None = None,
+        vllm_log_dir: str | None = None,
         resume_from: str | None = None,
         env_timeout: float | None = None,
         environ: Mapping[str, str] | None = None,
@@ -277,6 +266,7 @@ class TrainingRuntime:
         ``VERIRL_HUB_REVISION``, ``VERIRL_GPU_COUNT`` (default: detected),
         ``VERIRL_VLLM_MODE``, ``VERIRL_VLLM_GPUS``, ``VERIRL_VLLM_PORT`` (8001),
         ``VERIRL_VLLM_HOST`` (a remote vLLM host), ``VERIRL_VLLM_COMMAND``,
+        ``VERIRL_VLLM_LOG_DIR`` (default: a new temporary folder),
         ``VERIRL_RESUME_FROM_CHECKPOINT`` and ``VERIRL_ENV_TIMEOUT`` (600).
         """
         env = os.environ if environ is None else environ
@@ -319,18 +309,12 @@ class TrainingRuntime:
         if vllm_command is None:
             raw_command = text(None, "VERIRL_VLLM_COMMAND")
             vllm_command = shlex.split(raw_command) if raw_command else None
-        factory: ServerFactory | None = None
-        if vllm_command is not None:
-            command = list(vllm_command)
-            if not command:
-                raise ConfigError.invalid("vllm_command", vllm_command, "must not be empty")
-
-            def factory(topology: VLLMTopology) -> ServerHandle:
-                from verirl.vllm_server import VLLMServer  # noqa: PLC0415
-
-                if model is None:
-                    raise ConfigError.invalid("model", model, "is required to start a vLLM server")
-                return VLLMServer.from_topology(topology, model=model, command=command)
+        if vllm_command is not None and not list(vllm_command):
+            raise ConfigError.invalid("vllm_command", vllm_command, "must not be empty")
+        log_dir = text(vllm_log_dir, "VERIRL_VLLM_LOG_DIR")
+        if log_dir is not None and not os.path.isdir(log_dir):  # noqa: PTH112
+            raise ConfigError.invalid("vllm_log_dir", log_dir, "must be an existing directory")
+        factory = _default_server_factory(model, command=vllm_command, log_dir=log_dir)
 
         resolver = _build_resolver(
             output_dir=text(output_dir, "VERIRL_OUTPUT_DIR"),

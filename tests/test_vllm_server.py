@@ -1,0 +1,942 @@
+"""VLLMServer against real processes: the fake `trl vllm-serve` (fakes.vllm_serve) and workers."""
+
+from __future__ import annotations
+
+import _thread
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import attrs
+import psutil
+import pytest
+import requests
+
+from fakes.envserver import FakeEnvServer
+from verirl._serve_args import vllm_serve_args
+from verirl.errors import (
+    ConfigError,
+    PortInUseError,
+    VLLMServerError,
+    VLLMServerExited,
+    VLLMStartupTimeout,
+)
+from verirl.topology import VLLMTopology
+from verirl.vllm_server import (
+    INSTALL_HINT,
+    SCRUBBED_ENV_VARS,
+    VLLMServer,
+    _health_check,
+    _SigtermGuard,
+    find_trl_command,
+    map_visible_devices,
+    read_log_tail,
+    vllm_child_environ,
+)
+
+FAKE = (sys.executable, "-m", "fakes.vllm_serve")
+MODEL = "fake/model"
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def alive(process: psutil.Process) -> bool:
+    """Running and not a zombie (PID 1 in a container may never reap an orphan's zombie)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def survivors(processes, timeout: float = 0.0) -> list[psutil.Process]:
+    """The processes still alive, after waiting up to ``timeout`` for them to go."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in processes if alive(p)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.01)
+
+
+def get_json(server: VLLMServer, path: str):
+    response = requests.get(server.base_url + path, timeout=5)
+    response.raise_for_status()
+    return response.json()
+
+
+def tree(server: VLLMServer) -> list[psutil.Process]:
+    """The server and its workers, as the fake reports them."""
+    assert server.pid is not None
+    workers = get_json(server, "/verirl/workers/")["pids"]
+    return [psutil.Process(server.pid), *(psutil.Process(pid) for pid in workers)]
+
+
+def pids_in_log(path: Path | str, what: str) -> list[int]:
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return []
+    return [int(pid) for pid in re.findall(rf"Started {what} process \[(\d+)\]", text)]
+
+
+def processes(pids) -> list[psutil.Process]:
+    """Processes of the fake program among ``pids`` (gone ones, and reused pids, are left out)."""
+    found = []
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            if "vllm_serve" in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True) if alive(p)}
+
+
+@pytest.fixture
+def make_server(tmp_path):
+    """Build servers on free ports running the fake program; stop them all afterwards."""
+    made: list[VLLMServer] = []
+
+    def make(**kwargs) -> VLLMServer:
+        kwargs.setdefault("port", free_port())
+        kwargs.setdefault("command", FAKE)
+        kwargs.setdefault("log_path", tmp_path / f"server-{len(made)}.log")
+        kwargs.setdefault("startup_timeout", 30.0)
+        kwargs.setdefault("shutdown_timeout", 5.0)
+        server = VLLMServer(kwargs.pop("model", MODEL), **kwargs)
+        made.append(server)
+        return server
+
+    yield make
+    for server in made:
+        server.stop()
+
+
+# ---------------------------------------------------------------- ready, teardown
+
+
+def test_ready_server_answers_health_and_logs_to_its_file(make_server):
+    server = make_server(max_model_len=2048, extra_args=["--dtype", "bfloat16"])
+    with server as entered:
+        assert entered is server
+        assert server.running
+        response = requests.get(server.base_url + "/health/", timeout=5)
+        assert (response.status_code, response.json()) == (200, {"status": "ok"})
+        assert get_json(server, "/get_world_size/") == {"world_size": 1}
+        expected = vllm_serve_args(
+            MODEL,
+            host="127.0.0.1",
+            port=server.port,
+            gpu_memory_utilization=0.9,
+            max_model_len=2048,
+            extra_args=["--dtype", "bfloat16"],
+        )
+        assert get_json(server, "/verirl/argv/")["argv"] == expected
+        assert server.argv == (*FAKE, *expected)
+        assert get_json(server, "/verirl/args/")["dtype"] == "bfloat16"
+        procs = tree(server)
+        assert procs[0].pid == server.pid
+    assert server.pid is None
+    assert not server.running
+    assert not survivors(procs)
+    log = server.log_path.read_text()
+    assert "Uvicorn running on http://127.0.0.1:" in log
+    assert "Finished server process" in log
+
+
+def test_well_behaved_server_with_workers_stops_well_under_a_second(make_server):
+    server = make_server(tensor_parallel_size=2, data_parallel_size=2, devices=(0, 1, 2, 3))
+    server.start()
+    procs = tree(server)
+    assert len(procs) == 5
+    assert get_json(server, "/get_world_size/") == {"world_size": 4}
+    started = time.monotonic()
+    server.stop()
+    took = time.monotonic() - started
+    assert not survivors(procs)
+    assert took < 1.0, f"teardown took {took:.2f}s"
+    assert "SIGKILL" not in server.log_path.read_text()
+
+
+def test_ignored_sigterm_costs_shutdown_timeout_then_sigkill_reaches_every_process(
+    make_server, caplog
+):
+    server = make_server(
+        tensor_parallel_size=2,
+        devices=(0, 1),
+        shutdown_timeout=0.5,
+        env={"FAKE_VLLM_IGNORE_SIGTERM": "1", "FAKE_VLLM_WORKER_NEW_SESSION": "1"},
+    )
+    server.start()
+    procs = tree(server)
+    # The workers left the server's process group: only the psutil sweep reaches them.
+    assert all(os.getpgid(worker.pid) != server.pid for worker in procs[1:])
+    started = time.monotonic()
+    server.stop()
+    took = time.monotonic() - started
+    assert not survivors(procs)
+    assert 0.45 <= took < 0.5 + 2.5, f"teardown took {took:.2f}s"
+    assert any("SIGKILL" in record.getMessage() for record in caplog.records)
+
+
+def test_exception_in_the_block_propagates_unchanged_and_the_server_is_gone(make_server):
+    class BoomError(Exception):
+        pass
+
+    error = BoomError("training crashed")
+    server = make_server(tensor_parallel_size=2, devices=(0, 1))
+    with pytest.raises(BoomError) as info, server:  # noqa: PT012 - the block is what is tested
+        procs = tree(server)
+        raise error
+    assert info.value is error
+    assert not survivors(procs)
+    assert server.pid is None
+
+
+def test_keyboard_interrupt_in_the_block_stops_the_server(make_server):
+    server = make_server(tensor_parallel_size=2, devices=(0, 1))
+    with pytest.raises(KeyboardInterrupt), server:  # noqa: PT012 - the block is what is tested
+        procs = tree(server)
+        raise KeyboardInterrupt
+    assert not survivors(procs)
+
+
+def test_stop_is_idempotent_and_the_server_can_start_again(make_server):
+    server = make_server()
+    server.stop()  # never started: nothing to do
+    server.start()
+    first = server.pid
+    with pytest.raises(VLLMServerError, match="already started"):
+        server.start()
+    procs = tree(server)
+    server.stop()
+    server.stop()
+    server.__exit__(None, None, None)
+    assert not survivors(procs)
+    with server:
+        assert server.pid not in (None, first)
+        assert get_json(server, "/health/") == {"status": "ok"}
+
+
+def test_stop_from_another_thread_cancels_a_start_in_progress(make_server):
+    server = make_server(
+        tensor_parallel_size=2, devices=(0, 1), env={"FAKE_VLLM_STARTUP_DELAY": "60"}
+    )
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            server.start()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while len(pids_in_log(server.log_path, "worker")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pids = pids_in_log(server.log_path, "server") + pids_in_log(server.log_path, "worker")
+    assert len(pids) == 3
+    procs = processes(pids)
+    started = time.monotonic()
+    server.stop()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    assert time.monotonic() - started < 2.0
+    assert not survivors(procs)
+    assert len(errors) == 1
+    assert type(errors[0]) is VLLMServerError
+    assert "stop() was called" in str(errors[0])
+
+
+def test_server_started_from_a_short_lived_thread_outlives_that_thread(make_server):
+    # PR_SET_PDEATHSIG fires when the *thread* that forked the child exits.
+    server = make_server()
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            server.start()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    thread.join(timeout=30)
+    assert not errors
+    assert server._tree is not None
+    with pytest.raises(subprocess.TimeoutExpired):
+        server._tree.popen.wait(timeout=0.5)
+    assert get_json(server, "/health/") == {"status": "ok"}
+
+
+# ---------------------------------------------------------------- startup failures
+
+
+def test_crash_during_startup_raises_exited_with_code_and_log_tail(make_server):
+    server = make_server(
+        tensor_parallel_size=2,
+        devices=(0, 1),
+        env={"FAKE_VLLM_CRASH": "3:torch.OutOfMemoryError: CUDA out of memory (fake)"},
+    )
+    started = time.monotonic()
+    with pytest.raises(VLLMServerExited) as info:
+        server.start()
+    assert time.monotonic() - started < 10
+    assert info.value.returncode == 3
+    assert "CUDA out of memory (fake)" in info.value.log_tail
+    assert info.value.log_path == str(server.log_path)
+    assert "CUDA out of memory (fake)" in str(info.value)
+    workers = pids_in_log(server.log_path, "worker")
+    assert len(workers) == 2
+    assert not survivors(processes(workers))
+    assert server.pid is None
+
+
+def test_crash_leaves_no_orphaned_worker_even_one_that_left_the_session(make_server):
+    # Workers without a death signal, in their own session: after the server
+    # dies they belong to no group or tree of ours; the environment marker finds them.
+    server = make_server(
+        tensor_parallel_size=2,
+        devices=(0, 1),
+        env={
+            "FAKE_VLLM_CRASH": "1:engine core died",
+            "FAKE_VLLM_ORPHAN_WORKERS": "1",
+            "FAKE_VLLM_WORKER_NEW_SESSION": "1",
+        },
+    )
+    with pytest.raises(VLLMServerExited) as info:
+        server.start()
+    assert info.value.returncode == 1
+    workers = pids_in_log(server.log_path, "worker")
+    assert len(workers) == 2
+    assert not survivors(processes(workers))
+
+
+def test_slow_start_times_out_and_the_tree_is_gone_when_raised(make_server):
+    server = make_server(
+        tensor_parallel_size=2,
+        devices=(0, 1),
+        startup_timeout=1.0,
+        env={"FAKE_VLLM_STARTUP_DELAY": "60"},
+    )
+    started = time.monotonic()
+    with pytest.raises(VLLMStartupTimeout) as info:
+        server.start()
+    took = time.monotonic() - started
+    assert 1.0 <= took < 1.0 + 4.0
+    assert isinstance(info.value, TimeoutError)
+    assert info.value.timeout == 1.0
+    assert "Loading model fake/model" in info.value.log_tail
+    pids = pids_in_log(server.log_path, "server") + pids_in_log(server.log_path, "worker")
+    assert len(pids) == 3
+    assert not survivors(processes(pids))  # already gone, no waiting
+
+
+def test_progress_is_logged_with_the_last_server_log_line(make_server, caplog):
+    caplog.set_level(logging.INFO, logger="verirl.vllm_server")
+    server = make_server(progress_interval=0.1, env={"FAKE_VLLM_STARTUP_DELAY": "1.0"})
+    with server:
+        pass
+    progress = [r.getMessage() for r in caplog.records if "not ready after" in r.getMessage()]
+    assert progress
+    assert any("last log line:" in line and "Loading model" in line for line in progress)
+
+
+def test_health_check_reasons():
+    with requests.Session() as session:
+        with FakeEnvServer(ready_after=None, status_when_not_ready=503) as env:
+            assert _health_check(session, env.url + "/health", 5.0) == "HTTP 503"
+            env.set_ready()
+            assert _health_check(session, env.url + "/health", 5.0) is None
+        with FakeEnvServer(hang=True) as env:
+            assert _health_check(session, env.url + "/health", 0.2) == "timed out"
+        url = f"http://127.0.0.1:{free_port()}/health/"
+        assert _health_check(session, url, 5.0) == "connection refused"
+
+
+def test_port_in_use_is_refused_before_anything_is_spawned(make_server):
+    with socket.create_server(("127.0.0.1", 0)) as holder:
+        port = holder.getsockname()[1]
+        server = make_server(port=port)
+        before = children()
+        with pytest.raises(PortInUseError) as info:
+            server.start()
+        assert children() == before
+    assert info.value.port == port
+    assert f"port={port}" in str(info.value)
+    assert not server.log_path.exists()
+    assert server.pid is None
+
+
+def test_port_in_use_on_the_wildcard_address_too(make_server):
+    with socket.create_server(("0.0.0.0", 0)) as holder:
+        server = make_server(port=holder.getsockname()[1])
+        with pytest.raises(PortInUseError):
+            server.start()
+
+
+def test_a_port_with_connections_in_time_wait_is_not_in_use(make_server):
+    port = free_port()
+    with socket.create_server(("127.0.0.1", port)) as listener:
+        client = socket.create_connection(("127.0.0.1", port))
+        conn, _ = listener.accept()
+        conn.close()  # the server side closes first, so TIME_WAIT lands on `port`
+        client.recv(1)
+        client.close()
+
+    def in_time_wait() -> bool:
+        return any(
+            c.laddr and c.laddr.port == port and c.status == psutil.CONN_TIME_WAIT
+            for c in psutil.net_connections(kind="tcp4")
+        )
+
+    deadline = time.monotonic() + 5
+    while not in_time_wait() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert in_time_wait()
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # without SO_REUSEADDR the port looks taken
+    with make_server(port=port) as server:
+        assert get_json(server, "/health/") == {"status": "ok"}
+
+
+def test_server_that_dies_during_the_block_is_swept_with_its_workers(make_server, caplog):
+    # Workers without a death signal outlive a killed server, as vLLM engine cores can.
+    server = make_server(
+        tensor_parallel_size=2, devices=(0, 1), env={"FAKE_VLLM_ORPHAN_WORKERS": "1"}
+    )
+    with server:
+        procs = tree(server)
+        procs[0].kill()
+        deadline = time.monotonic() + 10
+        while server.running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not server.running
+        assert all(alive(worker) for worker in procs[1:])
+    assert not survivors(procs)
+    assert any("already exited (code -9)" in r.getMessage() for r in caplog.records)
+
+
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt here, even if pytest was started with SIGINT ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_an_interrupt_during_teardown_skips_the_grace_period(make_server, ctrl_c_raises):
+    server = make_server(shutdown_timeout=30.0, env={"FAKE_VLLM_IGNORE_SIGTERM": "1"})
+    server.start()
+    procs = tree(server)
+    lock = threading.Lock()
+    stopping = [True]
+
+    def second_ctrl_c() -> None:
+        with lock:
+            if stopping[0]:
+                _thread.interrupt_main()
+
+    timer = threading.Timer(0.3, second_ctrl_c)
+    started = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            server.stop()
+    finally:
+        with lock:
+            stopping[0] = False
+        timer.cancel()
+    assert time.monotonic() - started < 10
+    assert not survivors(procs)
+    assert server.pid is None
+
+
+def test_host_that_is_not_an_address_here_is_a_config_error(make_server):
+    server = make_server(host="192.0.2.1")  # TEST-NET-1: never local
+    with pytest.raises(ConfigError, match="not an address of this machine") as info:
+        server.start()
+    assert info.value.field == "host"
+    assert not server.log_path.exists()
+
+
+def test_a_log_path_that_cannot_be_opened_is_a_config_error(make_server, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    server = make_server(log_path=blocker / "server.log")
+    before = children()
+    with pytest.raises(ConfigError) as info:
+        server.start()
+    assert info.value.field == "log_path"
+    assert children() == before
+
+
+# ---------------------------------------------------------------- environment
+
+
+def test_child_environment_is_scrubbed_and_mapped_and_ours_untouched(make_server, monkeypatch):
+    for name in SCRUBBED_ENV_VARS:
+        monkeypatch.setenv(name, "7")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-1")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    before = dict(os.environ)
+    server = make_server(
+        devices=(1,),
+        env={
+            "VERIRL_TEST_EXTRA": "yes",
+            "MASTER_PORT": "29500",
+            "TORCHELASTIC_ERROR_FILE": "/tmp/x",
+        },
+    )
+    with server:
+        child = get_json(server, "/verirl/env/")["env"]
+    assert dict(os.environ) == before
+    leaked = [n for n in child if n in SCRUBBED_ENV_VARS or n.startswith("TORCHELASTIC_")]
+    assert leaked == []
+    assert child["CUDA_VISIBLE_DEVICES"] == "5"
+    assert child["PYTHONUNBUFFERED"] == "1"
+    assert child["VERIRL_TEST_EXTRA"] == "yes"
+    assert "CUDA_VISIBLE_DEVICES=5" in server.log_path.read_text()  # the worker's view
+
+
+def test_device_beyond_the_parents_visible_gpus_is_a_config_error_at_start(
+    make_server, monkeypatch
+):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    server = make_server(devices=(2,))
+    before = children()
+    with pytest.raises(ConfigError) as info:
+        server.start()
+    assert info.value.field == "devices"
+    assert "CUDA_VISIBLE_DEVICES='0,1'" in str(info.value)
+    assert children() == before
+    assert not server.log_path.exists()
+
+
+@pytest.mark.parametrize(
+    ("devices", "parent", "expected"),
+    [
+        ((1,), "4,5,6,7", "5"),
+        ((0, 3), "4,5,6,7", "4,7"),
+        ((1, 2), None, "1,2"),
+        ((0,), " GPU-a , GPU-b ", "GPU-a"),
+    ],
+)
+def test_map_visible_devices(devices, parent, expected):
+    assert map_visible_devices(devices, parent) == expected
+
+
+@pytest.mark.parametrize("parent", ["", "0", "3,4"])
+def test_map_visible_devices_rejects_an_index_beyond_the_list(parent):
+    with pytest.raises(ConfigError, match=r"devices=\(2,\)"):
+        map_visible_devices((2,), parent)
+
+
+def test_vllm_child_environ_is_a_copy_and_env_cannot_readd_scrubbed_names(caplog):
+    parent = {"RANK": "1", "TORCHELASTIC_X": "1", "HOME": "/root", "PYTHONUNBUFFERED": "0"}
+    child = vllm_child_environ(
+        parent, devices=(0,), env={"RANK": "2", "CUDA_VISIBLE_DEVICES": "9", "A": "b"}
+    )
+    assert child == {
+        "HOME": "/root",
+        "PYTHONUNBUFFERED": "1",
+        "CUDA_VISIBLE_DEVICES": "9",  # env may override the mapping on purpose
+        "A": "b",
+    }
+    assert parent == {"RANK": "1", "TORCHELASTIC_X": "1", "HOME": "/root", "PYTHONUNBUFFERED": "0"}
+    assert any("RANK" in record.getMessage() for record in caplog.records)
+
+
+# ---------------------------------------------------------------- command
+
+
+def test_missing_program_is_a_server_error_and_nothing_is_left(make_server, tmp_path):
+    server = make_server(command=[str(tmp_path / "no-such-program"), "vllm-serve"])
+    before = children()
+    with pytest.raises(VLLMServerError, match="no-such-program") as info:
+        server.start()
+    assert not isinstance(info.value, ConfigError)
+    assert children() == before
+    assert server.pid is None
+
+
+def _executable(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_find_trl_command_prefers_the_trl_beside_the_interpreter(tmp_path):
+    python = tmp_path / "venv" / "bin" / "python"
+    beside = _executable(tmp_path / "venv" / "bin" / "trl")
+    on_path = _executable(tmp_path / "elsewhere" / "trl")
+    found = find_trl_command(executable=str(python), search_path=str(on_path.parent))
+    assert found == (str(beside), "vllm-serve")
+    beside.unlink()
+    found = find_trl_command(executable=str(python), search_path=str(on_path.parent))
+    assert found == (str(on_path), "vllm-serve")
+
+
+def test_find_trl_command_without_trl_says_how_to_install(tmp_path):
+    with pytest.raises(VLLMServerError, match=re.escape(INSTALL_HINT)):
+        find_trl_command(executable=str(tmp_path / "python"), search_path=str(tmp_path))
+
+
+@pytest.mark.skipif(
+    (Path(sys.executable).parent / "trl").exists(), reason="trl is installed beside python"
+)
+def test_default_command_without_trl_is_a_server_error(make_server, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    server = make_server(command=None)
+    with pytest.raises(VLLMServerError, match=re.escape(INSTALL_HINT)):
+        server.start()
+    assert not server.log_path.exists()
+
+
+# ---------------------------------------------------------------- configuration
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"model": ""}, "model"),
+        ({"model": None}, "model"),
+        ({"port": 0}, "port"),
+        ({"port": 70000}, "port"),
+        ({"port": True}, "port"),
+        ({"port": "8001"}, "port"),
+        ({"host": ""}, "host"),
+        ({"devices": ()}, "devices"),
+        ({"devices": [-1]}, "devices"),
+        ({"devices": [1, 1]}, "devices"),
+        ({"devices": "1"}, "devices"),
+        ({"devices": 1}, "devices"),
+        ({"devices": [1.0]}, "devices"),
+        ({"devices": [True]}, "devices"),
+        ({"max_model_len": 0}, "max_model_len"),
+        ({"max_model_len": 1.5}, "max_model_len"),
+        ({"gpu_memory_utilization": 0}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": 1.01}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": math.nan}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": True}, "gpu_memory_utilization"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+        ({"data_parallel_size": -1}, "data_parallel_size"),
+        ({"extra_args": "--enforce-eager"}, "extra_args"),
+        ({"extra_args": ["--port", 1]}, "extra_args"),
+        ({"command": "trl vllm-serve"}, "command"),
+        ({"command": []}, "command"),
+        ({"command": ["trl", ""]}, "command"),
+        ({"env": "A=1"}, "env"),
+        ({"env": {"": "x"}}, "env"),
+        ({"log_path": ""}, "log_path"),
+        ({"startup_timeout": 0}, "startup_timeout"),
+        ({"startup_timeout": -1.0}, "startup_timeout"),
+        ({"shutdown_timeout": 0}, "shutdown_timeout"),
+        ({"shutdown_timeout": math.inf}, "shutdown_timeout"),
+        ({"progress_interval": 0}, "progress_interval"),
+        ({"handle_sigterm": "yes"}, "handle_sigterm"),
+    ],
+)
+def test_bad_input_is_a_config_error_naming_field_and_value(kwargs, field):
+    model = kwargs.pop("model", MODEL)
+    with pytest.raises(ConfigError) as info:
+        VLLMServer(model, **kwargs)
+    assert info.value.field == field
+    assert str(info.value).startswith(f"{field}=")
+    if field not in ("env", "devices"):
+        value = kwargs.get(field, model)
+        assert repr(value) in str(info.value)
+
+
+def test_env_values_are_not_echoed_in_errors():
+    with pytest.raises(ConfigError) as info:
+        VLLMServer(MODEL, env={"HF_TOKEN": 987654321})
+    assert "HF_TOKEN" in str(info.value)
+    assert "987654321" not in str(info.value)
+
+
+def test_settings_are_checked_when_changed_too():
+    server = VLLMServer(MODEL)
+    with pytest.raises(ConfigError, match="port="):
+        server.port = 0
+
+
+def test_repr_shows_no_environment():
+    server = VLLMServer(MODEL, env={"HF_TOKEN": "hf_secret"}, command=FAKE)
+    assert "hf_secret" not in repr(server)
+    assert "fake/model" in repr(server)
+
+
+def test_defaults_match_the_contract():
+    server = VLLMServer(MODEL)
+    assert (server.port, server.host, server.devices) == (8001, "127.0.0.1", (1,))
+    assert (server.startup_timeout, server.shutdown_timeout) == (600.0, 30.0)
+    assert server.base_url == "http://127.0.0.1:8001"
+    assert (server.pid, server.log_path, server.argv) == (None, None, None)
+    assert server.serve_args == tuple(
+        vllm_serve_args(MODEL, host="127.0.0.1", port=8001, gpu_memory_utilization=0.9)
+    )
+    assert VLLMServer(MODEL, host="0.0.0.0").base_url == "http://127.0.0.1:8001"
+    assert VLLMServer(MODEL, host="::1", port=9).base_url == "http://[::1]:9"
+    assert VLLMServer(MODEL, host="::", port=9).base_url == "http://[::1]:9"
+
+
+def test_sigterm_guard_raises_once_and_restores_the_default(default_sigterm):
+    guard = _SigtermGuard()
+    assert guard.acquire()
+    assert guard.acquire()  # a second server shares the handler
+    assert signal.getsignal(signal.SIGTERM) == guard.handle
+    with pytest.raises(SystemExit) as info:
+        guard.handle(signal.SIGTERM, None)
+    assert info.value.code == 143
+    guard.handle(signal.SIGTERM, None)  # again while stopping: ignored, no exception
+    guard.release()
+    assert signal.getsignal(signal.SIGTERM) == guard.handle
+    guard.release()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_sigterm_guard_is_not_installed_from_another_thread(default_sigterm):
+    guard = _SigtermGuard()
+    results: list[bool] = []
+    thread = threading.Thread(target=lambda: results.append(guard.acquire()))
+    thread.start()
+    thread.join()
+    assert results == [False]
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+# ---------------------------------------------------------------- log file
+
+
+def test_an_existing_log_is_appended_to_and_the_tail_is_this_runs(make_server, tmp_path):
+    log_path = tmp_path / "kept.log"
+    log_path.write_text("previous run: do not lose me\n")
+    server = make_server(log_path=log_path, env={"FAKE_VLLM_CRASH": "2:second run failed"})
+    with pytest.raises(VLLMServerExited) as info:
+        server.start()
+    text = log_path.read_text()
+    assert text.startswith("previous run: do not lose me\n")
+    assert "second run failed" in text
+    assert "second run failed" in info.value.log_tail
+    assert "previous run" not in info.value.log_tail
+
+
+def test_a_log_directory_gets_a_per_port_file(make_server, tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    server = make_server(log_path=logs)
+    with server:
+        pass
+    assert server.log_path == logs / f"vllm-serve-{server.port}.log"
+    assert "Uvicorn running" in server.log_path.read_text()
+
+
+def test_default_log_goes_to_a_fresh_temp_dir_and_is_logged(make_server, caplog):
+    caplog.set_level(logging.INFO, logger="verirl.vllm_server")
+    server = make_server(log_path=None)
+    try:
+        with server:
+            path = server.log_path
+            assert path is not None
+            assert path.name == f"vllm-serve-{server.port}.log"
+            assert path.parent.name.startswith("verirl-vllm-")
+        assert "Uvicorn running" in path.read_text()
+        assert any(str(path) in record.getMessage() for record in caplog.records)
+    finally:
+        if server.log_path is not None and server.log_path.parent.name.startswith("verirl-vllm-"):
+            shutil.rmtree(server.log_path.parent)
+
+
+def test_read_log_tail_keeps_the_last_lines_after_the_offset(tmp_path):
+    path = tmp_path / "x.log"
+    path.write_text("old\n" + "".join(f"line {i}\n" for i in range(100)))
+    assert read_log_tail(path, lines=2) == "line 98\nline 99\n"
+    assert read_log_tail(path, start=len("old\n"), lines=1000).startswith("line 0\n")
+    assert read_log_tail(tmp_path / "missing.log") == ""
+    assert VLLMServer(MODEL).log_tail() == ""
+
+
+def test_read_log_tail_of_a_huge_log_drops_the_cut_first_line(tmp_path):
+    path = tmp_path / "big.log"
+    path.write_text("x" * 200_000 + "\nlast line\n")
+    assert read_log_tail(path) == "last line\n"
+
+
+# ---------------------------------------------------------------- SIGTERM / SIGKILL of the trainer
+
+
+@pytest.fixture
+def default_sigterm():
+    """Act as a trainer with the default SIGTERM (coverage's `sigterm = true` installs one)."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_to_the_trainer_unwinds_the_block_and_restores_the_handler(
+    make_server, default_sigterm
+):
+    server = make_server(tensor_parallel_size=2, devices=(0, 1))
+    with pytest.raises(SystemExit) as info, server:  # noqa: PT012 - the block is what is tested
+        procs = tree(server)
+        handler = signal.getsignal(signal.SIGTERM)
+        # Without a handler, raise_signal would kill pytest itself.
+        assert handler not in (signal.SIG_DFL, signal.SIG_IGN, None)
+        signal.raise_signal(signal.SIGTERM)
+        pytest.fail("SIGTERM did not leave the with-block")
+    assert info.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    assert not survivors(procs)
+
+
+def test_a_sigterm_handler_of_the_program_is_left_alone(make_server):
+    def mine(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        with make_server():
+            assert signal.getsignal(signal.SIGTERM) is mine
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+HOLDER = """
+import json, signal, sys, time
+import requests
+from verirl.vllm_server import VLLMServer
+
+# A trainer with the default SIGTERM disposition (coverage's `sigterm = true` installs its own).
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+port, log_path, handle = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+command = [sys.executable, "-m", "fakes.vllm_serve"]
+with VLLMServer(
+    "fake/model", port=port, command=command, log_path=log_path, handle_sigterm=handle,
+    tensor_parallel_size=2, devices=(0, 1), startup_timeout=30, shutdown_timeout=5,
+) as server:
+    pids = requests.get(server.base_url + "/verirl/workers/", timeout=5).json()["pids"]
+    print(json.dumps({"server": server.pid, "workers": pids}), flush=True)
+    while True:
+        time.sleep(3600)
+"""
+
+
+@pytest.mark.parametrize(
+    ("sig", "handle_sigterm", "returncode"),
+    [
+        pytest.param(signal.SIGTERM, True, 128 + signal.SIGTERM, id="sigterm-handled"),
+        pytest.param(signal.SIGTERM, False, -signal.SIGTERM, id="sigterm-death-signal"),
+        pytest.param(signal.SIGKILL, True, -signal.SIGKILL, id="sigkill-death-signal"),
+    ],
+)
+def test_killing_the_trainer_leaves_no_server_or_worker(tmp_path, sig, handle_sigterm, returncode):
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            HOLDER,
+            str(free_port()),
+            str(tmp_path / "server.log"),
+            "1" if handle_sigterm else "0",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    procs: list[psutil.Process] = []
+    try:
+        line = holder.stdout.readline()
+        assert line, "the holder exited before its server was ready"
+        reported = json.loads(line)
+        procs = processes([reported["server"], *reported["workers"]])
+        assert len(procs) == 3
+        holder.send_signal(sig)
+        assert holder.wait(timeout=20) == returncode
+        assert not survivors(procs, timeout=10)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+        holder.stdout.close()
+        for process in survivors(procs):
+            process.kill()
+
+
+# ---------------------------------------------------------------- from_topology
+
+
+@attrs.frozen
+class StandInTopology:
+    mode: str = "server"
+    is_local_server: bool = True
+    vllm_devices: tuple[int, ...] = (2, 3)
+    host: str = "127.0.0.1"
+    port: int = 8123
+    max_model_len: int = 4096
+    gpu_memory_utilization: float = 0.8
+    tensor_parallel_size: int = 2
+    data_parallel_size: int = 1
+    remote_host: str | None = None
+
+
+def test_from_topology_takes_gpus_address_and_flags():
+    server = VLLMServer.from_topology(StandInTopology(), model=MODEL, shutdown_timeout=3.0)
+    assert server.devices == (2, 3)
+    assert (server.host, server.port, server.shutdown_timeout) == ("127.0.0.1", 8123, 3.0)
+    assert server.serve_args == tuple(
+        vllm_serve_args(
+            MODEL,
+            host="127.0.0.1",
+            port=8123,
+            gpu_memory_utilization=0.8,
+            max_model_len=4096,
+            tensor_parallel_size=2,
+        )
+    )
+    assert VLLMServer.from_topology(StandInTopology(), model=MODEL, port=9000).port == 9000
+
+
+def test_from_topology_refuses_colocate_and_remote_modes():
+    colocate = StandInTopology(mode="colocate", is_local_server=False)
+    with pytest.raises(ConfigError, match="colocate") as info:
+        VLLMServer.from_topology(colocate, model=MODEL)
+    assert info.value.field == "topology.mode"
+    remote = StandInTopology(is_local_server=False, remote_host="vllm-node")
+    with pytest.raises(ConfigError, match=r"vllm-node.*mode='server'"):
+        VLLMServer.from_topology(remote, model=MODEL)
+
+
+def test_from_topology_with_the_real_topology():
+    topology = VLLMTopology.plan(4, max_model_len=8192)
+    server = VLLMServer.from_topology(topology, model=MODEL)
+    assert server.devices == topology.vllm_devices
+    assert list(server.serve_args) == topology.serve_args(MODEL)
+    with pytest.raises(ConfigError, match="mode"):
+        VLLMServer.from_topology(VLLMTopology.plan(1, max_model_len=8192), model=MODEL)

@@ -1,0 +1,1147 @@
+"""Run ``trl vllm-serve`` for the length of a ``with`` block, and never leave a process behind.
+
+::
+
+    from verirl import VLLMServer
+
+    with VLLMServer("Qwen/Qwen3-0.6B", devices=(1,), max_model_len=4096) as server:
+        trainer.train()  # GRPOConfig(vllm_server_port=server.port, ...)
+
+`VLLMServer.start` (what ``with`` calls) refuses a port that is already bound,
+launches the server in its own session with a scrubbed environment, its output
+in a log file, and waits until ``GET /health/`` answers 200. `VLLMServer.stop`
+(what leaving the block calls, whatever the reason) sends SIGTERM to the
+server's process group and to every descendant that left it, waits up to
+``shutdown_timeout`` and SIGKILLs what is left.
+
+If the trainer dies first, the server goes too: on Linux the child asks the
+kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), which covers a
+SIGKILLed trainer, and while a server runs a SIGTERM sent to the trainer (a
+preemption) raises ``SystemExit(143)`` in the main thread so that the ``with``
+block unwinds and the full teardown runs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import errno
+import functools
+import logging
+import math
+import os
+import queue
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import types
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import psutil
+import requests
+
+from verirl._poll import Backoff, poll
+from verirl._serve_args import vllm_serve_args
+from verirl._validate import check_int, check_number, check_port, check_text
+from verirl.errors import (
+    ConfigError,
+    PortInUseError,
+    VLLMServerError,
+    VLLMServerExited,
+    VLLMStartupTimeout,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = [
+    "SCRUBBED_ENV_PREFIXES",
+    "SCRUBBED_ENV_VARS",
+    "ServerTopology",
+    "VLLMServer",
+    "find_trl_command",
+    "map_visible_devices",
+    "read_log_tail",
+    "vllm_child_environ",
+]
+
+log = logging.getLogger(__name__)
+
+SCRUBBED_ENV_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+"""torch.distributed variables the server must not see: it would try to join the trainer's group."""
+
+SCRUBBED_ENV_PREFIXES = ("TORCHELASTIC_",)
+"""Prefixes of launcher variables dropped from the server's environment too."""
+
+INSTALL_HINT = "pip install 'verirl[vllm]'"
+_MARKER_VAR = "VERIRL_VLLM_SERVER_MARKER"
+_LOG_TAIL_LINES = 40
+_LOG_TAIL_BYTES = 64 * 1024
+_REQUEST_TIMEOUT_CAP = 5.0
+_KILL_WAIT = 5.0
+_PR_SET_PDEATHSIG = 1
+_HTTP_OK = 200
+_BACKOFF = Backoff(initial=0.02, factor=2.0, cap=1.0)
+
+
+# ---------------------------------------------------------------- protocols
+
+
+class ServerTopology(Protocol):
+    """What `VLLMServer.from_topology` reads; `verirl.VLLMTopology` provides it."""
+
+    @property
+    def mode(self) -> str:
+        """``"server"`` or ``"colocate"``."""
+
+    @property
+    def is_local_server(self) -> bool:
+        """Whether this machine runs ``trl vllm-serve`` itself."""
+
+    @property
+    def vllm_devices(self) -> tuple[int, ...]:
+        """GPU indices (as this process numbers them) for vLLM."""
+
+    @property
+    def host(self) -> str:
+        """Address the server binds."""
+
+    @property
+    def port(self) -> int:
+        """Port the server binds."""
+
+    @property
+    def max_model_len(self) -> int:
+        """The ``--max-model-len`` flag."""
+
+    @property
+    def gpu_memory_utilization(self) -> float:
+        """The ``--gpu-memory-utilization`` flag."""
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """The ``--tensor-parallel-size`` flag."""
+
+    @property
+    def data_parallel_size(self) -> int:
+        """The ``--data-parallel-size`` flag."""
+
+
+# ---------------------------------------------------------------- pure helpers
+
+
+def find_trl_command(
+    *, executable: str | None = None, search_path: str | None = None
+) -> tuple[str, ...]:
+    """The default command: the ``trl`` beside ``executable``, else on PATH, + ``vllm-serve``.
+
+    Looking beside the interpreter first finds the ``trl`` of the active
+    virtual environment even when that environment is not on ``PATH`` (as in
+    a Modal function or a cron job). ``executable`` defaults to
+    ``sys.executable``, ``search_path`` to ``$PATH``. Raises `VLLMServerError`
+    saying how to install it when there is none.
+    """
+    interpreter = Path(sys.executable if executable is None else executable)
+    beside = interpreter.parent / "trl"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return (str(beside), "vllm-serve")
+    found = shutil.which("trl", path=search_path)
+    if found:
+        return (found, "vllm-serve")
+    raise VLLMServerError(
+        f"cannot find the `trl` command (looked beside {interpreter} and on PATH); "
+        f"install the serving extra with `{INSTALL_HINT}`, or pass command=[...]"
+    )
+
+
+def _is_scrubbed(name: str) -> bool:
+    return name in SCRUBBED_ENV_VARS or name.startswith(SCRUBBED_ENV_PREFIXES)
+
+
+def map_visible_devices(devices: Iterable[int], parent_visible: str | None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for the child: ``devices`` index the GPUs the parent sees.
+
+    With the parent's ``CUDA_VISIBLE_DEVICES=4,5,6,7``, ``devices=(1,)`` gives
+    ``"5"`` (torch's numbering, which `verirl.VLLMTopology` uses). Unset in the
+    parent, the indices pass through. An index past the parent's list is a
+    `ConfigError`.
+    """
+    chosen = tuple(devices)
+    if parent_visible is None:
+        return ",".join(str(device) for device in chosen)
+    visible = [entry.strip() for entry in parent_visible.split(",") if entry.strip()]
+    for device in chosen:
+        if device >= len(visible):
+            raise ConfigError.invalid(
+                "devices",
+                chosen,
+                f"GPU index {device} is beyond the {len(visible)} GPU(s) this process sees "
+                f"(CUDA_VISIBLE_DEVICES={parent_visible!r})",
+            )
+    return ",".join(visible[device] for device in chosen)
+
+
+def vllm_child_environ(
+    environ: Mapping[str, str],
+    *,
+    devices: Iterable[int],
+    env: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The server's environment: a scrubbed copy of ``environ``, then ``env`` on top.
+
+    Drops `SCRUBBED_ENV_VARS` and ``TORCHELASTIC_*`` (a vLLM server that sees
+    ``RANK``/``MASTER_PORT`` tries to join the trainer's process group), sets
+    ``CUDA_VISIBLE_DEVICES`` (see `map_visible_devices`) and
+    ``PYTHONUNBUFFERED=1`` (so the log file is current), then applies ``env``,
+    which may override those two but never re-adds a scrubbed variable (that
+    one is dropped with a warning). ``environ`` itself is not modified.
+    """
+    child = {name: value for name, value in environ.items() if not _is_scrubbed(name)}
+    child["CUDA_VISIBLE_DEVICES"] = map_visible_devices(
+        devices, environ.get("CUDA_VISIBLE_DEVICES")
+    )
+    child["PYTHONUNBUFFERED"] = "1"
+    for name, value in (env or {}).items():
+        if _is_scrubbed(name):
+            log.warning(
+                "not passing %s to the vLLM server: it must not join the trainer's group", name
+            )
+            continue
+        child[name] = value
+    return child
+
+
+def read_log_tail(path: Path | str, *, lines: int = _LOG_TAIL_LINES, start: int = 0) -> str:
+    """The last ``lines`` lines of the log at ``path`` from byte offset ``start`` ("" if none)."""
+    try:
+        with Path(path).open("rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            begin = max(start, size - _LOG_TAIL_BYTES)
+            handle.seek(begin)
+            data = handle.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    kept = text.splitlines()
+    if begin > start and kept:  # the first line was cut by the byte window
+        kept = kept[1:]
+    return "\n".join(kept[-lines:]) + ("\n" if kept else "")
+
+
+def _connect_host(host: str) -> str:
+    """The address to reach a server bound to ``host`` (a wildcard means loopback)."""
+    if host in ("0.0.0.0", ""):  # noqa: S104 - mapping the wildcard to loopback, not binding it
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Raise `PortInUseError` if ``host:port`` cannot be bound.
+
+    SO_REUSEADDR is set as uvicorn sets it, so that connections lingering in
+    TIME_WAIT from a previous server do not count as "in use" while a socket
+    that is listening does.
+    """
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError.invalid("host", host, f"cannot be resolved ({exc.strerror})") from None
+    unavailable: list[str] = []
+    for family, kind, proto, _, address in dict.fromkeys(
+        (family, kind, proto, "", address) for family, kind, proto, _, address in addresses
+    ):
+        try:
+            probe = socket.socket(family, kind, proto)
+        except OSError:  # e.g. no IPv6 on this kernel
+            unavailable.append(str(address[0]))
+            continue
+        with probe:
+            if os.name == "posix":
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise PortInUseError(port, host) from None
+                if exc.errno != errno.EADDRNOTAVAIL:
+                    raise VLLMServerError(
+                        f"port={port}: cannot bind {host}: {exc.strerror}"
+                    ) from exc
+                unavailable.append(str(address[0]))
+    if len(unavailable) == len(addresses):
+        raise ConfigError.invalid("host", host, "is not an address of this machine")
+
+
+# ---------------------------------------------------------------- converters, validators
+
+
+def _to_devices(value: Iterable[int]) -> tuple[int, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ConfigError.invalid("devices", value, "must be a sequence of GPU indices, e.g. (1,)")
+    items: tuple[object, ...] = tuple(value)
+    if not items:
+        raise ConfigError.invalid("devices", value, "must name at least one GPU")
+    devices: list[int] = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise ConfigError.invalid("devices", value, "GPU indices must be integers >= 0")
+        devices.append(item)
+    if len(set(devices)) != len(devices):
+        raise ConfigError.invalid("devices", value, "GPU indices must be unique")
+    return tuple(devices)
+
+
+def _to_strings(field: str, value: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ConfigError.invalid(field, value, "must be a sequence of strings, not one string")
+    items = tuple(value)
+    if not all(isinstance(item, str) for item in items):
+        raise ConfigError.invalid(field, value, "must contain only strings")
+    return items
+
+
+def _to_extra_args(value: Iterable[str]) -> tuple[str, ...]:
+    return _to_strings("extra_args", value)
+
+
+def _to_command(value: Iterable[str] | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    command = _to_strings("command", value)
+    if not command or not all(command):
+        raise ConfigError.invalid("command", value, "must be a non-empty list of non-empty strings")
+    return command
+
+
+def _to_env(value: Mapping[str, str] | None) -> Mapping[str, str]:
+    if value is None:
+        return types.MappingProxyType({})
+    if not isinstance(value, Mapping):
+        raise ConfigError.invalid("env", type(value).__name__, "must be a mapping of str to str")
+    pairs: list[tuple[object, object]] = list(value.items())
+    for name, item in pairs:
+        if not isinstance(name, str) or not name or "=" in name:
+            raise ConfigError.invalid("env", name, "variable names must be non-empty, without '='")
+        if not isinstance(item, str):
+            # The value is not echoed: environment values may be secrets.
+            raise ConfigError.invalid(
+                "env", name, f"value must be a str, not {type(item).__name__}"
+            )
+    return types.MappingProxyType(dict(value))
+
+
+def _to_log_path(value: str | os.PathLike[str] | None) -> Path | None:
+    if value is None:
+        return None
+    raw: object = value
+    if not isinstance(raw, (str, os.PathLike)) or not os.fspath(raw):
+        raise ConfigError.invalid("log_path", value, "must be a non-empty path or None")
+    return Path(value)
+
+
+def _field_name(attribute: attrs.Attribute[Any]) -> str:
+    return attribute.alias or attribute.name
+
+
+def _v_text(_: object, attribute: attrs.Attribute[str], value: object) -> None:
+    check_text(_field_name(attribute), value)
+
+
+def _v_port(_: object, attribute: attrs.Attribute[int], value: object) -> None:
+    check_port(_field_name(attribute), value)
+
+
+def _v_count(_: object, attribute: attrs.Attribute[int], value: object) -> None:
+    check_int(_field_name(attribute), value, 1)
+
+
+def _v_max_model_len(_: object, attribute: attrs.Attribute[int | None], value: object) -> None:
+    if value is not None:
+        check_int(_field_name(attribute), value, 1)
+
+
+def _v_fraction(_: object, attribute: attrs.Attribute[float], value: object) -> None:
+    check_number(_field_name(attribute), value, positive=True, at_most=1.0)
+
+
+def _v_timeout(_: object, attribute: attrs.Attribute[float], value: object) -> None:
+    check_number(_field_name(attribute), value, positive=True)
+
+
+def _v_finite_timeout(_: object, attribute: attrs.Attribute[float], value: object) -> None:
+    seconds = check_number(_field_name(attribute), value, positive=True)
+    if math.isinf(seconds):
+        raise ConfigError.invalid(_field_name(attribute), value, "must be finite")
+
+
+def _v_bool(_: object, attribute: attrs.Attribute[bool], value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError.invalid(_field_name(attribute), value, "must be True or False")
+
+
+# ---------------------------------------------------------------- spawning
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """The C library's ``prctl`` (Linux only), resolved in the parent, not the forked child."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong]
+    function.restype = ctypes.c_int
+    return function
+
+
+def _death_signal_preexec() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking the kernel to SIGTERM the child when its parent dies.
+
+    SIGTERM rather than SIGKILL, so that the server still stops its own
+    workers. If the parent already died between fork and ``prctl`` (then
+    ``getppid`` no longer names it), the child exits at once.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+    sigterm = int(signal.SIGTERM)
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, sigterm, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+_Job = tuple[Callable[[], Any], Future[Any]]
+
+
+class _Spawner:
+    """Starts child processes from one long-lived daemon thread.
+
+    Linux sends ``PR_SET_PDEATHSIG`` when the *thread* that forked the child
+    exits, not the process. A server started from a short-lived thread (a
+    thread pool overlapping startup with other work) would be killed as soon
+    as that thread finished, so every spawn goes through this thread instead,
+    which lives as long as the process.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[_Job] | None = None
+
+    def submit(self, job: Callable[[], subprocess.Popen[bytes]]) -> Future[subprocess.Popen[bytes]]:
+        with self._lock:
+            if self._jobs is None:
+                self._jobs = queue.SimpleQueue()
+                thread = threading.Thread(
+                    target=self._run, args=(self._jobs,), name="verirl-vllm-spawner", daemon=True
+                )
+                thread.start()
+            jobs = self._jobs
+        future: Future[subprocess.Popen[bytes]] = Future()
+        jobs.put((job, future))
+        return future
+
+    @staticmethod
+    def _run(jobs: queue.SimpleQueue[_Job]) -> None:
+        while True:
+            job, future = jobs.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = job()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+    def reset_after_fork(self) -> None:
+        """A forked child has no spawner thread; start a fresh one on demand."""
+        self._lock = threading.Lock()
+        self._jobs = None
+
+
+_SPAWNER = _Spawner()
+
+
+def _spawn(job: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    """Run ``job`` on the spawner thread; if interrupted meanwhile, kill what it started."""
+    future = _SPAWNER.submit(job)
+    interrupted: BaseException | None = None
+    while not future.done():
+        try:
+            wait_futures([future])
+        except BaseException as exc:  # noqa: BLE001, PERF203 - re-raised below, once the child is known
+            interrupted = interrupted or exc
+    if interrupted is not None:
+        if future.exception() is None:
+            popen = future.result()
+            with contextlib.suppress(OSError):
+                os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait()
+        raise interrupted
+    return future.result()
+
+
+# ---------------------------------------------------------------- SIGTERM of the trainer
+
+
+class _SigtermGuard:
+    """Turns the trainer's SIGTERM into ``SystemExit(143)`` while servers run.
+
+    Installed from the main thread only (Python delivers signals there), and
+    only over the default disposition: a handler the program installed itself,
+    or SIG_IGN, is left alone. Reference-counted across servers; the default
+    is restored when the last one stops. The exception is raised once: a
+    second SIGTERM during the teardown is logged and ignored.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+        self.installed = False
+        self.fired = False
+
+    def handle(self, signum: int, _frame: object) -> None:
+        if self.users == 0:  # no server left (released off the main thread): act as the default
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if self.fired:
+            log.warning("SIGTERM received again while stopping the vLLM server; ignored")
+            return
+        self.fired = True
+        log.warning("SIGTERM received: exiting so that the vLLM server is stopped first")
+        raise SystemExit(128 + signum)
+
+    def acquire(self) -> bool:
+        """Count a running server; install the handler if possible. True if counted."""
+        if threading.current_thread() is not threading.main_thread():
+            log.debug("not in the main thread: SIGTERM is left to the death signal")
+            return False
+        with self.lock:
+            if self.users == 0:
+                current = signal.getsignal(signal.SIGTERM)
+                if current == self.handle:
+                    self.installed = True
+                elif current == signal.SIG_DFL:
+                    try:
+                        signal.signal(signal.SIGTERM, self.handle)
+                    except ValueError:  # not the main interpreter
+                        return False
+                    self.installed = True
+                else:
+                    log.debug("SIGTERM already has a handler (%r); leaving it", current)
+                    self.installed = False
+                self.fired = False
+            self.users += 1
+        return True
+
+    def release(self) -> None:
+        """Uncount a server; restore the default disposition after the last one."""
+        with self.lock:
+            self.users = max(self.users - 1, 0)
+            if self.users or not self.installed:
+                return
+            on_main = threading.current_thread() is threading.main_thread()
+            if on_main and signal.getsignal(signal.SIGTERM) == self.handle:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                self.installed = False
+
+    def reset_after_fork(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+        self.fired = False
+
+
+_SIGTERM = _SigtermGuard()
+_RUNNING: set[VLLMServer] = set()
+
+
+def _stop_all_at_exit() -> None:
+    for server in list(_RUNNING):
+        server.stop()
+
+
+def _after_fork_in_child() -> None:
+    # The child inherits neither the servers (they are the parent's) nor the threads.
+    _RUNNING.clear()
+    _SPAWNER.reset_after_fork()
+    _SIGTERM.reset_after_fork()
+
+
+atexit.register(_stop_all_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# ---------------------------------------------------------------- the process tree
+
+
+def _alive(process: psutil.Process) -> bool:
+    """Running and not a zombie (an orphan's zombie may never be reaped in a container)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
+
+
+def _marked_processes(marker: str, since: float) -> Iterator[psutil.Process]:
+    """Processes created after ``since`` whose environment carries ``marker``.
+
+    Every process the server starts inherits the marker, so this finds its
+    workers even after they left its session and were orphaned.
+    """
+    me = os.getpid()
+    for process in psutil.process_iter():
+        try:
+            if process.pid == me or process.create_time() < since:
+                continue
+            if process.environ().get(_MARKER_VAR) == marker:
+                yield process
+        except (psutil.Error, OSError):
+            continue
+
+
+@attrs.define(eq=False)
+class _ProcessTree:
+    """The server process, its group, and every descendant ever seen."""
+
+    popen: subprocess.Popen[bytes]
+    marker: str
+    leader: psutil.Process | None = attrs.field(default=None, init=False)
+    since: float = attrs.field(default=0.0, init=False)
+    seen: dict[int, psutil.Process] = attrs.field(factory=dict, init=False)
+    stopping: threading.Event = attrs.field(factory=threading.Event, init=False)
+    ready: bool = attrs.field(default=False, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        try:
+            self.leader = psutil.Process(self.popen.pid)
+            self.since = self.leader.create_time() - 1.0
+        except psutil.Error:
+            self.since = time.time() - 60.0
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def exited(self) -> bool:
+        """Whether the server process has exited, without reaping it."""
+        return self.popen.returncode is not None or self.exit_status() is not None
+
+    def exit_status(self) -> int | None:
+        """The exit code (negative: killed by that signal) once exited, without reaping.
+
+        Not reaping keeps the server's pid (which is also its group id)
+        reserved, so a later ``killpg`` cannot reach an unrelated group that
+        reused the number.
+        """
+        if self.popen.returncode is not None:
+            return self.popen.returncode
+        if hasattr(os, "waitid"):
+            flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+            try:
+                info = os.waitid(os.P_PID, self.popen.pid, flags)
+            except ChildProcessError:
+                return self.popen.poll()
+            if info is None:
+                return None
+            return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        return self.popen.poll()
+
+    def collect(self) -> None:
+        """Remember current descendants and marked orphans (pid + creation time)."""
+        found: list[psutil.Process] = []
+        if self.leader is not None:
+            with contextlib.suppress(psutil.Error):
+                found += self.leader.children(recursive=True)
+        found += [p for p in _marked_processes(self.marker, self.since) if p.pid != self.pid]
+        for process in found:
+            known = self.seen.get(process.pid)
+            if known is None or not _alive(known):
+                self.seen[process.pid] = process
+
+    def signal_all(self, sig: int) -> None:
+        """``sig`` to the group, and to each remembered descendant outside it."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+        for process in self.seen.values():
+            if sig == signal.SIGTERM:
+                with contextlib.suppress(OSError):
+                    if os.getpgid(process.pid) == self.pid:
+                        continue  # the group signal reached it
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(sig)  # psutil refuses a pid that was reused
+
+    def survivors(self) -> list[psutil.Process]:
+        return [process for process in self.seen.values() if _alive(process)]
+
+    def wait_gone(self, deadline: float) -> bool:
+        """Wait until the server and every remembered descendant are gone; False at deadline."""
+        delay = 0.001
+        while True:
+            if self.exited() and not self.survivors():
+                return True
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, 0.02)
+
+    def shutdown(self, grace: float) -> bool:
+        """SIGTERM everything, ``grace`` seconds, SIGKILL the rest, reap. True if it was clean.
+
+        Interrupted (a second Ctrl-C), it skips the grace, SIGKILLs at once,
+        reaps and re-raises.
+        """
+        clean = False
+        try:
+            self.collect()
+            self.signal_all(signal.SIGTERM)
+            clean = self.wait_gone(time.monotonic() + grace)
+            if not clean:
+                log.warning(
+                    "vLLM server pid %d still running %.1fs after SIGTERM; sending SIGKILL "
+                    "(processes: %s)",
+                    self.pid,
+                    grace,
+                    ", ".join(str(p.pid) for p in self.survivors()) or "the server itself",
+                )
+            # Always a last sweep: anything forked during the shutdown, or orphaned.
+            self.collect()
+            self.signal_all(signal.SIGKILL)
+            if not self.wait_gone(time.monotonic() + _KILL_WAIT):
+                log.error(
+                    "processes of the vLLM server survive SIGKILL (stuck in the kernel?): %s",
+                    ", ".join(str(p.pid) for p in self.survivors()),
+                )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.signal_all(signal.SIGKILL)
+            raise
+        finally:
+            try:
+                self.popen.wait(timeout=_KILL_WAIT)
+            except subprocess.TimeoutExpired:
+                log.exception("vLLM server pid %d could not be reaped", self.pid)
+        return clean
+
+
+class _ServerExitedError(Exception):
+    """Raised inside the readiness poll when the server process is gone."""
+
+
+class _StartCancelledError(Exception):
+    """Raised inside the readiness poll when `VLLMServer.stop` was called meanwhile."""
+
+
+def _health_check(session: requests.Session, url: str, time_left: float) -> str | None:
+    """One ``GET`` of the health URL: ``None`` on 200, else a short reason."""
+    timeout = max(min(time_left, _REQUEST_TIMEOUT_CAP), 0.01)
+    try:
+        with session.get(url, timeout=timeout) as response:
+            status = response.status_code
+    except requests.Timeout:
+        return "timed out"
+    except requests.ConnectionError:
+        return "connection refused"
+    except requests.RequestException as exc:
+        return type(exc).__name__
+    return None if status == _HTTP_OK else f"HTTP {status}"
+
+
+# ---------------------------------------------------------------- the server
+
+
+@attrs.define(eq=False, repr=False)
+class VLLMServer:
+    """``trl vllm-serve`` as a context manager: started healthy, stopped with its whole tree.
+
+    Arguments mirror ``trl vllm-serve``'s flags (see `vllm_serve_args`), plus:
+
+    - ``devices``: GPU indices *as this process numbers them* (mapped through
+      the parent's ``CUDA_VISIBLE_DEVICES``);
+    - ``command``: the program to run instead of ``trl vllm-serve``, e.g.
+      ``[sys.executable, "-m", "fakes.vllm_serve"]``;
+    - ``env``: variables added to the inherited (scrubbed) environment; see
+      `vllm_child_environ`;
+    - ``log_path``: where stdout and stderr go. An existing file is appended
+      to, never truncated; a directory gets ``vllm-serve-<port>.log``;
+      ``None`` means a fresh ``verirl-vllm-*`` temp directory (left in place,
+      so the log outlives a failure);
+    - ``startup_timeout`` / ``shutdown_timeout``: seconds to become healthy /
+      to stop after SIGTERM before SIGKILL;
+    - ``progress_interval``: seconds between "still starting" log lines;
+    - ``handle_sigterm``: while running, turn the trainer's SIGTERM into
+      ``SystemExit(143)`` so the ``with`` block unwinds (main thread only,
+      and only when SIGTERM has no handler yet).
+
+    Every argument is checked here and a bad one raises `ConfigError`. Failing
+    to start raises `PortInUseError` (nothing spawned), `VLLMServerExited` or
+    `VLLMStartupTimeout` (both after the process tree is gone), or
+    `VLLMServerError` (no launch command).
+    """
+
+    model: str = attrs.field(validator=_v_text)
+    port: int = attrs.field(default=8001, kw_only=True, validator=_v_port)
+    host: str = attrs.field(default="127.0.0.1", kw_only=True, validator=_v_text)
+    devices: tuple[int, ...] = attrs.field(default=(1,), kw_only=True, converter=_to_devices)
+    max_model_len: int | None = attrs.field(default=None, kw_only=True, validator=_v_max_model_len)
+    gpu_memory_utilization: float = attrs.field(default=0.9, kw_only=True, validator=_v_fraction)
+    tensor_parallel_size: int = attrs.field(default=1, kw_only=True, validator=_v_count)
+    data_parallel_size: int = attrs.field(default=1, kw_only=True, validator=_v_count)
+    extra_args: tuple[str, ...] = attrs.field(default=(), kw_only=True, converter=_to_extra_args)
+    command: tuple[str, ...] | None = attrs.field(default=None, kw_only=True, converter=_to_command)
+    env: Mapping[str, str] = attrs.field(default=None, kw_only=True, converter=_to_env, repr=False)
+    _log_path: Path | None = attrs.field(
+        default=None, kw_only=True, converter=_to_log_path, alias="log_path"
+    )
+    startup_timeout: float = attrs.field(default=600.0, kw_only=True, validator=_v_timeout)
+    shutdown_timeout: float = attrs.field(default=30.0, kw_only=True, validator=_v_finite_timeout)
+    progress_interval: float = attrs.field(default=30.0, kw_only=True, validator=_v_timeout)
+    handle_sigterm: bool = attrs.field(default=True, kw_only=True, validator=_v_bool)
+
+    _tree: _ProcessTree | None = attrs.field(default=None, init=False, repr=False)
+    _argv: tuple[str, ...] | None = attrs.field(default=None, init=False, repr=False)
+    _active_log: Path | None = attrs.field(default=None, init=False, repr=False)
+    _log_offset: int = attrs.field(default=0, init=False, repr=False)
+    _holds_sigterm: bool = attrs.field(default=False, init=False, repr=False)
+    _owner: int = attrs.field(factory=os.getpid, init=False, repr=False)
+    _lock: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        wanted = self.tensor_parallel_size * self.data_parallel_size
+        if len(self.devices) < wanted:
+            log.warning(
+                "devices=%s has %d GPU(s) but tensor_parallel_size * data_parallel_size = %d",
+                self.devices,
+                len(self.devices),
+                wanted,
+            )
+
+    @classmethod
+    def from_topology(
+        cls,
+        topology: ServerTopology,
+        *,
+        model: str,
+        **overrides: Any,  # noqa: ANN401 - forwarded to the constructor, which checks them
+    ) -> Self:
+        """A server for ``topology``'s vLLM GPUs, host, port and flags; ``overrides`` win.
+
+        A topology that runs no local server (colocate mode, or vLLM on a
+        remote host) is a `ConfigError`.
+        """
+        if not topology.is_local_server:
+            remote = getattr(topology, "remote_host", None)
+            if remote:
+                raise ConfigError.invalid(
+                    "topology.remote_host",
+                    remote,
+                    f"vLLM runs on that host (mode={topology.mode!r}); no local server to start",
+                )
+            raise ConfigError.invalid(
+                "topology.mode",
+                topology.mode,
+                "only server mode runs a local trl vllm-serve "
+                "(in colocate mode TRL runs vLLM inside the trainer)",
+            )
+        settings: dict[str, Any] = {
+            "devices": topology.vllm_devices,
+            "host": topology.host,
+            "port": topology.port,
+            "max_model_len": topology.max_model_len,
+            "gpu_memory_utilization": topology.gpu_memory_utilization,
+            "tensor_parallel_size": topology.tensor_parallel_size,
+            "data_parallel_size": topology.data_parallel_size,
+        }
+        settings.update(overrides)
+        return cls(model, **settings)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(model={self.model!r}, base_url={self.base_url!r}, "
+            f"devices={self.devices!r}, running={self.running}, pid={self.pid}, "
+            f"log_path={None if self.log_path is None else str(self.log_path)!r})"
+        )
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` (a wildcard host is reached over loopback)."""
+        return f"http://{_connect_host(self.host)}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The server process id while started, else ``None``."""
+        tree = self._tree
+        return None if tree is None else tree.pid
+
+    @property
+    def running(self) -> bool:
+        """Started, and the server process has not exited."""
+        tree = self._tree
+        return tree is not None and not tree.exited()
+
+    @property
+    def log_path(self) -> Path | None:
+        """The log file of the current (or last) run; the requested path before the first."""
+        return self._active_log or self._log_path
+
+    @property
+    def serve_args(self) -> tuple[str, ...]:
+        """The flags after the command: ``--model M --host H --port P ...`` then ``extra_args``."""
+        return tuple(
+            vllm_serve_args(
+                self.model,
+                host=self.host,
+                port=self.port,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                max_model_len=self.max_model_len,
+                tensor_parallel_size=self.tensor_parallel_size,
+                data_parallel_size=self.data_parallel_size,
+                extra_args=self.extra_args,
+            )
+        )
+
+    @property
+    def argv(self) -> tuple[str, ...] | None:
+        """The full command line of the current (or last) launch, ``None`` before one."""
+        return self._argv
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines this run wrote to its log ("" before a run)."""
+        if self._active_log is None:
+            return ""
+        return read_log_tail(self._active_log, lines=lines, start=self._log_offset)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Launch the server and return once ``GET /health/`` answers 200.
+
+        Checks come first and spawn nothing: the launch command, the GPU
+        mapping, the port. On any failure or interruption after the spawn,
+        the whole process tree is stopped before the exception propagates.
+        `stop` may be called from another thread meanwhile: the start then
+        ends promptly with `VLLMServerError`.
+        """
+        with self._lock:
+            if self._tree is not None:
+                raise VLLMServerError(f"the vLLM server on port {self.port} is already started")
+            argv = (*(self.command or find_trl_command()), *self.serve_args)
+            environ = vllm_child_environ(os.environ, devices=self.devices, env=self.env)
+            marker = uuid.uuid4().hex
+            environ[_MARKER_VAR] = marker
+            _check_port_free(self.host, self.port)
+            log_file = self._open_log(argv)
+            self._holds_sigterm = self.handle_sigterm and _SIGTERM.acquire()
+            try:
+                popen = _spawn(functools.partial(self._popen, argv, environ, log_file))
+            except OSError as exc:
+                self._release_sigterm()
+                raise VLLMServerError(
+                    f"command={argv[0]!r}: cannot be started ({exc.strerror or exc}); "
+                    f"for trl vllm-serve, `{INSTALL_HINT}`"
+                ) from exc
+            except BaseException:
+                self._release_sigterm()
+                raise
+            finally:
+                log_file.close()
+            tree = _ProcessTree(popen, marker)
+            self._tree = tree
+            self._argv = argv
+            self._owner = os.getpid()
+            _RUNNING.add(self)
+            log.info(
+                "started vLLM server (pid %d, GPUs %s) for %s at %s; log: %s",
+                popen.pid,
+                environ["CUDA_VISIBLE_DEVICES"],
+                self.model,
+                self.base_url,
+                self._active_log,
+            )
+        # Wait outside the lock, so that stop() from another thread can cancel the start.
+        try:
+            self._wait_until_ready(tree)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop the server and everything it started; safe to call any number of times.
+
+        SIGTERM to the process group and to descendants that left it, up to
+        ``shutdown_timeout`` seconds for all of them to exit, then SIGKILL to
+        whatever is left (pids checked against their creation time), then the
+        server is reaped.
+        """
+        with self._lock:
+            tree = self._tree
+            if tree is None:
+                return
+            tree.stopping.set()  # a start() waiting in another thread gives up
+            try:
+                if os.getpid() != self._owner:
+                    return  # a forked copy of this object: the server is the parent's
+                status = tree.exit_status()
+                if status is not None and tree.ready:  # a crash while in use
+                    log.warning(
+                        "the vLLM server had already exited (code %s); see %s",
+                        status,
+                        self._active_log,
+                    )
+                started = time.monotonic()
+                clean = tree.shutdown(self.shutdown_timeout)
+                log.info(
+                    "stopped vLLM server pid %d in %.2fs%s",
+                    tree.pid,
+                    time.monotonic() - started,
+                    "" if clean else " (SIGKILL needed)",
+                )
+            finally:
+                self._tree = None
+                _RUNNING.discard(self)
+                self._release_sigterm()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------ internals
+
+    def _release_sigterm(self) -> None:
+        if self._holds_sigterm:
+            self._holds_sigterm = False
+            _SIGTERM.release()
+
+    def _open_log(self, argv: tuple[str, ...]) -> Any:  # noqa: ANN401 - a binary file object
+        """Open this run's log for appending, write a header, remember where the run starts."""
+        requested = self._log_path
+        if requested is None:
+            path = Path(tempfile.mkdtemp(prefix="verirl-vllm-")) / f"vllm-serve-{self.port}.log"
+        elif requested.is_dir():
+            path = requested / f"vllm-serve-{self.port}.log"
+        else:
+            path = requested
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle = path.open("ab")
+        except OSError as exc:
+            raise ConfigError.invalid(
+                "log_path", str(path), f"cannot be opened for appending ({exc.strerror})"
+            ) from None
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        handle.write(f"--- verirl {stamp}: {shlex.join(argv)}\n".encode())
+        handle.flush()
+        self._active_log = path
+        self._log_offset = handle.tell()
+        return handle
+
+    @staticmethod
+    def _popen(
+        argv: tuple[str, ...],
+        environ: dict[str, str],
+        log_file: Any,  # noqa: ANN401 - a file
+    ) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=environ,
+            start_new_session=True,
+            preexec_fn=_death_signal_preexec(),  # noqa: PLW1509 - only prctl + getppid, no locks
+        )
+
+    def _wait_until_ready(self, tree: _ProcessTree) -> None:
+        url = f"{self.base_url}/health/"
+        with requests.Session() as session:
+            session.trust_env = False  # a proxy from the environment must not see loopback calls
+
+            def attempt(time_left: float) -> str | None:
+                if tree.stopping.is_set():
+                    raise _StartCancelledError
+                if tree.exited():
+                    raise _ServerExitedError
+                return _health_check(session, url, time_left)
+
+            def nap(seconds: float) -> None:
+                tree.stopping.wait(seconds)  # wakes at once when stop() is called
+
+            try:
+                result = poll(
+                    attempt,
+                    timeout=self.startup_timeout,
+                    backoff=_BACKOFF,
+                    sleep=nap,
+                    progress=self._log_progress,
+                    progress_every=self.progress_interval,
+                )
+            except (_ServerExitedError, _StartCancelledError):
+                cancelled = tree.stopping.is_set()
+                self.stop()
+                if cancelled:
+                    raise VLLMServerError(
+                        "stop() was called while the vLLM server was starting; it was stopped"
+                    ) from None
+                raise VLLMServerExited(
+                    tree.popen.returncode, self.log_tail(), str(self._active_log)
+                ) from None
+        if not result.ready:
+            self.stop()
+            raise VLLMStartupTimeout(self.startup_timeout, self.log_tail(), str(self._active_log))
+        tree.ready = True
+        log.info("vLLM server at %s is ready after %.1fs", self.base_url, result.elapsed)
+
+    def _log_progress(self, elapsed: float, last_error: str | None) -> None:
+        last_line = self.log_tail(lines=1).strip()
+        log.info(
+            "vLLM server at %s not ready after %.0fs (%s); last log line: %s",
+            self.base_url,
+            elapsed,
+            last_error,
+            last_line or "(none yet)",
+        )
