@@ -320,7 +320,8 @@ def test_serve_runs_until_sigterm(tmp_path, clean_env):
     port = find_free_port()
     fake = f"{sys.executable} -m fakes.vllm_serve"
     command = [sys.executable, "-m", "verirl", "serve", "--gpus", "2", "--model", "m",
-               "--vllm-port", str(port), "--vllm-command", fake, "--log-dir", str(tmp_path)]  # fmt: skip
+               "--vllm-port", str(port), "--vllm-command", fake,
+               "--log-dir", str(tmp_path)]  # fmt: skip
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as proc:

@@ -39,8 +39,8 @@ from verirl.errors import (
     VLLMServerError,
 )
 from verirl.runtime import TrainingRuntime
-from verirl.vllm_server import map_visible_devices
 from verirl.topology import detect_gpu_count
+from verirl.vllm_server import map_visible_devices
 
 __all__ = ["EXIT_CODES", "GRPO_KWARGS_VARIABLE", "build_parser", "main"]
 
