@@ -6,15 +6,52 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import nox
+
+
+def _expose_pyenv_pythons() -> None:
+    """Let pyenv's shims answer ``python3.10`` … ``python3.13`` at once.
+
+    pyenv installs several Pythons but its shims only run the selected one, so
+    nox would report the others missing. Append the newest installed patch
+    release of each wanted minor to ``PYENV_VERSION``, after the current ones.
+    """
+    pyenv = shutil.which("pyenv")
+    if pyenv is None:
+        return
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    newest: dict[str, tuple[int, str]] = {}
+    for entry in (root / "versions").glob("3.*"):
+        match = re.fullmatch(r"3\.(\d+)\.(\d+)", entry.name)
+        if match and f"3.{match[1]}" in PYTHONS:
+            minor, patch = f"3.{match[1]}", int(match[2])
+            if patch >= newest.get(minor, (-1, ""))[0]:
+                newest[minor] = (patch, entry.name)
+    # pyenv's shim sets PYENV_VERSION for the process it runs; keep it first.
+    current = (
+        os.environ.get("PYENV_VERSION")
+        or subprocess.run(
+            [pyenv, "version-name"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    )
+    names = [name for name in current.split(":") if name]
+    names += [name for _, name in newest.values() if name not in names]
+    os.environ["PYENV_VERSION"] = ":".join(names)
+
+
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+_expose_pyenv_pythons()
 
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["lint", "typecheck", "tests", "compat"]
 
-PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 # The CPU build of torch lies on this machine's disk for Python 3.11 only; an
 # unpinned torch would download a multi-GB CUDA build.
 TORCH = "torch==2.13.0"
