@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from fakes.vllm_serve import make_http_server
 from verirl._validate import check_number
 from verirl.errors import PortInUseError, VLLMServerError
 from verirl.vllm_server import VLLMServer
@@ -135,6 +134,10 @@ class FakeVLLMServer(VLLMServer):
         self._note("stop")
 
     def _serve(self) -> None:
+        # Imported here: `import fakes` must not load the module that
+        # `python -m fakes.vllm_serve` runs as __main__ (runpy warns otherwise).
+        from fakes.vllm_serve import make_http_server  # noqa: PLC0415
+
         try:
             self._httpd = make_http_server(
                 self.host,

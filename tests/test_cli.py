@@ -298,7 +298,9 @@ def test_launch_with_the_fake_vllm_server_end_to_end(tmp_path, clean_env):
     seen = json.loads(out.read_text())
     assert seen == {"status": 200, "url": f"http://127.0.0.1:{port}", "cvd": "0,1"}
     assert port_is_free(port)  # the server is gone
-    assert "Uvicorn running" in (tmp_path / f"vllm-serve-{port}.log").read_text()
+    log = (tmp_path / f"vllm-serve-{port}.log").read_text()
+    assert "Uvicorn running" in log
+    assert "RuntimeWarning" not in log  # `import fakes` must not preload the program module
 
 
 def port_is_free(port: int) -> bool:
