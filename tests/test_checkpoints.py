@@ -795,3 +795,51 @@ def test_examples_in_the_fake_source_docstring():
     assert CheckpointResolver([local, hub]).resolve("latest") == "/fake/checkpoint-20"
     assert local.fetched[0].step == 20
     assert os.fspath(local.fetch(local.checkpoint(10))) == "/fake/checkpoint-10"
+
+
+# -- contract edges: minimal sources, fetch fallback, path-likes
+
+
+class MinimalSource:
+    """Only what the contract's protocol asks for: latest() and fetch()."""
+
+    def __init__(self, step: int, path: Path) -> None:
+        self.step = step
+        self.path = path
+
+    def latest(self) -> Checkpoint | None:
+        return Checkpoint(self.step, self.path, "minimal")
+
+    def fetch(self, checkpoint: Checkpoint) -> Path:
+        return Path(checkpoint.path)
+
+
+def test_a_source_with_only_latest_and_fetch_is_accepted(tmp_path):
+    resolver = CheckpointResolver([MinimalSource(3, tmp_path)])
+    assert resolver.resolve("latest") == str(tmp_path)
+
+
+def test_a_failed_fetch_falls_back_to_the_next_newest(caplog):
+    broken = FakeCheckpointSource(
+        steps=[30], description="hub", fetch_error=CheckpointSourceError("download failed")
+    )
+    local = FakeCheckpointSource(steps=[20], description="local")
+    assert CheckpointResolver([local, broken]).resolve("latest") == "/fake/checkpoint-20"
+    assert [c.step for c in broken.fetched] == [30]
+    assert "could not fetch step 30 from hub" in caplog.text
+
+
+def test_when_every_fetch_fails_the_first_error_is_raised():
+    first = CheckpointSourceError("first")
+    a = FakeCheckpointSource(steps=[30], fetch_error=first)
+    b = FakeCheckpointSource(steps=[20], fetch_error=CheckpointSourceError("second"))
+    with pytest.raises(CheckpointSourceError) as info:
+        CheckpointResolver([a, b]).resolve("latest")
+    assert info.value is first
+
+
+def test_path_likes_are_accepted(tmp_path):
+    assert Checkpoint(1, tmp_path, "x").path == str(tmp_path)
+    assert CheckpointResolver([]).resolve(tmp_path) == str(tmp_path)
+    with pytest.raises(ConfigError, match="path"):
+        Checkpoint(1, 5, "x")  # type: ignore[arg-type]

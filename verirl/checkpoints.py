@@ -110,6 +110,16 @@ def _human_size(size: int) -> str:
     return f"{value:.1f} {unit}"
 
 
+def _path_text(value: str | os.PathLike[str]) -> str:
+    """A checkpoint's path as text; path-likes are accepted."""
+    raw: object = value
+    if isinstance(raw, os.PathLike):
+        raw = os.fspath(raw)
+    if not isinstance(raw, str) or not raw:
+        raise ConfigError.invalid("path", value, "must be a non-empty string or path")
+    return raw
+
+
 @attrs.frozen
 class Checkpoint:
     """A checkpoint a source knows about.
@@ -121,7 +131,7 @@ class Checkpoint:
     """
 
     step: int
-    path: str
+    path: str = attrs.field(converter=_path_text)
     source: str
 
     def __attrs_post_init__(self) -> None:
@@ -136,12 +146,11 @@ class Checkpoint:
 
 @runtime_checkable
 class CheckpointSource(Protocol):
-    """A place checkpoints may be: a local output directory, a Hub repo, a test double."""
+    """A place checkpoints may be: a local output directory, a Hub repo, a test double.
 
-    @property
-    def description(self) -> str:
-        """Where this source looks, for messages; also each `Checkpoint.source` it returns."""
-        ...
+    Only `latest` and `fetch` are required. A ``description`` string (where the
+    source looks), when present, is used in messages; verirl's sources have one.
+    """
 
     def latest(self) -> Checkpoint | None:
         """The newest complete checkpoint, or None; reads metadata only, no big download.
@@ -169,7 +178,9 @@ def _download_dir_path(value: str | os.PathLike[str]) -> Path:
     return _path("download_dir", value)
 
 
-def _check_source(source: CheckpointSource, checkpoint: Checkpoint) -> None:
+def _check_source(
+    source: LocalCheckpointSource | HubCheckpointSource, checkpoint: Checkpoint
+) -> None:
     if checkpoint.source != source.description:
         raise ConfigError.invalid(
             "checkpoint",
@@ -620,13 +631,19 @@ def _status_code(exc: BaseException) -> int | None:
     return status if isinstance(status, int) else None
 
 
+def describe_source(source: object) -> str:
+    """A source's ``description`` if it has one, else its repr; for messages."""
+    description = getattr(source, "description", None)
+    return description if isinstance(description, str) and description else repr(source)
+
+
 def _check_sources(_inst: object, _attr: object, sources: tuple[object, ...]) -> None:
     for index, source in enumerate(sources):
         if not isinstance(source, CheckpointSource):
             raise ConfigError.invalid(
                 f"sources[{index}]",
                 source,
-                "is not a CheckpointSource (latest, fetch, description)",
+                "is not a CheckpointSource (it needs latest() and fetch())",
             )
     roots = {
         _resolved(s.root): s.description for s in sources if isinstance(s, LocalCheckpointSource)
@@ -668,7 +685,7 @@ class CheckpointResolver:
         """The sources, in search order."""
         return self._sources
 
-    def resolve(self, request: str | None) -> str | None:
+    def resolve(self, request: str | os.PathLike[str] | None) -> str | None:
         """Resolve ``request`` (see the table in the README).
 
         ``None`` or blank: None (fresh start). ``"latest"`` or ``"last-checkpoint"``:
@@ -677,6 +694,8 @@ class CheckpointResolver:
         when there is none and a source failed. Anything else: an existing
         directory, returned with ``~`` expanded (`CheckpointNotFoundError` otherwise).
         """
+        if isinstance(request, os.PathLike):
+            request = os.fspath(request)
         if request is None or not request.strip():
             log.info("no checkpoint requested: starting fresh")
             return None
@@ -693,7 +712,7 @@ class CheckpointResolver:
         return self.resolve(value)
 
     def _resolve_latest(self, request: str) -> str:
-        best: tuple[Checkpoint, CheckpointSource] | None = None
+        found_all: list[tuple[Checkpoint, CheckpointSource]] = []
         failures: list[tuple[CheckpointSource, Exception]] = []
         for source in self._sources:
             try:
@@ -701,12 +720,11 @@ class CheckpointResolver:
             except (CheckpointSourceError, OSError) as exc:
                 failures.append((source, exc))
                 continue
-            log.debug("%s: newest complete checkpoint %s", source.description, found)
-            # Strictly greater: on a tie the earlier source keeps it.
-            if found is not None and (best is None or found.step > best[0].step):
-                best = (found, source)
-        searched = [source.description for source in self._sources]
-        if best is None:
+            log.debug("%s: newest complete checkpoint %s", describe_source(source), found)
+            if found is not None:
+                found_all.append((found, source))
+        searched = [describe_source(source) for source in self._sources]
+        if not found_all:
             if failures:
                 reasons = "; ".join(str(exc) for _, exc in failures)
                 msg = (
@@ -719,14 +737,28 @@ class CheckpointResolver:
             log.warning(
                 "ignoring checkpoint source %s, which could not be read (%s); it may hold a "
                 "newer checkpoint than the one chosen",
-                failed.description,
+                describe_source(failed),
                 error,
             )
-        checkpoint, source = best
-        log.info("newest complete checkpoint: step %d, %s", checkpoint.step, checkpoint.source)
-        path = source.fetch(checkpoint)
-        log.info("resuming from %s (step %d)", path, checkpoint.step)
-        return os.fspath(path)
+        # Newest first; sorted() is stable, so on a tie the earlier source comes first.
+        candidates = sorted(found_all, key=lambda pair: -pair[0].step)
+        fetch_errors: list[Exception] = []
+        for checkpoint, source in candidates:
+            log.info("newest complete checkpoint: step %d, %s", checkpoint.step, checkpoint.source)
+            try:
+                path = source.fetch(checkpoint)
+            except (CheckpointSourceError, OSError) as exc:
+                log.warning(
+                    "could not fetch step %d from %s (%s); trying the next newest",
+                    checkpoint.step,
+                    describe_source(source),
+                    exc,
+                )
+                fetch_errors.append(exc)
+                continue
+            log.info("resuming from %s (step %d)", path, checkpoint.step)
+            return os.fspath(path)
+        raise fetch_errors[0]
 
 
 def _original(exc: BaseException) -> BaseException:
