@@ -149,8 +149,27 @@ def test_resume_from_the_environment_and_not_found(tmp_path, capsys, clean_env, 
     assert capsys.readouterr().out.strip().endswith(str(tmp_path))
 
 
-def test_resume_latest_without_any_source_is_a_config_error(clean_env):
-    assert main(["resume", "--resume", "latest"]) == 2
+def test_resume_latest_without_any_source_is_not_found(clean_env, capsys):
+    assert main(["resume", "--resume", "latest"]) == 5
+    assert "no sources configured" in capsys.readouterr().err
+
+
+def test_resume_missing_explicit_path_is_not_found(tmp_path, clean_env):
+    assert main(["resume", "--resume", str(tmp_path / "nope")]) == 5
+
+
+def test_resume_blank_is_a_fresh_start(capsys, clean_env):
+    assert main(["resume", "--resume", "   "]) == 0
+    assert capsys.readouterr().out == "\n"
+
+
+def test_resume_ignores_settings_it_does_not_use(tmp_path, capsys, clean_env, monkeypatch):
+    """A job configured for `launch` (server mode, env URL) can still ask what to resume."""
+    write_checkpoint(tmp_path, 7)
+    monkeypatch.setenv("VERIRL_VLLM_MODE", "server")
+    monkeypatch.setenv("VERIRL_ENV_SERVER_URL", "not-a-url")
+    assert main(["resume", "--output-dir", str(tmp_path), "--resume", "latest"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "checkpoint-7")
 
 
 def test_resume_explicit_path_without_sources(tmp_path, capsys, clean_env):
@@ -342,6 +361,54 @@ def test_serve_runs_until_sigterm(tmp_path, clean_env):
     _, alive = psutil.wait_procs(children, timeout=5)
     assert not alive
     assert port_is_free(port)
+
+
+def test_serve_exits_4_when_its_server_dies(tmp_path, clean_env):
+    port = find_free_port()
+    fake = f"{sys.executable} -m fakes.vllm_serve"
+    command = [sys.executable, "-m", "verirl", "serve", "--gpus", "2", "--model", "m",
+               "--vllm-port", str(port), "--vllm-command", fake,
+               "--log-dir", str(tmp_path)]  # fmt: skip
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            assert "vLLM server ready" in proc.stdout.readline()
+            (server,) = psutil.Process(proc.pid).children()
+            server.kill()
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 4
+    assert port_is_free(port)
+
+
+def test_training_command_dies_with_a_sigkilled_launch(tmp_path, clean_env):
+    pid_file = tmp_path / "pid"
+    script = training_script(
+        tmp_path,
+        f"""
+        import os, threading
+        open({str(pid_file)!r}, "w").write(str(os.getpid()))
+        threading.Event().wait(60)
+    """,
+    )
+    command = [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--"]
+    with subprocess.Popen([*command, sys.executable, str(script)]) as proc:
+        try:
+            deadline = psutil.time.monotonic() + 30
+            while not pid_file.exists() or not pid_file.read_text():
+                assert proc.poll() is None
+                assert psutil.time.monotonic() < deadline
+                psutil.wait_procs([], timeout=0.02)
+            trainer = psutil.Process(int(pid_file.read_text()))
+            proc.kill()
+        finally:
+            proc.wait()
+    _, alive = psutil.wait_procs([trainer], timeout=10)
+    assert not alive
 
 
 def test_module_entry_point():

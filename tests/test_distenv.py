@@ -113,3 +113,10 @@ def test_variables_are_read_only():
     env = DistributedEnv.single_node(environ={})
     with pytest.raises(TypeError):
         env.variables["RANK"] = "1"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("missing", ["MASTER_ADDR", "MASTER_PORT"])
+def test_multi_process_jobs_need_the_launchers_rendezvous(missing):
+    environ = {k: v for k, v in TORCHRUN.items() if k != missing}
+    with pytest.raises(ConfigError, match=rf"^{missing}=None: must be set by the launcher"):
+        DistributedEnv.single_node(environ=environ)

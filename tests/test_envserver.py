@@ -235,7 +235,7 @@ def test_deadline_holds_when_server_accepts_but_never_answers():
             p.wait(timeout=1.0)
         took = time.monotonic() - start
     assert info.value.last_error == "timed out"
-    assert 1.0 <= took < 1.5
+    assert 1.0 <= took < 1.9  # the deadline plus a fraction of a second
 
 
 def test_refused_connection_against_closed_port():

@@ -11,6 +11,7 @@ from verirl import (
     VeriRLError,
     VLLMServerError,
     VLLMServerExited,
+    VLLMServerUnavailable,
     VLLMStartupTimeout,
 )
 
@@ -24,6 +25,7 @@ from verirl import (
         (PortInUseError, (VLLMServerError,)),
         (VLLMServerExited, (VLLMServerError,)),
         (VLLMStartupTimeout, (VLLMServerError, TimeoutError)),
+        (VLLMServerUnavailable, (VLLMServerError, TimeoutError)),
         (CheckpointNotFoundError, (VeriRLError, FileNotFoundError)),
         (CheckpointSourceError, (VeriRLError,)),
     ],

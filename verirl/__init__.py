@@ -25,6 +25,7 @@ from verirl.errors import (
     VeriRLError,
     VLLMServerError,
     VLLMServerExited,
+    VLLMServerUnavailable,
     VLLMStartupTimeout,
 )
 from verirl.runtime import PhaseTiming, RuntimeSession, TrainingRuntime
@@ -51,6 +52,7 @@ __all__ = [
     "VLLMServer",
     "VLLMServerError",
     "VLLMServerExited",
+    "VLLMServerUnavailable",
     "VLLMStartupTimeout",
     "VLLMTopology",
     "VeriRLError",

@@ -38,9 +38,9 @@ from verirl.errors import (
     VeriRLError,
     VLLMServerError,
 )
-from verirl.runtime import TrainingRuntime
+from verirl.runtime import TrainingRuntime, resolver_from_settings, topology_from_settings
 from verirl.topology import detect_gpu_count
-from verirl.vllm_server import map_visible_devices
+from verirl.vllm_server import VLLMServer, death_signal_preexec, map_visible_devices
 
 __all__ = ["EXIT_CODES", "GRPO_KWARGS_VARIABLE", "build_parser", "main"]
 
@@ -145,7 +145,14 @@ def _emit(args: argparse.Namespace, data: dict[str, object], text: str) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the topology and GRPOConfig kwargs for a GPU count."""
-    topology = _runtime_from_args(args).topology
+    topology = topology_from_settings(
+        gpu_count=args.gpus,
+        max_model_len=args.max_model_len,
+        mode=args.mode,
+        vllm_gpus=args.vllm_gpus,
+        vllm_port=args.vllm_port,
+        vllm_remote_host=args.vllm_host,
+    )
     data: dict[str, object] = {
         "mode": topology.mode,
         "gpu_count": topology.gpu_count,
@@ -176,24 +183,20 @@ def cmd_wait_env(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     """Print the checkpoint path to resume from (nothing for a fresh start)."""
-    runtime = _runtime_from_args(args)
-    if runtime.checkpoints is None:
-        if runtime.resume_from not in (None, "", "latest", "last-checkpoint"):
-            path = runtime.resume_from
-        elif runtime.resume_from in (None, ""):
-            path = None
-        else:
-            raise ConfigError.invalid(
-                "--output-dir", None, f"resume={runtime.resume_from!r} needs a place to search"
-            )
-    else:
-        path = runtime.checkpoints.resolve(runtime.resume_from)
+    resolver = resolver_from_settings(
+        output_dir=args.output_dir,
+        hub_repo_id=args.hub_repo,
+        hub_endpoint=args.hub_endpoint,
+        hub_revision=args.hub_revision,
+    )
+    request = args.resume if args.resume is not None else os.environ.get(RESUME_ENV_VAR)
+    path = resolver.resolve(request)
     _emit(args, {"resume_from_checkpoint": path}, path or "")
     return EXIT_OK
 
 
-def _wait_for_signal() -> int:
-    """Block until SIGINT or SIGTERM; return 128 + its number."""
+def _wait_for_signal(alive: Callable[[], bool]) -> int | None:
+    """Block until SIGINT or SIGTERM (return 128 + its number) or until ``alive()`` is false."""
     received = threading.Event()
     number: list[int] = []
 
@@ -203,8 +206,9 @@ def _wait_for_signal() -> int:
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while not received.wait(timeout=1.0):
-            pass
+        while not received.wait(timeout=0.5):
+            if not alive():
+                return None
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
@@ -212,18 +216,23 @@ def _wait_for_signal() -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Run the vLLM server in the foreground until Ctrl-C or SIGTERM."""
+    """Run the vLLM server in the foreground until Ctrl-C or SIGTERM; 4 if it dies first."""
     runtime = _runtime_from_args(args)
     if not runtime.topology.is_local_server:
         raise ConfigError.invalid(
             "--mode", runtime.topology.mode, "serve needs a local server-mode topology (>= 2 GPUs)"
         )
     with runtime as session:
+        server = session.server
         print(f"vLLM server ready at {session.server_url} ({runtime.topology.describe()})")
         sys.stdout.flush()
-        code = _wait_for_signal()
+        code = _wait_for_signal(lambda: bool(getattr(server, "running", True)))
+        if code is None:
+            tail = server.log_tail() if isinstance(server, VLLMServer) else ""
+            log.error("the vLLM server exited on its own\n%s", tail.rstrip())
+            return EXIT_VLLM
     log.info("vLLM server stopped")
-    return EXIT_OK if code in (128 + signal.SIGINT, 128 + signal.SIGTERM) else code
+    return EXIT_OK
 
 
 def _training_environment(
@@ -242,19 +251,34 @@ def _training_environment(
 
 
 def _run_forwarding_signals(command: Sequence[str], env: dict[str, str]) -> int:
-    """Run ``command``; pass SIGINT/SIGTERM on to it; return its exit code (128+N for signal N)."""
-    try:
-        child = subprocess.Popen(list(command), env=env)
-    except OSError as exc:
-        log.error("cannot run %s: %s", shlex.join(command), exc)  # noqa: TRY400 - no traceback for a missing program
-        return 127
+    """Run ``command``; pass SIGINT/SIGTERM on to it; return its exit code (128+N for signal N).
+
+    The handlers are in place before the child exists (a signal in between is
+    delivered once it does), and the child gets SIGTERM if verirl itself dies.
+    """
+    child: subprocess.Popen[bytes] | None = None
+    pending: list[int] = []
 
     def forward(signum: int, _frame: types.FrameType | None) -> None:
+        if child is None:
+            pending.append(signum)
+            return
         log.warning("forwarding signal %d to the training command (pid %d)", signum, child.pid)
         child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        try:
+            child = subprocess.Popen(
+                list(command),
+                env=env,
+                preexec_fn=death_signal_preexec(),  # noqa: PLW1509 - only calls prctl and getppid
+            )
+        except OSError as exc:
+            log.error("cannot run %s: %s", shlex.join(command), exc)  # noqa: TRY400 - no traceback for a missing program
+            return 127
+        for signum in pending:
+            forward(signum, None)
         code = child.wait()
     finally:
         for sig, old in previous.items():

@@ -64,7 +64,7 @@ class DistributedEnv:
     defaulted: frozenset[str] = frozenset()
 
     @classmethod
-    def single_node(  # noqa: C901 - one flat list of launcher checks
+    def single_node(  # noqa: C901, PLR0912 - one flat list of launcher checks
         cls,
         *,
         environ: Mapping[str, str] | None = None,
@@ -105,6 +105,15 @@ class DistributedEnv:
                 f"must be < LOCAL_WORLD_SIZE={local_world_size}",
             )
 
+        if world_size is not None and world_size > 1:
+            for name in ("MASTER_ADDR", "MASTER_PORT"):
+                if name not in env:
+                    raise ConfigError.invalid(
+                        name,
+                        None,
+                        f"must be set by the launcher when WORLD_SIZE={world_size}: every rank "
+                        "needs the same rendezvous address, which one process cannot pick alone",
+                    )
         defaults: dict[str, str] = {
             "RANK": "0",
             "LOCAL_RANK": "0",

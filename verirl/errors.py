@@ -10,7 +10,9 @@ keep working::
     ├── VLLMServerError(RuntimeError)            server faults; launch command missing
     │   ├── PortInUseError                       .host .port; nothing was spawned
     │   ├── VLLMServerExited                     .returncode .log_tail
-    │   └── VLLMStartupTimeout(TimeoutError)     .timeout .log_tail; tree already gone
+    │   ├── VLLMStartupTimeout(TimeoutError)     .timeout .log_tail; tree already gone
+    │   └── VLLMServerUnavailable(TimeoutError)  .url .elapsed .last_error; a server
+    │                                            started elsewhere never answered
     ├── CheckpointNotFoundError(FileNotFoundError)  .searched
     └── CheckpointSourceError                    a source could not be read; see __cause__
 """
@@ -25,6 +27,7 @@ __all__ = [
     "PortInUseError",
     "VLLMServerError",
     "VLLMServerExited",
+    "VLLMServerUnavailable",
     "VLLMStartupTimeout",
     "VeriRLError",
 ]
@@ -106,6 +109,20 @@ class VLLMStartupTimeout(VLLMServerError, TimeoutError):
         super().__init__(
             f"vLLM server not healthy after {timeout:.1f}s and was stopped{where}"
             f"{_format_tail(log_tail)}"
+        )
+
+
+class VLLMServerUnavailable(VLLMServerError, TimeoutError):
+    """A vLLM server this process did not start (rank 0's, a remote one) never became healthy."""
+
+    def __init__(self, url: str, elapsed: float, last_error: str | None) -> None:
+        self.url = url
+        self.elapsed = elapsed
+        self.last_error = last_error
+        super().__init__(
+            f"vLLM server {url} not healthy after {elapsed:.1f}s "
+            f"(last error: {last_error or 'none'}); it is started by local rank 0 "
+            "or runs on the remote host"
         )
 
 

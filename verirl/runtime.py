@@ -19,15 +19,21 @@ import time
 import types
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import ExitStack, contextmanager
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 import attrs
 
 from verirl._validate import check_int, check_number, check_text
-from verirl.checkpoints import RESUME_ENV_VAR
+from verirl.checkpoints import (
+    RESUME_ENV_VAR,
+    CheckpointResolver,
+    CheckpointSource,
+    HubCheckpointSource,
+    LocalCheckpointSource,
+)
 from verirl.distenv import DistributedEnv
 from verirl.envserver import EnvServerProbe, HttpEnvServerProbe
-from verirl.errors import ConfigError
+from verirl.errors import ConfigError, EnvServerUnavailable, VLLMServerUnavailable
 from verirl.topology import VLLMTopology, detect_gpu_count
 from verirl.vllm_server import VLLMServer
 
@@ -38,9 +44,13 @@ __all__ = [
     "ServerFactory",
     "ServerHandle",
     "TrainingRuntime",
+    "resolver_from_settings",
+    "topology_from_settings",
 ]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 @runtime_checkable
@@ -132,37 +142,123 @@ def _default_server_factory(
     return build
 
 
-def _build_resolver(
+@attrs.frozen
+class _Settings:
+    """Reads settings: an explicit argument wins, else its environment variable.
+
+    A bad value read from a variable raises `ConfigError` naming the variable,
+    so a user knows which one to fix.
+    """
+
+    environ: Mapping[str, str]
+
+    def text(self, value: str | None, name: str) -> str | None:
+        if value is not None:
+            return value
+        raw = self.environ.get(name, "").strip()
+        return raw or None
+
+    def integer(self, value: int | None, name: str, minimum: int) -> int | None:
+        if value is not None:
+            return check_int(name.removeprefix("VERIRL_").lower(), value, minimum)
+        raw = self.text(None, name)
+        if raw is None:
+            return None
+        try:
+            number = int(raw)
+        except ValueError:
+            raise ConfigError.invalid(name, raw, "must be an integer") from None
+        return check_int(name, number, minimum)
+
+    def number(self, value: float | None, name: str) -> float | None:
+        if value is not None:
+            return value
+        raw = self.text(None, name)
+        if raw is None:
+            return None
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError.invalid(name, raw, "must be a number") from None
+
+    def checked(self, value: object, name: str, build: Callable[[], _T]) -> _T:
+        """``build()``, re-raising its `ConfigError` under ``name`` when the value came from it."""
+        try:
+            return build()
+        except ConfigError as exc:
+            if value is not None:
+                raise
+            raw = self.environ.get(name)
+            raise ConfigError.invalid(name, raw, str(exc)) from exc
+
+
+def topology_from_settings(
     *,
-    output_dir: str | None,
-    hub_repo_id: str | None,
-    hub_token: str | None,
-    hub_endpoint: str | None,
-    hub_revision: str | None,
-) -> CheckpointResolving | None:
-    """Local checkpoints in ``output_dir`` first, then the Hub repo (downloaded beside them)."""
-    from verirl.checkpoints import (  # noqa: PLC0415 - keeps import verirl light
-        CheckpointResolver,
-        CheckpointSource,
-        HubCheckpointSource,
-        LocalCheckpointSource,
+    gpu_count: int | None = None,
+    max_model_len: int | None = None,
+    mode: str | None = None,
+    vllm_gpus: int | None = None,
+    vllm_port: int | None = None,
+    vllm_remote_host: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> VLLMTopology:
+    """The `VLLMTopology` of `TrainingRuntime.from_settings`, and nothing else."""
+    read = _Settings(os.environ if environ is None else environ)
+    count = read.integer(gpu_count, "VERIRL_GPU_COUNT", 1)
+    if count is None:
+        count = detect_gpu_count(environ=read.environ)
+    chosen_mode = read.text(mode, "VERIRL_VLLM_MODE") or "auto"
+    length = read.integer(max_model_len, "VERIRL_MAX_MODEL_LEN", 1) or 8192
+    gpus = read.integer(vllm_gpus, "VERIRL_VLLM_GPUS", 1)
+    port = read.integer(vllm_port, "VERIRL_VLLM_PORT", 1) or 8001
+    remote = read.text(vllm_remote_host, "VERIRL_VLLM_HOST")
+    if chosen_mode not in ("auto", "server", "colocate"):
+        field = "mode" if mode is not None else "VERIRL_VLLM_MODE"
+        raise ConfigError.invalid(field, chosen_mode, "must be one of auto, server, colocate")
+    return VLLMTopology.plan(
+        count,
+        max_model_len=length,
+        mode=chosen_mode,
+        vllm_gpus=gpus,
+        port=port,
+        remote_host=remote,
     )
 
+
+def resolver_from_settings(
+    *,
+    output_dir: str | None = None,
+    hub_repo_id: str | None = None,
+    hub_token: str | None = None,
+    hub_endpoint: str | None = None,
+    hub_revision: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> CheckpointResolver:
+    """Local checkpoints in ``output_dir`` first, then the Hub repo (downloaded beside them).
+
+    Reads ``VERIRL_OUTPUT_DIR``, ``VERIRL_HUB_REPO_ID``, ``HF_TOKEN``,
+    ``VERIRL_HUB_ENDPOINT`` and ``VERIRL_HUB_REVISION`` for arguments left
+    ``None``. With neither a folder nor a repo the resolver has no sources:
+    explicit paths still work, ``"latest"`` finds nothing.
+    """
+    read = _Settings(os.environ if environ is None else environ)
+    folder = read.text(output_dir, "VERIRL_OUTPUT_DIR")
+    repo = read.text(hub_repo_id, "VERIRL_HUB_REPO_ID")
     sources: list[CheckpointSource] = []
-    if output_dir is not None:
-        sources.append(LocalCheckpointSource(output_dir))
-    if hub_repo_id is not None:
-        download_dir = os.path.join(output_dir or ".", "verirl-hub-download")  # noqa: PTH118
+    if folder is not None:
+        sources.append(LocalCheckpointSource(folder))
+    if repo is not None:
+        download_dir = os.path.join(folder or ".", "verirl-hub-download")  # noqa: PTH118
         sources.append(
             HubCheckpointSource(
-                hub_repo_id,
+                repo,
                 download_dir=download_dir,
-                token=hub_token,
-                revision=hub_revision,
-                endpoint=hub_endpoint,
+                token=read.text(hub_token, "HF_TOKEN"),
+                revision=read.text(hub_revision, "VERIRL_HUB_REVISION"),
+                endpoint=read.text(hub_endpoint, "VERIRL_HUB_ENDPOINT"),
             )
         )
-    return CheckpointResolver(sources) if sources else None
+    return CheckpointResolver(sources)
 
 
 @attrs.frozen
@@ -235,7 +331,7 @@ class TrainingRuntime:
             check_text("model", self.model, "a non-empty model id or path")
 
     @classmethod
-    def from_settings(  # noqa: C901 - one flat mapping of settings to components
+    def from_settings(
         cls,
         *,
         env_url: str | None = None,
@@ -268,77 +364,49 @@ class TrainingRuntime:
         ``VERIRL_VLLM_HOST`` (a remote vLLM host), ``VERIRL_VLLM_COMMAND``,
         ``VERIRL_VLLM_LOG_DIR`` (default: a new temporary folder),
         ``VERIRL_RESUME_FROM_CHECKPOINT`` and ``VERIRL_ENV_TIMEOUT`` (600).
+        A bad value from a variable is a `ConfigError` naming the variable.
         """
-        env = os.environ if environ is None else environ
-
-        def text(value: str | None, name: str) -> str | None:
-            if value is not None:
-                return value
-            raw = env.get(name, "").strip()
-            return raw or None
-
-        def integer(value: int | None, name: str, minimum: int) -> int | None:
-            if value is not None:
-                return check_int(name.removeprefix("VERIRL_").lower(), value, minimum)
-            raw = text(None, name)
-            if raw is None:
-                return None
-            try:
-                number = int(raw)
-            except ValueError:
-                raise ConfigError.invalid(name, raw, "must be an integer") from None
-            return check_int(name, number, minimum)
-
-        count = integer(gpu_count, "VERIRL_GPU_COUNT", 0)
-        if count is None:
-            count = detect_gpu_count(environ=env)
-        length = integer(max_model_len, "VERIRL_MAX_MODEL_LEN", 1) or 8192
-        port = integer(vllm_port, "VERIRL_VLLM_PORT", 1) or 8001
-        topology = VLLMTopology.plan(
-            count,
-            max_model_len=length,
-            mode=text(mode, "VERIRL_VLLM_MODE") or "auto",
-            vllm_gpus=integer(vllm_gpus, "VERIRL_VLLM_GPUS", 1),
-            port=port,
-            remote_host=text(vllm_remote_host, "VERIRL_VLLM_HOST"),
+        read = _Settings(os.environ if environ is None else environ)
+        topology = topology_from_settings(
+            gpu_count=gpu_count,
+            max_model_len=max_model_len,
+            mode=mode,
+            vllm_gpus=vllm_gpus,
+            vllm_port=vllm_port,
+            vllm_remote_host=vllm_remote_host,
+            environ=read.environ,
         )
-        model = text(model, "VERIRL_MODEL")
-        url = text(env_url, "VERIRL_ENV_SERVER_URL")
-        probe = HttpEnvServerProbe(url) if url is not None else None
-
+        model = read.text(model, "VERIRL_MODEL")
+        url = read.text(env_url, "VERIRL_ENV_SERVER_URL")
+        probe = None
+        if url is not None:
+            probe = read.checked(env_url, "VERIRL_ENV_SERVER_URL", lambda: HttpEnvServerProbe(url))
         if vllm_command is None:
-            raw_command = text(None, "VERIRL_VLLM_COMMAND")
+            raw_command = read.text(None, "VERIRL_VLLM_COMMAND")
             vllm_command = shlex.split(raw_command) if raw_command else None
         if vllm_command is not None and not list(vllm_command):
             raise ConfigError.invalid("vllm_command", vllm_command, "must not be empty")
-        log_dir = text(vllm_log_dir, "VERIRL_VLLM_LOG_DIR")
+        log_dir = read.text(vllm_log_dir, "VERIRL_VLLM_LOG_DIR")
         if log_dir is not None and not os.path.isdir(log_dir):  # noqa: PTH112
-            raise ConfigError.invalid("vllm_log_dir", log_dir, "must be an existing directory")
-        factory = _default_server_factory(model, command=vllm_command, log_dir=log_dir)
-
-        resolver = _build_resolver(
-            output_dir=text(output_dir, "VERIRL_OUTPUT_DIR"),
-            hub_repo_id=text(hub_repo_id, "VERIRL_HUB_REPO_ID"),
-            hub_token=text(hub_token, "HF_TOKEN"),
-            hub_endpoint=text(hub_endpoint, "VERIRL_HUB_ENDPOINT"),
-            hub_revision=text(hub_revision, "VERIRL_HUB_REVISION"),
+            field = "vllm_log_dir" if vllm_log_dir is not None else "VERIRL_VLLM_LOG_DIR"
+            raise ConfigError.invalid(field, log_dir, "must be an existing directory")
+        timeout = read.number(env_timeout, "VERIRL_ENV_TIMEOUT")
+        resolver = resolver_from_settings(
+            output_dir=output_dir,
+            hub_repo_id=hub_repo_id,
+            hub_token=hub_token,
+            hub_endpoint=hub_endpoint,
+            hub_revision=hub_revision,
+            environ=read.environ,
         )
-        timeout_raw = text(None, "VERIRL_ENV_TIMEOUT") if env_timeout is None else None
-        if timeout_raw is not None:
-            try:
-                env_timeout = float(timeout_raw)
-            except ValueError:
-                raise ConfigError.invalid(
-                    "VERIRL_ENV_TIMEOUT", timeout_raw, "must be a number"
-                ) from None
         return cls(
             topology,
             model=model,
             env_probe=probe,
-            checkpoints=resolver,
-            resume_from=text(resume_from, RESUME_ENV_VAR),
-            server_factory=factory,
-            env_timeout=600.0 if env_timeout is None else env_timeout,
+            checkpoints=resolver if resolver.sources else None,
+            resume_from=read.text(resume_from, RESUME_ENV_VAR),
+            server_factory=_default_server_factory(model, command=vllm_command, log_dir=log_dir),
+            env_timeout=600.0 if timeout is None else timeout,
         )
 
     @property
@@ -399,7 +467,14 @@ class TrainingRuntime:
             url = topology.server_url
             log.info("waiting for the vLLM server at %s (started elsewhere)", url)
             probe = HttpEnvServerProbe(url, health_path="/health/")
-            phases["vllm-wait"] = lambda: probe.wait(self.server_timeout)
+
+            def wait_for_server() -> None:
+                try:
+                    probe.wait(self.server_timeout)
+                except EnvServerUnavailable as exc:
+                    raise VLLMServerUnavailable(exc.url, exc.elapsed, exc.last_error) from exc
+
+            phases["vllm-wait"] = wait_for_server
         if self.env_probe is not None:
             env_probe = self.env_probe
             phases["env"] = lambda: env_probe.wait(self.env_timeout)

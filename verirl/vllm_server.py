@@ -68,10 +68,12 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 __all__ = [
+    "MARKER_VAR",
     "SCRUBBED_ENV_PREFIXES",
     "SCRUBBED_ENV_VARS",
     "ServerTopology",
     "VLLMServer",
+    "death_signal_preexec",
     "find_trl_command",
     "map_visible_devices",
     "read_log_tail",
@@ -96,7 +98,8 @@ SCRUBBED_ENV_PREFIXES = ("TORCHELASTIC_",)
 """Prefixes of launcher variables dropped from the server's environment too."""
 
 INSTALL_HINT = "pip install 'verirl[vllm]'"
-_MARKER_VAR = "VERIRL_VLLM_SERVER_MARKER"
+MARKER_VAR = "VERIRL_VLLM_SERVER_MARKER"
+"""Set in every server's environment (inherited by its workers), so teardown finds orphans."""
 _LOG_TAIL_LINES = 40
 _LOG_TAIL_BYTES = 64 * 1024
 _REQUEST_TIMEOUT_CAP = 5.0
@@ -420,7 +423,7 @@ def _prctl() -> Callable[..., int] | None:
     return function
 
 
-def _death_signal_preexec() -> Callable[[], None] | None:
+def death_signal_preexec() -> Callable[[], None] | None:
     """A ``preexec_fn`` asking the kernel to SIGTERM the child when its parent dies.
 
     SIGTERM rather than SIGKILL, so that the server still stops its own
@@ -628,7 +631,7 @@ def _marked_processes(marker: str, since: float) -> Iterator[psutil.Process]:
         try:
             if process.pid == me or process.create_time() < since:
                 continue
-            if process.environ().get(_MARKER_VAR) == marker:
+            if process.environ().get(MARKER_VAR) == marker:
                 yield process
         except (psutil.Error, OSError):
             continue
@@ -965,7 +968,7 @@ class VLLMServer:
             argv = (*(self.command or find_trl_command()), *self.serve_args)
             environ = vllm_child_environ(os.environ, devices=self.devices, env=self.env)
             marker = uuid.uuid4().hex
-            environ[_MARKER_VAR] = marker
+            environ[MARKER_VAR] = marker
             _check_port_free(self.host, self.port)
             log_file = self._open_log(argv)
             self._holds_sigterm = self.handle_sigterm and _SIGTERM.acquire()
@@ -1093,7 +1096,7 @@ class VLLMServer:
             stderr=subprocess.STDOUT,
             env=environ,
             start_new_session=True,
-            preexec_fn=_death_signal_preexec(),  # noqa: PLW1509 - only prctl + getppid, no locks
+            preexec_fn=death_signal_preexec(),  # noqa: PLW1509 - only prctl + getppid, no locks
         )
 
     def _wait_until_ready(self, tree: _ProcessTree) -> None:
