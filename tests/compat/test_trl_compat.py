@@ -8,7 +8,7 @@ import pytest
 import trl
 from trl.scripts.vllm_serve import ScriptArguments
 
-from verirl import VLLMTopology
+from verirl import VLLMServer, VLLMTopology
 from verirl._serve_args import vllm_serve_args
 
 # trl's own GRPOConfig sets a deprecated transformers field; not something verirl passes.
@@ -70,3 +70,20 @@ def test_extra_args_parse_too():
     parsed = parse_serve_args(args)
     assert (parsed.port, parsed.enforce_eager, parsed.dtype) == (8123, True, "bfloat16")
     assert parsed.max_model_len is None
+
+
+def test_vllm_server_argv_parses_with_trls_own_parser():
+    server = VLLMServer(
+        "Qwen/Qwen3-0.6B",
+        port=8123,
+        devices=(2, 3),
+        max_model_len=2048,
+        gpu_memory_utilization=0.8,
+        tensor_parallel_size=2,
+        extra_args=("--enable-prefix-caching", "True"),
+    )
+    parsed = parse_serve_args(list(server.serve_args))
+    assert (parsed.model, parsed.host, parsed.port) == ("Qwen/Qwen3-0.6B", "127.0.0.1", 8123)
+    assert (parsed.max_model_len, parsed.tensor_parallel_size) == (2048, 2)
+    assert parsed.gpu_memory_utilization == 0.8
+    assert parsed.enable_prefix_caching is True
