@@ -28,7 +28,13 @@ from verirl.errors import (
     VLLMServerUnavailable,
     VLLMStartupTimeout,
 )
-from verirl.runtime import PhaseTiming, RuntimeSession, TrainingRuntime
+from verirl.runtime import (
+    PhaseTiming,
+    RuntimeSession,
+    TrainingRuntime,
+    resolver_from_settings,
+    topology_from_settings,
+)
 from verirl.topology import VLLMTopology, detect_gpu_count
 from verirl.vllm_server import VLLMServer
 
@@ -59,4 +65,6 @@ __all__ = [
     "__version__",
     "detect_gpu_count",
     "find_free_port",
+    "resolver_from_settings",
+    "topology_from_settings",
 ]
