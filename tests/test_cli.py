@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -337,50 +338,44 @@ def test_serve_requires_a_server_topology(clean_env):
     assert main(["serve", "--gpus", "1", "--model", "m"]) == 2
 
 
-def test_serve_runs_until_sigterm(tmp_path, clean_env):
+@contextlib.contextmanager
+def verirl_serve(log_dir: Path):
+    """`verirl serve` on the fake program, in a subprocess, once it says it is ready."""
     port = find_free_port()
-    fake = f"{sys.executable} -m fakes.vllm_serve"
     command = [sys.executable, "-m", "verirl", "serve", "--gpus", "2", "--model", "m",
-               "--vllm-port", str(port), "--vllm-command", fake,
-               "--log-dir", str(tmp_path)]  # fmt: skip
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    ) as proc:
-        try:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            assert "vLLM server ready" in line
-            children = psutil.Process(proc.pid).children(recursive=True)
-            assert children
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    assert proc.returncode == 0
-    _, alive = psutil.wait_procs(children, timeout=5)
-    assert not alive
-    assert port_is_free(port)
-
-
-def test_serve_exits_4_when_its_server_dies(tmp_path, clean_env):
-    port = find_free_port()
-    fake = f"{sys.executable} -m fakes.vllm_serve"
-    command = [sys.executable, "-m", "verirl", "serve", "--gpus", "2", "--model", "m",
-               "--vllm-port", str(port), "--vllm-command", fake,
-               "--log-dir", str(tmp_path)]  # fmt: skip
+               "--vllm-port", str(port), "--vllm-command", f"{sys.executable} -m fakes.vllm_serve",
+               "--log-dir", str(log_dir)]  # fmt: skip
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as proc:
         try:
             assert proc.stdout is not None
             assert "vLLM server ready" in proc.stdout.readline()
-            (server,) = psutil.Process(proc.pid).children()
-            server.kill()
+            yield proc, port
             proc.wait(timeout=30)
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_serve_runs_until_sigterm(tmp_path, clean_env):
+    with verirl_serve(tmp_path) as (proc, port):
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children
+        proc.send_signal(signal.SIGTERM)
+    assert proc.returncode == 0
+    _, alive = psutil.wait_procs(children, timeout=5)
+    assert not alive
+    assert port_is_free(port)
+    log = (tmp_path / f"vllm-serve-{port}.log").read_text()
+    assert "Uvicorn running" in log
+    assert "RuntimeWarning" not in log  # `import fakes` must not preload the program module
+
+
+def test_serve_exits_4_when_its_server_dies(tmp_path, clean_env):
+    with verirl_serve(tmp_path) as (proc, port):
+        (server,) = psutil.Process(proc.pid).children()
+        server.kill()
     assert proc.returncode == 4
     assert port_is_free(port)
 

@@ -51,17 +51,26 @@ class ConfigError(VeriRLError, ValueError):
         return cls(f"{field}={value!r}: {reason}", field=field, value=value)
 
 
-class EnvServerUnavailable(VeriRLError, TimeoutError):
-    """The reward environment server did not answer healthy in time."""
+class _Unhealthy(VeriRLError, TimeoutError):
+    """A service at ``url`` did not answer healthy within ``elapsed`` seconds."""
+
+    _what = "service"
+    _hint = ""
 
     def __init__(self, url: str, elapsed: float, last_error: str | None) -> None:
         self.url = url
         self.elapsed = elapsed
         self.last_error = last_error
         super().__init__(
-            f"env server {url} not healthy after {elapsed:.1f}s "
-            f"(last error: {last_error or 'none'})"
+            f"{self._what} {url} not healthy after {elapsed:.1f}s "
+            f"(last error: {last_error or 'none'}){self._hint}"
         )
+
+
+class EnvServerUnavailable(_Unhealthy):
+    """The reward environment server did not answer healthy in time."""
+
+    _what = "env server"
 
 
 class VLLMServerError(VeriRLError, RuntimeError):
@@ -112,18 +121,11 @@ class VLLMStartupTimeout(VLLMServerError, TimeoutError):
         )
 
 
-class VLLMServerUnavailable(VLLMServerError, TimeoutError):
+class VLLMServerUnavailable(_Unhealthy, VLLMServerError):
     """A vLLM server this process did not start (rank 0's, a remote one) never became healthy."""
 
-    def __init__(self, url: str, elapsed: float, last_error: str | None) -> None:
-        self.url = url
-        self.elapsed = elapsed
-        self.last_error = last_error
-        super().__init__(
-            f"vLLM server {url} not healthy after {elapsed:.1f}s "
-            f"(last error: {last_error or 'none'}); it is started by local rank 0 "
-            "or runs on the remote host"
-        )
+    _what = "vLLM server"
+    _hint = "; it is started by local rank 0 or runs on the remote host"
 
 
 class CheckpointNotFoundError(VeriRLError, FileNotFoundError):
