@@ -13,7 +13,7 @@ import os
 import modal
 
 app = modal.App("verirl-grpo")
-image = modal.Image.debian_slim().pip_install("verirl[vllm]")
+image = modal.Image.debian_slim().pip_install("torch==2.13.0").add_local_python_source("verirl")
 volume = modal.Volume.from_name("grpo-checkpoints", create_if_missing=True)
 
 

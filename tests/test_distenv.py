@@ -116,7 +116,8 @@ def test_variables_are_read_only():
 
 
 @pytest.mark.parametrize("missing", ["MASTER_ADDR", "MASTER_PORT"])
-def test_multi_process_jobs_need_the_launchers_rendezvous(missing):
+def test_multi_process_job_without_rendezvous_gets_defaults_and_a_warning(missing, caplog):
     environ = {k: v for k, v in TORCHRUN.items() if k != missing}
-    with pytest.raises(ConfigError, match=rf"^{missing}=None: must be set by the launcher"):
-        DistributedEnv.single_node(environ=environ)
+    env = DistributedEnv.single_node(environ=environ)
+    assert env.defaulted == {missing, "PYTORCH_CUDA_ALLOC_CONF"}
+    assert f"WORLD_SIZE=8 but {missing} is unset" in caplog.text

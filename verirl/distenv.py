@@ -8,6 +8,7 @@ here a launcher's values win and a missing ``MASTER_PORT`` is a free port.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import types
@@ -20,6 +21,8 @@ from verirl.errors import ConfigError
 from verirl.topology import TRL_GROUP_PORT
 
 __all__ = ["DistributedEnv", "find_free_port"]
+
+log = logging.getLogger(__name__)
 
 _ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 _DEFAULT_VLLM_PORTS = (8000, 8001, TRL_GROUP_PORT)
@@ -108,11 +111,11 @@ class DistributedEnv:
         if world_size is not None and world_size > 1:
             for name in ("MASTER_ADDR", "MASTER_PORT"):
                 if name not in env:
-                    raise ConfigError.invalid(
+                    log.warning(
+                        "WORLD_SIZE=%d but %s is unset: filling in a single-node default, "
+                        "which other ranks will not share; let the launcher set it",
+                        world_size,
                         name,
-                        None,
-                        f"must be set by the launcher when WORLD_SIZE={world_size}: every rank "
-                        "needs the same rendezvous address, which one process cannot pick alone",
                     )
         defaults: dict[str, str] = {
             "RANK": "0",
