@@ -13,7 +13,11 @@ import os
 import modal
 
 app = modal.App("verirl-grpo")
-image = modal.Image.debian_slim().pip_install("torch==2.13.0").add_local_python_source("verirl")
+image = (
+    modal.Image.debian_slim()
+    .pip_install("trl", "vllm", "attrs", "requests", "psutil", "huggingface_hub")
+    .add_local_python_source("verirl")
+)
 volume = modal.Volume.from_name("grpo-checkpoints", create_if_missing=True)
 
 
