@@ -8,27 +8,12 @@ import pytest
 import requests
 import responses
 
+from _support import FakeClock
 from fakes import FakeEnvServer, FakeEnvServerProbe
 from verirl import ConfigError, EnvServerProbe, EnvServerUnavailable, HttpEnvServerProbe
 from verirl._poll import Backoff
 
 URL = "http://env.test:8000"
-
-
-class FakeClock:
-    """Virtual time: sleeping advances the clock, nothing really waits."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        assert seconds >= 0
-        self.sleeps.append(seconds)
-        self.now += seconds
 
 
 def probe(clock: FakeClock, **kwargs) -> HttpEnvServerProbe:

@@ -15,27 +15,16 @@ import psutil
 import pytest
 import requests
 
+from _support import FakeClock, alive
 from fakes.vllm import FakeVLLMServer
 from fakes.vllm_serve import FakeVLLMKnobs, ServeArgs, parse_args
+from verirl import find_free_port
 from verirl._serve_args import vllm_serve_args
 from verirl.errors import ConfigError, PortInUseError, VLLMServerError, VLLMServerExited
 from verirl.runtime import ServerHandle
 from verirl.vllm_server import VLLMServer
 
 FAKE = (sys.executable, "-m", "fakes.vllm_serve")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def alive(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def gone_within(processes, timeout: float) -> bool:
@@ -207,7 +196,7 @@ def wait_healthy(base_url: str, proc: subprocess.Popen[bytes], timeout: float = 
 
 
 def test_program_serves_trls_endpoints_and_stops_its_workers_on_sigterm(run_fake):
-    port = free_port()
+    port = find_free_port()
     proc = run_fake(
         "--model", "m", "--host", "127.0.0.1", "--port", str(port),
         "--tensor_parallel_size", "2", "--data-parallel-size", "2",
@@ -232,7 +221,7 @@ def test_program_serves_trls_endpoints_and_stops_its_workers_on_sigterm(run_fake
 
 
 def test_program_crash_knob_exits_with_the_code_and_workers_die_with_it(run_fake, tmp_path):
-    port = free_port()
+    port = find_free_port()
     proc = run_fake(
         "--model", "m", "--port", str(port), "--tensor-parallel-size", "2",
         env={"FAKE_VLLM_CRASH": "7:RuntimeError: engine core failed"},
@@ -252,19 +241,6 @@ def test_program_crash_knob_exits_with_the_code_and_workers_die_with_it(run_fake
 
 
 # ---------------------------------------------------------------- FakeVLLMServer
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
 
 
 def test_fake_server_records_its_lifecycle():
@@ -344,7 +320,7 @@ def test_fake_server_from_topology():
 
 
 def test_fake_server_can_answer_health_on_loopback():
-    server = FakeVLLMServer("m", port=free_port(), serve_http=True, tensor_parallel_size=2)
+    server = FakeVLLMServer("m", port=find_free_port(), serve_http=True, tensor_parallel_size=2)
     with server:
         assert requests.get(server.base_url + "/health/", timeout=5).json() == {"status": "ok"}
         world = requests.get(server.base_url + "/get_world_size/", timeout=5).json()

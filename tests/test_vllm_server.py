@@ -22,7 +22,9 @@ import psutil
 import pytest
 import requests
 
+from _support import alive
 from fakes.envserver import FakeEnvServer
+from verirl import find_free_port
 from verirl._serve_args import vllm_serve_args
 from verirl.errors import (
     ConfigError,
@@ -49,20 +51,6 @@ MODEL = "fake/model"
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def alive(process: psutil.Process) -> bool:
-    """Running and not a zombie (PID 1 in a container may never reap an orphan's zombie)."""
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def survivors(processes, timeout: float = 0.0) -> list[psutil.Process]:
@@ -119,7 +107,7 @@ def make_server(tmp_path):
     made: list[VLLMServer] = []
 
     def make(**kwargs) -> VLLMServer:
-        kwargs.setdefault("port", free_port())
+        kwargs.setdefault("port", find_free_port())
         kwargs.setdefault("command", FAKE)
         kwargs.setdefault("log_path", tmp_path / f"server-{len(made)}.log")
         kwargs.setdefault("startup_timeout", 30.0)
@@ -372,7 +360,7 @@ def test_health_check_reasons():
             assert _health_check(session, env.url + "/health", 5.0) is None
         with FakeEnvServer(hang=True) as env:
             assert _health_check(session, env.url + "/health", 0.2) == "timed out"
-        url = f"http://127.0.0.1:{free_port()}/health/"
+        url = f"http://127.0.0.1:{find_free_port()}/health/"
         assert _health_check(session, url, 5.0) == "connection refused"
 
 
@@ -398,7 +386,7 @@ def test_port_in_use_on_the_wildcard_address_too(make_server):
 
 
 def test_a_port_with_connections_in_time_wait_is_not_in_use(make_server):
-    port = free_port()
+    port = find_free_port()
     with socket.create_server(("127.0.0.1", port)) as listener:
         client = socket.create_connection(("127.0.0.1", port))
         conn, _ = listener.accept()
@@ -863,7 +851,7 @@ def test_killing_the_trainer_leaves_no_server_or_worker(tmp_path, sig, handle_si
             sys.executable,
             "-c",
             HOLDER,
-            str(free_port()),
+            str(find_free_port()),
             str(tmp_path / "server.log"),
             "1" if handle_sigterm else "0",
         ],
