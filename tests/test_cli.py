@@ -284,8 +284,13 @@ def test_launch_forwards_signals_to_the_command(tmp_path, sig, clean_env):
             assert proc.poll() is None, proc.communicate()
             assert psutil.time.monotonic() < deadline
             psutil.wait_procs([], timeout=0.02)
+        trainer = psutil.Process(proc.pid).children()
         proc.send_signal(sig)
-        _, stderr = proc.communicate(timeout=30)
+        try:
+            _, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            state = {p.pid: p.status() if p.is_running() else "gone" for p in trainer}
+            pytest.fail(f"launch still running 60 s after {sig!r}; got={got.exists()}, {state}")
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -753,6 +753,8 @@ class _ProcessTree:
         except BaseException:
             with contextlib.suppress(Exception):
                 self.signal_all(signal.SIGKILL)
+                # SIGKILL is delivered asynchronously; only re-raise once the tree is gone.
+                self.wait_gone(time.monotonic() + _KILL_WAIT)
             raise
         finally:
             try:
