@@ -153,7 +153,8 @@ def test_ready_server_answers_health_and_logs_to_its_file(make_server):
     assert "Finished server process" in log
 
 
-def test_well_behaved_server_with_workers_stops_well_under_a_second(make_server):
+def test_well_behaved_server_with_workers_stops_on_sigterm_without_the_grace(make_server):
+    """Well under a second in `nox -s bench`; here only bounded, as CI machines are loaded."""
     server = make_server(tensor_parallel_size=2, data_parallel_size=2, devices=(0, 1, 2, 3))
     server.start()
     procs = tree(server)
@@ -163,7 +164,7 @@ def test_well_behaved_server_with_workers_stops_well_under_a_second(make_server)
     server.stop()
     took = time.monotonic() - started
     assert not survivors(procs)
-    assert took < 1.0, f"teardown took {took:.2f}s"
+    assert took < 2.5, f"teardown took {took:.2f}s"  # half the 5 s grace
     assert "SIGKILL" not in server.log_path.read_text()
 
 
