@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from fakes._http import serve_in_background, stop_serving
 from verirl.errors import EnvServerUnavailable
 
 if sys.version_info >= (3, 11):
@@ -142,19 +143,12 @@ class FakeEnvServer:
         self._httpd = _HTTPServer((self.host, self.port), _Handler)
         self._httpd.fake = self
         self._started_at = time.monotonic()
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
+        self._thread = serve_in_background(self._httpd, "fake-env-server")
 
     def stop(self) -> None:
         """Stop serving and close the socket; safe to call twice."""
         self._released.set()
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        stop_serving(self._httpd, self._thread)
         self._httpd = None
         self._thread = None
 

@@ -37,6 +37,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import attrs
 
+from fakes._http import serve_in_background
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -182,13 +184,7 @@ class FakeHub:
             msg = "FakeHub is already started"
             raise RuntimeError(msg)
         self._httpd = _HTTPServer((self.host, 0), self)
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name="fake-hub",
-            daemon=True,
-        )
-        self._thread.start()
+        self._thread = serve_in_background(self._httpd, "fake-hub")
         log.debug("fake hub serving at %s", self.endpoint)
         return self
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from fakes._http import serve_in_background, stop_serving
 from verirl._validate import check_number
 from verirl.errors import PortInUseError, VLLMServerError
 from verirl.vllm_server import VLLMServer
@@ -122,11 +123,7 @@ class FakeVLLMServer(VLLMServer):
         if not self._fake_running:
             return
         self._fake_running = False
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        stop_serving(self._httpd, self._thread)
         self._httpd = None
         self._thread = None
         self.stops += 1
@@ -149,13 +146,7 @@ class FakeVLLMServer(VLLMServer):
             if exc.errno == errno.EADDRINUSE:
                 raise PortInUseError(self.port, self.host) from None
             raise
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name=f"fake-vllm-{self.port}",
-            daemon=True,
-        )
-        self._thread.start()
+        self._thread = serve_in_background(self._httpd, f"fake-vllm-{self.port}")
 
     def _note(self, message: str) -> None:
         if self._log_path is not None:

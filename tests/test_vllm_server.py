@@ -69,6 +69,21 @@ def get_json(server: VLLMServer, path: str):
     return response.json()
 
 
+def start_in_thread(server: VLLMServer) -> tuple[threading.Thread, list[BaseException]]:
+    """Call ``server.start()`` in a new thread; what it raises lands in the returned list."""
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            server.start()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    return thread, errors
+
+
 def tree(server: VLLMServer) -> list[psutil.Process]:
     """The server and its workers, as the fake reports them."""
     assert server.pid is not None
@@ -232,16 +247,7 @@ def test_stop_from_another_thread_cancels_a_start_in_progress(make_server):
     server = make_server(
         tensor_parallel_size=2, devices=(0, 1), env={"FAKE_VLLM_STARTUP_DELAY": "60"}
     )
-    errors: list[BaseException] = []
-
-    def start() -> None:
-        try:
-            server.start()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    thread = threading.Thread(target=start)
-    thread.start()
+    thread, errors = start_in_thread(server)
     deadline = time.monotonic() + 20
     while len(pids_in_log(server.log_path, "worker")) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -262,16 +268,7 @@ def test_stop_from_another_thread_cancels_a_start_in_progress(make_server):
 def test_server_started_from_a_short_lived_thread_outlives_that_thread(make_server):
     # PR_SET_PDEATHSIG fires when the *thread* that forked the child exits.
     server = make_server()
-    errors: list[BaseException] = []
-
-    def start() -> None:
-        try:
-            server.start()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    thread = threading.Thread(target=start)
-    thread.start()
+    thread, errors = start_in_thread(server)
     thread.join(timeout=30)
     assert not errors
     assert server._tree is not None
