@@ -1,0 +1,133 @@
+"""The one SIGTERM policy: a preemption unwinds the ``with`` block so teardown runs.
+
+Cloud schedulers (Modal, Kubernetes, SLURM) preempt a job with SIGTERM and
+SIGKILL it a grace period later. Python's default for SIGTERM kills the
+process at once, skipping every ``finally`` and ``__exit__``, so a vLLM
+server would be left to the death signal alone. While verirl holds a server
+or a runtime, SIGTERM instead raises ``SystemExit(143)`` in the main thread.
+
+The rules, in one place for `verirl.VLLMServer`, `verirl.TrainingRuntime` and
+the CLI:
+
+- **Keep an existing handler.** The handler is installed only over the
+  default disposition; a handler the program installed (a save-on-preemption
+  callback) or ``SIG_IGN`` is left alone, and is what runs on SIGTERM.
+- **Main thread only.** Python runs handlers in the main thread; from any
+  other thread `SigtermPolicy.acquire` counts nothing and installs nothing.
+- **Fire once.** The first SIGTERM raises; one arriving during the teardown
+  it started is logged and ignored, so the teardown is not cut short.
+- **Restore on exit, nest safely.** Holders are counted; the default comes
+  back when the last one releases, and only if our handler is still the one
+  installed (a handler installed meanwhile by the program stays).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import types
+from collections.abc import Iterator
+
+__all__ = ["SIGTERM_POLICY", "SigtermPolicy", "exit_on_sigterm"]
+
+log = logging.getLogger("verirl.signals")
+
+
+class SigtermPolicy:
+    """Reference-counted ``SIGTERM → SystemExit(143)`` while held (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._installed = False
+        self._fired = False
+
+    @property
+    def active(self) -> bool:
+        """Whether our handler is installed now (False when the program's own one is kept)."""
+        return self._installed and signal.getsignal(signal.SIGTERM) == self.handle
+
+    @property
+    def fired(self) -> bool:
+        """Whether a SIGTERM was turned into ``SystemExit`` since the first holder acquired."""
+        return self._fired
+
+    def handle(self, signum: int, _frame: types.FrameType | None) -> None:
+        """The handler: raise ``SystemExit(128 + signum)`` once; act as the default if unheld."""
+        if self._users == 0:
+            # Released off the main thread, so the handler could not be removed: be the default.
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if self._fired:
+            log.warning("SIGTERM received again while tearing down; ignored")
+            return
+        self._fired = True
+        log.warning("SIGTERM received: exiting so that the vLLM server is stopped first")
+        raise SystemExit(128 + signum)
+
+    def acquire(self) -> bool:
+        """Count a holder and install the handler if SIGTERM has the default. True if counted."""
+        if threading.current_thread() is not threading.main_thread():
+            log.debug("not in the main thread: SIGTERM is left as it is")
+            return False
+        with self._lock:
+            if self._users == 0:
+                current = signal.getsignal(signal.SIGTERM)
+                self._installed = False
+                self._fired = False
+                if current == self.handle:
+                    self._installed = True
+                elif current == signal.SIG_DFL:
+                    try:
+                        signal.signal(signal.SIGTERM, self.handle)
+                    except ValueError:  # not the main interpreter
+                        return False
+                    self._installed = True
+                else:
+                    log.debug("SIGTERM already has a handler (%r); leaving it", current)
+            self._users += 1
+        return True
+
+    def release(self) -> None:
+        """Uncount a holder; after the last one, put the default back if ours is still there."""
+        with self._lock:
+            self._users = max(self._users - 1, 0)
+            if self._users or not self._installed:
+                return
+            on_main = threading.current_thread() is threading.main_thread()
+            if on_main and signal.getsignal(signal.SIGTERM) == self.handle:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                self._installed = False
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[bool]:
+        """Hold the policy for a ``with`` block; yields whether this holder was counted."""
+        counted = self.acquire()
+        try:
+            yield counted
+        finally:
+            if counted:
+                self.release()
+
+    def reset_after_fork(self) -> None:
+        """A forked child holds nothing; its copy of the handler acts as the default."""
+        self._lock = threading.Lock()
+        self._users = 0
+        self._fired = False
+
+
+SIGTERM_POLICY = SigtermPolicy()
+"""The process-wide policy every verirl component uses."""
+
+
+def exit_on_sigterm() -> contextlib.AbstractContextManager[bool]:
+    """Hold `SIGTERM_POLICY` for a ``with`` block; yields whether this holder was counted."""
+    return SIGTERM_POLICY.held()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=SIGTERM_POLICY.reset_after_fork)
