@@ -418,3 +418,48 @@ def test_module_entry_point():
     )  # fmt: skip
     assert result.returncode == 0
     assert json.loads(result.stdout)["mode"] == "server"
+
+
+# -- a resume request is never dropped (launch and resume agree)
+
+
+@pytest.mark.parametrize("request_", ["latest", "last-checkpoint", "missing"])
+def test_launch_resume_without_sources_fails_like_resume(tmp_path, request_, clean_env):
+    marker = tmp_path / "ran"
+    wanted = str(tmp_path / "x" / "checkpoint-10") if request_ == "missing" else request_
+    command = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    launched = run_cli("launch", "--gpus", "1", "--resume", wanted, "--", *command)
+    resumed = run_cli("resume", "--resume", wanted)
+    assert launched.returncode == resumed.returncode == 5, launched.stderr
+    assert not marker.exists()
+    assert "Traceback" not in launched.stderr
+    expected = "no sources configured" if request_ != "missing" else "checkpoint-10"
+    assert expected in launched.stderr
+    assert expected in resumed.stderr
+
+
+def test_launch_resume_from_the_variable_without_sources_fails(tmp_path, clean_env):
+    marker = tmp_path / "ran"
+    result = run_cli(
+        "launch", "--gpus", "1", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')",
+        env={"VERIRL_RESUME_FROM_CHECKPOINT": "latest"},
+    )  # fmt: skip
+    assert result.returncode == 5, result.stderr
+    assert not marker.exists()
+
+
+def test_launch_explicit_checkpoint_without_sources_is_passed_on(tmp_path, clean_env):
+    checkpoint = write_checkpoint(tmp_path / "elsewhere", 10)
+    out = tmp_path / "seen"
+    script = training_script(
+        tmp_path,
+        f"""
+        import os
+        open({str(out)!r}, "w").write(os.environ["VERIRL_RESUME_FROM_CHECKPOINT"])
+    """,
+    )
+    result = run_cli(
+        "launch", "--gpus", "1", "--resume", str(checkpoint), "--", sys.executable, str(script)
+    )
+    assert result.returncode == 0, result.stderr
+    assert out.read_text() == str(checkpoint)

@@ -270,6 +270,11 @@ class _Outcome:
     error: BaseException | None = None
 
 
+def _requested(request: str | None) -> bool:
+    """Whether ``request`` asks for a checkpoint (``None`` and blank mean a fresh start)."""
+    return request is not None and bool(request.strip())
+
+
 @contextmanager
 def _sigterm_as_exit() -> Iterator[None]:
     """While active (main thread only), SIGTERM raises `SystemExit(143)` so teardown runs."""
@@ -329,6 +334,10 @@ class TrainingRuntime:
         check_number("server_timeout", self.server_timeout, positive=True)
         if self.model is not None:
             check_text("model", self.model, "a non-empty model id or path")
+        if self.resume_from is not None and not isinstance(self.resume_from, str):
+            raise ConfigError.invalid(
+                "resume_from", self.resume_from, "must be a string ('latest' or a path) or None"
+            )
 
     @classmethod
     def from_settings(
@@ -391,6 +400,7 @@ class TrainingRuntime:
             field = "vllm_log_dir" if vllm_log_dir is not None else "VERIRL_VLLM_LOG_DIR"
             raise ConfigError.invalid(field, log_dir, "must be an existing directory")
         timeout = read.number(env_timeout, "VERIRL_ENV_TIMEOUT")
+        request = read.text(resume_from, RESUME_ENV_VAR)
         resolver = resolver_from_settings(
             output_dir=output_dir,
             hub_repo_id=hub_repo_id,
@@ -403,8 +413,8 @@ class TrainingRuntime:
             topology,
             model=model,
             env_probe=probe,
-            checkpoints=resolver if resolver.sources else None,
-            resume_from=read.text(resume_from, RESUME_ENV_VAR),
+            checkpoints=resolver if resolver.sources or _requested(request) else None,
+            resume_from=request,
             server_factory=_default_server_factory(model, command=vllm_command, log_dir=log_dir),
             env_timeout=600.0 if timeout is None else timeout,
         )
@@ -478,8 +488,10 @@ class TrainingRuntime:
         if self.env_probe is not None:
             env_probe = self.env_probe
             phases["env"] = lambda: env_probe.wait(self.env_timeout)
-        if self.checkpoints is not None:
-            resolver = self.checkpoints
+        if self.checkpoints is not None or _requested(self.resume_from):
+            # A request is never dropped: without a resolver an explicit path is still
+            # checked, and "latest" fails with "no sources configured".
+            resolver = self.checkpoints or CheckpointResolver([])
             phases["checkpoint"] = lambda: resolver.resolve(self.resume_from)
         return phases
 
