@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Iterable
+
 import psutil
+
+from verirl.vllm_server import MARKER_VAR
+
+SESSION_VAR = "PYTEST_VERIRL_SESSION"
+"""Set to a fresh id in each pytest process (each xdist worker too) at configure time.
+
+Every process the suite starts inherits it, so the leftover check can tell
+this run's processes from those of another checkout or job on the same
+machine. The name is outside ``VERIRL_*`` on purpose: tests that clear
+verirl's settings variables must not clear the tag too.
+"""
+
+LEFTOVER_GRACE = 15.0
+"""Seconds a process already on its way out (SIGKILLed, being reaped) gets before it counts."""
 
 
 class FakeClock:
@@ -27,3 +45,82 @@ def alive(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def tagged_processes(tag: str) -> set[psutil.Process]:
+    """Live processes other than this one whose environment carries ``SESSION_VAR=tag``.
+
+    Wherever they are: a server's worker orphaned to init still carries the
+    tag it inherited. Processes of other users (unreadable) or with another
+    tag or none, as another checkout's jobs have, are never returned.
+    """
+    me = os.getpid()
+    found = set()
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != me and proc.environ().get(SESSION_VAR) == tag and alive(proc):
+                found.add(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def descendants() -> set[psutil.Process]:
+    """Live descendants of this process (found even when started without the tag)."""
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return set()
+    return {proc for proc in children if alive(proc)}
+
+
+def session_processes(tag: str) -> set[psutil.Process]:
+    """Every live process this test session started that can still be found."""
+    return descendants() | tagged_processes(tag)
+
+
+def describe(proc: psutil.Process) -> str:
+    """``pid: cmdline`` plus the server marker when it carries one, for a failure message."""
+    try:
+        cmdline = " ".join(proc.cmdline()) or proc.name()
+        marker = proc.environ().get(MARKER_VAR)
+    except (psutil.Error, OSError) as exc:
+        return f"{proc.pid}: ({type(exc).__name__})"
+    extra = f" [{MARKER_VAR}={marker}]" if marker is not None else ""
+    return f"{proc.pid}: {cmdline}{extra}"
+
+
+def leftovers(
+    tag: str, before: Iterable[psutil.Process], *, grace: float = LEFTOVER_GRACE
+) -> list[psutil.Process]:
+    """Processes of this session that were not there ``before`` and outlive ``grace`` seconds."""
+    new = session_processes(tag) - set(before)
+    if not new:
+        return []
+    return sorted(still_alive(new, timeout=grace), key=lambda proc: proc.pid)
+
+
+def still_alive(processes: Iterable[psutil.Process], *, timeout: float) -> list[psutil.Process]:
+    """Those of ``processes`` still running (zombies count as gone) after up to ``timeout`` s.
+
+    Polls: most of them are not our children (orphans re-parented to init), so
+    there is no exit event to wait on, and `psutil.wait_procs` would wait for
+    init to reap a zombie.
+    """
+    deadline = time.monotonic() + timeout
+    left = [proc for proc in processes if alive(proc)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.02)
+        left = [proc for proc in left if alive(proc)]
+    return left
+
+
+def kill_all(processes: Iterable[psutil.Process]) -> None:
+    """SIGKILL each process (the leftover check cleans up what it reports)."""
+    procs = list(processes)
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.Error:
+            continue
+    still_alive(procs, timeout=10)

@@ -1,49 +1,55 @@
-"""Suite-wide guards: no test may leave a child process behind."""
+"""Suite-wide guards: no test may leave a child process behind.
+
+Each pytest process (each xdist worker too) tags its environment with a fresh
+`SESSION_VAR` at configure time; everything the suite starts inherits it.
+After each test, and once more at the end of the session, any process carrying
+our tag (wherever it was re-parented) or descending from us that was not there
+before is reported with its command line and killed. Processes started by
+another checkout or job on the same machine, even verirl servers carrying
+`verirl.vllm_server.MARKER_VAR`, do not carry our tag and are left alone.
+"""
 
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 
 import psutil
 import pytest
 
-from verirl.vllm_server import MARKER_VAR
+from _support import SESSION_VAR, describe, kill_all, leftovers, session_processes
 
 # tests/compat needs the real trl (and torch); only `nox -s compat` installs them.
 collect_ignore = [] if os.environ.get("VERIRL_COMPAT") else ["compat"]
 
-
-def _children() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+_TAG = uuid.uuid4().hex
 
 
-def _marked_servers() -> set[int]:
-    """Processes started by a VLLMServer (they carry its marker variable), wherever they are.
+def pytest_configure(config: pytest.Config) -> None:
+    """Give this pytest process its own tag, inherited by every process it starts."""
+    os.environ[SESSION_VAR] = _TAG
 
-    Orphaned workers are re-parented to init, so only this finds them.
-    """
-    found = set()
-    for proc in psutil.process_iter():
-        try:
-            if MARKER_VAR in proc.environ():
-                found.add(proc.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
+
+def _check(before: set[psutil.Process], what: str) -> None:
+    left = leftovers(_TAG, before)
+    if left:
+        lines = [describe(proc) for proc in left]
+        kill_all(left)
+        pytest.fail(f"processes left behind by {what} (now killed):\n" + "\n".join(lines))
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _no_leftover_children() -> Iterator[None]:
-    """Fail the run if any process started by the suite outlives it."""
-    before = _children() | _marked_servers()
+def _no_leftover_processes_after_the_session() -> Iterator[None]:
+    """Catches what no single test owns (e.g. a process started between tests)."""
+    before = session_processes(_TAG)
     yield
-    left = []
-    for pid in (_children() | _marked_servers()) - before:
-        try:
-            proc = psutil.Process(pid)
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                left.append(f"{pid}: {' '.join(proc.cmdline())}")
-        except psutil.NoSuchProcess:
-            continue
-    assert not left, "processes left behind by the suite:\n" + "\n".join(left)
+    _check(before, "the test session")
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_processes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the test that left a process running, naming each one."""
+    before = session_processes(_TAG)
+    yield
+    _check(before, request.node.nodeid)

@@ -1,0 +1,194 @@
+"""The suite's leftover-process check blames only processes this test session started.
+
+Another checkout's job on the same machine (a verirl server carrying the
+marker variable, started by someone else) must not fail our run; a process we
+started and orphaned must.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+
+from _support import (
+    SESSION_VAR,
+    alive,
+    descendants,
+    describe,
+    kill_all,
+    leftovers,
+    session_processes,
+    still_alive,
+    tagged_processes,
+)
+from verirl.vllm_server import MARKER_VAR
+
+pytest_plugins = ["pytester"]
+
+TESTS = Path(__file__).resolve().parent
+
+# Started with our stdin pipe, the grandchild lives until the pipe closes: an
+# event, not a sleep, ends it, and it ends even if this process is killed.
+_DETACH = (
+    "import subprocess, sys\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import sys; sys.stdin.read()'])\n"
+    "print(child.pid, flush=True)\n"
+)
+
+
+@contextmanager
+def orphan(env: dict[str, str]) -> Iterator[psutil.Process]:
+    """A process re-parented away from us (as a server's orphaned worker is), stopped after."""
+    helper = subprocess.Popen(
+        [sys.executable, "-c", _DETACH],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+    assert helper.stdin is not None
+    assert helper.stdout is not None
+    proc = None
+    try:
+        proc = psutil.Process(int(helper.stdout.readline()))
+        assert helper.wait(timeout=60) == 0
+        yield proc
+    finally:
+        helper.stdin.close()
+        helper.stdout.close()
+        helper.wait(timeout=60)
+        if proc is not None:
+            assert still_alive([proc], timeout=60) == []
+
+
+def our_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, **extra}
+
+
+def foreign_env(**extra: str) -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items() if name != SESSION_VAR}
+    return {**env, **extra}
+
+
+def test_this_session_has_a_tag():
+    assert len(os.environ[SESSION_VAR]) == 32
+
+
+def test_a_foreign_marked_process_without_a_tag_is_not_blamed():
+    tag = os.environ[SESSION_VAR]
+    before = session_processes(tag)
+    with orphan(foreign_env(**{MARKER_VAR: "another-checkout"})) as proc:
+        assert proc not in descendants()  # as another job's process would be
+        assert proc.environ()[MARKER_VAR] == "another-checkout"
+        assert proc not in tagged_processes(tag)
+        assert leftovers(tag, before, grace=0) == []
+
+
+def test_a_foreign_marked_process_with_another_sessions_tag_is_not_blamed():
+    tag = os.environ[SESSION_VAR]
+    before = session_processes(tag)
+    env = foreign_env(**{MARKER_VAR: "x", SESSION_VAR: "another-session"})
+    with orphan(env) as proc:
+        assert proc.environ()[SESSION_VAR] == "another-session"
+        assert proc not in tagged_processes(tag)
+        assert leftovers(tag, before, grace=0) == []
+
+
+def test_an_orphan_carrying_our_tag_is_found_wherever_it_was_reparented():
+    tag = os.environ[SESSION_VAR]
+    before = session_processes(tag)
+    with orphan(our_env(**{MARKER_VAR: "ours"})) as proc:
+        assert proc not in descendants()
+        assert proc in tagged_processes(tag)
+        assert leftovers(tag, before, grace=0) == [proc]
+        text = describe(proc)
+        assert str(proc.pid) in text
+        assert "sys.stdin.read()" in text
+        assert f"{MARKER_VAR}=ours" in text
+    assert not alive(proc)
+
+
+def test_a_child_started_with_a_scrubbed_environment_is_found_as_a_descendant():
+    tag = os.environ[SESSION_VAR]
+    before = session_processes(tag)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        env=foreign_env(),
+    )
+    assert child.stdin is not None
+    try:
+        proc = psutil.Process(child.pid)
+        assert proc not in tagged_processes(tag)
+        assert leftovers(tag, before, grace=0) == [proc]
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+
+
+def test_a_process_that_goes_within_the_grace_period_is_not_a_leftover():
+    tag = os.environ[SESSION_VAR]
+    before = session_processes(tag)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    assert child.stdin is not None
+    child.stdin.close()  # it is on its way out; the check waits for it instead of blaming it
+    try:
+        assert leftovers(tag, before, grace=60) == []
+    finally:
+        child.wait(timeout=60)
+
+
+def _processes_running(token: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if token in " ".join(proc.cmdline()) and alive(proc):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_run_blames_the_test_that_leaked_and_spares_another_jobs_server(pytester):
+    """The suite's own conftest in a fresh pytest run, with a foreign marked process around."""
+    support = (TESTS / "_support.py").read_text()
+    fast = support.replace("LEFTOVER_GRACE = 15.0", "LEFTOVER_GRACE = 0.5")
+    assert fast != support
+    pytester.makepyfile(_support=fast)
+    pytester.makeconftest((TESTS / "conftest.py").read_text())
+    token = f"leaked-{uuid.uuid4().hex}"
+    leaked = f"import time; time.sleep(600)  # {token}"
+    detach = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {leaked!r}])"
+    pytester.makepyfile(
+        test_user=f"""
+        import subprocess, sys
+
+        def test_clean():
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+        def test_leaks():
+            # The child exits at once, orphaning its own: only the tag can find that one.
+            subprocess.run([sys.executable, "-c", {detach!r}], check=True)
+        """
+    )
+    try:
+        with orphan(foreign_env(**{MARKER_VAR: "another-job"})) as foreign:
+            result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+            assert alive(foreign)  # the run neither blamed nor killed it
+        survivors = _processes_running(token)
+    finally:
+        kill_all(_processes_running(token))
+    assert survivors == []  # the check killed what it reported
+    result.assert_outcomes(passed=2, errors=1)
+    text = result.stdout.str()
+    assert "processes left behind by test_user.py::test_leaks (now killed)" in text
+    assert token in text
+    assert "another-job" not in text
