@@ -13,16 +13,15 @@ import logging
 import os
 import queue
 import shlex
-import signal
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Protocol, TypeVar, runtime_checkable
 
 import attrs
 
+from verirl._signals import SIGTERM_POLICY
 from verirl._validate import check_int, check_number, check_text
 from verirl.checkpoints import (
     RESUME_ENV_VAR,
@@ -275,24 +274,6 @@ def _requested(request: str | None) -> bool:
     return request is not None and bool(request.strip())
 
 
-@contextmanager
-def _sigterm_as_exit() -> Iterator[None]:
-    """While active (main thread only), SIGTERM raises `SystemExit(143)` so teardown runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, _frame: types.FrameType | None) -> None:
-        log.warning("received signal %d: tearing down before exiting", signum)
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 @attrs.define
 class TrainingRuntime:
     """The facade: distributed env, vLLM server, env-server wait and checkpoint, together.
@@ -310,9 +291,12 @@ class TrainingRuntime:
        the server handle and per-phase timings (also logged as one line).
 
     Any phase failing stops the server (if started) and raises that phase's
-    error. While started in the main thread, SIGTERM (what Modal and
-    Kubernetes send on preemption) becomes `SystemExit(143)`, so the ``with``
-    block unwinds and the server goes.
+    error. From `start` to `stop` it holds the one SIGTERM policy
+    (`verirl._signals`): started in the main thread with SIGTERM at its
+    default, SIGTERM (what Modal and Kubernetes send on preemption) becomes
+    `SystemExit(143)` once, so the ``with`` block unwinds and the server goes;
+    a handler the program installed (a save-on-preemption callback) or
+    ``SIG_IGN`` is kept and is what runs.
     """
 
     topology: VLLMTopology
@@ -327,7 +311,8 @@ class TrainingRuntime:
     environ: MutableMapping[str, str] | None = attrs.field(default=None, kw_only=True, repr=False)
     _server: ServerHandle | None = attrs.field(default=None, init=False, repr=False)
     _session: RuntimeSession | None = attrs.field(default=None, init=False, repr=False)
-    _exit_stack: ExitStack | None = attrs.field(default=None, init=False, repr=False)
+    _started: bool = attrs.field(default=False, init=False, repr=False)
+    _holds_sigterm: bool = attrs.field(default=False, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         check_number("env_timeout", self.env_timeout, non_negative=True)
@@ -432,18 +417,24 @@ class TrainingRuntime:
 
     def start(self) -> RuntimeSession:
         """Run every start-up phase; return the session or raise the first phase error."""
-        if self._session is not None or self._exit_stack is not None:
+        if self._started:
             msg = "TrainingRuntime is already started; stop() it first"
             raise RuntimeError(msg)
+        self._started = True
         origin = time.monotonic()
         environ = os.environ if self.environ is None else self.environ
-        dist = self.dist_env or DistributedEnv.single_node(environ=environ)
-        self.dist_env = dist
-        dist.apply(environ)
-        dist_phase = PhaseTiming("dist-env", 0.0, time.monotonic() - origin)
-        self._exit_stack = ExitStack()
-        self._exit_stack.enter_context(_sigterm_as_exit())
         try:
+            dist = self.dist_env or DistributedEnv.single_node(environ=environ)
+            self.dist_env = dist
+            dist.apply(environ)
+        except BaseException:
+            self._started = False
+            raise
+        dist_phase = PhaseTiming("dist-env", 0.0, time.monotonic() - origin)
+        try:
+            # Held from the main thread (where Python runs handlers) until stop(): the
+            # phases, the server's start included, run on worker threads.
+            self._holds_sigterm = SIGTERM_POLICY.acquire()
             outcomes = self._run_phases(origin)
         except BaseException:
             self.stop()
@@ -544,16 +535,20 @@ class TrainingRuntime:
         server.stop()
 
     def stop(self) -> None:
-        """Stop the server (if this runtime started one) and restore signal handling."""
+        """Stop the server (if this runtime started one) and release the SIGTERM policy.
+
+        Idempotent: the policy is released exactly once per `start`.
+        """
         server, self._server = self._server, None
         self._session = None
         try:
             if server is not None:
                 server.stop()
         finally:
-            stack, self._exit_stack = self._exit_stack, None
-            if stack is not None:
-                stack.close()
+            held, self._holds_sigterm = self._holds_sigterm, False
+            self._started = False
+            if held:
+                SIGTERM_POLICY.release()
 
     def __enter__(self) -> RuntimeSession:
         return self.start()

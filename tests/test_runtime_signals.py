@@ -1,0 +1,129 @@
+"""TrainingRuntime follows the one SIGTERM policy: keep a program's handler, default only."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import pytest
+
+from fakes import FakeEnvServerProbe
+from fakes.vllm import FakeVLLMServer
+from verirl import (
+    DistributedEnv,
+    EnvServerUnavailable,
+    TrainingRuntime,
+    VLLMTopology,
+    find_free_port,
+)
+from verirl._signals import SIGTERM_POLICY, exit_on_sigterm
+from verirl.runtime import ServerHandle
+
+
+@pytest.fixture
+def default_sigterm():
+    """Act as a program with the default SIGTERM (coverage's `sigterm = true` installs one)."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+class Recorder:
+    def __init__(self, **kwargs) -> None:
+        self.kwargs = kwargs
+        self.servers: list[FakeVLLMServer] = []
+
+    def __call__(self, topology: VLLMTopology) -> ServerHandle:
+        server = FakeVLLMServer.from_topology(topology, model="m", **self.kwargs)
+        self.servers.append(server)
+        return server
+
+
+def runtime(**kwargs) -> TrainingRuntime:
+    env: dict[str, str] = {}
+    kwargs.setdefault("server_factory", Recorder())
+    return TrainingRuntime(
+        VLLMTopology.plan(2, max_model_len=64, port=find_free_port()),
+        environ=env,
+        dist_env=DistributedEnv.single_node(environ=env, master_port=find_free_port()),
+        **kwargs,
+    )
+
+
+def test_sigterm_over_the_default_unwinds_the_block_once(default_sigterm):
+    factory = Recorder()
+    rt = runtime(server_factory=factory)
+    active: list[bool] = []
+
+    def body() -> None:
+        with rt:
+            active.append(SIGTERM_POLICY.active)
+            signal.raise_signal(signal.SIGTERM)
+
+    with pytest.raises(SystemExit) as info:
+        body()
+    assert active == [True]
+    assert info.value.code == 143
+    assert factory.servers[0].stops == 1
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_a_handler_of_the_program_is_kept_and_is_what_runs(default_sigterm):
+    calls: list[int] = []
+
+    def save_on_preemption(signum, _frame):
+        calls.append(signum)
+
+    signal.signal(signal.SIGTERM, save_on_preemption)
+    factory = Recorder()
+    with runtime(server_factory=factory):
+        assert signal.getsignal(signal.SIGTERM) is save_on_preemption
+        signal.raise_signal(signal.SIGTERM)  # no SystemExit: the program's handler ran
+        assert calls == [signal.SIGTERM]
+        assert factory.servers[0].running
+    assert signal.getsignal(signal.SIGTERM) is save_on_preemption
+    assert factory.servers[0].stops == 1
+
+
+def test_sig_ign_is_kept(default_sigterm):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with runtime():
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        signal.raise_signal(signal.SIGTERM)  # ignored: still here
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+
+
+def test_released_exactly_once_when_start_fails(default_sigterm):
+    with exit_on_sigterm():
+        rt = runtime(env_probe=FakeEnvServerProbe(ready_after_checks=None), env_timeout=0)
+        with pytest.raises(EnvServerUnavailable):
+            rt.start()
+        rt.stop()  # a second stop must not release the outer holder's count
+        assert SIGTERM_POLICY.active  # the outer holder still holds it
+        with pytest.raises(SystemExit):
+            signal.raise_signal(signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_released_exactly_once_after_stop_twice(default_sigterm):
+    with exit_on_sigterm():
+        rt = runtime()
+        rt.start()
+        rt.stop()
+        rt.stop()
+        assert SIGTERM_POLICY.active
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_started_off_the_main_thread_leaves_sigterm_alone(default_sigterm):
+    seen: list[object] = []
+
+    def body() -> None:
+        with runtime():
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    assert seen == [signal.SIG_DFL]
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
