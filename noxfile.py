@@ -58,14 +58,25 @@ TORCH = "torch==2.13.0"
 TRL = "trl>=0.26"
 
 
+# One worker per CPU, at most four: each test may run a few processes of its own.
+XDIST = ["-n", "logical", "--maxprocesses=4"]
+
+
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
-    """Unit and process tests with branch coverage (fails under 90%)."""
+    """Unit and process tests in parallel with branch coverage (fails under 90%).
+
+    ``patch = ["subprocess"]`` measures the xdist workers and every Python
+    process the tests start; the report is printed even when a test failed
+    (the session still fails). ``nox -s tests -- -n0`` runs serially.
+    """
     session.install("-e", ".[tests]")
     session.run("coverage", "erase")
-    session.run("coverage", "run", "-m", "pytest", *session.posargs)
-    session.run("coverage", "combine")
-    session.run("coverage", "report")
+    try:
+        session.run("coverage", "run", "-m", "pytest", *XDIST, *session.posargs)
+    finally:
+        session.run("coverage", "combine", "--quiet")
+        session.run("coverage", "report")
 
 
 @nox.session(python="3.11")
