@@ -363,12 +363,13 @@ def verirl_serve(log_dir: Path):
                 proc.kill()
 
 
-def test_serve_runs_until_sigterm(tmp_path, clean_env):
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_serve_runs_until_a_signal_then_tears_down(tmp_path, sig, code, clean_env):
     with verirl_serve(tmp_path) as (proc, port):
         children = psutil.Process(proc.pid).children(recursive=True)
         assert children
-        proc.send_signal(signal.SIGTERM)
-    assert proc.returncode == 0
+        proc.send_signal(sig)
+    assert proc.returncode == code
     _, alive = psutil.wait_procs(children, timeout=5)
     assert not alive
     assert port_is_free(port)
@@ -463,3 +464,112 @@ def test_launch_explicit_checkpoint_without_sources_is_passed_on(tmp_path, clean
     )
     assert result.returncode == 0, result.stderr
     assert out.read_text() == str(checkpoint)
+
+
+# -- launch: one SIGTERM policy, bounded grace, nothing left running
+
+
+def wait_for(condition, proc: subprocess.Popen[str], what: str, timeout: float = 60) -> None:
+    deadline = psutil.time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, (what, proc.communicate())
+        assert psutil.time.monotonic() < deadline, f"timed out waiting for {what}"
+        psutil.wait_procs([], timeout=0.02)
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_launch_signal_before_the_command_starts_never_runs_it(tmp_path, sig, code, clean_env):
+    marker = tmp_path / "ran"
+    with FakeEnvServer(ready_after=None) as env_server:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--env-url", env_server.url,
+             "--env-timeout", "120", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            wait_for(lambda: env_server.requests >= 1, proc, "the env server wait")
+            proc.send_signal(sig)
+            _, stderr = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == code, stderr
+    assert not marker.exists()
+    assert "Traceback" not in stderr
+
+
+def test_launch_kills_a_command_that_ignores_sigterm_after_the_grace(tmp_path, clean_env):
+    pid_file = tmp_path / "pid"
+    script = training_script(
+        tmp_path,
+        f"""
+        import os, signal, threading
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        open({str(pid_file)!r}, "w").write(str(os.getpid()))
+        threading.Event().wait(120)
+    """,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--shutdown-timeout", "1",
+         "--", sys.executable, str(script)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: pid_file.exists() and pid_file.read_text(), proc, "the command")
+        trainer = psutil.Process(int(pid_file.read_text()))
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGKILL, stderr
+    _, alive = psutil.wait_procs([trainer], timeout=10)
+    assert not alive
+    assert "forwarding signal" in stderr
+    assert "SIGKILL" in stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "launch"])
+def test_a_handler_inherited_from_start_up_does_not_change_the_cli(tmp_path, command, clean_env):
+    """`verirl` is the program: SIGTERM still tears down and exits 143 (coverage installs one)."""
+    ready = tmp_path / "ready"
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text(
+        textwrap.dedent("""
+        import signal, sys
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        from verirl.cli import main
+        sys.exit(main(sys.argv[1:]))
+    """)
+    )
+    port = find_free_port()
+    if command == "serve":
+        args = ["serve", "--gpus", "2", "--model", "m", "--vllm-port", str(port),
+                "--vllm-command", f"{sys.executable} -m fakes.vllm_serve",
+                "--log-dir", str(tmp_path)]  # fmt: skip
+    else:
+        body = f"import threading; open({str(ready)!r}, 'w'); threading.Event().wait(120)"
+        args = ["launch", "--gpus", "1", "--", sys.executable, "-c", body]
+    proc = subprocess.Popen(
+        [sys.executable, str(wrapper), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        if command == "serve":
+            assert proc.stdout is not None
+            assert "vLLM server ready" in proc.stdout.readline()
+        else:
+            wait_for(ready.exists, proc, "the command")
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, stderr
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive
+    assert port_is_free(port)

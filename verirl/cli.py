@@ -12,6 +12,7 @@ command's code (128+N when the command died of signal N).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import logging
@@ -23,10 +24,10 @@ import socket
 import subprocess
 import sys
 import threading
-import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 from verirl import __version__
+from verirl._signals import SIGTERM_POLICY, exit_on_sigterm
 from verirl.checkpoints import RESUME_ENV_VAR
 from verirl.distenv import DistributedEnv
 from verirl.envserver import HttpEnvServerProbe
@@ -48,6 +49,11 @@ log = logging.getLogger("verirl")
 
 GRPO_KWARGS_VARIABLE = "VERIRL_GRPO_KWARGS"
 VLLM_URL_VARIABLE = "VERIRL_VLLM_URL"
+
+LAUNCH_GRACE = 30.0
+"""Seconds ``launch`` gives its command after passing SIGTERM/SIGINT on, before SIGKILL."""
+
+_POLL_INTERVAL = 0.5
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -195,28 +201,15 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _wait_for_signal(alive: Callable[[], bool]) -> int | None:
-    """Block until SIGINT or SIGTERM (return 128 + its number) or until ``alive()`` is false."""
-    received = threading.Event()
-    number: list[int] = []
-
-    def handler(signum: int, _frame: types.FrameType | None) -> None:
-        number.append(signum)
-        received.set()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while not received.wait(timeout=0.5):
-            if not alive():
-                return None
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-    return 128 + number[0]
+def _wait_while(alive: Callable[[], bool]) -> None:
+    """Block, interruptibly, while ``alive()``: SIGTERM (`SystemExit`) and Ctrl-C end it."""
+    pause = threading.Event()
+    while alive():
+        pause.wait(_POLL_INTERVAL)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Run the vLLM server in the foreground until Ctrl-C or SIGTERM; 4 if it dies first."""
+    """Run the vLLM server in the foreground until Ctrl-C (130) or SIGTERM (143); 4 if it dies."""
     runtime = _runtime_from_args(args)
     if not runtime.topology.is_local_server:
         raise ConfigError.invalid(
@@ -226,13 +219,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server = session.server
         print(f"vLLM server ready at {session.server_url} ({runtime.topology.describe()})")
         sys.stdout.flush()
-        code = _wait_for_signal(lambda: bool(getattr(server, "running", True)))
-        if code is None:
-            tail = server.log_tail() if isinstance(server, VLLMServer) else ""
-            log.error("the vLLM server exited on its own\n%s", tail.rstrip())
-            return EXIT_VLLM
-    log.info("vLLM server stopped")
-    return EXIT_OK
+        # Ends only by the server dying: SIGTERM raises SystemExit(143) from the one policy
+        # and Ctrl-C KeyboardInterrupt, both unwinding the runtime, which stops the server.
+        _wait_while(lambda: bool(getattr(server, "running", True)))
+        tail = server.log_tail() if isinstance(server, VLLMServer) else ""
+        log.error("the vLLM server exited on its own\n%s", tail.rstrip())
+        return EXIT_VLLM
 
 
 def _training_environment(
@@ -250,39 +242,64 @@ def _training_environment(
     return env
 
 
-def _run_forwarding_signals(command: Sequence[str], env: dict[str, str]) -> int:
-    """Run ``command``; pass SIGINT/SIGTERM on to it; return its exit code (128+N for signal N).
+def _child_preexec(unblock: Collection[int]) -> Callable[[], None]:
+    """The command's ``preexec_fn``: unblock ``unblock`` and ask for the death signal."""
+    death_signal = death_signal_preexec()
 
-    The handlers are in place before the child exists (a signal in between is
-    delivered once it does), and the child gets SIGTERM if verirl itself dies.
-    """
-    child: subprocess.Popen[bytes] | None = None
-    pending: list[int] = []
+    def preexec() -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, unblock)
+        if death_signal is not None:
+            death_signal()
 
-    def forward(signum: int, _frame: types.FrameType | None) -> None:
-        if child is None:
-            pending.append(signum)
-            return
-        log.warning("forwarding signal %d to the training command (pid %d)", signum, child.pid)
-        child.send_signal(signum)
+    return preexec
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+def _stop_command(child: subprocess.Popen[bytes], signum: int, grace: float) -> int:
+    """Forward ``signum`` to the command, wait ``grace`` seconds, then SIGKILL it."""
+    log.warning(
+        "forwarding signal %d to the training command (pid %d); SIGKILL in %gs",
+        signum,
+        child.pid,
+        grace,
+    )
+    child.send_signal(signum)
     try:
+        return child.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        log.warning("the training command outlived its %gs grace: sending SIGKILL", grace)
+    except KeyboardInterrupt:
+        log.warning("interrupted again: sending SIGKILL to the training command")
+    child.kill()
+    return child.wait()
+
+
+def _run_command(command: Sequence[str], env: dict[str, str], grace: float) -> int:
+    """Run ``command``; return its exit code (128+N when it died of signal N).
+
+    SIGTERM (the one policy's `SystemExit`) or Ctrl-C while it runs is
+    forwarded to it, with ``grace`` seconds to exit before SIGKILL. Both
+    signals are blocked while it is spawned, so one arriving then is delivered
+    once the command is known; the command unblocks them, and gets SIGTERM
+    from the kernel if verirl itself dies.
+    """
+    stopping = (signal.SIGINT, signal.SIGTERM)
+    child: subprocess.Popen[bytes] | None = None
+    try:
+        preexec = _child_preexec(stopping)
+        signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
         try:
-            child = subprocess.Popen(
-                list(command),
-                env=env,
-                preexec_fn=death_signal_preexec(),  # noqa: PLW1509 - only calls prctl and getppid
-            )
+            child = subprocess.Popen(list(command), env=env, preexec_fn=preexec)  # noqa: PLW1509 - sigmask, prctl, getppid only
         except OSError as exc:
             log.error("cannot run %s: %s", shlex.join(command), exc)  # noqa: TRY400 - no traceback for a missing program
             return 127
-        for signum in pending:
-            forward(signum, None)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping)
         code = child.wait()
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+    except (SystemExit, KeyboardInterrupt) as exc:
+        if child is None:
+            raise
+        signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
+        code = _stop_command(child, signum, grace)
     return 128 - code if code < 0 else code
 
 
@@ -302,7 +319,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             env["CUDA_VISIBLE_DEVICES"] or "-",
             session.resume_from_checkpoint or "fresh start",
         )
-        code = _run_forwarding_signals(command, env)
+        code = _run_command(command, env, args.shutdown_timeout)
     log.info("training command exited with %d; everything torn down", code)
     return code
 
@@ -404,6 +421,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_checkpoint_args(p)
     p.add_argument("--env-url", help="env server base URL ($VERIRL_ENV_SERVER_URL)")
     p.add_argument("--env-timeout", type=float, help="seconds to wait for it (default: 600)")
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=LAUNCH_GRACE,
+        help="on SIGTERM/Ctrl-C, seconds the command gets to exit after the signal is "
+        f"passed on, before SIGKILL (default: {LAUNCH_GRACE:g})",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
     p = add("doctor", cmd_doctor, "Show what this machine has for a GRPO job.")
@@ -431,13 +455,37 @@ def _configure_logging(verbosity: int) -> Callable[[], None]:
     return restore
 
 
+@contextlib.contextmanager
+def _owning_sigterm() -> Iterator[None]:
+    """Hold the one SIGTERM policy for a command that tears down (serve, launch).
+
+    ``verirl`` is the program here, not a library inside one: a Python-level
+    handler inherited from the interpreter's start-up (e.g. coverage's) is set
+    aside while the command runs, so SIGTERM always tears down and exits 143,
+    and put back afterwards. An inherited ``SIG_IGN`` is kept (the parent meant it).
+    """
+    previous = signal.getsignal(signal.SIGTERM)
+    on_main = threading.current_thread() is threading.main_thread()
+    set_aside = on_main and callable(previous) and previous != SIGTERM_POLICY.handle
+    if set_aside:
+        log.debug("setting SIGTERM handler %r aside while the command runs", previous)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with exit_on_sigterm():
+            yield
+    finally:
+        if set_aside:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
     restore_logging = _configure_logging(args.verbose - args.quiet)
     try:
-        code: int = args.func(args)
+        with _owning_sigterm() if args.cmd in ("serve", "launch") else contextlib.nullcontext():
+            code: int = args.func(args)
     except VeriRLError as exc:
         log.error("%s", exc)  # noqa: TRY400 - the message is the point, not a traceback
         return _exit_code(exc)
