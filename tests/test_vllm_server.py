@@ -39,7 +39,6 @@ from verirl.vllm_server import (
     SCRUBBED_ENV_VARS,
     VLLMServer,
     _health_check,
-    _SigtermGuard,
     find_trl_command,
     map_visible_devices,
     read_log_tail,
@@ -462,6 +461,143 @@ def test_an_interrupt_during_teardown_skips_the_grace_period(make_server, ctrl_c
     assert server.pid is None
 
 
+# ---------------------------------------------------------------- interrupted at awkward points
+
+
+class InterruptOn(logging.Handler):
+    """Raise ``exc`` (once) while the library logs a record containing ``text``.
+
+    A logging handler is a real extension point of the library: this injects a
+    Ctrl-C exactly where a user's would land, without touching verirl's code.
+    """
+
+    def __init__(self, text: str, exc: type[BaseException] = KeyboardInterrupt) -> None:
+        super().__init__(logging.DEBUG)
+        self.text = text
+        self.exc = exc
+        self.record: logging.LogRecord | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.record is None and self.text in record.getMessage():
+            self.record = record
+            raise self.exc
+
+
+@pytest.fixture
+def interrupt_on():
+    """Attach `InterruptOn` handlers to verirl's server logger; detach them afterwards."""
+    logger = logging.getLogger("verirl.vllm_server")
+    attached: list[InterruptOn] = []
+    previous = logger.level
+    logger.setLevel(logging.DEBUG)
+
+    def attach(text: str, exc: type[BaseException] = KeyboardInterrupt) -> InterruptOn:
+        handler = InterruptOn(text, exc)
+        logger.addHandler(handler)
+        attached.append(handler)
+        return handler
+
+    yield attach
+    for handler in attached:
+        logger.removeHandler(handler)
+    logger.setLevel(previous)
+
+
+def marked_with(marker_pid: int) -> list[psutil.Process]:
+    """Every live process whose environment carries the same server marker as ``marker_pid``."""
+    from verirl.vllm_server import MARKER_VAR
+
+    try:
+        marker = psutil.Process(marker_pid).environ()[MARKER_VAR]
+    except (psutil.Error, KeyError):
+        return []
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get(MARKER_VAR) == marker:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.parametrize(
+    "exc", [KeyboardInterrupt, SystemExit, RuntimeError], ids=["ctrl-c", "exit", "error"]
+)
+def test_interrupt_right_after_the_spawn_tears_the_tree_down(make_server, interrupt_on, exc):
+    server = make_server(
+        tensor_parallel_size=2, devices=(0, 1), env={"FAKE_VLLM_ORPHAN_WORKERS": "1"}
+    )
+    handler = interrupt_on("started vLLM server", exc)
+    with pytest.raises(exc):
+        server.start()
+    assert handler.record is not None
+    leader = handler.record.args[0]
+    assert server.pid is None
+    assert not server.running
+    logged = pids_in_log(server.log_path, "server") + pids_in_log(server.log_path, "worker")
+    assert not survivors(processes({leader, *logged}))
+    with server:  # nothing is left half-started: it starts again
+        assert get_json(server, "/health/") == {"status": "ok"}
+
+
+def crashed_in_use(make_server, **kwargs) -> tuple[VLLMServer, list[psutil.Process]]:
+    """A server whose process was killed while in use; its orphaned workers run on."""
+    server = make_server(
+        tensor_parallel_size=2, devices=(0, 1), env={"FAKE_VLLM_ORPHAN_WORKERS": "1"}, **kwargs
+    )
+    server.start()
+    procs = tree(server)
+    procs[0].kill()
+    deadline = time.monotonic() + 30
+    while server.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not server.running
+    assert all(alive(worker) for worker in procs[1:])
+    return server, procs
+
+
+@pytest.mark.parametrize(
+    "where", ["had already exited", "stopped vLLM server"], ids=["crash-warning", "stopped-info"]
+)
+def test_a_stop_interrupted_after_a_crash_is_finished_by_the_next_stop(
+    make_server, interrupt_on, where
+):
+    server, procs = crashed_in_use(make_server)
+    try:
+        interrupt_on(where)
+        with pytest.raises(KeyboardInterrupt):
+            server.stop()
+        server.stop()
+        assert not survivors(procs)
+        assert server.pid is None
+        server.stop()  # still idempotent
+    finally:
+        for process in survivors(procs):
+            process.kill()
+
+
+def test_a_stop_interrupted_before_sigkill_is_finished_by_the_next_stop(make_server, interrupt_on):
+    server = make_server(
+        tensor_parallel_size=2,
+        devices=(0, 1),
+        shutdown_timeout=0.2,
+        env={"FAKE_VLLM_IGNORE_SIGTERM": "1", "FAKE_VLLM_WORKER_NEW_SESSION": "1"},
+    )
+    server.start()
+    procs = tree(server)
+    try:
+        interrupt_on("still running")
+        with pytest.raises(KeyboardInterrupt):
+            server.stop()
+        server.stop()
+        assert not survivors(procs)
+        assert server.pid is None
+    finally:
+        for process in survivors(procs):
+            process.kill()
+
+
 def test_host_that_is_not_an_address_here_is_a_config_error(make_server):
     server = make_server(host="192.0.2.1")  # TEST-NET-1: never local
     with pytest.raises(ConfigError, match="not an address of this machine") as info:
@@ -694,31 +830,6 @@ def test_defaults_match_the_contract():
     assert VLLMServer(MODEL, host="::", port=9).base_url == "http://[::1]:9"
 
 
-def test_sigterm_guard_raises_once_and_restores_the_default(default_sigterm):
-    guard = _SigtermGuard()
-    assert guard.acquire()
-    assert guard.acquire()  # a second server shares the handler
-    assert signal.getsignal(signal.SIGTERM) == guard.handle
-    with pytest.raises(SystemExit) as info:
-        guard.handle(signal.SIGTERM, None)
-    assert info.value.code == 143
-    guard.handle(signal.SIGTERM, None)  # again while stopping: ignored, no exception
-    guard.release()
-    assert signal.getsignal(signal.SIGTERM) == guard.handle
-    guard.release()
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-
-
-def test_sigterm_guard_is_not_installed_from_another_thread(default_sigterm):
-    guard = _SigtermGuard()
-    results: list[bool] = []
-    thread = threading.Thread(target=lambda: results.append(guard.acquire()))
-    thread.start()
-    thread.join()
-    assert results == [False]
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-
-
 # ---------------------------------------------------------------- log file
 
 
@@ -803,17 +914,66 @@ def test_sigterm_to_the_trainer_unwinds_the_block_and_restores_the_handler(
     assert not survivors(procs)
 
 
-def test_a_sigterm_handler_of_the_program_is_left_alone(make_server):
+def test_a_sigterm_handler_of_the_program_is_left_alone_and_is_what_runs(make_server):
+    calls: list[int] = []
+
     def mine(signum, frame):
-        pass
+        calls.append(signum)
 
     previous = signal.signal(signal.SIGTERM, mine)
     try:
-        with make_server():
+        with make_server() as server:
             assert signal.getsignal(signal.SIGTERM) is mine
+            signal.raise_signal(signal.SIGTERM)  # no SystemExit: the program's handler runs
+            assert calls == [signal.SIGTERM]
+            assert server.running
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_is_held_while_any_server_runs_and_released_once_each(make_server, default_sigterm):
+    first, second = make_server(), make_server()
+    with first:
+        with second:
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
+        second.stop()  # idempotent: does not release the first server's hold
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"FAKE_VLLM_CRASH": "3:boom"}, {"FAKE_VLLM_STARTUP_DELAY": "60"}],
+    ids=["crash", "timeout"],
+)
+def test_a_failed_start_releases_sigterm(make_server, default_sigterm, env):
+    server = make_server(env=env, startup_timeout=0.5)
+    with pytest.raises(VLLMServerError):
+        server.start()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_an_interrupted_start_releases_sigterm(make_server, default_sigterm, interrupt_on):
+    server = make_server()
+    interrupt_on("started vLLM server")
+    with pytest.raises(KeyboardInterrupt):
+        server.start()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    assert server.pid is None
+
+
+def test_handle_sigterm_false_and_other_threads_leave_sigterm_alone(make_server, default_sigterm):
+    with make_server(handle_sigterm=False):
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    server = make_server()
+    thread, errors = start_in_thread(server)
+    thread.join(timeout=60)
+    assert not errors
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    server.stop()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
 HOLDER = """

@@ -55,6 +55,7 @@ import requests
 
 from verirl._poll import Backoff, poll
 from verirl._serve_args import vllm_serve_args
+from verirl._signals import SIGTERM_POLICY
 from verirl._validate import check_int, check_number, check_port, check_text
 from verirl.errors import (
     ConfigError,
@@ -497,7 +498,12 @@ _SPAWNER = _Spawner()
 
 
 def _spawn(job: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
-    """Run ``job`` on the spawner thread; if interrupted meanwhile, kill what it started."""
+    """Run ``job`` on the spawner thread and return its result.
+
+    Interrupted meanwhile (Ctrl-C, SIGTERM as ``SystemExit``), it still waits
+    for the job to finish, then re-raises: the job records the child it
+    started (see `_Launch`), so the caller's teardown can reach it.
+    """
     future = _SPAWNER.submit(job)
     interrupted: BaseException | None = None
     while not future.done():
@@ -506,100 +512,28 @@ def _spawn(job: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes
         except BaseException as exc:  # noqa: BLE001, PERF203 - re-raised below, once the child is known
             interrupted = interrupted or exc
     if interrupted is not None:
-        if future.exception() is None:
-            popen = future.result()
-            with contextlib.suppress(OSError):
-                os.killpg(popen.pid, signal.SIGKILL)
-            popen.wait()
         raise interrupted
     return future.result()
 
 
-# ---------------------------------------------------------------- SIGTERM of the trainer
+# ---------------------------------------------------------------- servers of this process
 
 
-class _SigtermGuard:
-    """Turns the trainer's SIGTERM into ``SystemExit(143)`` while servers run.
-
-    Installed from the main thread only (Python delivers signals there), and
-    only over the default disposition: a handler the program installed itself,
-    or SIG_IGN, is left alone. Reference-counted across servers; the default
-    is restored when the last one stops. The exception is raised once: a
-    second SIGTERM during the teardown is logged and ignored.
-    """
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.users = 0
-        self.installed = False
-        self.fired = False
-
-    def handle(self, signum: int, _frame: object) -> None:
-        if self.users == 0:  # no server left (released off the main thread): act as the default
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        if self.fired:
-            log.warning("SIGTERM received again while stopping the vLLM server; ignored")
-            return
-        self.fired = True
-        log.warning("SIGTERM received: exiting so that the vLLM server is stopped first")
-        raise SystemExit(128 + signum)
-
-    def acquire(self) -> bool:
-        """Count a running server; install the handler if possible. True if counted."""
-        if threading.current_thread() is not threading.main_thread():
-            log.debug("not in the main thread: SIGTERM is left to the death signal")
-            return False
-        with self.lock:
-            if self.users == 0:
-                current = signal.getsignal(signal.SIGTERM)
-                if current == self.handle:
-                    self.installed = True
-                elif current == signal.SIG_DFL:
-                    try:
-                        signal.signal(signal.SIGTERM, self.handle)
-                    except ValueError:  # not the main interpreter
-                        return False
-                    self.installed = True
-                else:
-                    log.debug("SIGTERM already has a handler (%r); leaving it", current)
-                    self.installed = False
-                self.fired = False
-            self.users += 1
-        return True
-
-    def release(self) -> None:
-        """Uncount a server; restore the default disposition after the last one."""
-        with self.lock:
-            self.users = max(self.users - 1, 0)
-            if self.users or not self.installed:
-                return
-            on_main = threading.current_thread() is threading.main_thread()
-            if on_main and signal.getsignal(signal.SIGTERM) == self.handle:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                self.installed = False
-
-    def reset_after_fork(self) -> None:
-        self.lock = threading.Lock()
-        self.users = 0
-        self.fired = False
-
-
-_SIGTERM = _SigtermGuard()
 _RUNNING: set[VLLMServer] = set()
 
 
 def _stop_all_at_exit() -> None:
     for server in list(_RUNNING):
-        server.stop()
+        try:
+            server.stop()
+        except Exception:  # noqa: PERF203 - one failing server must not keep the others running
+            log.exception("stopping %r at exit failed", server)
 
 
 def _after_fork_in_child() -> None:
     # The child inherits neither the servers (they are the parent's) nor the threads.
     _RUNNING.clear()
     _SPAWNER.reset_after_fork()
-    _SIGTERM.reset_after_fork()
 
 
 atexit.register(_stop_all_at_exit)
@@ -723,6 +657,29 @@ class _ProcessTree:
             time.sleep(min(delay, deadline - now))
             delay = min(delay * 2, 0.02)
 
+    def gone(self, *, rescan: bool) -> bool:
+        """Whether the server and every descendant (rescanned first if asked) are gone; reaps."""
+        if not self.exited():
+            return False
+        if rescan:
+            with contextlib.suppress(Exception):
+                self.collect()
+        if self.survivors():
+            return False
+        with contextlib.suppress(OSError):
+            self.popen.poll()  # reap, now that nothing can reuse the group id against us
+        return True
+
+    def kill_now(self) -> None:
+        """SIGKILL all that is found, wait (bounded) for it to go, reap; raises no `Exception`."""
+        with contextlib.suppress(Exception):
+            self.collect()
+            self.signal_all(signal.SIGKILL)
+            # SIGKILL is delivered asynchronously; wait until the tree is really gone.
+            self.wait_gone(time.monotonic() + _KILL_WAIT)
+        with contextlib.suppress(Exception):
+            self.popen.wait(timeout=_KILL_WAIT)
+
     def shutdown(self, grace: float) -> bool:
         """SIGTERM everything, ``grace`` seconds, SIGKILL the rest, reap. True if it was clean.
 
@@ -751,10 +708,7 @@ class _ProcessTree:
                     ", ".join(str(p.pid) for p in self.survivors()),
                 )
         except BaseException:
-            with contextlib.suppress(Exception):
-                self.signal_all(signal.SIGKILL)
-                # SIGKILL is delivered asynchronously; only re-raise once the tree is gone.
-                self.wait_gone(time.monotonic() + _KILL_WAIT)
+            self.kill_now()
             raise
         finally:
             try:
@@ -785,6 +739,26 @@ def _health_check(session: requests.Session, url: str, time_left: float) -> str 
     except requests.RequestException as exc:
         return type(exc).__name__
     return None if status == _HTTP_OK else f"HTTP {status}"
+
+
+@attrs.define(eq=False)
+class _Run:
+    """One `VLLMServer.start`: what it holds and spawned, recorded as it happens.
+
+    The spawner thread sets ``popen`` the moment the child exists, so an
+    interruption at any point after the spawn still finds the child to stop.
+    """
+
+    marker: str
+    holds_sigterm: bool = False
+    popen: subprocess.Popen[bytes] | None = None
+    tree: _ProcessTree | None = None
+
+    def release_sigterm(self) -> None:
+        """Release this run's hold on `SIGTERM_POLICY`, at most once."""
+        if self.holds_sigterm:
+            self.holds_sigterm = False
+            SIGTERM_POLICY.release()
 
 
 # ---------------------------------------------------------------- the server
@@ -842,7 +816,7 @@ class VLLMServer:
     _argv: tuple[str, ...] | None = attrs.field(default=None, init=False, repr=False)
     _active_log: Path | None = attrs.field(default=None, init=False, repr=False)
     _log_offset: int = attrs.field(default=0, init=False, repr=False)
-    _holds_sigterm: bool = attrs.field(default=False, init=False, repr=False)
+    _run: _Run | None = attrs.field(default=None, init=False, repr=False)
     _owner: int = attrs.field(factory=os.getpid, init=False, repr=False)
     _lock: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
 
@@ -956,55 +930,23 @@ class VLLMServer:
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Launch the server and return once ``GET /health/`` answers 200.
+        """Launch the server and return once ``GET /health/`` answers 200 from it.
 
         Checks come first and spawn nothing: the launch command, the GPU
-        mapping, the port. On any failure or interruption after the spawn,
-        the whole process tree is stopped before the exception propagates.
-        `stop` may be called from another thread meanwhile: the start then
-        ends promptly with `VLLMServerError`.
+        mapping, the port, the log file. From the spawn on, any failure or
+        interruption (an exception, Ctrl-C, SIGTERM as ``SystemExit``), at any
+        point until this returns, stops the whole process tree before the
+        exception propagates. `stop` may be called from another thread
+        meanwhile: the start then ends promptly with `VLLMServerError`.
         """
-        with self._lock:
-            if self._tree is not None:
-                raise VLLMServerError(f"the vLLM server on port {self.port} is already started")
-            argv = (*(self.command or find_trl_command()), *self.serve_args)
-            environ = vllm_child_environ(os.environ, devices=self.devices, env=self.env)
-            marker = uuid.uuid4().hex
-            environ[MARKER_VAR] = marker
-            _check_port_free(self.host, self.port)
-            log_file = self._open_log(argv)
-            self._holds_sigterm = self.handle_sigterm and _SIGTERM.acquire()
-            try:
-                popen = _spawn(functools.partial(self._popen, argv, environ, log_file))
-            except OSError as exc:
-                self._release_sigterm()
-                raise VLLMServerError(
-                    f"command={argv[0]!r}: cannot be started ({exc.strerror or exc}); "
-                    f"for trl vllm-serve, `{INSTALL_HINT}`"
-                ) from exc
-            except BaseException:
-                self._release_sigterm()
-                raise
-            finally:
-                log_file.close()
-            tree = _ProcessTree(popen, marker)
-            self._tree = tree
-            self._argv = argv
-            self._owner = os.getpid()
-            _RUNNING.add(self)
-            log.info(
-                "started vLLM server (pid %d, GPUs %s) for %s at %s; log: %s",
-                popen.pid,
-                environ["CUDA_VISIBLE_DEVICES"],
-                self.model,
-                self.base_url,
-                self._active_log,
-            )
-        # Wait outside the lock, so that stop() from another thread can cancel the start.
+        run = _Run(marker=uuid.uuid4().hex)
         try:
+            with self._lock:
+                tree = self._launch(run)
+            # Wait outside the lock, so that stop() from another thread can cancel the start.
             self._wait_until_ready(tree)
         except BaseException:
-            self.stop()
+            self._abandon(run)
             raise
 
     def stop(self) -> None:
@@ -1013,16 +955,21 @@ class VLLMServer:
         SIGTERM to the process group and to descendants that left it, up to
         ``shutdown_timeout`` seconds for all of them to exit, then SIGKILL to
         whatever is left (pids checked against their creation time), then the
-        server is reaped.
+        server is reaped. Interrupted (Ctrl-C), it SIGKILLs the tree at once
+        and waits for it (bounded) before re-raising. The server is forgotten
+        only once every process of it is gone: if one may have survived, the
+        next call (``__exit__``, another `stop`, or the exit hook) tries again.
         """
         with self._lock:
             tree = self._tree
             if tree is None:
                 return
             tree.stopping.set()  # a start() waiting in another thread gives up
+            if os.getpid() != self._owner:
+                self._forget(release=False)  # a forked copy: the server is the parent's
+                return
+            started = time.monotonic()
             try:
-                if os.getpid() != self._owner:
-                    return  # a forked copy of this object: the server is the parent's
                 status = tree.exit_status()
                 if status is not None and tree.ready:  # a crash while in use
                     log.warning(
@@ -1030,18 +977,32 @@ class VLLMServer:
                         status,
                         self._active_log,
                     )
-                started = time.monotonic()
                 clean = tree.shutdown(self.shutdown_timeout)
-                log.info(
-                    "stopped vLLM server pid %d in %.2fs%s",
+            except BaseException:
+                tree.kill_now()
+                if tree.gone(rescan=True):
+                    self._forget()
+                else:
+                    log.error(  # noqa: TRY400 - no traceback: the exception propagates
+                        "stopping the vLLM server pid %d was interrupted and processes may "
+                        "survive; stop() will try again",
+                        tree.pid,
+                    )
+                raise
+            if not tree.gone(rescan=False):
+                log.error(
+                    "processes of the vLLM server pid %d survive; stop() will try again: %s",
                     tree.pid,
-                    time.monotonic() - started,
-                    "" if clean else " (SIGKILL needed)",
+                    ", ".join(str(p.pid) for p in tree.survivors()) or "the server itself",
                 )
-            finally:
-                self._tree = None
-                _RUNNING.discard(self)
-                self._release_sigterm()
+                return
+            self._forget()
+            log.info(
+                "stopped vLLM server pid %d in %.2fs%s",
+                tree.pid,
+                time.monotonic() - started,
+                "" if clean else " (SIGKILL needed)",
+            )
 
     def __enter__(self) -> Self:
         self.start()
@@ -1057,10 +1018,86 @@ class VLLMServer:
 
     # ------------------------------------------------------------ internals
 
-    def _release_sigterm(self) -> None:
-        if self._holds_sigterm:
-            self._holds_sigterm = False
-            _SIGTERM.release()
+    def _launch(self, run: _Run) -> _ProcessTree:
+        """Check, open the log, spawn and adopt the child (under the lock); ``run`` records it."""
+        if self._tree is not None:
+            if self._tree.stopping.is_set():
+                self.stop()  # an interrupted stop: finish it first
+            if self._tree is not None:
+                raise VLLMServerError(f"the vLLM server on port {self.port} is already started")
+        argv = (*(self.command or find_trl_command()), *self.serve_args)
+        environ = vllm_child_environ(os.environ, devices=self.devices, env=self.env)
+        environ[MARKER_VAR] = run.marker
+        _check_port_free(self.host, self.port)
+        log_file = self._open_log(argv)
+        try:
+            run.holds_sigterm = self.handle_sigterm and SIGTERM_POLICY.acquire()
+
+            def job() -> subprocess.Popen[bytes]:
+                run.popen = self._popen(argv, environ, log_file)
+                return run.popen
+
+            try:
+                popen = _spawn(job)
+            except OSError as exc:
+                if run.popen is not None:
+                    raise
+                raise VLLMServerError(
+                    f"command={argv[0]!r}: cannot be started ({exc.strerror or exc}); "
+                    f"for trl vllm-serve, `{INSTALL_HINT}`"
+                ) from exc
+        finally:
+            log_file.close()
+        tree = self._adopt(run, argv)
+        log.info(
+            "started vLLM server (pid %d, GPUs %s) for %s at %s; log: %s",
+            popen.pid,
+            environ["CUDA_VISIBLE_DEVICES"],
+            self.model,
+            self.base_url,
+            self._active_log,
+        )
+        return tree
+
+    def _adopt(self, run: _Run, argv: tuple[str, ...] | None) -> _ProcessTree:
+        """Remember ``run``'s child as this server's, so that `stop` and the exit hook reach it."""
+        if run.tree is not None:
+            return run.tree
+        if run.popen is None:  # pragma: no cover - only called once a child exists
+            msg = "no child process to adopt"
+            raise AssertionError(msg)
+        _RUNNING.add(self)
+        tree = _ProcessTree(run.popen, run.marker)
+        self._owner = os.getpid()
+        if argv is not None:
+            self._argv = argv
+        self._run = run
+        self._tree = tree
+        run.tree = tree
+        return tree
+
+    def _abandon(self, run: _Run) -> None:
+        """After a failed or interrupted `start`: stop whatever ``run`` spawned, release SIGTERM."""
+        with self._lock:
+            if run.popen is not None and run.tree is None:
+                self._adopt(run, None)  # spawned but not yet remembered
+            tree = run.tree
+            if tree is not None and tree is self._tree and not tree.stopping.is_set():
+                self.stop()
+            elif tree is None or tree is not self._tree:
+                run.release_sigterm()
+
+    def _forget(self, *, release: bool = True) -> None:
+        """The server is gone: drop the tree and, once, this run's hold on SIGTERM."""
+        run = self._run
+        self._tree = None
+        self._run = None
+        _RUNNING.discard(self)
+        if run is not None:
+            if release:
+                run.release_sigterm()
+            else:
+                run.holds_sigterm = False
 
     def _open_log(self, argv: tuple[str, ...]) -> Any:  # noqa: ANN401 - a binary file object
         """Open this run's log for appending, write a header, remember where the run starts."""
