@@ -83,6 +83,62 @@ def test_ipv6_and_wildcard_hosts_in_urls():
     assert plan(2, host="0.0.0.0").server_url == "http://127.0.0.1:8001"
 
 
+def test_a_wildcard_bind_is_reached_over_loopback_of_its_family():
+    """As `VLLMServer` connects: ``0.0.0.0`` → 127.0.0.1, ``::`` → ::1 (a v6-only bind)."""
+    assert plan(2, host="::").server_host == "::1"
+    assert plan(2, host="::").server_url == "http://[::1]:8001"
+    assert plan(2, host="::").grpo_kwargs()["vllm_server_host"] == "::1"
+    assert plan(2, host="::1").server_url == "http://[::1]:8001"
+
+
+@pytest.mark.parametrize("host", ["vllm-node", "vllm.internal.", "10.0.0.7", "fe80::1", "::1"])
+def test_good_hosts(host):
+    assert plan(4, remote_host=host).server_host == host
+    assert plan(2, host=host).host == host
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["http://x", "x:8001", "[::1]", "x/y", "a b", " x", "x\n", "x\x00", "-x", "x?y", "user@x",
+     "\u0663", "x" * 300, ":::"],
+)  # fmt: skip
+@pytest.mark.parametrize("field", ["host", "remote_host"])
+def test_hosts_with_a_scheme_port_path_or_odd_characters_are_rejected(host, field):
+    with pytest.raises(ConfigError, match=rf"^{field}=") as info:
+        plan(2, **{field: host})
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("gpus", "kwargs", "field"),
+    [
+        (10**30, {}, "gpu_count"),
+        (2**16 + 1, {}, "gpu_count"),
+        (2, {"max_model_len": 10**30}, "max_model_len"),
+        (4, {"vllm_gpus": 10**30}, "vllm_gpus"),
+        (4, {"tensor_parallel_size": 10**30}, "tensor_parallel_size"),
+        (4, {"data_parallel_size": 10**30}, "data_parallel_size"),
+        (2, {"port": 10**30}, "port"),
+        (2, {"server_timeout": float("inf")}, "server_timeout"),
+        (2, {"server_timeout": float("nan")}, "server_timeout"),
+        (2, {"server_timeout": 10**400}, "server_timeout"),
+        (2, {"server_timeout": 1e30}, "server_timeout"),
+        (2, {"gpu_memory_utilization": float("nan")}, "gpu_memory_utilization"),
+        (2, {"mode": ["auto"]}, "mode"),
+        (2, {"host": None}, "host"),
+        (2, {"remote_host": 5}, "remote_host"),
+    ],
+)
+def test_huge_non_finite_and_wrongly_typed_values_are_config_errors(gpus, kwargs, field):
+    with pytest.raises(ConfigError, match=rf"^{field}=") as info:
+        plan(gpus, **kwargs)
+    assert info.value.field == field
+
+
+def test_largest_gpu_count_still_plans():
+    assert plan(2**16).vllm_devices == (2**16 - 1,)
+
+
 def test_gpu_memory_override():
     assert plan(2, gpu_memory_utilization=0.7).gpu_memory_utilization == 0.7
     assert plan(1, gpu_memory_utilization=0.3).grpo_kwargs()["vllm_gpu_memory_utilization"] == 0.3

@@ -40,15 +40,36 @@ class VeriRLError(Exception):
 class ConfigError(VeriRLError, ValueError):
     """Bad input; the message names the field and the offending value."""
 
-    def __init__(self, message: str, *, field: str | None = None, value: object = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        value: object = None,
+        reason: str | None = None,
+    ) -> None:
         self.field = field
         self.value = value
+        self.reason = reason
         super().__init__(message)
 
     @classmethod
     def invalid(cls, field: str, value: object, reason: str) -> ConfigError:
         """Build the usual message: ``field=value: reason``."""
-        return cls(f"{field}={value!r}: {reason}", field=field, value=value)
+        return cls(f"{field}={value!r}: {reason}", field=field, value=value, reason=reason)
+
+    def renamed(self, field: str) -> ConfigError:
+        """The same error under another name (a CLI flag, an environment variable).
+
+        Only the leading ``field=`` changes, so a value the message left out
+        (a secret) stays left out.
+        """
+        message = str(self)
+        if self.field is not None and message.startswith(f"{self.field}="):
+            message = field + message[len(self.field) :]
+        else:
+            message = f"{field}: {message}"
+        return type(self)(message, field=field, value=self.value, reason=self.reason)
 
 
 class _Unhealthy(VeriRLError, TimeoutError):

@@ -18,7 +18,16 @@ from typing import Literal
 import attrs
 
 from verirl._serve_args import vllm_serve_args
-from verirl._validate import check_int, check_number, check_port, check_text
+from verirl._validate import (
+    MAX_GPUS,
+    MAX_LENGTH,
+    check_host,
+    check_int,
+    check_number,
+    check_port,
+    check_seconds,
+    check_text,
+)
 from verirl.errors import ConfigError
 
 __all__ = [
@@ -40,6 +49,7 @@ COLOCATE_MAX_MODEL_LEN = 8192
 TRL_GROUP_PORT = 51216
 """TRL's default ``vllm_group_port`` (the NCCL weight-sync group)."""
 
+_WILDCARD_CONNECT = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}  # noqa: S104
 _COLOCATE_MEMORY = 0.5
 _SERVER_MEMORY = 0.9
 
@@ -112,20 +122,22 @@ class VLLMTopology:
         vLLM runs elsewhere (multi-node): server mode, no local vLLM GPUs.
         Bad input raises `ConfigError` naming the field and value.
         """
-        gpu_count = check_int("gpu_count", gpu_count, 1)
-        max_model_len = check_int("max_model_len", max_model_len, 1)
+        gpu_count = check_int("gpu_count", gpu_count, 1, MAX_GPUS)
+        max_model_len = check_int("max_model_len", max_model_len, 1, MAX_LENGTH)
         if mode not in _MODES:
             raise ConfigError.invalid("mode", mode, f"must be one of {', '.join(_MODES)}")
-        data_parallel_size = check_int("data_parallel_size", data_parallel_size, 1)
+        data_parallel_size = check_int("data_parallel_size", data_parallel_size, 1, MAX_GPUS)
         if tensor_parallel_size is not None:
-            tensor_parallel_size = check_int("tensor_parallel_size", tensor_parallel_size, 1)
+            tensor_parallel_size = check_int(
+                "tensor_parallel_size", tensor_parallel_size, 1, MAX_GPUS
+            )
         if vllm_gpus is not None:
-            vllm_gpus = check_int("vllm_gpus", vllm_gpus, 1)
+            vllm_gpus = check_int("vllm_gpus", vllm_gpus, 1, MAX_GPUS)
         port = check_port("port", port)
-        host = check_text("host", host, "a non-empty host name or address")
+        host = check_host("host", host)
         if remote_host is not None:
-            remote_host = check_text("remote_host", remote_host, "a non-empty host name")
-        server_timeout = check_number("server_timeout", server_timeout, positive=True)
+            remote_host = check_host("remote_host", remote_host)
+        server_timeout = check_seconds("server_timeout", server_timeout, positive=True)
         if gpu_memory_utilization is not None:
             gpu_memory_utilization = check_number(
                 "gpu_memory_utilization", gpu_memory_utilization, positive=True, at_most=1.0
@@ -223,10 +235,14 @@ class VLLMTopology:
 
     @property
     def server_host(self) -> str:
-        """The host the trainer connects to: the remote host, or the local bind address."""
+        """The host the trainer connects to: the remote host, or the local bind address.
+
+        A wildcard bind is reached over loopback of the same family, as
+        `verirl.VLLMServer` itself does: ``0.0.0.0`` → ``127.0.0.1``, ``::`` → ``::1``.
+        """
         if self.remote_host is not None:
             return self.remote_host
-        return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host  # noqa: S104
+        return _WILDCARD_CONNECT.get(self.host, self.host)
 
     @property
     def server_url(self) -> str | None:
