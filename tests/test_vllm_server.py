@@ -784,6 +784,48 @@ def test_default_command_without_trl_is_a_server_error(make_server, monkeypatch,
         ({"shutdown_timeout": math.inf}, "shutdown_timeout"),
         ({"progress_interval": 0}, "progress_interval"),
         ({"handle_sigterm": "yes"}, "handle_sigterm"),
+        # blank, or what a command line / an environment cannot carry
+        ({"model": " "}, "model"),
+        ({"model": "\t\n"}, "model"),
+        ({"model": "fake\x00model"}, "model"),
+        ({"model": "fake\nmodel"}, "model"),
+        ({"model": "\ud800"}, "model"),
+        ({"extra_args": ["--dtype", "bf\x0016"]}, "extra_args"),
+        ({"extra_args": ["\udcff\ud800"]}, "extra_args"),
+        ({"command": ["python\x00", "-m"]}, "command"),
+        ({"env": {"A\x00B": "1"}}, "env"),
+        ({"env": {"A=B": "1"}}, "env"),
+        ({"env": {"\ud800": "1"}}, "env"),
+        ({"log_path": "logs/\x00.log"}, "log_path"),
+        # hosts
+        ({"host": " "}, "host"),
+        ({"host": "[::1]"}, "host"),
+        ({"host": "http://localhost"}, "host"),
+        ({"host": "local host"}, "host"),
+        ({"host": "localhost\n"}, "host"),
+        ({"host": "127.0.0.1\x00"}, "host"),
+        ({"host": "localhost/x"}, "host"),
+        ({"host": "localhost:8001"}, "host"),
+        ({"host": "::zz"}, "host"),
+        ({"host": "a" * 300}, "host"),
+        # numbers out of range, of the wrong type, not finite
+        ({"port": 8001.0}, "port"),
+        ({"port": math.nan}, "port"),
+        ({"port": 2**70}, "port"),
+        ({"devices": [10**30]}, "devices"),
+        ({"devices": [2**63]}, "devices"),
+        ({"max_model_len": 10**30}, "max_model_len"),
+        ({"tensor_parallel_size": 2**64}, "tensor_parallel_size"),
+        ({"data_parallel_size": math.inf}, "data_parallel_size"),
+        ({"gpu_memory_utilization": -0.5}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": math.inf}, "gpu_memory_utilization"),
+        ({"startup_timeout": math.inf}, "startup_timeout"),
+        ({"startup_timeout": math.nan}, "startup_timeout"),
+        ({"startup_timeout": "600"}, "startup_timeout"),
+        ({"shutdown_timeout": math.nan}, "shutdown_timeout"),
+        ({"shutdown_timeout": -1}, "shutdown_timeout"),
+        ({"progress_interval": math.inf}, "progress_interval"),
+        ({"progress_interval": -math.inf}, "progress_interval"),
     ],
 )
 def test_bad_input_is_a_config_error_naming_field_and_value(kwargs, field):
@@ -797,11 +839,46 @@ def test_bad_input_is_a_config_error_naming_field_and_value(kwargs, field):
         assert repr(value) in str(info.value)
 
 
-def test_env_values_are_not_echoed_in_errors():
+@pytest.mark.parametrize(
+    "value", [987654321, "hf_secret\x00", "hf_secret\ud800"], ids=["int", "null", "surrogate"]
+)
+def test_env_values_are_not_echoed_in_errors(value):
     with pytest.raises(ConfigError) as info:
-        VLLMServer(MODEL, env={"HF_TOKEN": 987654321})
+        VLLMServer(MODEL, env={"HF_TOKEN": value})
+    assert info.value.field == "env"
     assert "HF_TOKEN" in str(info.value)
     assert "987654321" not in str(info.value)
+    assert "secret" not in str(info.value)
+    assert "secret" not in repr(info.value.value)
+
+
+def test_bracketed_ipv6_host_says_to_drop_the_brackets():
+    with pytest.raises(ConfigError, match=r"host='\[::1\]'.*'::1'"):
+        VLLMServer(MODEL, host="[::1]")
+
+
+def test_a_scheme_in_the_host_says_to_drop_it():
+    with pytest.raises(ConfigError, match=r"host='http://node-1'.*'node-1'"):
+        VLLMServer(MODEL, host="http://node-1")
+
+
+@pytest.mark.parametrize("host", ["localhost", "node-1.cluster.local", "0.0.0.0", "::", "::1"])
+def test_plain_hosts_are_accepted(host):
+    assert VLLMServer(MODEL, host=host).host == host
+
+
+def test_a_log_file_on_a_full_disk_is_a_clear_error_with_nothing_spawned(make_server):
+    me = psutil.Process()
+    server = make_server(log_path="/dev/full")  # every write fails with ENOSPC
+    before_children, before_fds = children(), me.num_fds()
+    with pytest.raises(ConfigError) as info:
+        server.start()
+    assert info.value.field == "log_path"
+    assert "/dev/full" in str(info.value)
+    assert "No space left" in str(info.value)
+    assert children() == before_children
+    assert me.num_fds() == before_fds  # the log's handle was closed
+    assert server.pid is None
 
 
 def test_settings_are_checked_when_changed_too():

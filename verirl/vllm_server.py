@@ -29,7 +29,6 @@ import ctypes
 import errno
 import functools
 import logging
-import math
 import os
 import queue
 import shlex
@@ -56,7 +55,17 @@ import requests
 from verirl._poll import Backoff, poll
 from verirl._serve_args import vllm_serve_args
 from verirl._signals import SIGTERM_POLICY
-from verirl._validate import check_int, check_number, check_port, check_text
+from verirl._validate import (
+    MAX_GPUS,
+    MAX_LENGTH,
+    check_host,
+    check_int,
+    check_number,
+    check_port,
+    check_seconds,
+    check_text,
+    has_control_chars,
+)
 from verirl.errors import (
     ConfigError,
     PortInUseError,
@@ -303,6 +312,17 @@ def _check_port_free(host: str, port: int) -> None:
 # ---------------------------------------------------------------- converters, validators
 
 
+def _unportable(text: str) -> str | None:
+    """Why ``text`` cannot be passed in argv or the environment, or ``None`` if it can."""
+    if "\x00" in text:
+        return "contains a null byte, which a command line or environment cannot carry"
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        return "contains a character that cannot be encoded for a command line (a lone surrogate)"
+    return None
+
+
 def _to_devices(value: Iterable[int]) -> tuple[int, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise ConfigError.invalid("devices", value, "must be a sequence of GPU indices, e.g. (1,)")
@@ -311,8 +331,10 @@ def _to_devices(value: Iterable[int]) -> tuple[int, ...]:
         raise ConfigError.invalid("devices", value, "must name at least one GPU")
     devices: list[int] = []
     for item in items:
-        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
-            raise ConfigError.invalid("devices", value, "GPU indices must be integers >= 0")
+        if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item < MAX_GPUS:
+            raise ConfigError.invalid(
+                "devices", value, f"GPU indices must be integers from 0 to {MAX_GPUS - 1}"
+            )
         devices.append(item)
     if len(set(devices)) != len(devices):
         raise ConfigError.invalid("devices", value, "GPU indices must be unique")
@@ -325,6 +347,10 @@ def _to_strings(field: str, value: Iterable[str]) -> tuple[str, ...]:
     items = tuple(value)
     if not all(isinstance(item, str) for item in items):
         raise ConfigError.invalid(field, value, "must contain only strings")
+    for item in items:
+        problem = _unportable(item)
+        if problem:
+            raise ConfigError.invalid(field, value, f"{item!r} {problem}")
     return items
 
 
@@ -350,11 +376,17 @@ def _to_env(value: Mapping[str, str] | None) -> Mapping[str, str]:
     for name, item in pairs:
         if not isinstance(name, str) or not name or "=" in name:
             raise ConfigError.invalid("env", name, "variable names must be non-empty, without '='")
+        problem = _unportable(name)
+        if problem:
+            raise ConfigError.invalid("env", name, f"the variable name {problem}")
+        # Values are never echoed, only the variable's name: environment values may be secrets.
         if not isinstance(item, str):
-            # The value is not echoed: environment values may be secrets.
             raise ConfigError.invalid(
                 "env", name, f"value must be a str, not {type(item).__name__}"
             )
+        problem = _unportable(item)
+        if problem:
+            raise ConfigError.invalid("env", name, f"the value of {name} {problem}")
     return types.MappingProxyType(dict(value))
 
 
@@ -362,17 +394,47 @@ def _to_log_path(value: str | os.PathLike[str] | None) -> Path | None:
     if value is None:
         return None
     raw: object = value
-    if not isinstance(raw, (str, os.PathLike)) or not os.fspath(raw):
+    if not isinstance(raw, (str, os.PathLike)):
         raise ConfigError.invalid("log_path", value, "must be a non-empty path or None")
-    return Path(value)
+    text = os.fspath(raw)
+    if not isinstance(text, str) or not text:
+        raise ConfigError.invalid("log_path", value, "must be a non-empty path or None")
+    problem = _unportable(text)
+    if problem:
+        raise ConfigError.invalid("log_path", value, problem)
+    return Path(text)
 
 
 def _field_name(attribute: attrs.Attribute[Any]) -> str:
     return attribute.alias or attribute.name
 
 
-def _v_text(_: object, attribute: attrs.Attribute[str], value: object) -> None:
-    check_text(_field_name(attribute), value)
+def _v_model(_: object, attribute: attrs.Attribute[str], value: object) -> None:
+    field = _field_name(attribute)
+    text = check_text(field, value)
+    if not text.strip():
+        raise ConfigError.invalid(field, value, "must not be blank")
+    if has_control_chars(text):
+        raise ConfigError.invalid(field, value, "must not contain control characters")
+    problem = _unportable(text)
+    if problem:
+        raise ConfigError.invalid(field, value, problem)
+
+
+def _v_host(_: object, attribute: attrs.Attribute[str], value: object) -> None:
+    field = _field_name(attribute)
+    text = check_text(field, value)
+    if len(text) > 2 and text[0] == "[" and text[-1] == "]":  # noqa: PLR2004 - "[" + "]"
+        raise ConfigError.invalid(
+            field, value, f"write an IPv6 address without brackets, e.g. {text[1:-1]!r}"
+        )
+    scheme, sep, rest = text.partition("://")
+    if sep:
+        bare = rest.split("/", 1)[0]
+        raise ConfigError.invalid(
+            field, value, f"is a URL, not a host: drop the {scheme!r} scheme, e.g. {bare!r}"
+        )
+    check_host(field, value)
 
 
 def _v_port(_: object, attribute: attrs.Attribute[int], value: object) -> None:
@@ -380,26 +442,20 @@ def _v_port(_: object, attribute: attrs.Attribute[int], value: object) -> None:
 
 
 def _v_count(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    check_int(_field_name(attribute), value, 1)
+    check_int(_field_name(attribute), value, 1, MAX_GPUS)
 
 
 def _v_max_model_len(_: object, attribute: attrs.Attribute[int | None], value: object) -> None:
     if value is not None:
-        check_int(_field_name(attribute), value, 1)
+        check_int(_field_name(attribute), value, 1, MAX_LENGTH)
 
 
 def _v_fraction(_: object, attribute: attrs.Attribute[float], value: object) -> None:
     check_number(_field_name(attribute), value, positive=True, at_most=1.0)
 
 
-def _v_timeout(_: object, attribute: attrs.Attribute[float], value: object) -> None:
-    check_number(_field_name(attribute), value, positive=True)
-
-
-def _v_finite_timeout(_: object, attribute: attrs.Attribute[float], value: object) -> None:
-    seconds = check_number(_field_name(attribute), value, positive=True)
-    if math.isinf(seconds):
-        raise ConfigError.invalid(_field_name(attribute), value, "must be finite")
+def _v_seconds(_: object, attribute: attrs.Attribute[float], value: object) -> None:
+    check_seconds(_field_name(attribute), value, positive=True)
 
 
 def _v_bool(_: object, attribute: attrs.Attribute[bool], value: object) -> None:
@@ -793,9 +849,9 @@ class VLLMServer:
     `VLLMServerError` (no launch command).
     """
 
-    model: str = attrs.field(validator=_v_text)
+    model: str = attrs.field(validator=_v_model)
     port: int = attrs.field(default=8001, kw_only=True, validator=_v_port)
-    host: str = attrs.field(default="127.0.0.1", kw_only=True, validator=_v_text)
+    host: str = attrs.field(default="127.0.0.1", kw_only=True, validator=_v_host)
     devices: tuple[int, ...] = attrs.field(default=(1,), kw_only=True, converter=_to_devices)
     max_model_len: int | None = attrs.field(default=None, kw_only=True, validator=_v_max_model_len)
     gpu_memory_utilization: float = attrs.field(default=0.9, kw_only=True, validator=_v_fraction)
@@ -807,9 +863,9 @@ class VLLMServer:
     _log_path: Path | None = attrs.field(
         default=None, kw_only=True, converter=_to_log_path, alias="log_path"
     )
-    startup_timeout: float = attrs.field(default=600.0, kw_only=True, validator=_v_timeout)
-    shutdown_timeout: float = attrs.field(default=30.0, kw_only=True, validator=_v_finite_timeout)
-    progress_interval: float = attrs.field(default=30.0, kw_only=True, validator=_v_timeout)
+    startup_timeout: float = attrs.field(default=600.0, kw_only=True, validator=_v_seconds)
+    shutdown_timeout: float = attrs.field(default=30.0, kw_only=True, validator=_v_seconds)
+    progress_interval: float = attrs.field(default=30.0, kw_only=True, validator=_v_seconds)
     handle_sigterm: bool = attrs.field(default=True, kw_only=True, validator=_v_bool)
 
     _tree: _ProcessTree | None = attrs.field(default=None, init=False, repr=False)
@@ -1100,26 +1156,45 @@ class VLLMServer:
                 run.holds_sigterm = False
 
     def _open_log(self, argv: tuple[str, ...]) -> Any:  # noqa: ANN401 - a binary file object
-        """Open this run's log for appending, write a header, remember where the run starts."""
+        """Open this run's log for appending, write a header, remember where the run starts.
+
+        Unbuffered, so that a write that fails (a full disk) fails here, and the
+        handle is closed before the `ConfigError` naming ``log_path`` is raised.
+        """
         requested = self._log_path
-        if requested is None:
-            path = Path(tempfile.mkdtemp(prefix="verirl-vllm-")) / f"vllm-serve-{self.port}.log"
-        elif requested.is_dir():
-            path = requested / f"vllm-serve-{self.port}.log"
-        else:
-            path = requested
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            handle = path.open("ab")
+            if requested is None:
+                folder = Path(tempfile.mkdtemp(prefix="verirl-vllm-"))
+                path = folder / f"vllm-serve-{self.port}.log"
+            elif requested.is_dir():
+                path = requested / f"vllm-serve-{self.port}.log"
+            else:
+                path = requested
         except OSError as exc:
             raise ConfigError.invalid(
-                "log_path", str(path), f"cannot be opened for appending ({exc.strerror})"
+                "log_path", requested, f"no log file can be made ({exc.strerror or exc})"
             ) from None
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        handle.write(f"--- verirl {stamp}: {shlex.join(argv)}\n".encode())
-        handle.flush()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle = path.open("ab", buffering=0)
+        except OSError as exc:
+            raise ConfigError.invalid(
+                "log_path", str(path), f"cannot be opened for appending ({exc.strerror or exc})"
+            ) from None
+        try:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            handle.write(f"--- verirl {stamp}: {shlex.join(argv)}\n".encode())
+            offset = handle.tell()
+        except OSError as exc:
+            handle.close()
+            raise ConfigError.invalid(
+                "log_path", str(path), f"cannot be written ({exc.strerror or exc})"
+            ) from None
+        except BaseException:
+            handle.close()
+            raise
         self._active_log = path
-        self._log_offset = handle.tell()
+        self._log_offset = offset
         return handle
 
     @staticmethod
