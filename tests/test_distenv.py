@@ -121,3 +121,73 @@ def test_multi_process_job_without_rendezvous_gets_defaults_and_a_warning(missin
     env = DistributedEnv.single_node(environ=environ)
     assert env.defaulted == {missing, "PYTORCH_CUDA_ALLOC_CONF"}
     assert f"WORLD_SIZE=8 but {missing} is unset" in caplog.text
+
+
+# -- hostile launcher values (issue 9, items 14 and 15)
+
+
+@pytest.mark.parametrize(
+    ("environ", "field"),
+    [
+        ({"LOCAL_RANK": "1"}, "LOCAL_RANK"),
+        ({"LOCAL_RANK": "3", "RANK": "5", "WORLD_SIZE": "8"}, "LOCAL_RANK"),
+        ({"LOCAL_WORLD_SIZE": "2"}, "LOCAL_WORLD_SIZE"),
+        ({"LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "2"}, "LOCAL_WORLD_SIZE"),
+        ({"RANK": "2", "LOCAL_RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"},
+         "LOCAL_RANK"),
+    ],
+)  # fmt: skip
+def test_inconsistent_local_values_name_the_variables(environ, field):
+    with pytest.raises(ConfigError, match=rf"^{field}=") as info:
+        DistributedEnv.single_node(environ=environ)
+    assert info.value.field == field
+
+
+def test_local_rank_without_local_world_size_names_both():
+    with pytest.raises(ConfigError) as info:
+        DistributedEnv.single_node(environ={"LOCAL_RANK": "1"})
+    assert "LOCAL_WORLD_SIZE" in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["1_0", "\u0663", "1e3", " ", "", "0x1", "nan", "1.0", "10" * 30])
+@pytest.mark.parametrize("name", ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                  "MASTER_PORT"])  # fmt: skip
+def test_integers_are_ascii_digits_only(name, value):
+    with pytest.raises(ConfigError, match=rf"^{name}=") as info:
+        DistributedEnv.single_node(environ={name: value})
+    assert repr(value) in str(info.value)
+
+
+def test_blanks_around_digits_are_fine():
+    env = DistributedEnv.single_node(environ={"WORLD_SIZE": " 2\n", "RANK": "1"})
+    assert env.world_size == 2
+
+
+@pytest.mark.parametrize("value", [2**40, 10**30])
+def test_huge_world_size_is_a_config_error(value):
+    with pytest.raises(ConfigError, match=r"^WORLD_SIZE="):
+        DistributedEnv.single_node(environ={"WORLD_SIZE": str(value)})
+
+
+@pytest.mark.parametrize("avoid", [None, 5, "8001", [None], [1.5]])
+def test_avoid_ports_must_be_a_collection_of_ports(avoid):
+    with pytest.raises(ConfigError, match=r"^avoid_ports="):
+        DistributedEnv.single_node(environ={}, avoid_ports=avoid)
+
+
+@pytest.mark.parametrize("environ", [["RANK=0"], "RANK=0", 5])
+def test_environ_must_be_a_mapping(environ):
+    with pytest.raises(ConfigError, match=r"^environ="):
+        DistributedEnv.single_node(environ=environ)
+
+
+@pytest.mark.parametrize("value", [0, None, b"0", 1.0], ids=["int", "None", "bytes", "float"])
+def test_environ_values_must_be_text(value):
+    with pytest.raises(ConfigError, match=r"^RANK="):
+        DistributedEnv.single_node(environ={"RANK": value, "WORLD_SIZE": "1"})
+
+
+@pytest.mark.parametrize("port", [10**30, 0, 70000, "1", 1.5, True])
+def test_master_port_argument_is_checked(port):
+    with pytest.raises(ConfigError, match=r"^master_port="):
+        DistributedEnv.single_node(environ={}, master_port=port)

@@ -129,7 +129,10 @@ def parse_int(field: str, raw: object, minimum: int, maximum: int | None = None)
     if len(text.lstrip("+-0")) > _MAX_DIGITS:
         bound = f"<= {maximum}" if maximum is not None else f"at most {_MAX_DIGITS} digits"
         raise ConfigError.invalid(field, raw, f"must be {bound}")
-    return check_int(field, int(text), minimum, maximum)
+    try:
+        return check_int(field, int(text), minimum, maximum)
+    except ConfigError as exc:
+        raise ConfigError.invalid(field, raw, exc.reason or str(exc)) from None
 
 
 def parse_seconds(field: str, raw: object, *, positive: bool = False) -> float:

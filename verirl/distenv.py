@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping, MutableMapping
 
 import attrs
 
-from verirl._validate import MAX_PORT, check_port
+from verirl._validate import MAX_PORT, MAX_RANKS, check_port, parse_int
 from verirl.errors import ConfigError
 from verirl.topology import TRL_GROUP_PORT
 
@@ -26,6 +26,14 @@ log = logging.getLogger(__name__)
 
 _ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 _DEFAULT_VLLM_PORTS = (8000, 8001, TRL_GROUP_PORT)
+_LAUNCHER_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 def find_free_port(*, host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
@@ -38,17 +46,29 @@ def find_free_port(*, host: str = "127.0.0.1", avoid: Collection[int] = ()) -> i
             return port
 
 
-def _read_int(environ: Mapping[str, str], name: str, minimum: int) -> int | None:
+def _read_int(
+    environ: Mapping[str, str], name: str, minimum: int, maximum: int = MAX_RANKS
+) -> int | None:
     raw = environ.get(name)
     if raw is None:
         return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ConfigError.invalid(name, raw, "must be an integer") from None
-    if value < minimum:
-        raise ConfigError.invalid(name, raw, f"must be >= {minimum}")
-    return value
+    return parse_int(name, raw, minimum, maximum)
+
+
+def _check_environ(environ: object) -> Mapping[str, str]:
+    if not isinstance(environ, Mapping):
+        raise ConfigError.invalid("environ", type(environ).__name__, "must be a mapping of str")
+    return environ
+
+
+def _check_avoid(avoid_ports: object) -> frozenset[int]:
+    reason = "must be a collection of port numbers"
+    if isinstance(avoid_ports, (str, bytes)) or not isinstance(avoid_ports, Collection):
+        raise ConfigError.invalid("avoid_ports", avoid_ports, reason)
+    for port in avoid_ports:
+        if isinstance(port, bool) or not isinstance(port, int):
+            raise ConfigError.invalid("avoid_ports", avoid_ports, reason)
+    return frozenset(avoid_ports)
 
 
 def _frozen_mapping(value: Mapping[str, str]) -> Mapping[str, str]:
@@ -83,14 +103,16 @@ class DistributedEnv:
         ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` unless an
         allocator config is set. Inconsistent launcher values raise `ConfigError`.
         """
-        env = os.environ if environ is None else environ
+        env = os.environ if environ is None else _check_environ(environ)
+        avoid = _check_avoid(avoid_ports)
+        for name in (*_LAUNCHER_VARS, *_ALLOC_VARS):
+            if name in env and not isinstance(env[name], str):
+                raise ConfigError.invalid(name, env[name], "must be a string")
         rank = _read_int(env, "RANK", 0)
         local_rank = _read_int(env, "LOCAL_RANK", 0)
         world_size = _read_int(env, "WORLD_SIZE", 1)
         local_world_size = _read_int(env, "LOCAL_WORLD_SIZE", 1)
-        env_port = _read_int(env, "MASTER_PORT", 1)
-        if env_port is not None and env_port > MAX_PORT:
-            raise ConfigError.invalid("MASTER_PORT", env["MASTER_PORT"], f"must be <= {MAX_PORT}")
+        _read_int(env, "MASTER_PORT", 1, MAX_PORT)
         if master_port is not None:
             master_port = check_port("master_port", master_port)
         if rank is not None and world_size is not None and rank >= world_size:
@@ -107,6 +129,29 @@ class DistributedEnv:
                 env["LOCAL_RANK"],
                 f"must be < LOCAL_WORLD_SIZE={local_world_size}",
             )
+        if local_rank is not None and local_world_size is None and local_rank > 0:
+            raise ConfigError.invalid(
+                "LOCAL_RANK",
+                env["LOCAL_RANK"],
+                "is set without LOCAL_WORLD_SIZE (a launcher sets both; LOCAL_RANK must be "
+                "< LOCAL_WORLD_SIZE)",
+            )
+        if world_size is None and local_world_size is not None and local_world_size > 1:
+            raise ConfigError.invalid(
+                "LOCAL_WORLD_SIZE", env["LOCAL_WORLD_SIZE"], "is set without WORLD_SIZE"
+            )
+        if (
+            world_size is not None
+            and local_world_size is not None
+            and local_world_size > world_size
+        ):
+            raise ConfigError.invalid(
+                "LOCAL_WORLD_SIZE",
+                env["LOCAL_WORLD_SIZE"],
+                f"must be <= WORLD_SIZE={world_size}",
+            )
+        if rank is not None and local_rank is not None and local_rank > rank:
+            raise ConfigError.invalid("LOCAL_RANK", env["LOCAL_RANK"], f"must be <= RANK={rank}")
 
         if world_size is not None and world_size > 1:
             for name in ("MASTER_ADDR", "MASTER_PORT"):
@@ -128,7 +173,7 @@ class DistributedEnv:
             defaults["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         if "MASTER_PORT" not in env:
             defaults["MASTER_PORT"] = str(
-                master_port if master_port is not None else find_free_port(avoid=avoid_ports)
+                master_port if master_port is not None else find_free_port(avoid=avoid)
             )
         variables: dict[str, str] = {}
         filled: set[str] = set()
