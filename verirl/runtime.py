@@ -22,7 +22,17 @@ from typing import Protocol, TypeVar, runtime_checkable
 import attrs
 
 from verirl._signals import SIGTERM_POLICY
-from verirl._validate import check_int, check_number, check_text
+from verirl._validate import (
+    MAX_GPUS,
+    MAX_LENGTH,
+    MAX_PORT,
+    check_int,
+    check_seconds,
+    check_text,
+    has_control_chars,
+    parse_int,
+    parse_seconds,
+)
 from verirl.checkpoints import (
     RESUME_ENV_VAR,
     CheckpointResolver,
@@ -141,44 +151,61 @@ def _default_server_factory(
     return build
 
 
+def _check_environ(environ: object) -> Mapping[str, str]:
+    if not isinstance(environ, Mapping):
+        raise ConfigError.invalid("environ", type(environ).__name__, "must be a mapping of str")
+    return environ
+
+
+_SECRET_VARIABLES = frozenset({"HF_TOKEN"})
+
+
 @attrs.frozen
 class _Settings:
     """Reads settings: an explicit argument wins, else its environment variable.
 
     A bad value read from a variable raises `ConfigError` naming the variable,
-    so a user knows which one to fix.
+    so a user knows which one to fix; numbers must be written in ASCII digits.
     """
 
-    environ: Mapping[str, str]
+    environ: Mapping[str, str] = attrs.field(converter=_check_environ)
+
+    def raw(self, name: str) -> str | None:
+        """The variable's value, ``None`` when unset; a non-string is a `ConfigError`."""
+        if name not in self.environ:
+            return None
+        raw: object = self.environ[name]
+        if not isinstance(raw, str):
+            shown = "<hidden>" if name in _SECRET_VARIABLES else raw
+            raise ConfigError.invalid(name, shown, "must be a string")
+        return raw
 
     def text(self, value: str | None, name: str) -> str | None:
         if value is not None:
             return value
-        raw = self.environ.get(name, "").strip()
+        raw = (self.raw(name) or "").strip()
+        if has_control_chars(raw):
+            shown = "<hidden>" if name in _SECRET_VARIABLES else raw
+            raise ConfigError.invalid(name, shown, "must not contain control characters")
         return raw or None
 
-    def integer(self, value: int | None, name: str, minimum: int) -> int | None:
+    def integer(
+        self, value: int | None, name: str, minimum: int, maximum: int | None = None
+    ) -> int | None:
         if value is not None:
-            return check_int(name.removeprefix("VERIRL_").lower(), value, minimum)
-        raw = self.text(None, name)
-        if raw is None:
+            return check_int(name.removeprefix("VERIRL_").lower(), value, minimum, maximum)
+        raw = self.raw(name)
+        if raw is None or not raw.strip():
             return None
-        try:
-            number = int(raw)
-        except ValueError:
-            raise ConfigError.invalid(name, raw, "must be an integer") from None
-        return check_int(name, number, minimum)
+        return parse_int(name, raw, minimum, maximum)
 
-    def number(self, value: float | None, name: str) -> float | None:
+    def seconds(self, value: float | None, name: str) -> float | None:
         if value is not None:
             return value
-        raw = self.text(None, name)
-        if raw is None:
+        raw = self.raw(name)
+        if raw is None or not raw.strip():
             return None
-        try:
-            return float(raw)
-        except ValueError:
-            raise ConfigError.invalid(name, raw, "must be a number") from None
+        return parse_seconds(name, raw)
 
     def checked(self, value: object, name: str, build: Callable[[], _T]) -> _T:
         """``build()``, re-raising its `ConfigError` under ``name`` when the value came from it."""
@@ -187,8 +214,7 @@ class _Settings:
         except ConfigError as exc:
             if value is not None:
                 raise
-            raw = self.environ.get(name)
-            raise ConfigError.invalid(name, raw, str(exc)) from exc
+            raise exc.renamed(name) from exc
 
 
 def topology_from_settings(
@@ -203,25 +229,40 @@ def topology_from_settings(
 ) -> VLLMTopology:
     """The `VLLMTopology` of `TrainingRuntime.from_settings`, and nothing else."""
     read = _Settings(os.environ if environ is None else environ)
-    count = read.integer(gpu_count, "VERIRL_GPU_COUNT", 1)
+    count = read.integer(gpu_count, "VERIRL_GPU_COUNT", 1, MAX_GPUS)
     if count is None:
         count = detect_gpu_count(environ=read.environ)
     chosen_mode = read.text(mode, "VERIRL_VLLM_MODE") or "auto"
-    length = read.integer(max_model_len, "VERIRL_MAX_MODEL_LEN", 1) or 8192
-    gpus = read.integer(vllm_gpus, "VERIRL_VLLM_GPUS", 1)
-    port = read.integer(vllm_port, "VERIRL_VLLM_PORT", 1) or 8001
+    length = read.integer(max_model_len, "VERIRL_MAX_MODEL_LEN", 1, MAX_LENGTH) or 8192
+    gpus = read.integer(vllm_gpus, "VERIRL_VLLM_GPUS", 1, MAX_GPUS)
+    port = read.integer(vllm_port, "VERIRL_VLLM_PORT", 1, MAX_PORT) or 8001
     remote = read.text(vllm_remote_host, "VERIRL_VLLM_HOST")
     if chosen_mode not in ("auto", "server", "colocate"):
         field = "mode" if mode is not None else "VERIRL_VLLM_MODE"
         raise ConfigError.invalid(field, chosen_mode, "must be one of auto, server, colocate")
-    return VLLMTopology.plan(
-        count,
-        max_model_len=length,
-        mode=chosen_mode,
-        vllm_gpus=gpus,
-        port=port,
-        remote_host=remote,
-    )
+    # A plan error about a value read from a variable names the variable.
+    sources = {
+        "gpu_count": (gpu_count, "VERIRL_GPU_COUNT"),
+        "max_model_len": (max_model_len, "VERIRL_MAX_MODEL_LEN"),
+        "mode": (mode, "VERIRL_VLLM_MODE"),
+        "vllm_gpus": (vllm_gpus, "VERIRL_VLLM_GPUS"),
+        "port": (vllm_port, "VERIRL_VLLM_PORT"),
+        "remote_host": (vllm_remote_host, "VERIRL_VLLM_HOST"),
+    }
+    try:
+        return VLLMTopology.plan(
+            count,
+            max_model_len=length,
+            mode=chosen_mode,
+            vllm_gpus=gpus,
+            port=port,
+            remote_host=remote,
+        )
+    except ConfigError as exc:
+        given, name = sources.get(exc.field or "", (None, None))
+        if given is None and name is not None and read.raw(name) is not None:
+            raise exc.renamed(name) from exc
+        raise
 
 
 def resolver_from_settings(
@@ -245,18 +286,30 @@ def resolver_from_settings(
     repo = read.text(hub_repo_id, "VERIRL_HUB_REPO_ID")
     sources: list[CheckpointSource] = []
     if folder is not None:
-        sources.append(LocalCheckpointSource(folder))
+        sources.append(
+            read.checked(output_dir, "VERIRL_OUTPUT_DIR", lambda: LocalCheckpointSource(folder))
+        )
     if repo is not None:
         download_dir = os.path.join(folder or ".", "verirl-hub-download")  # noqa: PTH118
-        sources.append(
-            HubCheckpointSource(
-                repo,
-                download_dir=download_dir,
-                token=read.text(hub_token, "HF_TOKEN"),
-                revision=read.text(hub_revision, "VERIRL_HUB_REVISION"),
-                endpoint=read.text(hub_endpoint, "VERIRL_HUB_ENDPOINT"),
+        token = read.text(hub_token, "HF_TOKEN")
+        revision = read.text(hub_revision, "VERIRL_HUB_REVISION")
+        endpoint = read.text(hub_endpoint, "VERIRL_HUB_ENDPOINT")
+        try:
+            hub = HubCheckpointSource(
+                repo, download_dir=download_dir, token=token, revision=revision, endpoint=endpoint
             )
-        )
+        except ConfigError as exc:
+            given, name = {
+                "repo_id": (hub_repo_id, "VERIRL_HUB_REPO_ID"),
+                "token": (hub_token, "HF_TOKEN"),
+                "revision": (hub_revision, "VERIRL_HUB_REVISION"),
+                "endpoint": (hub_endpoint, "VERIRL_HUB_ENDPOINT"),
+                "download_dir": (output_dir, "VERIRL_OUTPUT_DIR"),
+            }.get(exc.field or "", (None, None))
+            if given is None and name is not None:
+                raise exc.renamed(name) from exc
+            raise
+        sources.append(hub)
     return CheckpointResolver(sources)
 
 
@@ -267,6 +320,24 @@ class _Outcome:
     end: float
     value: object = None
     error: BaseException | None = None
+
+
+def split_command(field: str, command: str) -> list[str]:
+    """``shlex.split(command)``; an unbalanced quote is a `ConfigError` naming ``field``."""
+    try:
+        return shlex.split(command)
+    except ValueError as exc:
+        raise ConfigError.invalid(field, command, f"cannot be split like a shell: {exc}") from None
+
+
+def _check_command(command: object) -> list[str]:
+    reason = "must be a non-empty sequence of strings (the argv)"
+    if isinstance(command, (str, bytes)) or not isinstance(command, Sequence):
+        raise ConfigError.invalid("vllm_command", command, reason)
+    argv = list(command)
+    if not argv or not all(isinstance(arg, str) and arg for arg in argv):
+        raise ConfigError.invalid("vllm_command", command, reason)
+    return argv
 
 
 def _requested(request: str | None) -> bool:
@@ -315,8 +386,12 @@ class TrainingRuntime:
     _holds_sigterm: bool = attrs.field(default=False, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        check_number("env_timeout", self.env_timeout, non_negative=True)
-        check_number("server_timeout", self.server_timeout, positive=True)
+        check_seconds("env_timeout", self.env_timeout)
+        check_seconds("server_timeout", self.server_timeout, positive=True)
+        if self.environ is not None and not isinstance(self.environ, MutableMapping):
+            raise ConfigError.invalid(
+                "environ", type(self.environ).__name__, "must be a mutable mapping of str"
+            )
         if self.model is not None:
             check_text("model", self.model, "a non-empty model id or path")
         if self.resume_from is not None and not isinstance(self.resume_from, str):
@@ -377,14 +452,18 @@ class TrainingRuntime:
             probe = read.checked(env_url, "VERIRL_ENV_SERVER_URL", lambda: HttpEnvServerProbe(url))
         if vllm_command is None:
             raw_command = read.text(None, "VERIRL_VLLM_COMMAND")
-            vllm_command = shlex.split(raw_command) if raw_command else None
-        if vllm_command is not None and not list(vllm_command):
-            raise ConfigError.invalid("vllm_command", vllm_command, "must not be empty")
+            vllm_command = (
+                split_command("VERIRL_VLLM_COMMAND", raw_command) if raw_command else None
+            )
+            if vllm_command is not None and not vllm_command:
+                raise ConfigError.invalid("VERIRL_VLLM_COMMAND", raw_command, "must not be empty")
+        else:
+            vllm_command = _check_command(vllm_command)
         log_dir = read.text(vllm_log_dir, "VERIRL_VLLM_LOG_DIR")
         if log_dir is not None and not os.path.isdir(log_dir):  # noqa: PTH112
             field = "vllm_log_dir" if vllm_log_dir is not None else "VERIRL_VLLM_LOG_DIR"
             raise ConfigError.invalid(field, log_dir, "must be an existing directory")
-        timeout = read.number(env_timeout, "VERIRL_ENV_TIMEOUT")
+        timeout = read.seconds(env_timeout, "VERIRL_ENV_TIMEOUT")
         request = read.text(resume_from, RESUME_ENV_VAR)
         resolver = resolver_from_settings(
             output_dir=output_dir,

@@ -1,0 +1,122 @@
+"""from_settings with hostile values: one ConfigError naming the variable (or argument)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from verirl import ConfigError, TrainingRuntime, VLLMTopology
+from verirl.runtime import resolver_from_settings, topology_from_settings
+
+INTEGER_VARIABLES = ["VERIRL_GPU_COUNT", "VERIRL_MAX_MODEL_LEN", "VERIRL_VLLM_GPUS",
+                     "VERIRL_VLLM_PORT"]  # fmt: skip
+HOSTILE_INTEGERS = ["1_0", "\u0663", "\uff13", "3.0", "1e3", "nan", "inf", "-1", "0x10",
+                    "99999999999999999999", "9" * 5000, "\x01", "4\x00"]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", HOSTILE_INTEGERS)
+@pytest.mark.parametrize("name", INTEGER_VARIABLES)
+def test_integer_variables_take_ascii_digits_in_range_only(name, value):
+    environ = {"VERIRL_GPU_COUNT": "4", name: value}
+    with pytest.raises(ConfigError, match=rf"^{name}=") as info:
+        TrainingRuntime.from_settings(environ=environ)
+    assert info.value.field == name
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("VERIRL_VLLM_PORT", "70000"), ("VERIRL_GPU_COUNT", "70000"),
+     ("VERIRL_MAX_MODEL_LEN", str(2**40)), ("VERIRL_VLLM_GPUS", "100000"),
+     ("VERIRL_VLLM_HOST", "http://x"), ("VERIRL_VLLM_HOST", "x:8001"),
+     ("VERIRL_VLLM_HOST", "[::1]"), ("VERIRL_VLLM_MODE", "colocate\x00")],
+)  # fmt: skip
+def test_range_and_plan_errors_name_the_variable(name, value):
+    environ = {"VERIRL_GPU_COUNT": "4", name: value}
+    with pytest.raises(ConfigError, match=rf"^{name}=") as info:
+        topology_from_settings(environ=environ)
+    assert info.value.field == name
+    assert repr(value) in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "1e400", "1_0", "\u0663", "1e30",
+                                   "soon", "\x00"])  # fmt: skip
+def test_env_timeout_variable_must_be_finite_ascii_seconds(value):
+    environ = {"VERIRL_GPU_COUNT": "1", "VERIRL_ENV_TIMEOUT": value}
+    with pytest.raises(ConfigError, match=r"^VERIRL_ENV_TIMEOUT=") as info:
+        TrainingRuntime.from_settings(environ=environ)
+    assert info.value.field == "VERIRL_ENV_TIMEOUT"
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -1.0, 1e30, 10**400])
+def test_env_timeout_argument_is_checked_under_its_name(value):
+    with pytest.raises(ConfigError, match=r"^env_timeout="):
+        TrainingRuntime.from_settings(gpu_count=1, env_timeout=value, environ={})
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"env_timeout": math.inf}, "env_timeout"), ({"env_timeout": math.nan}, "env_timeout"),
+    ({"server_timeout": math.inf}, "server_timeout"), ({"server_timeout": 1e30}, "server_timeout"),
+    ({"environ": ["A=1"]}, "environ"), ({"resume_from": 5}, "resume_from"),
+])  # fmt: skip
+def test_runtime_arguments_are_finite_and_typed(kwargs, field):
+    with pytest.raises(ConfigError, match=rf"^{field}="):
+        TrainingRuntime(VLLMTopology.plan(1, max_model_len=64), **kwargs)
+
+
+@pytest.mark.parametrize("gpus", [10**30, 2**16 + 1])
+def test_huge_gpu_count_argument(gpus):
+    with pytest.raises(ConfigError, match=r"^gpu_count="):
+        TrainingRuntime.from_settings(gpu_count=gpus, environ={})
+
+
+def test_vllm_command_variable_with_an_unbalanced_quote_names_the_variable():
+    environ = {"VERIRL_GPU_COUNT": "2", "VERIRL_VLLM_COMMAND": "'x"}
+    with pytest.raises(ConfigError, match=r"^VERIRL_VLLM_COMMAND="):
+        TrainingRuntime.from_settings(environ=environ)
+
+
+@pytest.mark.parametrize("command", ["python -m x", [], [""], [1], None.__class__])
+def test_vllm_command_argument_must_be_an_argv(command):
+    with pytest.raises(ConfigError, match=r"^vllm_command="):
+        TrainingRuntime.from_settings(gpu_count=2, vllm_command=command, environ={})
+
+
+@pytest.mark.parametrize("environ", [["VERIRL_GPU_COUNT=1"], "x", 5])
+def test_environ_must_be_a_mapping(environ):
+    with pytest.raises(ConfigError, match=r"^environ="):
+        TrainingRuntime.from_settings(environ=environ)
+    with pytest.raises(ConfigError, match=r"^environ="):
+        resolver_from_settings(environ=environ)
+
+
+@pytest.mark.parametrize("name", ["VERIRL_GPU_COUNT", "VERIRL_MODEL", "VERIRL_ENV_TIMEOUT"])
+def test_environ_values_must_be_text(name):
+    with pytest.raises(ConfigError, match=rf"^{name}="):
+        TrainingRuntime.from_settings(environ={"VERIRL_GPU_COUNT": "1", name: 3})
+
+
+def test_a_secret_variable_is_never_shown():
+    token = "hf_secret\x01value"
+    with pytest.raises(ConfigError, match=r"^HF_TOKEN=") as info:
+        resolver_from_settings(environ={"VERIRL_HUB_REPO_ID": "org/run", "HF_TOKEN": token})
+    assert "secret" not in str(info.value)
+    with pytest.raises(ConfigError, match=r"^HF_TOKEN=") as info:
+        resolver_from_settings(environ={"VERIRL_HUB_REPO_ID": "org/run", "HF_TOKEN": 12345})
+    assert "12345" not in str(info.value)
+
+
+@pytest.mark.parametrize(("name", "value"), [("VERIRL_HUB_REPO_ID", "not a repo"),
+                                             ("VERIRL_HUB_REVISION", "\x07")])  # fmt: skip
+def test_checkpoint_settings_name_the_variable(tmp_path, name, value):
+    environ = {"VERIRL_OUTPUT_DIR": str(tmp_path), "VERIRL_HUB_REPO_ID": "org/run", name: value}
+    with pytest.raises(ConfigError, match=rf"^{name}="):
+        resolver_from_settings(environ=environ)
+
+
+def test_blank_variables_are_unset():
+    environ = dict.fromkeys([*INTEGER_VARIABLES, "VERIRL_ENV_TIMEOUT", "VERIRL_MODEL"], "  ")
+    environ["VERIRL_GPU_COUNT"] = "2"
+    rt = TrainingRuntime.from_settings(environ=environ)
+    assert rt.topology.port == 8001
+    assert rt.env_timeout == 600.0
