@@ -34,6 +34,9 @@ them:
 ``FAKE_VLLM_STARTUP_DELAY``
     seconds of "model loading" after the workers start and before the port is
     bound.
+``FAKE_VLLM_LOAD_UNTIL``
+    a file path: "loading" goes on (after ``FAKE_VLLM_STARTUP_DELAY``) until
+    that file exists, so a test decides exactly when the port is bound.
 ``FAKE_VLLM_CRASH``
     ``"code:message"``: once the workers are up, write ``message`` to stderr
     and exit with ``code``, without stopping the workers (a crash).
@@ -186,6 +189,7 @@ class FakeVLLMKnobs:
     worker_new_session: bool = False
     orphan_workers: bool = False
     shutdown_delay: float = 0.0
+    load_until: str = ""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> FakeVLLMKnobs:
@@ -220,6 +224,7 @@ class FakeVLLMKnobs:
             worker_new_session=flag("FAKE_VLLM_WORKER_NEW_SESSION"),
             orphan_workers=flag("FAKE_VLLM_ORPHAN_WORKERS"),
             shutdown_delay=number("FAKE_VLLM_SHUTDOWN_DELAY"),
+            load_until=environ.get("FAKE_VLLM_LOAD_UNTIL", ""),
         )
 
 
@@ -416,6 +421,14 @@ def _worker_main(argv: Sequence[str]) -> int:
         time.sleep(3600)
 
 
+def _load_until(path: str) -> None:
+    """Keep "loading" until ``path`` exists (no-op for ``""``); a signal still ends it."""
+    delay = 0.005
+    while path and not Path(path).exists():
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
 def _serve_main(args: ServeArgs, argv: Sequence[str]) -> int:
     knobs = FakeVLLMKnobs.from_environ(os.environ)
     _install_shutdown_handlers(knobs.ignore_sigterm)
@@ -432,6 +445,7 @@ def _serve_main(args: ServeArgs, argv: Sequence[str]) -> int:
             return knobs.crash_code  # a crash: the workers are left to fend for themselves
         _log(f"Loading model {args.model} (fake: {knobs.startup_delay:g}s)")
         time.sleep(knobs.startup_delay)
+        _load_until(knobs.load_until)
         _log("Model loading took 0.00 GiB and 0.000000 seconds")
         try:
             httpd = make_http_server(

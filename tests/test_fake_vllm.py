@@ -132,6 +132,7 @@ def test_knobs_from_the_environment():
             "FAKE_VLLM_WORKER_NEW_SESSION": "true",
             "FAKE_VLLM_ORPHAN_WORKERS": "0",
             "FAKE_VLLM_SHUTDOWN_DELAY": "0.25",
+            "FAKE_VLLM_LOAD_UNTIL": "/tmp/go",
         }
     )
     assert knobs == FakeVLLMKnobs(
@@ -142,6 +143,7 @@ def test_knobs_from_the_environment():
         worker_new_session=True,
         orphan_workers=False,
         shutdown_delay=0.25,
+        load_until="/tmp/go",
     )
     assert FakeVLLMKnobs.from_environ({}) == FakeVLLMKnobs()
 
@@ -238,6 +240,23 @@ def test_program_crash_knob_exits_with_the_code_and_workers_die_with_it(run_fake
         except psutil.NoSuchProcess:
             continue
     assert gone_within(workers, timeout=10)  # the death signal took them down
+
+
+def test_program_load_until_knob_binds_the_port_only_once_the_file_exists(run_fake, tmp_path):
+    port = find_free_port()
+    go = tmp_path / "go"
+    log = tmp_path / "fake-0.log"
+    proc = run_fake("--model", "m", "--port", str(port), env={"FAKE_VLLM_LOAD_UNTIL": str(go)})
+    deadline = time.monotonic() + 60
+    while "Loading model m" not in log.read_text() and time.monotonic() < deadline:
+        assert proc.poll() is None, "the fake server exited"
+        time.sleep(0.01)
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{port}/health/", timeout=5)
+    go.touch()
+    wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=60)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
 
 
 # ---------------------------------------------------------------- FakeVLLMServer

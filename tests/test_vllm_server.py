@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _thread
+import contextlib
 import json
 import logging
 import math
@@ -471,16 +472,19 @@ class InterruptOn(logging.Handler):
     Ctrl-C exactly where a user's would land, without touching verirl's code.
     """
 
-    def __init__(self, text: str, exc: type[BaseException] = KeyboardInterrupt) -> None:
+    def __init__(self, text: str, exc: type[BaseException] | None = KeyboardInterrupt) -> None:
         super().__init__(logging.DEBUG)
         self.text = text
         self.exc = exc
         self.record: logging.LogRecord | None = None
+        self.seen = threading.Event()
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.record is None and self.text in record.getMessage():
             self.record = record
-            raise self.exc
+            self.seen.set()
+            if self.exc is not None:
+                raise self.exc
 
 
 @pytest.fixture
@@ -491,7 +495,7 @@ def interrupt_on():
     previous = logger.level
     logger.setLevel(logging.DEBUG)
 
-    def attach(text: str, exc: type[BaseException] = KeyboardInterrupt) -> InterruptOn:
+    def attach(text: str, exc: type[BaseException] | None = KeyboardInterrupt) -> InterruptOn:
         handler = InterruptOn(text, exc)
         logger.addHandler(handler)
         attached.append(handler)
@@ -596,6 +600,85 @@ def test_a_stop_interrupted_before_sigkill_is_finished_by_the_next_stop(make_ser
     finally:
         for process in survivors(procs):
             process.kill()
+
+
+# ---------------------------------------------------------------- readiness is our own child's
+
+
+def wait_for_log(path: Path, text: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError):
+            if text in path.read_text():
+                return
+        time.sleep(0.01)
+    pytest.fail(f"{text!r} never appeared in {path}")
+
+
+def wait_until(condition, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+FOREIGN = "answered by another process"
+
+
+def test_a_server_still_loading_on_a_port_is_not_ready_on_anothers_answer(
+    make_server, interrupt_on, tmp_path
+):
+    go_first, go_second = tmp_path / "go-first", tmp_path / "go-second"
+    first = make_server(env={"FAKE_VLLM_LOAD_UNTIL": str(go_first)})
+    second = make_server(port=first.port, env={"FAKE_VLLM_LOAD_UNTIL": str(go_second)})
+    foreign = interrupt_on(FOREIGN, None)
+    first_thread, first_errors = start_in_thread(first)
+    wait_for_log(first.log_path, "Loading model")  # spawned; the port is not bound yet
+    second_thread, second_errors = start_in_thread(second)
+    wait_for_log(second.log_path, "Loading model")  # so second passed the port check
+    go_first.touch()
+    first_thread.join(timeout=60)
+    assert not first_errors
+    assert first.running
+    # second gets 200 from first's /health/ and must not call itself ready on it.
+    assert wait_until(lambda: foreign.seen.is_set() or not second_thread.is_alive())
+    assert second_thread.is_alive(), f"second ended: {second_errors}"
+    assert str(first.port) in foreign.record.getMessage()
+    go_second.touch()  # second's own server now tries to bind, fails and exits
+    second_thread.join(timeout=60)
+    assert not second_thread.is_alive()
+    assert len(second_errors) == 1
+    assert type(second_errors[0]) is VLLMServerExited
+    assert "Address already in use" in second_errors[0].log_tail
+    assert second.pid is None
+    assert get_json(first, "/health/") == {"status": "ok"}  # first is untouched
+
+
+def test_a_foreign_http_server_bound_after_the_port_check_is_not_our_server(
+    make_server, interrupt_on, tmp_path
+):
+    from fakes._http import serve_in_background, stop_serving
+    from fakes.vllm_serve import make_http_server
+
+    go = tmp_path / "go"
+    server = make_server(env={"FAKE_VLLM_LOAD_UNTIL": str(go)})
+    foreign = interrupt_on(FOREIGN, None)
+    thread, errors = start_in_thread(server)
+    wait_for_log(server.log_path, "Loading model")  # the port check has passed
+    impostor = make_http_server("127.0.0.1", server.port, world_size=1)
+    serving = serve_in_background(impostor, "impostor")
+    try:
+        assert requests.get(server.base_url + "/health/", timeout=5).status_code == 200
+        assert wait_until(lambda: foreign.seen.is_set() or not thread.is_alive())
+        assert thread.is_alive(), f"start ended: {errors}"
+        go.touch()
+        thread.join(timeout=60)
+    finally:
+        stop_serving(impostor, serving)
+    assert not thread.is_alive()
+    assert len(errors) == 1
+    assert type(errors[0]) is VLLMServerExited
+    assert "Address already in use" in errors[0].log_tail
 
 
 def test_host_that_is_not_an_address_here_is_a_config_error(make_server):

@@ -610,6 +610,18 @@ def _alive(process: psutil.Process) -> bool:
         return True
 
 
+def _tcp_connections(process: psutil.Process) -> list[Any]:
+    """``process``'s TCP sockets (psutil >= 6 ``net_connections``, older ``connections``)."""
+    method = getattr(process, "net_connections", None) or process.connections
+    return list(method(kind="tcp"))
+
+
+def _listening(connection: Any, port: int) -> bool:  # noqa: ANN401 - psutil's named tuples
+    """Whether ``connection`` is a socket listening on ``port``."""
+    address = connection.laddr
+    return bool(connection.status == psutil.CONN_LISTEN and address and address.port == port)
+
+
 def _marked_processes(marker: str, since: float) -> Iterator[psutil.Process]:
     """Processes created after ``since`` whose environment carries ``marker``.
 
@@ -685,6 +697,38 @@ class _ProcessTree:
             known = self.seen.get(process.pid)
             if known is None or not _alive(known):
                 self.seen[process.pid] = process
+
+    def listens_on(self, port: int) -> bool | None:
+        """Whether the server or a descendant has a TCP socket listening on ``port``.
+
+        ``None`` when the system denies reading the sockets (then no proof
+        either way). The port check before the spawn cannot rule out another
+        server that binds later, so a 200 counts only with this proof.
+        """
+        members: list[psutil.Process] = []
+        with contextlib.suppress(psutil.Error):
+            leader = self.leader or psutil.Process(self.pid)
+            members = [leader, *leader.children(recursive=True)]
+        denied = False
+        for process in members:
+            try:
+                if any(_listening(c, port) for c in _tcp_connections(process)):
+                    return True
+            except psutil.AccessDenied:  # noqa: PERF203 - one process at a time, few of them
+                denied = True
+            except psutil.Error:
+                continue
+        if not denied:
+            return False
+        try:  # another view: the system-wide table, which names each socket's process
+            table = psutil.net_connections(kind="tcp")
+        except (psutil.Error, OSError):
+            return None
+        pids = {process.pid for process in members}
+        owners = {c.pid for c in table if _listening(c, port)}
+        if owners & pids:
+            return True
+        return False if owners and None not in owners else None
 
     def signal_all(self, sig: int) -> None:
         """``sig`` to the group, and to each remembered descendant outside it."""
@@ -778,8 +822,51 @@ class _ServerExitedError(Exception):
     """Raised inside the readiness poll when the server process is gone."""
 
 
+class _UnprovableError(Exception):
+    """Raised inside the readiness poll when the owner of the answering socket cannot be told."""
+
+
 class _StartCancelledError(Exception):
     """Raised inside the readiness poll when `VLLMServer.stop` was called meanwhile."""
+
+
+@attrs.define(eq=False)
+class _ReadinessProbe:
+    """One readiness attempt: ``None`` once *our* server answers 200, else why not.
+
+    Raises when waiting is pointless: the start was cancelled, the server
+    exited, or the owner of the answering socket cannot be told.
+    """
+
+    tree: _ProcessTree
+    session: requests.Session
+    url: str
+    port: int
+    foreign_seen: bool = False
+
+    def __call__(self, time_left: float) -> str | None:
+        if self.tree.stopping.is_set():
+            raise _StartCancelledError
+        if self.tree.exited():
+            raise _ServerExitedError
+        reason = _health_check(self.session, self.url, time_left)
+        if reason is not None:
+            return reason
+        # A 200 proves nothing yet: another server may hold the port while ours loads.
+        ours = self.tree.listens_on(self.port)
+        if ours is None:
+            raise _UnprovableError
+        if ours:
+            return None
+        if not self.foreign_seen:
+            self.foreign_seen = True
+            log.warning(
+                "port %d answered by another process, not by the vLLM server pid %d "
+                "(is another server using the port?); waiting for ours",
+                self.port,
+                self.tree.pid,
+            )
+        return f"port {self.port} answered by another process"
 
 
 def _health_check(session: requests.Session, url: str, time_left: float) -> str | None:
@@ -1217,26 +1304,26 @@ class VLLMServer:
         url = f"{self.base_url}/health/"
         with requests.Session() as session:
             session.trust_env = False  # a proxy from the environment must not see loopback calls
-
-            def attempt(time_left: float) -> str | None:
-                if tree.stopping.is_set():
-                    raise _StartCancelledError
-                if tree.exited():
-                    raise _ServerExitedError
-                return _health_check(session, url, time_left)
+            probe = _ReadinessProbe(tree, session, url, self.port)
 
             def nap(seconds: float) -> None:
                 tree.stopping.wait(seconds)  # wakes at once when stop() is called
 
             try:
                 result = poll(
-                    attempt,
+                    probe,
                     timeout=self.startup_timeout,
                     backoff=_BACKOFF,
                     sleep=nap,
                     progress=self._log_progress,
                     progress_every=self.progress_interval,
                 )
+            except _UnprovableError:
+                self.stop()
+                raise VLLMServerError(
+                    f"{url} answered 200, but whether from the vLLM server we started cannot be "
+                    "told: this system denies reading its sockets (psutil AccessDenied)"
+                ) from None
             except (_ServerExitedError, _StartCancelledError):
                 cancelled = tree.stopping.is_set()
                 self.stop()
