@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import random
 import re
 import shutil
 import signal
@@ -112,6 +113,31 @@ def processes(pids) -> list[psutil.Process]:
     return found
 
 
+def unshared_port(host: str = "127.0.0.1") -> int:
+    """A free port outside the kernel's ephemeral range.
+
+    A port from ``bind(0)`` is in that range, where any other process's
+    ``connect()`` or ``bind(0)`` may take it before our server binds it; other
+    verirl servers on the machine may be running too. Outside the range only
+    an explicit bind can collide, and the pick is random.
+    """
+    low, high = 32768, 60999
+    with contextlib.suppress(OSError, ValueError):
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    candidates = [port for port in range(10000, 65536) if not low <= port <= high]
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.choice(candidates)
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+            return port
+    return find_free_port(host=host)
+
+
 def children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True) if alive(p)}
 
@@ -122,7 +148,7 @@ def make_server(tmp_path):
     made: list[VLLMServer] = []
 
     def make(**kwargs) -> VLLMServer:
-        kwargs.setdefault("port", find_free_port())
+        kwargs.setdefault("port", unshared_port())
         kwargs.setdefault("command", FAKE)
         kwargs.setdefault("log_path", tmp_path / f"server-{len(made)}.log")
         kwargs.setdefault("startup_timeout", 30.0)
@@ -168,9 +194,11 @@ def test_ready_server_answers_health_and_logs_to_its_file(make_server):
     assert "Finished server process" in log
 
 
-def test_well_behaved_server_with_workers_stops_on_sigterm_without_the_grace(make_server):
-    """Well under a second in `nox -s bench`; here only bounded, as CI machines are loaded."""
-    server = make_server(tensor_parallel_size=2, data_parallel_size=2, devices=(0, 1, 2, 3))
+def test_well_behaved_server_with_workers_stops_on_sigterm_without_the_grace(make_server, caplog):
+    """Well under a second in `nox -s bench`; here the proof is that no SIGKILL was needed."""
+    server = make_server(
+        tensor_parallel_size=2, data_parallel_size=2, devices=(0, 1, 2, 3), shutdown_timeout=60.0
+    )
     server.start()
     procs = tree(server)
     assert len(procs) == 5
@@ -179,7 +207,10 @@ def test_well_behaved_server_with_workers_stops_on_sigterm_without_the_grace(mak
     server.stop()
     took = time.monotonic() - started
     assert not survivors(procs)
-    assert took < 2.5, f"teardown took {took:.2f}s"  # half the 5 s grace
+    assert took < 60.0, f"teardown took {took:.2f}s"
+    stopped = [r.getMessage() for r in caplog.records if "stopped vLLM server" in r.getMessage()]
+    assert len(stopped) == 1
+    assert "SIGKILL" not in stopped[0]
     assert "SIGKILL" not in server.log_path.read_text()
 
 
@@ -200,7 +231,7 @@ def test_ignored_sigterm_costs_shutdown_timeout_then_sigkill_reaches_every_proce
     server.stop()
     took = time.monotonic() - started
     assert not survivors(procs)
-    assert 0.45 <= took < 0.5 + 2.5, f"teardown took {took:.2f}s"
+    assert 0.45 <= took < 0.5 + 30, f"teardown took {took:.2f}s"
     assert any("SIGKILL" in record.getMessage() for record in caplog.records)
 
 
@@ -243,22 +274,21 @@ def test_stop_is_idempotent_and_the_server_can_start_again(make_server):
         assert get_json(server, "/health/") == {"status": "ok"}
 
 
-def test_stop_from_another_thread_cancels_a_start_in_progress(make_server):
+def test_stop_from_another_thread_cancels_a_start_in_progress(make_server, tmp_path):
     server = make_server(
-        tensor_parallel_size=2, devices=(0, 1), env={"FAKE_VLLM_STARTUP_DELAY": "60"}
+        tensor_parallel_size=2,
+        devices=(0, 1),
+        startup_timeout=600.0,
+        env={"FAKE_VLLM_LOAD_UNTIL": str(tmp_path / "never")},
     )
     thread, errors = start_in_thread(server)
-    deadline = time.monotonic() + 20
-    while len(pids_in_log(server.log_path, "worker")) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for_log(server.log_path, "Loading model")  # both workers are up by then
     pids = pids_in_log(server.log_path, "server") + pids_in_log(server.log_path, "worker")
     assert len(pids) == 3
     procs = processes(pids)
-    started = time.monotonic()
     server.stop()
-    thread.join(timeout=5)
+    thread.join(timeout=60)  # far less than the 600 s startup timeout
     assert not thread.is_alive()
-    assert time.monotonic() - started < 2.0
     assert not survivors(procs)
     assert len(errors) == 1
     assert type(errors[0]) is VLLMServerError
@@ -286,10 +316,8 @@ def test_crash_during_startup_raises_exited_with_code_and_log_tail(make_server):
         devices=(0, 1),
         env={"FAKE_VLLM_CRASH": "3:torch.OutOfMemoryError: CUDA out of memory (fake)"},
     )
-    started = time.monotonic()
     with pytest.raises(VLLMServerExited) as info:
         server.start()
-    assert time.monotonic() - started < 10
     assert info.value.returncode == 3
     assert "CUDA out of memory (fake)" in info.value.log_tail
     assert info.value.log_path == str(server.log_path)
@@ -320,33 +348,46 @@ def test_crash_leaves_no_orphaned_worker_even_one_that_left_the_session(make_ser
     assert not survivors(processes(workers))
 
 
-def test_slow_start_times_out_and_the_tree_is_gone_when_raised(make_server):
+def test_slow_start_times_out_and_the_tree_is_gone_when_raised(make_server, interrupt_on, tmp_path):
+    # The fake never finishes loading. How far it got in 2 s depends on the
+    # machine's load, so the test checks what holds whatever that was.
     server = make_server(
         tensor_parallel_size=2,
         devices=(0, 1),
-        # Long enough for a loaded CI machine to start Python under coverage and
-        # print "Loading model", far shorter than the 60 s the fake would take.
-        startup_timeout=3.0,
-        env={"FAKE_VLLM_STARTUP_DELAY": "60"},
+        startup_timeout=2.0,
+        env={"FAKE_VLLM_LOAD_UNTIL": str(tmp_path / "never")},
     )
+    spawned = interrupt_on("started vLLM server", None)
     started = time.monotonic()
     with pytest.raises(VLLMStartupTimeout) as info:
         server.start()
     took = time.monotonic() - started
-    assert 3.0 <= took < 3.0 + 4.0
+    assert 2.0 <= took < 2.0 + 30
     assert isinstance(info.value, TimeoutError)
-    assert info.value.timeout == 3.0
-    assert "Loading model fake/model" in info.value.log_tail
-    pids = pids_in_log(server.log_path, "server") + pids_in_log(server.log_path, "worker")
-    assert len(pids) == 3
-    assert not survivors(processes(pids))  # already gone, no waiting
+    assert info.value.timeout == 2.0
+    assert info.value.log_tail == server.log_tail()  # this run's lines, whatever they were
+    assert info.value.log_path == str(server.log_path)
+    leader = spawned.record.args[0]
+    logged = pids_in_log(server.log_path, "server") + pids_in_log(server.log_path, "worker")
+    assert not survivors(processes({leader, *logged}))  # already gone, no waiting
+    assert server.pid is None
 
 
-def test_progress_is_logged_with_the_last_server_log_line(make_server, caplog):
+def test_progress_is_logged_with_the_last_server_log_line(
+    make_server, caplog, interrupt_on, tmp_path
+):
     caplog.set_level(logging.INFO, logger="verirl.vllm_server")
-    server = make_server(progress_interval=0.1, env={"FAKE_VLLM_STARTUP_DELAY": "1.0"})
-    with server:
-        pass
+    go = tmp_path / "go"
+    server = make_server(progress_interval=0.1, env={"FAKE_VLLM_LOAD_UNTIL": str(go)})
+    loading = interrupt_on("Loading model", None)  # only a progress line quotes the server log
+    thread, errors = start_in_thread(server)
+    try:
+        assert wait_until(lambda: loading.seen.is_set() or not thread.is_alive())
+    finally:
+        go.touch()
+        thread.join(timeout=60)
+    assert not errors
+    server.stop()
     progress = [r.getMessage() for r in caplog.records if "not ready after" in r.getMessage()]
     assert progress
     assert any("last log line:" in line and "Loading model" in line for line in progress)
@@ -360,8 +401,11 @@ def test_health_check_reasons():
             assert _health_check(session, env.url + "/health", 5.0) is None
         with FakeEnvServer(hang=True) as env:
             assert _health_check(session, env.url + "/health", 0.2) == "timed out"
-        url = f"http://127.0.0.1:{find_free_port()}/health/"
-        assert _health_check(session, url, 5.0) == "connection refused"
+        with socket.socket() as bound_not_listening:  # refuses connections, and is ours
+            bound_not_listening.bind(("127.0.0.1", 0))
+            port = bound_not_listening.getsockname()[1]
+            url = f"http://127.0.0.1:{port}/health/"
+            assert _health_check(session, url, 5.0) == "connection refused"
 
 
 def test_port_in_use_is_refused_before_anything_is_spawned(make_server):
@@ -386,7 +430,7 @@ def test_port_in_use_on_the_wildcard_address_too(make_server):
 
 
 def test_a_port_with_connections_in_time_wait_is_not_in_use(make_server):
-    port = find_free_port()
+    port = unshared_port()
     with socket.create_server(("127.0.0.1", port)) as listener:
         client = socket.create_connection(("127.0.0.1", port))
         conn, _ = listener.accept()
@@ -436,28 +480,24 @@ def ctrl_c_raises():
 
 
 def test_an_interrupt_during_teardown_skips_the_grace_period(make_server, ctrl_c_raises):
-    server = make_server(shutdown_timeout=30.0, env={"FAKE_VLLM_IGNORE_SIGTERM": "1"})
+    server = make_server(shutdown_timeout=600.0, env={"FAKE_VLLM_IGNORE_SIGTERM": "1"})
     server.start()
     procs = tree(server)
-    lock = threading.Lock()
-    stopping = [True]
+    stopping = server._tree.stopping  # set as stop() begins
+    done = threading.Event()
 
     def second_ctrl_c() -> None:
-        with lock:
-            if stopping[0]:
-                _thread.interrupt_main()
+        if stopping.wait(timeout=60) and not done.wait(0.2):  # well inside the grace wait
+            _thread.interrupt_main()
 
-    timer = threading.Timer(0.3, second_ctrl_c)
-    started = time.monotonic()
-    timer.start()
+    interrupter = threading.Thread(target=second_ctrl_c)
+    interrupter.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            server.stop()
+            server.stop()  # would wait the 600 s grace without the interrupt
     finally:
-        with lock:
-            stopping[0] = False
-        timer.cancel()
-    assert time.monotonic() - started < 10
+        done.set()
+        interrupter.join()
     assert not survivors(procs)
     assert server.pid is None
 
@@ -505,24 +545,6 @@ def interrupt_on():
     for handler in attached:
         logger.removeHandler(handler)
     logger.setLevel(previous)
-
-
-def marked_with(marker_pid: int) -> list[psutil.Process]:
-    """Every live process whose environment carries the same server marker as ``marker_pid``."""
-    from verirl.vllm_server import MARKER_VAR
-
-    try:
-        marker = psutil.Process(marker_pid).environ()[MARKER_VAR]
-    except (psutil.Error, KeyError):
-        return []
-    found = []
-    for process in psutil.process_iter():
-        try:
-            if process.environ().get(MARKER_VAR) == marker:
-                found.append(process)
-        except psutil.Error:
-            continue
-    return found
 
 
 @pytest.mark.parametrize(
@@ -814,10 +836,9 @@ def test_find_trl_command_without_trl_says_how_to_install(tmp_path):
         find_trl_command(executable=str(tmp_path / "python"), search_path=str(tmp_path))
 
 
-@pytest.mark.skipif(
-    (Path(sys.executable).parent / "trl").exists(), reason="trl is installed beside python"
-)
 def test_default_command_without_trl_is_a_server_error(make_server, monkeypatch, tmp_path):
+    # An interpreter with no trl beside it, and a PATH without one.
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))
     server = make_server(command=None)
     with pytest.raises(VLLMServerError, match=re.escape(INSTALL_HINT)):
@@ -1171,7 +1192,7 @@ def test_killing_the_trainer_leaves_no_server_or_worker(tmp_path, sig, handle_si
             sys.executable,
             "-c",
             HOLDER,
-            str(find_free_port()),
+            str(unshared_port()),
             str(tmp_path / "server.log"),
             "1" if handle_sigterm else "0",
         ],
@@ -1186,8 +1207,8 @@ def test_killing_the_trainer_leaves_no_server_or_worker(tmp_path, sig, handle_si
         procs = processes([reported["server"], *reported["workers"]])
         assert len(procs) == 3
         holder.send_signal(sig)
-        assert holder.wait(timeout=20) == returncode
-        assert not survivors(procs, timeout=10)
+        assert holder.wait(timeout=60) == returncode
+        assert not survivors(procs, timeout=30)
     finally:
         if holder.poll() is None:
             holder.kill()
