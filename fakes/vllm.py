@@ -113,22 +113,31 @@ class FakeVLLMServer(VLLMServer):
         if self.fail_with is not None:
             self._note(f"failed: {type(self.fail_with).__name__}")
             raise self.fail_with
-        if self.serve_http:
-            self._serve()
-        self._fake_running = True
-        self.ready_at = self.clock()
+        # As with the real server: once serving, a failure or Ctrl-C before start() returns
+        # stops serving again, since no `__exit__` will run.
+        try:
+            if self.serve_http:
+                self._serve()
+            self.ready_at = self.clock()
+            self._fake_running = True
+        except BaseException:
+            self._stop_serving()
+            raise
 
     def stop(self) -> None:
         """Stop (counted once per run); safe to call any number of times."""
         if not self._fake_running:
             return
+        self._stop_serving()  # interrupted, the fake still counts as running: stop() again
         self._fake_running = False
-        stop_serving(self._httpd, self._thread)
-        self._httpd = None
-        self._thread = None
         self.stops += 1
         self.stopped_at = self.clock()
         self._note("stop")
+
+    def _stop_serving(self) -> None:
+        stop_serving(self._httpd, self._thread)
+        self._httpd = None
+        self._thread = None
 
     def _serve(self) -> None:
         # Imported here: `import fakes` must not load the module that

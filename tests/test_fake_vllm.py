@@ -365,3 +365,23 @@ def test_fake_server_appends_to_a_given_log(tmp_path):
     assert lines[0] == "earlier"
     assert lines[1].startswith("fake vLLM server start: --model m")
     assert lines[2] == "fake vLLM server stop"
+
+
+def test_fake_server_interrupted_after_serving_stops_serving():
+    readings: list[float] = []
+
+    def clock() -> float:  # the second reading (ready_at) is where Ctrl-C lands
+        readings.append(100.0)
+        if len(readings) == 2:
+            raise KeyboardInterrupt
+        return 100.0
+
+    server = FakeVLLMServer("m", port=find_free_port(), serve_http=True, clock=clock)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            server.start()
+        assert not server.running
+        with pytest.raises(requests.ConnectionError):
+            requests.get(server.base_url + "/health/", timeout=5)
+    finally:
+        server.stop()
