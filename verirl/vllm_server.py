@@ -9,7 +9,9 @@
 
 `VLLMServer.start` (what ``with`` calls) refuses a port that is already bound,
 launches the server in its own session with a scrubbed environment, its output
-in a log file, and waits until ``GET /health/`` answers 200. `VLLMServer.stop`
+in a log file, and waits until ``GET /health/`` answers 200 from a socket that
+the server's own process tree listens on (not from another server that bound
+the port meanwhile). `VLLMServer.stop`
 (what leaving the block calls, whatever the reason) sends SIGTERM to the
 server's process group and to every descendant that left it, waits up to
 ``shutdown_timeout`` and SIGKILLs what is left.
@@ -18,7 +20,8 @@ If the trainer dies first, the server goes too: on Linux the child asks the
 kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), which covers a
 SIGKILLed trainer, and while a server runs a SIGTERM sent to the trainer (a
 preemption) raises ``SystemExit(143)`` in the main thread so that the ``with``
-block unwinds and the full teardown runs.
+block unwinds and the full teardown runs (the one policy of `verirl._signals`:
+a handler the program installed is kept, and is what runs).
 """
 
 from __future__ import annotations
@@ -1163,11 +1166,16 @@ class VLLMServer:
 
     def _launch(self, run: _Run) -> _ProcessTree:
         """Check, open the log, spawn and adopt the child (under the lock); ``run`` records it."""
-        if self._tree is not None:
-            if self._tree.stopping.is_set():
-                self.stop()  # an interrupted stop: finish it first
-            if self._tree is not None:
-                raise VLLMServerError(f"the vLLM server on port {self.port} is already started")
+        if self._tree is not None and self._tree.stopping.is_set():
+            self.stop()  # an interrupted stop: finish it first
+        previous = self._tree
+        if previous is not None and previous.stopping.is_set():
+            raise VLLMServerError(
+                f"processes of the previous vLLM server on port {self.port} survive "
+                f"SIGKILL (pid {previous.pid}); it cannot be started again"
+            )
+        if previous is not None:
+            raise VLLMServerError(f"the vLLM server on port {self.port} is already started")
         argv = (*(self.command or find_trl_command()), *self.serve_args)
         environ = vllm_child_environ(os.environ, devices=self.devices, env=self.env)
         environ[MARKER_VAR] = run.marker
