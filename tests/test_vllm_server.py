@@ -8,7 +8,6 @@ import json
 import logging
 import math
 import os
-import random
 import re
 import shutil
 import signal
@@ -24,9 +23,8 @@ import psutil
 import pytest
 import requests
 
-from _support import alive
+from _support import alive, unshared_port
 from fakes.envserver import FakeEnvServer
-from verirl import find_free_port
 from verirl._serve_args import vllm_serve_args
 from verirl.errors import (
     ConfigError,
@@ -111,31 +109,6 @@ def processes(pids) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
-
-
-def unshared_port(host: str = "127.0.0.1") -> int:
-    """A free port outside the kernel's ephemeral range.
-
-    A port from ``bind(0)`` is in that range, where any other process's
-    ``connect()`` or ``bind(0)`` may take it before our server binds it; other
-    verirl servers on the machine may be running too. Outside the range only
-    an explicit bind can collide, and the pick is random.
-    """
-    low, high = 32768, 60999
-    with contextlib.suppress(OSError, ValueError):
-        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    candidates = [port for port in range(10000, 65536) if not low <= port <= high]
-    rng = random.SystemRandom()
-    for _ in range(200):
-        port = rng.choice(candidates)
-        with socket.socket() as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind((host, port))
-            except OSError:
-                continue
-            return port
-    return find_free_port(host=host)
 
 
 def children() -> set[int]:
