@@ -10,7 +10,11 @@ optionally recursive tree listing) and ``HEAD``/``GET /{repo}/resolve/{rev}/{pat
 the client downloads over plain HTTP). Unknown repos, revisions and files get
 the Hub's 404s (``X-Error-Code: RepoNotFound``, ``RevisionNotFound``,
 ``EntryNotFound``); `FakeHub.protect` makes a repo answer 401 to requests
-without its token. It counts requests and the bytes of file bodies served::
+without its token. Faults a real mirror or network shows can be injected per
+file: `FakeHub.serve_instead` (a wrong body with headers that match it),
+`FakeHub.fail_downloads` (an error status for the body) and `FakeHub.hold`
+(the body waits until released, to catch a download in the middle). It counts
+requests and the bytes of file bodies served::
 
     with serve_fake_hub() as hub:  # also keeps huggingface_hub off the network
         hub.add_checkpoint("org/run", "checkpoint-30", step=30, size=1_000)
@@ -42,7 +46,7 @@ from fakes._http import serve_in_background
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["FakeHub", "isolated_hf_client", "serve_fake_hub"]
+__all__ = ["FakeHub", "Hold", "isolated_hf_client", "serve_fake_hub"]
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +58,33 @@ def _git_blob_sha(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
 
 
+_HOLD_LIMIT = 60.0  # a held body is served anyway after this long, so no test can hang on it
+
+
+@attrs.define
+class Hold:
+    """A file body held back by `FakeHub.hold`: ``arrived`` is set when a GET for it comes in."""
+
+    arrived: threading.Event = attrs.field(factory=threading.Event)
+    _released: threading.Event = attrs.field(factory=threading.Event, repr=False)
+
+    def release(self) -> None:
+        """Let held and later requests for the file through."""
+        self._released.set()
+
+    def wait_released(self) -> None:
+        """Block a handler until `release` (or `_HOLD_LIMIT` seconds, whichever comes first)."""
+        self.arrived.set()
+        self._released.wait(_HOLD_LIMIT)
+
+
 @attrs.frozen
 class _Response:
     status: int
     headers: Mapping[str, str] = attrs.Factory(dict)
     body: bytes = b""
     counts_as_download: tuple[str, str] | None = None
+    hold: Hold | None = None
 
 
 def _json(status: int, payload: object, headers: Mapping[str, str] | None = None) -> _Response:
@@ -96,6 +121,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         for name, value in response.headers.items():
             self.send_header(name, value)
         self.send_header("Content-Length", str(len(response.body)))
+        if method == "GET" and response.hold is not None:
+            response.hold.wait_released()
         self.end_headers()
         if method == "GET":
             self.wfile.write(response.body)
@@ -169,10 +196,13 @@ class FakeHub:
     _branches: dict[tuple[str, str], str] = attrs.field(factory=dict, init=False)
     _commits: dict[tuple[str, str], _Commit] = attrs.field(factory=dict, init=False)
     _tokens: dict[str, str] = attrs.field(factory=dict, init=False, repr=False)
+    _instead: dict[tuple[str, str], bytes] = attrs.field(factory=dict, init=False, repr=False)
+    _failing: dict[tuple[str, str], int] = attrs.field(factory=dict, init=False, repr=False)
+    _holds: dict[tuple[str, str], Hold] = attrs.field(factory=dict, init=False, repr=False)
     _requests: list[tuple[str, str]] = attrs.field(factory=list, init=False)
     _downloads: list[tuple[str, str]] = attrs.field(factory=list, init=False)
     _bytes_served: int = attrs.field(default=0, init=False)
-    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
+    _lock: threading.Condition = attrs.field(factory=threading.Condition, init=False, repr=False)
     _httpd: _HTTPServer | None = attrs.field(default=None, init=False, repr=False)
     _thread: threading.Thread | None = attrs.field(default=None, init=False, repr=False)
 
@@ -194,6 +224,10 @@ class FakeHub:
         self._httpd = self._thread = None
         if httpd is None:
             return
+        with self._lock:
+            holds = list(self._holds.values())
+        for hold in holds:
+            hold.release()
         httpd.shutdown()
         httpd.close_connections()
         httpd.server_close()
@@ -273,6 +307,41 @@ class FakeHub:
         with self._lock:
             self._tokens[repo_id] = token
 
+    def serve_instead(self, repo_id: str, path: str, data: bytes) -> None:
+        """Serve ``data`` as the body of ``path`` (any revision), with headers that match it.
+
+        The listing still reports the committed file's size: a broken mirror or
+        proxy that truncates bodies but sets ``Content-Length`` to what it sends.
+        """
+        with self._lock:
+            self._instead[repo_id, path] = bytes(data)
+
+    def fail_downloads(self, repo_id: str, path: str, status: int = 403) -> None:
+        """Answer ``status`` to every GET of ``path``'s body (HEAD still succeeds); 0 heals it."""
+        with self._lock:
+            if status:
+                self._failing[repo_id, path] = status
+            else:
+                self._failing.pop((repo_id, path), None)
+
+    def hold(self, repo_id: str, path: str) -> Hold:
+        """Hold GETs of ``path``'s body after the headers until the returned `Hold` is released.
+
+        `close` releases every hold, and a held request goes through on its own
+        after a minute, so a forgotten hold cannot hang a test run.
+        """
+        hold = Hold()
+        with self._lock:
+            self._holds[repo_id, path] = hold
+        return hold
+
+    def wait_for_requests(self, path_contains: str, count: int, timeout: float) -> bool:
+        """Wait until ``count`` requests whose path contains ``path_contains`` came in."""
+        with self._lock:
+            return self._lock.wait_for(
+                lambda: sum(path_contains in p for _, p in self._requests) >= count, timeout
+            )
+
     def sha(self, repo_id: str, revision: str = "main") -> str:
         """The commit ``revision`` of ``repo_id`` points at."""
         with self._lock:
@@ -330,6 +399,7 @@ class FakeHub:
         parts = urlsplit(raw_path)
         with self._lock:
             self._requests.append((method, parts.path))
+            self._lock.notify_all()
         segments = [unquote(s) for s in parts.path.split("/")[1:]]
         if segments[:2] == ["api", "models"]:
             repo_id, rest = "/".join(segments[2:4]), segments[4:]
@@ -347,7 +417,7 @@ class FakeHub:
     ) -> _Response:
         kind = rest[0] if rest else ""
         if kind == "resolve":
-            return self._resolve(repo_id, rest[1], "/".join(rest[2:]))
+            return self._resolve(method, repo_id, rest[1], "/".join(rest[2:]))
         if method == "GET" and not rest:
             return self._repo_info(repo_id, "main", query)
         if method == "GET" and kind == "revision" and len(rest) == 2:  # noqa: PLR2004
@@ -423,7 +493,7 @@ class FakeHub:
             headers["Link"] = f'<{next_url}>; rel="next"'
         return _json(200, page, headers)
 
-    def _resolve(self, repo_id: str, revision: str, filename: str) -> _Response:
+    def _resolve(self, method: str, repo_id: str, revision: str, filename: str) -> _Response:
         commit = self._commit(repo_id, revision)
         if commit is None:
             return _error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
@@ -432,13 +502,19 @@ class FakeHub:
             return _error(
                 404, "EntryNotFound", f"{filename} does not exist", **{"X-Repo-Commit": commit.sha}
             )
+        with self._lock:
+            failing = self._failing.get((repo_id, filename))
+            hold = self._holds.get((repo_id, filename))
+            data = self._instead.get((repo_id, filename), data)
+        if failing is not None and method == "GET":
+            return _error(failing, None, f"{filename}: injected failure")
         headers = {
             "Content-Type": "application/octet-stream",
             "X-Repo-Commit": commit.sha,
             "ETag": f'"{_git_blob_sha(data)}"',
             "Accept-Ranges": "none",
         }
-        return _Response(200, headers, data, counts_as_download=(repo_id, filename))
+        return _Response(200, headers, data, counts_as_download=(repo_id, filename), hold=hold)
 
 
 def _payload(seed: str, size: int) -> bytes:

@@ -537,7 +537,7 @@ def test_resume_downloads_only_the_newest_checkpoint(hub, tmp_path, caplog):
     assert not any("checkpoint-10" in p or "checkpoint-20" in p for _, p in hub.requests)
     assert snapshot(Path(path)).keys() == {
         p.split("/", 1)[1] for p in files_under(hub, "checkpoint-30")
-    }
+    } | {".verirl-download.json"}  # verirl's marker: this folder is its download
     assert "293.2 KiB" in caplog.text  # what is fetched, and how big
     assert "6 files" in caplog.text
 
@@ -843,3 +843,473 @@ def test_path_likes_are_accepted(tmp_path):
     assert CheckpointResolver([]).resolve(tmp_path) == str(tmp_path)
     with pytest.raises(ConfigError, match="path"):
         Checkpoint(1, 5, "x")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------- safety: nothing lost, nothing leaked
+
+
+def test_a_folder_verirl_did_not_download_is_never_overwritten(hub, tmp_path):
+    """Issue 9 item 2: ownership is per folder, not "download_dir/.cache exists"."""
+    hub.add_checkpoint(REPO, "checkpoint-10", 10)
+    source = hub_source(hub, tmp_path)
+    source.fetch(source.latest())  # download_dir now holds a real download (and any caches)
+    mine = make_checkpoint(tmp_path / "hub-download", "checkpoint-20")
+    before = snapshot(mine)
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    hub.reset_counters()
+    with pytest.raises(ConfigError, match=r"^download_dir=.*checkpoint-20.*refusing to overwrite"):
+        CheckpointResolver([hub_source(hub, tmp_path)]).resolve("latest")
+    assert snapshot(mine) == before
+    assert hub.downloads == []
+
+
+def test_a_symlinked_folder_in_download_dir_is_never_followed(hub, tmp_path):
+    """Issue 9 item 3: dl/checkpoint-20 -> elsewhere must not receive the download."""
+    hub.add_checkpoint(REPO, "checkpoint-10", 10)
+    source = hub_source(hub, tmp_path)
+    source.fetch(source.latest())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("mine")
+    (tmp_path / "hub-download" / "checkpoint-20").symlink_to(elsewhere, target_is_directory=True)
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    with pytest.raises(ConfigError, match=r"^download_dir=.*checkpoint-20.*symlink"):
+        CheckpointResolver([hub_source(hub, tmp_path)]).resolve("latest")
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["keep.txt"]
+    assert (tmp_path / "hub-download" / "checkpoint-20").is_symlink()
+
+
+def test_a_symlink_to_a_matching_checkpoint_is_not_followed_either(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    source = hub_source(hub, tmp_path, download_dir=tmp_path / "first")
+    real = source.fetch(source.latest())
+    (tmp_path / "hub-download").mkdir()
+    (tmp_path / "hub-download" / "checkpoint-20").symlink_to(real, target_is_directory=True)
+    other = hub_source(hub, tmp_path)
+    with pytest.raises(ConfigError, match="symlink"):
+        other.fetch(other.latest())
+
+
+@pytest.mark.parametrize("dangling", [True, False])
+def test_a_symlinked_lock_file_is_never_followed(hub, tmp_path, dangling):
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    if not dangling:
+        (outside / "target").write_text("mine")
+    download_dir = tmp_path / "hub-download"
+    download_dir.mkdir()
+    (download_dir / ".verirl-checkpoint-20.lock").symlink_to(outside / "target")
+    source = hub_source(hub, tmp_path)
+    with pytest.raises(CheckpointSourceError, match="symlink"):
+        source.fetch(source.latest())
+    assert [p.name for p in outside.iterdir()] == ([] if dangling else ["target"])
+    assert not (download_dir / "checkpoint-20").exists()
+
+
+def test_symlinks_that_look_like_staging_folders_are_left_alone(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    download_dir = tmp_path / "hub-download"
+    download_dir.mkdir()
+    for prefix in (".verirl-tmp-", ".verirl-old-"):
+        (download_dir / f"{prefix}checkpoint-20-x").symlink_to(outside, target_is_directory=True)
+    source = hub_source(hub, tmp_path)
+    assert source.fetch(source.latest()) == download_dir / "checkpoint-20"
+    assert [p.name for p in outside.iterdir()] == ["keep.txt"]
+    assert (download_dir / ".verirl-tmp-checkpoint-20-x").is_symlink()
+
+
+def test_a_download_that_fails_halfway_leaves_nothing_that_looks_complete(hub, tmp_path):
+    """Issue 9 "also seen": trainer_state.json arrived, the weights did not."""
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    hub.fail_downloads(REPO, "checkpoint-30/model.safetensors")
+    source = hub_source(hub, tmp_path)
+    with pytest.raises(CheckpointSourceError, match="cannot download"):
+        source.fetch(source.latest())
+    download_dir = tmp_path / "hub-download"
+    assert not (download_dir / "checkpoint-30").exists()
+    assert LocalCheckpointSource(download_dir).latest() is None
+    assert [p.name for p in download_dir.iterdir() if not p.name.endswith(".lock")] == []
+    hub.fail_downloads(REPO, "checkpoint-30/model.safetensors", 0)
+    path = source.fetch(source.latest())
+    assert read_trainer_state(path)[0] is not None
+    assert (path / "model.safetensors").stat().st_size == SIZE_DEFAULT
+
+
+SIZE_DEFAULT = 1024  # FakeHub.add_checkpoint's default model size
+
+
+def test_short_bodies_with_matching_headers_are_rejected(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    hub.serve_instead(REPO, "checkpoint-30/optimizer.pt", b"truncated")
+    source = hub_source(hub, tmp_path)
+    with pytest.raises(CheckpointSourceError, match=r"optimizer\.pt.*9 bytes.*2048") as info:
+        source.fetch(source.latest())
+    assert info.value.__cause__ is not None
+    assert not (tmp_path / "hub-download" / "checkpoint-30").exists()
+
+
+def test_a_download_killed_midway_is_redone_by_the_next_process(hub, tmp_path):
+    """A preempted job's half download is ours: the restarted job replaces it and resumes."""
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    hold = hub.hold(REPO, "checkpoint-30/optimizer.pt")
+    download_dir = tmp_path / "hub-download"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RESOLVE_IN_A_PROCESS, str(download_dir), hub.endpoint],
+        env=_child_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert hold.arrived.wait(60), proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+    hold.release()
+    assert not (download_dir / "checkpoint-30").exists()
+    path = CheckpointResolver([hub_source(hub, tmp_path)]).resolve("latest")
+    assert read_trainer_state(path)[0] is not None
+    assert sorted(p.name for p in download_dir.iterdir() if not p.name.endswith(".lock")) == [
+        "checkpoint-30"
+    ]
+
+
+def test_an_outdated_download_of_ours_is_replaced(hub, tmp_path):
+    hub.add_checkpoint(REPO, "last-checkpoint", 10)
+    source = hub_source(hub, tmp_path)
+    path = source.fetch(source.latest())
+    hub.add_checkpoint(REPO, "last-checkpoint", 20)
+    again = hub_source(hub, tmp_path)
+    assert again.fetch(again.latest()) == path
+    assert read_trainer_state(path)[0]["global_step"] == 20  # type: ignore[index]
+
+
+def test_an_outdated_download_holding_user_files_is_not_replaced(hub, tmp_path):
+    hub.add_checkpoint(REPO, "last-checkpoint", 10)
+    source = hub_source(hub, tmp_path)
+    path = source.fetch(source.latest())
+    (path / "notes.txt").write_text("mine")
+    hub.add_checkpoint(REPO, "last-checkpoint", 20)
+    again = hub_source(hub, tmp_path)
+    with pytest.raises(ConfigError, match=r"notes\.txt"):
+        again.fetch(again.latest())
+    assert (path / "notes.txt").read_text() == "mine"
+    assert read_trainer_state(path)[0]["global_step"] == 10  # type: ignore[index]
+
+
+def test_a_new_commit_elsewhere_in_the_repo_downloads_nothing_again(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    source = hub_source(hub, tmp_path)
+    first = source.fetch(source.latest())
+    hub.add_file(REPO, "README.md", b"a new commit that does not touch checkpoint-30")
+    hub.reset_counters()
+    again = hub_source(hub, tmp_path)
+    assert again.fetch(again.latest()) == first
+    assert hub.downloads == []
+
+
+# -- tokens and credentials
+
+
+@pytest.mark.parametrize(
+    "token", ["hf_secret\n", "hf_secret\r\n", "hf_sec\x00ret", "hf secret", "\thf_secret", "hf_é"]
+)
+def test_a_token_with_whitespace_or_control_characters_is_refused_up_front(tmp_path, token):
+    with pytest.raises(ConfigError, match=r"^token=") as info:
+        HubCheckpointSource(REPO, download_dir=tmp_path, token=token)
+    for text in (str(info.value), repr(info.value), repr(info.value.value)):
+        assert "secret" not in text
+        assert "hf_" not in text
+
+
+@pytest.mark.parametrize("token", [0, 5, b"hf_secret", ["hf_secret"]])
+def test_a_token_of_the_wrong_type_is_refused(tmp_path, token):
+    with pytest.raises(ConfigError, match=r"^token=") as info:
+        HubCheckpointSource(REPO, download_dir=tmp_path, token=token)
+    assert "secret" not in str(info.value)
+
+
+def test_every_form_of_the_token_is_scrubbed_from_messages(hub, tmp_path, caplog):
+    secret = "hf_Sec/ret+Tok=en%1"
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    hub.protect(REPO, "hf_the_real_one")
+    source = hub_source(hub, tmp_path, token=secret)
+    forms = _token_forms(secret)
+    for form in forms:
+        error = source._error("list", RuntimeError(f"bad header {form!r} {form}"))
+        assert not any(f in str(error) for f in forms), str(error)
+    with pytest.raises(CheckpointSourceError) as info:
+        source.latest()
+    chain = []
+    exc: BaseException | None = info.value
+    while exc is not None:
+        chain.append(f"{exc!s} {exc!r}")
+        exc = exc.__cause__ or exc.__context__
+    for text in [*chain, caplog.text]:
+        assert not any(f in text for f in forms), text
+
+
+def _token_forms(secret: str) -> list[str]:
+    from urllib.parse import quote, quote_plus
+
+    return [
+        secret,
+        repr(secret)[1:-1],
+        repr(secret.encode())[2:-1],
+        quote(secret, safe=""),
+        quote_plus(secret),
+        json.dumps(secret)[1:-1],
+    ]
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "https://user:hunter2@hub.example",
+        "https://user:hunter2@hub.example/",
+        "http://:hunter2@127.0.0.1:8080",
+        "https://hunter2@hub.example",
+        "https://user:hunter2@",
+        "https://user:hunter2@[::1",
+    ],
+)
+def test_an_endpoint_password_never_reaches_a_message(tmp_path, endpoint):
+    with pytest.raises(ConfigError, match=r"^endpoint=") as info:
+        HubCheckpointSource(REPO, download_dir=tmp_path, endpoint=endpoint)
+    for text in (str(info.value), repr(info.value), repr(info.value.value)):
+        assert "hunter2" not in text
+
+
+@pytest.mark.parametrize("endpoint", ["https://hub.example/?x=1", "https://hub.example/#frag"])
+def test_an_endpoint_with_query_or_fragment_is_refused(tmp_path, endpoint):
+    with pytest.raises(ConfigError, match=r"^endpoint="):
+        HubCheckpointSource(REPO, download_dir=tmp_path, endpoint=endpoint)
+
+
+# -- concurrency
+
+
+RESOLVE_IN_A_PROCESS = """
+import sys
+from fakes.hub import isolated_hf_client
+from verirl.checkpoints import CheckpointResolver, HubCheckpointSource
+with isolated_hf_client():
+    source = HubCheckpointSource("org/run", download_dir=sys.argv[1], endpoint=sys.argv[2])
+    print(CheckpointResolver([source]).resolve("latest"))
+"""
+
+
+def _child_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    env["HF_HOME"] = str(tmp_path / "child-hf-home")
+    env["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    env["TMPDIR"] = str(tmp_path / "system-tmp")
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])
+    return env
+
+
+def test_threads_resolving_latest_into_one_download_dir(hub, tmp_path):
+    """Issue 9 item 11: four threads, one download_dir, several rounds, every one succeeds."""
+    hub.add_checkpoint(REPO, "checkpoint-30", 30, size=SIZE)
+    for round_ in range(5):
+        download_dir = tmp_path / f"round-{round_}"
+        barrier = threading.Barrier(4)
+        results: list[object] = [None] * 4
+
+        def resolve(i: int, download_dir: Path = download_dir, barrier=barrier, results=results):
+            source = hub_source(hub, tmp_path, download_dir=download_dir)
+            barrier.wait(timeout=60)
+            try:
+                results[i] = CheckpointResolver([source]).resolve("latest")
+            except Exception as exc:  # noqa: BLE001 - reported below
+                results[i] = exc
+
+        threads = [threading.Thread(target=resolve, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert results == [str(download_dir / "checkpoint-30")] * 4, results
+        assert snapshot(download_dir / "checkpoint-30").keys() >= {
+            p.split("/", 1)[1] for p in files_under(hub, "checkpoint-30")
+        }
+
+
+def test_processes_resolving_latest_into_one_download_dir(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-30", 30, size=SIZE)
+    for round_ in range(2):
+        download_dir = tmp_path / f"round-{round_}"
+        # The first download is held until every process has listed the repo, so they overlap.
+        hold = hub.hold(REPO, "checkpoint-30/optimizer.pt")
+        hub.reset_counters()
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", RESOLVE_IN_A_PROCESS, str(download_dir), hub.endpoint],
+                env=_child_env(tmp_path),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(3)
+        ]
+        try:
+            assert hub.wait_for_requests("/tree/", 3, timeout=120)
+        finally:
+            hold.release()
+        outputs = [proc.communicate(timeout=120) for proc in procs]
+        for proc, (out, err) in zip(procs, outputs, strict=True):
+            assert proc.returncode == 0, err
+            assert out.strip() == str(download_dir / "checkpoint-30")
+        assert read_trainer_state(download_dir / "checkpoint-30")[0] is not None
+
+
+def test_waiting_for_another_download_has_a_deadline(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    hold = hub.hold(REPO, "checkpoint-30/optimizer.pt")
+    first = hub_source(hub, tmp_path)
+    result: list[object] = []
+    thread = threading.Thread(target=lambda: result.append(first.fetch(first.latest())))
+    thread.start()
+    try:
+        assert hold.arrived.wait(60)
+        second = hub_source(hub, tmp_path, lock_timeout=0.2)
+        with pytest.raises(CheckpointSourceError, match=r"another download of checkpoint-30"):
+            second.fetch(second.latest())
+    finally:
+        hold.release()
+        thread.join(timeout=60)
+    assert result == [tmp_path / "hub-download" / "checkpoint-30"]
+
+
+# -- ~ expansion
+
+
+def test_tilde_is_expanded_for_local_roots_and_download_dirs(hub, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    make_checkpoint(home / "run", "checkpoint-5")
+    local = LocalCheckpointSource("~/run")
+    assert local.root == home / "run"
+    assert local.latest().step == 5
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    source = HubCheckpointSource(REPO, download_dir="~/dl", endpoint=hub.endpoint)
+    assert source.download_dir == home / "dl"
+    assert CheckpointResolver([local, source]).resolve("latest") == str(home / "dl/checkpoint-30")
+    assert not (tmp_path / "~").exists()
+    assert CheckpointResolver([]).resolve("~/run/checkpoint-5") == str(home / "run/checkpoint-5")
+
+
+def test_an_unknown_user_in_a_tilde_path_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    user = "~verirl-no-such-user-x"
+    with pytest.raises(CheckpointNotFoundError):
+        CheckpointResolver([]).resolve(f"{user}/x")
+    with pytest.raises(ConfigError, match=r"^root="):
+        LocalCheckpointSource(f"{user}/run")
+    with pytest.raises(ConfigError, match=r"^download_dir="):
+        HubCheckpointSource(REPO, download_dir=f"{user}/dl")
+
+
+# -- hostile trainer_state.json and bad arguments
+
+
+def test_a_deeply_nested_trainer_state_is_incomplete_not_a_crash(tmp_path, caplog):
+    make_checkpoint(tmp_path, "checkpoint-10")
+    make_checkpoint(tmp_path, "checkpoint-20", raw=b"[" * 100_000)
+    assert CheckpointResolver([LocalCheckpointSource(tmp_path)]).resolve("latest") == str(
+        tmp_path / "checkpoint-10"
+    )
+    assert "nested too deeply" in warnings_of(caplog)
+
+
+def test_a_fifo_named_trainer_state_does_not_hang(tmp_path, caplog):
+    make_checkpoint(tmp_path, "checkpoint-10")
+    folder = make_checkpoint(tmp_path, "checkpoint-20", state=None)
+    os.mkfifo(folder / "trainer_state.json")
+    assert LocalCheckpointSource(tmp_path).latest().step == 10
+    assert "not a regular file" in warnings_of(caplog)
+
+
+def test_a_huge_trainer_state_is_not_read_into_memory(tmp_path, caplog):
+    make_checkpoint(tmp_path, "checkpoint-10")
+    folder = make_checkpoint(tmp_path, "checkpoint-20", state=None)
+    with (folder / "trainer_state.json").open("wb") as f:
+        f.truncate(10 * 1024**3)  # sparse: 10 GiB that take no disk
+    assert LocalCheckpointSource(tmp_path).latest().step == 10
+    assert "too large" in warnings_of(caplog)
+
+
+def test_a_huge_last_checkpoint_state_on_the_hub_is_not_downloaded(hub, tmp_path, caplog):
+    from verirl.checkpoints import MAX_TRAINER_STATE_BYTES
+
+    hub.add_checkpoint(REPO, "checkpoint-10", 10)
+    hub.add_checkpoint(REPO, "last-checkpoint", 99)
+    huge = b" " * MAX_TRAINER_STATE_BYTES + b"{}"
+    hub.add_file(REPO, "last-checkpoint/trainer_state.json", huge)
+    hub.reset_counters()
+    source = hub_source(hub, tmp_path)
+    assert source.latest().step == 10
+    assert hub.downloads == []
+    assert "too large" in warnings_of(caplog)
+
+
+@pytest.mark.parametrize("request_", [5, 1.5, b"/x", ["latest"], object()])
+def test_resolve_of_a_non_path_is_a_config_error(request_):
+    with pytest.raises(ConfigError, match=r"^request="):
+        CheckpointResolver([]).resolve(request_)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("sources", [None, "abc", 5, b"x"])
+def test_resolver_sources_must_be_a_collection_of_sources(sources):
+    with pytest.raises(ConfigError, match=r"^sources"):
+        CheckpointResolver(sources)  # type: ignore[arg-type]
+
+
+def test_resolve_from_env_needs_a_mapping():
+    with pytest.raises(ConfigError, match=r"^environ="):
+        CheckpointResolver([]).resolve_from_env(5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"repo_id": None}, "repo_id"),
+        ({"repo_id": b"org/run"}, "repo_id"),
+        ({"revision": 5}, "revision"),
+        ({"endpoint": 5}, "endpoint"),
+        ({"timeout": float("inf")}, "timeout"),
+        ({"timeout": float("nan")}, "timeout"),
+        ({"timeout": "5"}, "timeout"),
+        ({"timeout": 1e30}, "timeout"),
+        ({"lock_timeout": -1}, "lock_timeout"),
+        ({"max_workers": "2"}, "max_workers"),
+        ({"max_workers": 2.0}, "max_workers"),
+        ({"download_dir": None}, "download_dir"),
+        ({"download_dir": 5}, "download_dir"),
+        ({"download_dir": "a\x00b"}, "download_dir"),
+        ({"download_dir": "x" * 5000}, "download_dir"),
+        ({"download_dir": b"/tmp/x"}, "download_dir"),
+    ],
+)
+def test_hub_source_rejects_bad_values_with_config_errors(tmp_path, kwargs, field):
+    kwargs = {"repo_id": REPO, "download_dir": tmp_path, **kwargs}
+    repo_id = kwargs.pop("repo_id")
+    with pytest.raises(ConfigError, match=rf"^{field}="):
+        HubCheckpointSource(repo_id, **kwargs)
+
+
+@pytest.mark.parametrize("root", [None, 5, "", "a\x00b", "x" * 5000, b"/tmp"])
+def test_local_source_rejects_bad_roots(root):
+    with pytest.raises(ConfigError, match=r"^root="):
+        LocalCheckpointSource(root)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("request_", ["a\x00b", "x" * 5000, "/" + "x/" * 3000])
+def test_explicit_paths_the_os_refuses_are_not_found(request_):
+    with pytest.raises(CheckpointNotFoundError):
+        CheckpointResolver([]).resolve(request_)

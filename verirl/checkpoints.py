@@ -17,19 +17,24 @@ downloaded every checkpoint (weights and optimizer state) to use one::
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
 import os
 import re
+import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
 
+from verirl._fs import FileRefusedError, expand_user, flock_with_deadline, lstat_kind, read_capped
+from verirl._secrets import check_token, redact_url, scrub, scrub_exception
+from verirl._validate import check_number
 from verirl.envserver import validate_http_url
 from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError
 
@@ -62,6 +67,16 @@ _OFFLINE_ENV_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 _TRUE_VALUES = frozenset({"1", "ON", "YES", "TRUE"})
 _KIB = 1024
 _MAX_REPO_ID = 96  # the Hub's limit
+MAX_TRAINER_STATE_BYTES = 64 * _KIB * _KIB
+"""A ``trainer_state.json`` larger than this is not read (Trainer's are kilobytes to megabytes)."""
+_MAX_TIMEOUT = 24 * 3600.0
+_MAX_LOCK_TIMEOUT = 7 * 24 * 3600.0
+# Bookkeeping in download_dir, all of it verirl's own: a lock file per folder, a marker in
+# each folder verirl downloaded, and staging folders that are renamed into place when complete.
+_MARKER = ".verirl-download.json"
+_MAX_MARKER_BYTES = 16 * _KIB * _KIB
+_STAGING_PREFIX = ".verirl-tmp-"
+_OLD_PREFIX = ".verirl-old-"
 
 
 def _checkpoint_step(name: str) -> int | None:
@@ -70,7 +85,9 @@ def _checkpoint_step(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def read_trainer_state(folder: str | os.PathLike[str]) -> tuple[dict[str, object] | None, str]:
+def read_trainer_state(  # noqa: PLR0911 - one return per way the file can be unusable
+    folder: str | os.PathLike[str],
+) -> tuple[dict[str, object] | None, str]:
     """Read ``folder/trainer_state.json``: ``(state, "")``, or ``(None, why it is unusable)``.
 
     A checkpoint is complete exactly when this returns a state: Trainer writes
@@ -78,13 +95,18 @@ def read_trainer_state(folder: str | os.PathLike[str]) -> tuple[dict[str, object
     """
     path = Path(folder) / TRAINER_STATE
     try:
-        text = path.read_text(encoding="utf-8")
+        # Never a FIFO or device (it would hang), never more than the cap.
+        text = read_capped(path, MAX_TRAINER_STATE_BYTES).decode("utf-8")
     except FileNotFoundError:
         return None, f"no {TRAINER_STATE}"
+    except FileRefusedError as exc:
+        return None, str(exc)
     except (OSError, UnicodeDecodeError) as exc:
         return None, f"{TRAINER_STATE} is unreadable ({type(exc).__name__}: {exc})"
     try:
         state = json.loads(text)
+    except RecursionError:
+        return None, f"{TRAINER_STATE} is nested too deeply to be a Trainer state"
     except ValueError as exc:
         return None, f"{TRAINER_STATE} is not valid JSON ({exc})"
     if not isinstance(state, dict):
@@ -165,9 +187,28 @@ class CheckpointSource(Protocol):
 
 
 def _path(field: str, value: object) -> Path:
-    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value).strip():
-        raise ConfigError.invalid(field, value, "must be a non-empty path")
-    return Path(value)
+    """A directory path from a user: ``~`` expanded, and one the OS can use, else `ConfigError`."""
+    raw: object = value
+    if isinstance(raw, os.PathLike):
+        try:
+            raw = os.fspath(raw)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError.invalid(field, value, f"is not a usable path ({exc})") from None
+    if not isinstance(raw, str) or not raw.strip():
+        raise ConfigError.invalid(field, value, "must be a non-empty path (str or os.PathLike)")
+    if "\0" in raw:
+        raise ConfigError.invalid(field, value, "contains a NUL character")
+    expanded = expand_user(raw)
+    if expanded is None:
+        raise ConfigError.invalid(field, value, "cannot expand '~': no such user or no home")
+    path = Path(expanded)
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # created (or found empty) later
+    except OSError as exc:
+        raise ConfigError.invalid(field, value, f"cannot be used ({exc.strerror})") from None
+    return path
 
 
 def _root_path(value: str | os.PathLike[str]) -> Path:
@@ -283,22 +324,28 @@ def _check_revision(value: object) -> None:
 
 
 def _check_endpoint(value: object) -> None:
+    """An ``http(s)://host[:port][/path]`` URL; the message never shows a password in it."""
     if value is None:
         return
+    if isinstance(value, str):
+        shown = redact_url(value)
+        if shown != value:
+            raise ConfigError.invalid(
+                "endpoint", shown, "must not carry credentials; pass token= instead"
+            )
+        if "?" in value or "#" in value:
+            raise ConfigError.invalid("endpoint", value, "must not have a ?query or #fragment")
+        if any(ch.isspace() or not ch.isprintable() for ch in value):
+            raise ConfigError.invalid("endpoint", value, "must not contain whitespace")
     validate_http_url("endpoint", value)
-    if "@" in str(value).split("/")[2]:
-        raise ConfigError.invalid(
-            "endpoint", value, "must not carry credentials; pass token= instead"
-        )
 
 
-def _check_positive_number(field: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError.invalid(field, value, "must be a number > 0")
+def _check_seconds(field: str, value: object, *, at_most: float, zero_ok: bool = False) -> None:
+    check_number(field, value, positive=not zero_ok, non_negative=zero_ok, at_most=at_most)
 
 
-def _empty_token_to_none(value: str | None) -> str | None:
-    return value or None
+def _empty_token_to_none(value: object) -> object:
+    return None if value == "" else value
 
 
 def _endpoint_rstrip(value: str | None) -> str | None:
@@ -315,11 +362,19 @@ def _hub_offline() -> bool:
 
 
 @attrs.frozen
+class _Entry:
+    """One file of the listing: its size and its content id (LFS sha256, else the git blob id)."""
+
+    size: int
+    oid: str
+
+
+@attrs.frozen
 class _Listing:
     """What one tree listing of the repo said: the commit, and each top-level folder's files."""
 
     commit: str
-    folders: Mapping[str, Mapping[str, int]]
+    folders: Mapping[str, Mapping[str, _Entry]]
 
 
 @attrs.define
@@ -330,17 +385,26 @@ class HubCheckpointSource:
     from ``checkpoint-N`` folder names and, for ``last-checkpoint`` (Trainer's
     ``hub_strategy="checkpoint"``), from its ``trainer_state.json``
     ``global_step`` (one small download). A folder is complete when the listing
-    has its ``trainer_state.json``. `fetch` downloads only that folder, pinned
-    to the listed commit, into ``download_dir/<folder>``, and refuses to write
-    into a folder there that huggingface_hub did not download.
+    has its ``trainer_state.json``.
+
+    `fetch` downloads only that folder, pinned to the listed commit, into a
+    staging folder inside ``download_dir``, checks every file's size against
+    the listing, and only then renames it to ``download_dir/<folder>``: a
+    download cut short never looks complete. A folder already there is reused
+    when it matches the listing; otherwise it is replaced only if verirl
+    downloaded it (it holds verirl's marker file and nothing else of yours).
+    Anything else there, symlinks included, is never written to, followed or
+    deleted. Concurrent fetches of one folder (threads or processes) take turns
+    on a lock file in ``download_dir``; ``lock_timeout`` bounds the wait.
 
     ``endpoint`` and ``token`` go to huggingface_hub as they are (``HF_ENDPOINT``
     is read when huggingface_hub is imported, so ``endpoint`` is how a mirror or
     a test server is reached); ``token=None`` lets huggingface_hub find one
     (``HF_TOKEN``, ``hf auth login``). The token never appears in a repr, log
-    line or error message. ``HF_HUB_OFFLINE`` makes every call a
-    `CheckpointSourceError`. ``timeout`` bounds each metadata request;
-    ``max_workers`` files are downloaded at once.
+    line or error message, and one with whitespace or control characters is a
+    `ConfigError`. ``HF_HUB_OFFLINE`` makes every call a `CheckpointSourceError`.
+    ``timeout`` bounds each metadata request; ``max_workers`` files are
+    downloaded at once. ``~`` in ``download_dir`` is expanded.
     """
 
     repo_id: str
@@ -357,16 +421,16 @@ class HubCheckpointSource:
     endpoint: str | None = attrs.field(kw_only=True, default=None, converter=_endpoint_rstrip)
     timeout: float = attrs.field(kw_only=True, default=30.0)
     max_workers: int = attrs.field(kw_only=True, default=8)
+    lock_timeout: float = attrs.field(kw_only=True, default=3600.0)
     _listing: _Listing | None = attrs.field(init=False, default=None, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
+        self._token = check_token(self._token)
         _check_repo_id(self.repo_id)
         _check_revision(self.revision)
         _check_endpoint(self.endpoint)
-        _check_positive_number("timeout", self.timeout)
-        token: object = self._token
-        if token is not None and not isinstance(token, str):
-            raise ConfigError.invalid("token", "<hidden>", "must be a string or None")
+        _check_seconds("timeout", self.timeout, at_most=_MAX_TIMEOUT)
+        _check_seconds("lock_timeout", self.lock_timeout, at_most=_MAX_LOCK_TIMEOUT, zero_ok=True)
         if self.download_dir.exists() and not self.download_dir.is_dir():
             raise ConfigError.invalid(
                 "download_dir", str(self.download_dir), "exists and is not a directory"
@@ -384,11 +448,13 @@ class HubCheckpointSource:
     # ------------------------------------------------------------ helpers
 
     def _error(self, doing: str, exc: BaseException) -> CheckpointSourceError:
-        """A `CheckpointSourceError` for ``exc`` whose message names the repo, never the token."""
+        """A `CheckpointSourceError` for ``exc`` whose message names the repo, never the token.
+
+        The token is also scrubbed from ``exc`` and its chain, which becomes the cause.
+        """
+        scrub_exception(exc, self._token)
         message = f"cannot {doing} {self.description}: {_describe_hub_error(exc)}"
-        if self._token:
-            message = message.replace(self._token, "<token>")
-        return CheckpointSourceError(message)
+        return CheckpointSourceError(scrub(message, self._token))
 
     def _refuse_offline(self, doing: str) -> None:
         if _hub_offline():
@@ -425,11 +491,13 @@ class HubCheckpointSource:
             entries = list(api.list_repo_tree(self.repo_id, revision=commit, recursive=True))
         except Exception as exc:
             raise self._error("list", exc) from exc
-        folders: dict[str, dict[str, int]] = {}
+        folders: dict[str, dict[str, _Entry]] = {}
         for entry in entries:
             if isinstance(entry, RepoFile) and "/" in entry.path:
                 folder = entry.path.split("/", 1)[0]
-                folders.setdefault(folder, {})[entry.path] = int(entry.size or 0)
+                lfs_sha = getattr(entry.lfs, "sha256", None) if entry.lfs else None
+                oid = str(lfs_sha or entry.blob_id or "")
+                folders.setdefault(folder, {})[entry.path] = _Entry(int(entry.size or 0), oid)
         listing = _Listing(commit=commit, folders=folders)
         log.debug(
             "%s is at commit %s; %d top-level folders", self.description, commit, len(folders)
@@ -458,6 +526,16 @@ class HubCheckpointSource:
     def _last_checkpoint_step(self, listing: _Listing) -> int | None:
         """``global_step`` of ``last-checkpoint/trainer_state.json`` (a small download), or None."""
         filename = f"{LAST_CHECKPOINT}/{TRAINER_STATE}"
+        size = listing.folders[LAST_CHECKPOINT][filename].size
+        if size > MAX_TRAINER_STATE_BYTES:
+            log.warning(
+                "skipping %s in %s: its %s is too large to be a Trainer state (%s)",
+                LAST_CHECKPOINT,
+                self.description,
+                TRAINER_STATE,
+                _human_size(size),
+            )
+            return None
         with tempfile.TemporaryDirectory(prefix="verirl-hub-") as tmp:
             try:
                 self._download(filename, listing.commit, Path(tmp))
@@ -519,25 +597,12 @@ class HubCheckpointSource:
         log.debug("newest complete checkpoint in %s: %s", self.description, best)
         return best
 
-    def _check_target(self, folder: str) -> Path:
-        target = self.download_dir / folder
-        ours = (self.download_dir / ".cache" / "huggingface").is_dir()
-        if target.exists() and not (ours and target.is_dir()):
-            raise ConfigError.invalid(
-                "download_dir",
-                str(self.download_dir),
-                f"already holds {folder}, which huggingface_hub did not download there; refusing "
-                "to overwrite it (use a dedicated download directory, not the training output_dir)",
-            )
-        return target
-
     def fetch(self, checkpoint: Checkpoint) -> Path:
         """Download only ``checkpoint``'s folder into ``download_dir``; return its local path."""
         _check_source(self, checkpoint)
         folder = checkpoint.path
         if folder != LAST_CHECKPOINT and _checkpoint_step(folder) is None:
             raise ConfigError.invalid("checkpoint", checkpoint, "is not a checkpoint folder name")
-        target = self._check_target(folder)
         listing = self._listing if self._listing is not None else self._list()
         files = listing.folders.get(folder, {})
         if f"{folder}/{TRAINER_STATE}" not in files:
@@ -545,33 +610,91 @@ class HubCheckpointSource:
             msg = f"{folder} is not (or no longer) a complete checkpoint in {self.description}"
             raise CheckpointSourceError(msg) from cause
         self._refuse_offline("download from")
-        size = sum(files.values())
+        root = self.download_dir
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            msg = f"cannot create download_dir {root}: {type(exc).__name__}: {exc.strerror}"
+            raise CheckpointSourceError(msg) from exc
+        with self._folder_lock(root, folder):
+            return self._fetch_locked(root, folder, checkpoint.step, listing.commit, files)
+
+    # ------------------------------------------------------------ download_dir
+
+    def _folder_lock(self, root: Path, folder: str) -> contextlib.AbstractContextManager[None]:
+        lock = root / f".verirl-{folder}.lock"
+        return _locked(lock, self.lock_timeout, f"another download of {folder} into {root}")
+
+    def _fetch_locked(
+        self, root: Path, folder: str, step: int, commit: str, files: Mapping[str, _Entry]
+    ) -> Path:
+        target = root / folder
+        expected = {name.split("/", 1)[1]: entry for name, entry in files.items()}
+        _remove_leftovers(root, folder)
+        kind = lstat_kind(target)
+        if kind in ("symlink", "file", "other"):
+            what = "a symlink (never followed)" if kind == "symlink" else "not a directory"
+            raise ConfigError.invalid(
+                "download_dir",
+                str(root),
+                f"holds {folder}, which is {what} and which verirl did not download; refusing "
+                "to overwrite it (use a dedicated download directory)",
+            )
+        if kind == "dir":
+            marker = _read_marker(target)
+            mismatch = _mismatch(target, expected, marker)
+            if mismatch is None:
+                log.info("%s already holds %s as listed; nothing to download", root, folder)
+                _warn_about_strays(target, folder, expected)
+                return target
+            if marker is None:
+                raise ConfigError.invalid(
+                    "download_dir",
+                    str(root),
+                    f"already holds {folder}, which verirl did not download there ({mismatch}); "
+                    "refusing to overwrite it (use a dedicated download directory, not the "
+                    "training output_dir)",
+                )
+            strays = _strays(target, marker)
+            if strays:
+                raise ConfigError.invalid(
+                    "download_dir",
+                    str(root),
+                    f"holds an outdated download of {folder} ({mismatch}) with files verirl did "
+                    f"not download ({', '.join(strays[:10])}); refusing to replace it: move "
+                    "those files away or delete the folder",
+                )
+            log.info("replacing the outdated download %s (%s)", target, mismatch)
+        size = sum(entry.size for entry in expected.values())
         log.info(
             "downloading %s (step %d) from %s at commit %s: %d files, %s, into %s",
             folder,
-            checkpoint.step,
+            step,
             self.description,
-            listing.commit[:12],
-            len(files),
+            commit[:12],
+            len(expected),
             _human_size(size),
             target,
         )
-        self.download_dir.mkdir(parents=True, exist_ok=True)
-        self._download_all(sorted(files), listing.commit)
-        state, why = read_trainer_state(target)
-        if state is None:
-            msg = f"downloaded {folder} from {self.description} but it is unusable: {why}"
-            raise CheckpointSourceError(msg) from ValueError(why)
-        _warn_about_strays(target, folder, files)
+        staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{folder}-", dir=root))
+        try:
+            self._download_all(sorted(files), commit, staging)
+            fresh = staging / folder
+            problem = _mismatch(fresh, expected, None)
+            if problem is not None:
+                msg = f"downloaded {folder} from {self.description} but it is unusable: {problem}"
+                raise CheckpointSourceError(msg) from ValueError(problem)
+            _write_marker(fresh, self.repo_id, commit, expected)
+            _move_into_place(root, fresh, target, replace=kind == "dir")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
         log.info("downloaded %s (%s) to %s", folder, _human_size(size), target)
         return target
 
-    def _download_all(self, filenames: list[str], commit: str) -> None:
+    def _download_all(self, filenames: list[str], commit: str, local_dir: Path) -> None:
         workers = max(1, min(self.max_workers, len(filenames)))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="verirl-hub") as pool:
-            futures = [
-                pool.submit(self._download, name, commit, self.download_dir) for name in filenames
-            ]
+            futures = [pool.submit(self._download, name, commit, local_dir) for name in filenames]
             try:
                 for future in futures:
                     future.result()
@@ -580,14 +703,131 @@ class HubCheckpointSource:
                 raise self._error("download from", exc) from exc
 
 
+@contextlib.contextmanager
+def _locked(lock: Path, timeout: float, what: str) -> Iterator[None]:
+    """`flock_with_deadline`, with its failures as `CheckpointSourceError`."""
+    try:
+        with flock_with_deadline(lock, timeout):
+            yield
+            return
+    except TimeoutError as exc:
+        msg = (
+            f"gave up after waiting {timeout:g}s for {what} to finish (lock file {lock}); "
+            "raise lock_timeout, or use a separate download_dir per job"
+        )
+        raise CheckpointSourceError(msg) from exc
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            msg = f"lock file {lock} is a symlink; refusing to follow it (remove it)"
+        else:
+            msg = f"cannot lock {lock}: {type(exc).__name__}: {exc.strerror or exc}"
+        raise CheckpointSourceError(msg) from exc
+
+
+def _remove_leftovers(root: Path, folder: str) -> None:
+    """Delete staging folders of ``folder`` that a killed process left (the lock is ours now)."""
+    prefixes = (f"{_STAGING_PREFIX}{folder}-", f"{_OLD_PREFIX}{folder}-")
+    try:
+        with os.scandir(root) as entries:
+            stale = [
+                Path(e.path)
+                for e in entries
+                if e.name.startswith(prefixes) and e.is_dir(follow_symlinks=False)
+            ]
+    except OSError as exc:
+        msg = f"cannot list download_dir {root}: {type(exc).__name__}: {exc.strerror}"
+        raise CheckpointSourceError(msg) from exc
+    for path in stale:
+        log.info("removing %s, left by an interrupted download", path)
+        shutil.rmtree(path, ignore_errors=True)  # never follows symlinks
+
+
+def _read_marker(folder: Path) -> Mapping[str, object] | None:
+    """The record verirl keeps in a folder it downloaded, or None (not ours, or unreadable)."""
+    try:
+        data = json.loads(read_capped(folder / _MARKER, _MAX_MARKER_BYTES, follow_symlinks=False))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
+        return None
+    return data
+
+
+def _write_marker(folder: Path, repo_id: str, commit: str, files: Mapping[str, _Entry]) -> None:
+    record = {
+        "written_by": "verirl",
+        "repo_id": repo_id,
+        "commit": commit,
+        "files": {name: {"size": e.size, "oid": e.oid} for name, e in sorted(files.items())},
+    }
+    (folder / _MARKER).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+
+
+def _mismatch(
+    folder: Path, expected: Mapping[str, _Entry], marker: Mapping[str, object] | None
+) -> str | None:
+    """Why ``folder`` does not hold ``expected`` (sizes, and ids when we recorded them), or None."""
+    recorded = marker.get("files") if marker is not None else None
+    for name, entry in sorted(expected.items()):
+        path = folder / name
+        try:
+            info = path.lstat()
+        except OSError:
+            return f"{name} is missing"
+        if lstat_kind(path) != "file":
+            return f"{name} is not a regular file"
+        if info.st_size != entry.size:
+            return f"{name} has {info.st_size} bytes, the listing says {entry.size}"
+        if isinstance(recorded, dict):
+            seen = recorded.get(name)
+            if not isinstance(seen, dict) or seen.get("oid") != entry.oid:
+                return f"{name} changed on the Hub"
+    state, why = read_trainer_state(folder)
+    return why if state is None else None
+
+
+def _files_in(folder: Path) -> list[str]:
+    """Relative paths of everything but directories under ``folder``; symlinks are not followed."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        base = Path(dirpath)
+        links = [d for d in dirnames if (base / d).is_symlink()]
+        found += [(base / n).relative_to(folder).as_posix() for n in [*filenames, *links]]
+    return sorted(found)
+
+
+def _strays(folder: Path, marker: Mapping[str, object]) -> list[str]:
+    recorded = marker.get("files")
+    known = set(recorded) if isinstance(recorded, dict) else set()
+    return [name for name in _files_in(folder) if name not in known and name != _MARKER]
+
+
+def _move_into_place(root: Path, fresh: Path, target: Path, *, replace: bool) -> None:
+    """Rename the verified download to ``target``; an old download of ours is removed after."""
+    try:
+        if replace:
+            # rename() replaces an empty directory: the old folder goes aside in one step.
+            old = Path(tempfile.mkdtemp(prefix=f"{_OLD_PREFIX}{target.name}-", dir=root))
+            target.rename(old)
+            fresh.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
+        elif lstat_kind(target) is not None:
+            raise ConfigError.invalid(
+                "download_dir",
+                str(root),
+                f"{target.name} appeared there during the download; refusing to overwrite it",
+            )
+        else:
+            fresh.rename(target)  # fails rather than replace anything but an empty directory
+    except OSError as exc:
+        msg = f"cannot move the finished download into {target}: {type(exc).__name__}: {exc}"
+        raise CheckpointSourceError(msg) from exc
+
+
 def _warn_about_strays(target: Path, folder: str, files: Iterable[str]) -> None:
     """Warn about files in ``target`` the listed commit does not have (an older download's)."""
-    expected = {name.split("/", 1)[1] for name in files}
-    strays = sorted(
-        p.relative_to(target).as_posix()
-        for p in target.rglob("*")
-        if p.is_file() and p.relative_to(target).as_posix() not in expected
-    )
+    expected = set(files) | {_MARKER}
+    strays = [name for name in _files_in(target) if name not in expected]
     if strays:
         log.warning(
             "%s holds files the Hub's %s does not (from an earlier download?): %s",
@@ -660,11 +900,19 @@ def _check_sources(_inst: object, _attr: object, sources: tuple[object, ...]) ->
 
 
 def _resolved(path: Path) -> Path:
-    return path.expanduser().resolve()
+    # realpath, unlike Path.resolve() on Python < 3.13, does not raise on a symlink loop.
+    return Path(os.path.realpath(path))
 
 
 def _to_tuple(sources: Iterable[CheckpointSource]) -> tuple[CheckpointSource, ...]:
-    return tuple(sources)
+    value: object = sources
+    if isinstance(value, (str, bytes, os.PathLike)) or not isinstance(value, Iterable):
+        raise ConfigError.invalid(
+            "sources",
+            value,
+            "must be a list of checkpoint sources (e.g. [LocalCheckpointSource(...)])",
+        )
+    return tuple(value)
 
 
 @attrs.define
@@ -694,8 +942,14 @@ class CheckpointResolver:
         when there is none and a source failed. Anything else: an existing
         directory, returned with ``~`` expanded (`CheckpointNotFoundError` otherwise).
         """
-        if isinstance(request, os.PathLike):
-            request = os.fspath(request)
+        given: object = request
+        if isinstance(given, os.PathLike):
+            given = os.fspath(given)
+        if given is not None and not isinstance(given, str):
+            raise ConfigError.invalid(
+                "request", request, "must be None, 'latest', or a checkpoint path (str or PathLike)"
+            )
+        request = given
         if request is None or not request.strip():
             log.info("no checkpoint requested: starting fresh")
             return None
@@ -707,6 +961,8 @@ class CheckpointResolver:
     def resolve_from_env(self, environ: Mapping[str, str] | None = None) -> str | None:
         """`resolve` the value of ``VERIRL_RESUME_FROM_CHECKPOINT`` (unset: fresh start)."""
         env = os.environ if environ is None else environ
+        if not isinstance(env, Mapping):
+            raise ConfigError.invalid("environ", environ, "must be None or a mapping of str to str")
         value = env.get(RESUME_ENV_VAR)
         log.debug("%s=%r", RESUME_ENV_VAR, value)
         return self.resolve(value)
@@ -769,8 +1025,15 @@ def _original(exc: BaseException) -> BaseException:
 
 
 def _resolve_explicit(request: str) -> str:
-    folder = Path(request).expanduser()
-    if not folder.is_dir():
+    expanded = expand_user(request)
+    if expanded is None:  # ~nosuchuser/...
+        raise CheckpointNotFoundError(request, [f"{request} (cannot expand '~': no such user)"])
+    folder = Path(expanded)
+    try:
+        is_dir = folder.is_dir()
+    except (OSError, ValueError):  # e.g. a name too long for the OS
+        is_dir = False
+    if not is_dir:
         raise CheckpointNotFoundError(request, [os.fspath(folder)])
     state, why = read_trainer_state(folder)
     if state is None:

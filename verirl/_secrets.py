@@ -1,0 +1,104 @@
+"""Keep secrets (Hub tokens, URL passwords) out of reprs, logs and error messages.
+
+A token is checked up front: one with whitespace or control characters (a
+token read from a file keeps its newline) would otherwise fail deep inside the
+HTTP client with an error that quotes the header, token included. What is
+scrubbed is every spelling of the secret a message could carry: raw, as
+`repr` escapes it, as a bytes repr, URL-encoded, JSON-escaped and base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from urllib.parse import quote, quote_plus
+
+from verirl.errors import ConfigError
+
+__all__ = ["HIDDEN", "check_token", "redact_url", "scrub", "scrub_exception"]
+
+HIDDEN = "<hidden>"
+_MIN_SCRUBBED = 4  # shorter strings would scrub ordinary words; tokens are much longer
+_NETLOC_END = re.compile(r"[/?#]")
+
+
+def check_token(value: object) -> str | None:
+    """``value`` as a token (``None`` or ``""``: none); `ConfigError` that never shows it."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ConfigError.invalid(
+            "token", HIDDEN, f"must be a str or None, not {type(value).__name__}"
+        )
+    for index, char in enumerate(value):
+        if not "!" <= char <= "~":
+            what = "a non-ASCII character" if ord(char) > 0x7F else f"U+{ord(char):04X}"  # noqa: PLR2004
+            raise ConfigError.invalid(
+                "token",
+                HIDDEN,
+                f"contains {what} at position {index} (of {len(value)}); a token is printable "
+                "ASCII without spaces (one read from a file keeps its newline: strip it)",
+            )
+    return value
+
+
+def _forms(secret: str) -> list[str]:
+    forms = {
+        secret,
+        repr(secret)[1:-1],
+        ascii(secret)[1:-1],
+        repr(secret.encode("utf-8", "backslashreplace"))[2:-1],
+        quote(secret),
+        quote(secret, safe=""),
+        quote_plus(secret),
+        json.dumps(secret)[1:-1],
+        base64.b64encode(secret.encode("utf-8", "backslashreplace")).decode(),
+        base64.b64encode(f"Bearer {secret}".encode("utf-8", "backslashreplace")).decode(),
+    }
+    # Longest first, so that a form containing another is replaced whole.
+    return sorted((f for f in forms if len(f) >= _MIN_SCRUBBED), key=len, reverse=True)
+
+
+def scrub(text: str, secret: str | None, placeholder: str = "<token>") -> str:
+    """``text`` with every form of ``secret`` replaced by ``placeholder``."""
+    if not secret:
+        return text
+    for form in _forms(secret):
+        text = text.replace(form, placeholder)
+    return text
+
+
+def scrub_exception(exc: BaseException, secret: str | None) -> None:
+    """Scrub ``secret`` from the string arguments of ``exc`` and of its cause/context chain."""
+    if not secret:
+        return
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        args = tuple(
+            scrub(arg, secret) if isinstance(arg, str) else _scrub_bytes(arg, secret)
+            for arg in current.args
+        )
+        if args != current.args:
+            current.args = args
+        current = current.__cause__ or current.__context__
+
+
+def _scrub_bytes(arg: object, secret: str) -> object:
+    if isinstance(arg, bytes) and scrub(repr(arg), secret) != repr(arg):
+        return scrub(repr(arg), secret)
+    return arg
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any ``user:password@`` part replaced by ``***@``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    netloc = _NETLOC_END.split(rest, maxsplit=1)[0]
+    if "@" not in netloc:
+        return url
+    host = netloc.rsplit("@", 1)[1]
+    return f"{scheme}{sep}***@{host}{rest[len(netloc) :]}"
