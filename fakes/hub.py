@@ -58,6 +58,7 @@ def _git_blob_sha(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
 
 
+_LISTING = "\0tree"  # the key of a held tree listing; no file path contains NUL
 _HOLD_LIMIT = 60.0  # a held body is served anyway after this long, so no test can hang on it
 
 
@@ -342,6 +343,13 @@ class FakeHub:
                 lambda: sum(path_contains in p for _, p in self._requests) >= count, timeout
             )
 
+    def hold_listing(self, repo_id: str) -> Hold:
+        """Hold tree listings of ``repo_id`` (a Hub that stalls) until the `Hold` is released."""
+        hold = Hold()
+        with self._lock:
+            self._holds[repo_id, _LISTING] = hold
+        return hold
+
     def sha(self, repo_id: str, revision: str = "main") -> str:
         """The commit ``revision`` of ``repo_id`` points at."""
         with self._lock:
@@ -423,7 +431,10 @@ class FakeHub:
         if method == "GET" and kind == "revision" and len(rest) == 2:  # noqa: PLR2004
             return self._repo_info(repo_id, rest[1], query)
         if method == "GET" and kind == "tree" and len(rest) >= 2:  # noqa: PLR2004
-            return self._tree(path, repo_id, rest[1], "/".join(rest[2:]), query)
+            response = self._tree(path, repo_id, rest[1], "/".join(rest[2:]), query)
+            with self._lock:
+                hold = self._holds.get((repo_id, _LISTING))
+            return attrs.evolve(response, hold=hold)
         return _error(404, None, f"no such route on the fake Hub: {method} {path}")
 
     def _denied(self, repo_id: str, authorization: str | None) -> _Response | None:

@@ -1313,3 +1313,19 @@ def test_local_source_rejects_bad_roots(root):
 def test_explicit_paths_the_os_refuses_are_not_found(request_):
     with pytest.raises(CheckpointNotFoundError):
         CheckpointResolver([]).resolve(request_)
+
+
+# -- every network call has a deadline
+
+
+def test_a_stalled_tree_listing_times_out(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    hold = hub.hold_listing(REPO)
+    try:
+        source = hub_source(hub, tmp_path, timeout=0.3)
+        with pytest.raises(CheckpointSourceError, match=rf"cannot list hub:{REPO}.*Timeout"):
+            source.latest()
+        assert hold.arrived.is_set()
+    finally:
+        hold.release()
+    assert hub_source(hub, tmp_path).latest().step == 30

@@ -242,3 +242,64 @@ def _files_of(hub: FakeHub, folder: str, step: int) -> dict[str, bytes]:
     hub.add_checkpoint(REPO, folder, step, size=10)
     prefix = f"{folder}/"
     return {p[len(prefix) :]: d for p, d in hub.files(REPO).items() if p.startswith(prefix)}
+
+
+def test_serve_instead_sends_a_body_with_headers_that_match_it(hub, tmp_path):
+    hub.add_file(REPO, "a/model.bin", b"x" * 100)
+    hub.serve_instead(REPO, "a/model.bin", b"short")
+    tree = api(hub).list_repo_tree(REPO, recursive=True)
+    listed = {e.path: e.size for e in tree if isinstance(e, RepoFile)}
+    assert listed["a/model.bin"] == 100
+    path = hf_hub_download(REPO, "a/model.bin", endpoint=hub.endpoint, local_dir=tmp_path)
+    assert Path(path).read_bytes() == b"short"
+
+
+def test_fail_downloads_fails_the_body_only_and_heals(hub, tmp_path):
+    hub.add_file(REPO, "a/model.bin", b"x" * 10)
+    hub.fail_downloads(REPO, "a/model.bin", 403)
+    with pytest.raises(HfHubHTTPError) as info:
+        hf_hub_download(REPO, "a/model.bin", endpoint=hub.endpoint, local_dir=tmp_path)
+    assert info.value.response.status_code == 403
+    assert ("HEAD", f"/{REPO}/resolve/main/a/model.bin") in hub.requests
+    hub.fail_downloads(REPO, "a/model.bin", 0)
+    path = hf_hub_download(REPO, "a/model.bin", endpoint=hub.endpoint, local_dir=tmp_path)
+    assert Path(path).read_bytes() == b"x" * 10
+
+
+def test_hold_catches_a_download_in_the_middle(hub, tmp_path):
+    hub.add_file(REPO, "a/model.bin", b"x" * 10)
+    hold = hub.hold(REPO, "a/model.bin")
+    done = threading.Event()
+
+    def download() -> None:
+        hf_hub_download(REPO, "a/model.bin", endpoint=hub.endpoint, local_dir=tmp_path)
+        done.set()
+
+    thread = threading.Thread(target=download)
+    thread.start()
+    assert hold.arrived.wait(30)
+    assert not done.is_set()
+    assert hub.wait_for_requests("/resolve/", 2, timeout=30)  # HEAD, then the held GET
+    hold.release()
+    thread.join(30)
+    assert done.is_set()
+
+
+def test_hold_listing_and_close_releases_every_hold(tmp_path):
+    with serve_fake_hub() as hub:
+        hub.add_file(REPO, "a/b", b"x")
+        hold = hub.hold_listing(REPO)
+        errors: list[BaseException] = []
+
+        def listing() -> None:
+            try:
+                list(api(hub).list_repo_tree(REPO, recursive=True))
+            except Exception as exc:  # noqa: BLE001 - the server went away
+                errors.append(exc)
+
+        thread = threading.Thread(target=listing)
+        thread.start()
+        assert hold.arrived.wait(30)
+    thread.join(30)  # close() released the held listing, so the client is not stuck
+    assert not thread.is_alive()
+    assert not hub.wait_for_requests("/nothing/", 1, timeout=0)

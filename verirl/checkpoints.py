@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from urllib.parse import quote
 
 import attrs
 
@@ -66,6 +67,7 @@ _REPO_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*", re.ASCII)
 _OFFLINE_ENV_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 _TRUE_VALUES = frozenset({"1", "ON", "YES", "TRUE"})
 _KIB = 1024
+_MAX_TREE_PAGES = 10_000  # 10 million files at the Hub's 1000 a page
 _MAX_REPO_ID = 96  # the Hub's limit
 MAX_TRAINER_STATE_BYTES = 64 * _KIB * _KIB
 """A ``trainer_state.json`` larger than this is not read (Trainer's are kilobytes to megabytes)."""
@@ -482,28 +484,70 @@ class HubCheckpointSource:
     def _list(self) -> _Listing:
         """Resolve the revision to a commit and list the repo once, recursively."""
         self._refuse_offline("list")
-        from huggingface_hub.hf_api import RepoFile  # noqa: PLC0415
-
         api = self._api()
         try:
             info = api.model_info(self.repo_id, revision=self.revision, timeout=self.timeout)
             commit = info.sha or self.revision or "main"
-            entries = list(api.list_repo_tree(self.repo_id, revision=commit, recursive=True))
+            entries = self._tree(api.endpoint, commit)
+        except CheckpointSourceError:
+            raise
         except Exception as exc:
             raise self._error("list", exc) from exc
         folders: dict[str, dict[str, _Entry]] = {}
         for entry in entries:
-            if isinstance(entry, RepoFile) and "/" in entry.path:
-                folder = entry.path.split("/", 1)[0]
-                lfs_sha = getattr(entry.lfs, "sha256", None) if entry.lfs else None
-                oid = str(lfs_sha or entry.blob_id or "")
-                folders.setdefault(folder, {})[entry.path] = _Entry(int(entry.size or 0), oid)
+            path, size = entry.get("path"), entry.get("size")
+            if entry.get("type") != "file" or not isinstance(path, str) or "/" not in path:
+                continue
+            lfs = entry.get("lfs")
+            lfs_sha = lfs.get("sha256") if isinstance(lfs, dict) else None
+            oid = str(lfs_sha or entry.get("oid") or "")
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise CheckpointSourceError(
+                    f"cannot list {self.description}: the listing gives {path} no usable size"
+                ) from ValueError(size)
+            folders.setdefault(path.split("/", 1)[0], {})[path] = _Entry(size, oid)
         listing = _Listing(commit=commit, folders=folders)
         log.debug(
             "%s is at commit %s; %d top-level folders", self.description, commit, len(folders)
         )
         self._listing = listing
         return listing
+
+    def _tree(self, endpoint: str, commit: str) -> list[dict[str, object]]:
+        """The recursive tree listing at ``commit``, every page within ``timeout``.
+
+        `HfApi.list_repo_tree` takes no timeout, so the pages are fetched here
+        with huggingface_hub's own session, headers and error mapping. A server
+        that keeps sending "next" links is cut off after `_MAX_TREE_PAGES`.
+        """
+        from huggingface_hub import get_session, hf_raise_for_status  # noqa: PLC0415
+
+        # Public and documented, but re-exported lazily, which mypy cannot see.
+        from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # noqa: PLC0415
+
+        from verirl import __version__  # noqa: PLC0415
+
+        headers = build_hf_headers(
+            token=self._token, library_name="verirl", library_version=__version__
+        )
+        url: str | None = f"{endpoint}/api/models/{self.repo_id}/tree/{quote(commit, safe='')}"
+        params: dict[str, str] | None = {"recursive": "true", "expand": "false"}
+        entries: list[dict[str, object]] = []
+        seen: set[str] = set()
+        while url is not None:
+            if url in seen or len(seen) >= _MAX_TREE_PAGES:
+                msg = f"cannot list {self.description}: the tree listing does not end"
+                raise CheckpointSourceError(msg) from ValueError(url)
+            seen.add(url)
+            response = get_session().get(url, headers=headers, params=params, timeout=self.timeout)
+            hf_raise_for_status(response)
+            page = response.json()
+            if not isinstance(page, list):
+                msg = f"cannot list {self.description}: the tree listing is not a JSON list"
+                raise CheckpointSourceError(msg) from ValueError(type(page).__name__)
+            entries += [entry for entry in page if isinstance(entry, dict)]
+            url, params = response.links.get("next", {}).get("url"), None
+        return entries
 
     def _download(self, filename: str, commit: str, local_dir: Path) -> Path:
         from huggingface_hub import hf_hub_download  # noqa: PLC0415
