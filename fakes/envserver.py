@@ -10,7 +10,9 @@ network at all. Both are used by verirl's own tests and ship for yours::
 
 from __future__ import annotations
 
+import http
 import http.server
+import socket
 import sys
 import threading
 import time
@@ -19,6 +21,7 @@ from typing import Any
 import attrs
 
 from fakes._http import serve_in_background, stop_serving
+from verirl.envserver import check_wait_timeout
 from verirl.errors import EnvServerUnavailable
 
 if sys.version_info >= (3, 11):
@@ -38,7 +41,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         fake = self.server.fake
-        fake._record(self.path)  # noqa: SLF001 - the fake owns its handler
+        fake._record(self.path, self.headers.get("Authorization"))  # noqa: SLF001
         if self.path.rstrip("/") != fake.health_path.rstrip("/"):
             self._reply(404, b'{"detail": "Not Found"}')
             return
@@ -51,16 +54,44 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._reply(fake.status_when_not_ready, b'{"status": "starting"}')
 
     def _reply(self, status: int, body: bytes) -> None:
+        trickle = self.server.fake.trickle
+        if trickle is not None:
+            self._trickle(status, body, trickle)
+            return
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
+    def _trickle(self, status: int, body: bytes, interval: float) -> None:
+        """Send the whole answer one byte every ``interval`` seconds, then close."""
+        self.close_connection = True
+        head = (
+            f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n"
+            "Content-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n"
+        )
+        data = head.encode("ascii") + body
+        released = self.server.fake._released  # noqa: SLF001 - the fake owns its handler
+        for index in range(len(data)):
+            if released.wait(interval):  # the fake was stopped: give up at once
+                return
+            try:
+                self.wfile.write(data[index : index + 1])
+                self.wfile.flush()
+            except OSError:  # the client gave up, as a bounded probe should
+                return
+
 
 class _HTTPServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
     fake: FakeEnvServer
+
+
+class _HTTPServer6(_HTTPServer):
+    address_family = socket.AF_INET6
 
 
 @attrs.define
@@ -70,18 +101,23 @@ class FakeEnvServer:
     ``ready_after`` seconds after `start` (``None``: only when `set_ready` is
     called) it answers 200 ``{"status": "ok"}``; before that,
     ``status_when_not_ready`` (503). ``hang=True`` accepts connections and
-    never answers, like a wedged server. ``request_times`` records when each
-    request arrived (monotonic clock), ``paths`` what it asked for.
+    never answers, like a wedged server. ``trickle`` (seconds) sends every
+    answer one byte at a time, that far apart, like a server stuck in a slow
+    network. ``host`` may be an IPv6 address (``"::1"``). ``request_times``
+    records when each request arrived (monotonic clock), ``paths`` what it
+    asked for, ``authorizations`` its ``Authorization`` header (or ``None``).
     """
 
     ready_after: float | None = 0.0
     status_when_not_ready: int = 503
     hang: bool = False
+    trickle: float | None = None
     health_path: str = "/health"
     host: str = "127.0.0.1"
     port: int = 0
     request_times: list[float] = attrs.field(factory=list, init=False)
     paths: list[str] = attrs.field(factory=list, init=False)
+    authorizations: list[str | None] = attrs.field(factory=list, init=False)
     _started_at: float | None = attrs.field(default=None, init=False)
     _ready_event: threading.Event = attrs.field(factory=threading.Event, init=False)
     _released: threading.Event = attrs.field(factory=threading.Event, init=False)
@@ -95,7 +131,8 @@ class FakeEnvServer:
         if self._httpd is None:
             msg = "FakeEnvServer is not started"
             raise RuntimeError(msg)
-        return f"http://{self.host}:{self._httpd.server_address[1]}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self._httpd.server_address[1]}"
 
     @property
     def requests(self) -> int:
@@ -103,10 +140,11 @@ class FakeEnvServer:
         with self._lock:
             return len(self.request_times)
 
-    def _record(self, path: str) -> None:
+    def _record(self, path: str, authorization: str | None) -> None:
         with self._lock:
             self.request_times.append(time.monotonic())
             self.paths.append(path)
+            self.authorizations.append(authorization)
 
     def is_ready(self) -> bool:
         """Whether the health endpoint answers 200 right now."""
@@ -135,12 +173,13 @@ class FakeEnvServer:
             self.ready_after = None
 
     def release(self) -> None:
-        """Let hanging requests finish (they get no answer)."""
+        """Let hanging requests finish (they get no answer) and trickling ones stop."""
         self._released.set()
 
     def start(self) -> None:
         """Bind and serve in a background thread."""
-        self._httpd = _HTTPServer((self.host, self.port), _Handler)
+        server_class = _HTTPServer6 if ":" in self.host else _HTTPServer
+        self._httpd = server_class((self.host, self.port), _Handler)
         self._httpd.fake = self
         self._started_at = time.monotonic()
         self._thread = serve_in_background(self._httpd, "fake-env-server")
@@ -181,7 +220,12 @@ class FakeEnvServerProbe:
         return self.ready_after_checks is not None and self.checks > self.ready_after_checks
 
     def wait(self, timeout: float) -> None:
-        """Record ``timeout``, take ``wait_delay`` seconds, then succeed or raise."""
+        """Record ``timeout``, take ``wait_delay`` seconds, then succeed or raise.
+
+        ``timeout`` is checked as `verirl.HttpEnvServerProbe.wait` checks it
+        (`verirl.ConfigError` unless a finite number of seconds >= 0).
+        """
+        timeout = check_wait_timeout(timeout)
         self.waits.append(timeout)
         if self.wait_delay:
             time.sleep(min(self.wait_delay, timeout))

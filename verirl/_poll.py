@@ -12,27 +12,46 @@ from collections.abc import Callable, Iterator
 
 import attrs
 
+from verirl._validate import check_number
 from verirl.errors import ConfigError
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
 
 
+MAX_INTERVAL = 86_400.0
+"""Longest poll interval (``initial``, ``cap``) accepted: one day."""
+
+MAX_FACTOR = 1000.0
+"""Largest growth ``factor`` accepted."""
+
+
+def _interval(_inst: object, attribute: attrs.Attribute[float], value: object) -> None:
+    check_number(attribute.name, value, positive=True, at_most=MAX_INTERVAL)
+
+
+def _factor(_inst: object, attribute: attrs.Attribute[float], value: object) -> None:
+    if check_number(attribute.name, value, at_most=MAX_FACTOR) < 1:
+        raise ConfigError.invalid(attribute.name, value, "must be >= 1")
+
+
+def _cap(inst: Backoff, attribute: attrs.Attribute[float], value: object) -> None:
+    _interval(inst, attribute, value)
+    if inst.cap < inst.initial:
+        raise ConfigError.invalid("cap", value, f"must be >= initial ({inst.initial})")
+
+
 @attrs.frozen
 class Backoff:
-    """Poll intervals: ``initial``, then times ``factor`` each turn, at most ``cap`` seconds."""
+    """Poll intervals: ``initial``, then times ``factor`` each turn, at most ``cap`` seconds.
 
-    initial: float = 0.02
-    factor: float = 2.0
-    cap: float = 1.0
+    Each is a finite number (`ConfigError` naming it otherwise): ``initial``
+    and ``cap`` in ``(0, MAX_INTERVAL]``, ``factor`` in ``[1, MAX_FACTOR]``.
+    """
 
-    def __attrs_post_init__(self) -> None:
-        if not self.initial > 0:
-            raise ConfigError.invalid("initial", self.initial, "must be > 0")
-        if not self.factor >= 1:
-            raise ConfigError.invalid("factor", self.factor, "must be >= 1")
-        if not self.cap >= self.initial:
-            raise ConfigError.invalid("cap", self.cap, f"must be >= initial ({self.initial})")
+    initial: float = attrs.field(default=0.02, validator=_interval)
+    factor: float = attrs.field(default=2.0, validator=_factor)
+    cap: float = attrs.field(default=1.0, validator=_cap)
 
     def intervals(self) -> Iterator[float]:
         """Yield the sleep before each next attempt, forever."""
