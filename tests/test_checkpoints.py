@@ -1273,6 +1273,8 @@ def test_resolver_sources_must_be_a_collection_of_sources(sources):
 def test_resolve_from_env_needs_a_mapping():
     with pytest.raises(ConfigError, match=r"^environ="):
         CheckpointResolver([]).resolve_from_env(5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=rf"^{RESUME_ENV_VAR}=5"):
+        CheckpointResolver([]).resolve_from_env({RESUME_ENV_VAR: 5})  # type: ignore[dict-item]
 
 
 @pytest.mark.parametrize(
@@ -1329,3 +1331,26 @@ def test_a_stalled_tree_listing_times_out(hub, tmp_path):
     finally:
         hold.release()
     assert hub_source(hub, tmp_path).latest().step == 30
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "checkpoint-40/../../escaped.txt",
+        "checkpoint-40/./x",
+        "checkpoint-40/a//b",
+        "checkpoint-40/..\\..\\x",
+        "checkpoint-40/.verirl-download.json",
+    ],
+)
+def test_a_listing_with_unsafe_paths_makes_that_folder_unusable(hub, tmp_path, caplog, bad):
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    hub.add_checkpoint(REPO, "checkpoint-40", 40)
+    hub.add_file(REPO, bad, b"written wherever the path points")
+    source = hub_source(hub, tmp_path)
+    assert source.latest().step == 30
+    assert "checkpoint-40" in warnings_of(caplog)
+    assert "not safe" in warnings_of(caplog)
+    with pytest.raises(CheckpointSourceError, match="checkpoint-40 is not"):
+        source.fetch(Checkpoint(40, "checkpoint-40", source.description))
+    assert not (tmp_path / "escaped.txt").exists()

@@ -291,7 +291,11 @@ class LocalCheckpointSource:
         """Return the checkpoint's directory; nothing is copied."""
         _check_source(self, checkpoint)
         folder = Path(checkpoint.path)
-        if not folder.is_dir():
+        try:
+            is_dir = folder.is_dir()
+        except (OSError, ValueError):
+            is_dir = False
+        if not is_dir:
             cause = FileNotFoundError(
                 errno.ENOENT, "checkpoint directory vanished", checkpoint.path
             )
@@ -340,6 +344,17 @@ def _check_endpoint(value: object) -> None:
         if any(ch.isspace() or not ch.isprintable() for ch in value):
             raise ConfigError.invalid("endpoint", value, "must not contain whitespace")
     validate_http_url("endpoint", value)
+
+
+def _safe_repo_path(path: str) -> bool:
+    """Whether ``path`` stays inside its folder when joined to a local directory."""
+    parts = path.split("/")
+    return (
+        all(part not in ("", ".", "..") for part in parts)
+        and "\\" not in path
+        and "\0" not in path
+        and parts[-1] != _MARKER
+    )
 
 
 def _check_seconds(field: str, value: object, *, at_most: float, zero_ok: bool = False) -> None:
@@ -494,9 +509,13 @@ class HubCheckpointSource:
         except Exception as exc:
             raise self._error("list", exc) from exc
         folders: dict[str, dict[str, _Entry]] = {}
+        unsafe: dict[str, str] = {}
         for entry in entries:
             path, size = entry.get("path"), entry.get("size")
             if entry.get("type") != "file" or not isinstance(path, str) or "/" not in path:
+                continue
+            if not _safe_repo_path(path):
+                unsafe.setdefault(path.split("/", 1)[0], path)
                 continue
             lfs = entry.get("lfs")
             lfs_sha = lfs.get("sha256") if isinstance(lfs, dict) else None
@@ -506,6 +525,15 @@ class HubCheckpointSource:
                     f"cannot list {self.description}: the listing gives {path} no usable size"
                 ) from ValueError(size)
             folders.setdefault(path.split("/", 1)[0], {})[path] = _Entry(size, oid)
+        for folder, path in unsafe.items():
+            # A download would be written wherever the path points: the folder is unusable.
+            folders.pop(folder, None)
+            log.warning(
+                "ignoring %s in %s: the listing has a file path that is not safe to download (%r)",
+                folder,
+                self.description,
+                path,
+            )
         listing = _Listing(commit=commit, folders=folders)
         log.debug(
             "%s is at commit %s; %d top-level folders", self.description, commit, len(folders)
@@ -1007,7 +1035,9 @@ class CheckpointResolver:
         env = os.environ if environ is None else environ
         if not isinstance(env, Mapping):
             raise ConfigError.invalid("environ", environ, "must be None or a mapping of str to str")
-        value = env.get(RESUME_ENV_VAR)
+        value: object = env.get(RESUME_ENV_VAR)
+        if value is not None and not isinstance(value, str):
+            raise ConfigError.invalid(RESUME_ENV_VAR, value, "must be a string")
         log.debug("%s=%r", RESUME_ENV_VAR, value)
         return self.resolve(value)
 
