@@ -40,6 +40,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.response import BaseHTTPResponse
 
 from verirl._poll import Backoff, Clock, Sleep, poll
+from verirl._secrets import redact_url, scrub
 from verirl._validate import MAX_PORT, check_number
 from verirl.errors import ConfigError, EnvServerUnavailable
 
@@ -93,15 +94,10 @@ class EnvServerProbe(Protocol):
 
 # ---------------------------------------------------------------- URLs
 
-_USERINFO = re.compile(r"\A(?P<head>[^:/?#]*:)?//(?P<userinfo>[^/?#]*)@")
+_USERINFO = re.compile(r"\A[^:/?#]*://(?P<userinfo>[^/?#]*)@")
 _HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 _IPV6_ZONE = re.compile(r"%25[A-Za-z0-9._~-]+")
 _MAX_HOST_LENGTH = 253
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its ``user:password@`` part, if any, replaced by ``***@``."""
-    return _USERINFO.sub(lambda m: f"{m['head'] or ''}//***@", url, count=1)
 
 
 def _redact_value(value: object) -> object:
@@ -466,17 +462,16 @@ def _scrubber(url: str) -> Callable[[str], str]:
         return lambda text: text
     userinfo = match["userinfo"]
     user, _, password = userinfo.partition(":")
-    secrets = {userinfo, unquote(userinfo), password, unquote(password)}
-    if not password:
-        secrets |= {user, unquote(user)}
-    ordered = sorted((s for s in secrets if s), key=len, reverse=True)
+    secrets = [userinfo, unquote(userinfo), password, unquote(password)]
+    if not password:  # a token given as the user name
+        secrets += [user, unquote(user)]
 
-    def scrub(text: str) -> str:
-        for secret in ordered:
-            text = text.replace(secret, "***")
+    def scrub_all(text: str) -> str:
+        for secret in sorted(set(secrets), key=len, reverse=True):
+            text = scrub(text, secret, "***")
         return text
 
-    return scrub
+    return scrub_all
 
 
 @attrs.define(repr=False)
