@@ -13,6 +13,7 @@ from __future__ import annotations
 import http
 import http.server
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -103,7 +104,8 @@ class FakeEnvServer:
     ``status_when_not_ready`` (503). ``hang=True`` accepts connections and
     never answers, like a wedged server. ``trickle`` (seconds) sends every
     answer one byte at a time, that far apart, like a server stuck in a slow
-    network. ``host`` may be an IPv6 address (``"::1"``). ``request_times``
+    network. ``ssl_context`` (a server-side context with its certificate
+    loaded) serves HTTPS. ``host`` may be an IPv6 address (``"::1"``). ``request_times``
     records when each request arrived (monotonic clock), ``paths`` what it
     asked for, ``authorizations`` its ``Authorization`` header (or ``None``).
     """
@@ -112,6 +114,7 @@ class FakeEnvServer:
     status_when_not_ready: int = 503
     hang: bool = False
     trickle: float | None = None
+    ssl_context: ssl.SSLContext | None = attrs.field(default=None, repr=False)
     health_path: str = "/health"
     host: str = "127.0.0.1"
     port: int = 0
@@ -132,7 +135,8 @@ class FakeEnvServer:
             msg = "FakeEnvServer is not started"
             raise RuntimeError(msg)
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self._httpd.server_address[1]}"
+        scheme = "http" if self.ssl_context is None else "https"
+        return f"{scheme}://{host}:{self._httpd.server_address[1]}"
 
     @property
     def requests(self) -> int:
@@ -181,6 +185,11 @@ class FakeEnvServer:
         server_class = _HTTPServer6 if ":" in self.host else _HTTPServer
         self._httpd = server_class((self.host, self.port), _Handler)
         self._httpd.fake = self
+        if self.ssl_context is not None:
+            # The handshake happens in the handler's thread, not in the accept loop.
+            self._httpd.socket = self.ssl_context.wrap_socket(
+                self._httpd.socket, server_side=True, do_handshake_on_connect=False
+            )
         self._started_at = time.monotonic()
         self._thread = serve_in_background(self._httpd, "fake-env-server")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.server
 import logging
 import math
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from fakes import FakeEnvServer, FakeEnvServerProbe
 from fakes._http import serve_in_background, stop_serving
 from verirl import ConfigError, EnvServerUnavailable, HttpEnvServerProbe
 from verirl._poll import Backoff
-from verirl.envserver import validate_http_url
+from verirl.envserver import deadline_session, validate_http_url
 
 SLACK = 1.5
 """What a loaded 2-core machine may add to a deadline in these tests."""
@@ -186,6 +187,59 @@ def test_probe_leaves_no_thread_behind():
         assert all(
             t.name.startswith("fake-env-server") or "process_request" in t.name for t in mine
         )
+
+
+# A self-signed certificate for localhost and 127.0.0.1, valid 2000-2100 (test data, no secret).
+CERT = """-----BEGIN CERTIFICATE-----
+MIIBZjCCAQ2gAwIBAgIBATAKBggqhkjOPQQDAjAUMRIwEAYDVQQDDAlsb2NhbGhv
+c3QwIBcNMDAwMTAxMDAwMDAwWhgPMjEwMDAxMDEwMDAwMDBaMBQxEjAQBgNVBAMM
+CWxvY2FsaG9zdDBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABEm/8I4j5PgSJcPe
+YweZqnk8beYmPkS09xYMF/OHzICT/yefUGUEDRB8F+KRbcoNBXqwkrVYUtPPG2b5
+UFljsQ2jTjBMMBoGA1UdEQQTMBGCCWxvY2FsaG9zdIcEfwAAATAPBgNVHRMBAf8E
+BTADAQH/MB0GA1UdDgQWBBSHc8C5k9vY7/XCk4AXRbvVG+Y2qjAKBggqhkjOPQQD
+AgNHADBEAiAJWDjDXGvGzZ7pm/mROSbElElQAlyVVjJGWZdMYAxODwIgJWCwIrwU
+iHHTJZwKVEIlc1XiYPZmotHZUXDT3cRs3wk=
+-----END CERTIFICATE-----
+"""
+KEY = """-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQghRTSe38jPB5Dik/Q
+BJOmqTSwkBcyM/tMFwRUUeTBDuqhRANCAARJv/COI+T4EiXD3mMHmap5PG3mJj5E
+tPcWDBfzh8yAk/8nn1BlBA0QfBfikW3KDQV6sJK1WFLTzxtm+VBZY7EN
+-----END PRIVATE KEY-----
+"""
+
+
+@pytest.fixture
+def tls(tmp_path, monkeypatch) -> tuple[ssl.SSLContext, str]:
+    """A server context for the test certificate, and the file a client trusts it from."""
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):  # they would beat session.verify
+        monkeypatch.delenv(name, raising=False)
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.write_text(CERT)
+    key.write_text(KEY)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context, str(cert)
+
+
+def test_https_is_healthy_through_a_deadline_session(tls):
+    context, cafile = tls
+    with FakeEnvServer(ssl_context=context) as server, deadline_session() as session:
+        session.verify = cafile
+        HttpEnvServerProbe(server.url, session=session).wait(timeout=30)
+        assert server.url.startswith("https://")
+
+
+def test_trickling_https_server_cannot_hold_a_wait_past_its_deadline(tls):
+    context, cafile = tls
+    with FakeEnvServer(ssl_context=context, trickle=0.2) as server, deadline_session() as session:
+        session.verify = cafile
+        start = time.monotonic()
+        with pytest.raises(EnvServerUnavailable) as info:
+            HttpEnvServerProbe(server.url, session=session).wait(timeout=1.0)
+        took = time.monotonic() - start
+    assert info.value.last_error == "timed out"
+    assert took < 1.0 + SLACK
 
 
 # -- item 13: non-finite and absurd numbers

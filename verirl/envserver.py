@@ -8,7 +8,9 @@ time with the reason ("HTTP 503", "connection refused", "timed out").
 Three rules hold for every request the probe sends:
 
 - the deadline bounds the *whole* request (connect, status line, headers,
-  body), not each read, so a server that trickles bytes cannot hold a wait;
+  body), not each read, so a server that trickles bytes cannot hold a wait
+  (name resolution is the one step no socket timeout reaches: a host name
+  whose DNS lookup hangs can still hold a request);
 - a loopback URL (``127.0.0.0/8``, ``::1``, ``localhost``) never goes through
   a proxy, whatever ``HTTP_PROXY``/``ALL_PROXY`` or a session say; other hosts
   honour the environment's proxy and ``NO_PROXY`` settings as usual;
@@ -28,7 +30,7 @@ import re
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 from urllib.parse import unquote, urlsplit
 
 import attrs
@@ -37,12 +39,14 @@ import requests.adapters
 import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.response import BaseHTTPResponse
 
 from verirl._poll import Backoff, Clock, Sleep, poll
 from verirl._secrets import redact_url, scrub
 from verirl._validate import MAX_PORT, check_number
 from verirl.errors import ConfigError, EnvServerUnavailable
+
+if TYPE_CHECKING:  # urllib3 1.26, which requests still allows, has no BaseHTTPResponse
+    from urllib3.response import BaseHTTPResponse
 
 __all__ = [
     "MAX_REQUEST_TIMEOUT",
