@@ -26,6 +26,7 @@ import requests
 from _support import alive, unshared_port
 from fakes.envserver import FakeEnvServer
 from verirl._serve_args import vllm_serve_args
+from verirl.envserver import deadline_session
 from verirl.errors import (
     ConfigError,
     PortInUseError,
@@ -379,6 +380,13 @@ def test_health_check_reasons():
             port = bound_not_listening.getsockname()[1]
             url = f"http://127.0.0.1:{port}/health/"
             assert _health_check(session, url, 5.0) == "connection refused"
+
+
+def test_health_check_bounds_the_whole_request_against_a_trickling_server():
+    with deadline_session() as session, FakeEnvServer(trickle=0.2) as env:
+        started = time.monotonic()
+        assert _health_check(session, env.url + "/health", 1.0) == "timed out"
+        assert time.monotonic() - started < 1.0 + 2.0
 
 
 def test_port_in_use_is_refused_before_anything_is_spawned(make_server):

@@ -69,6 +69,7 @@ from verirl._validate import (
     check_text,
     has_control_chars,
 )
+from verirl.envserver import deadline_session, request_health
 from verirl.errors import (
     ConfigError,
     PortInUseError,
@@ -118,7 +119,6 @@ _LOG_TAIL_BYTES = 64 * 1024
 _REQUEST_TIMEOUT_CAP = 5.0
 _KILL_WAIT = 5.0
 _PR_SET_PDEATHSIG = 1
-_HTTP_OK = 200
 _BACKOFF = Backoff(initial=0.02, factor=2.0, cap=1.0)
 
 
@@ -873,18 +873,8 @@ class _ReadinessProbe:
 
 
 def _health_check(session: requests.Session, url: str, time_left: float) -> str | None:
-    """One ``GET`` of the health URL: ``None`` on 200, else a short reason."""
-    timeout = max(min(time_left, _REQUEST_TIMEOUT_CAP), 0.01)
-    try:
-        with session.get(url, timeout=timeout) as response:
-            status = response.status_code
-    except requests.Timeout:
-        return "timed out"
-    except requests.ConnectionError:
-        return "connection refused"
-    except requests.RequestException as exc:
-        return type(exc).__name__
-    return None if status == _HTTP_OK else f"HTTP {status}"
+    """One ``GET`` of the health URL within the time left (at most 5 s): ``None`` on 200."""
+    return request_health(session, url, max(min(time_left, _REQUEST_TIMEOUT_CAP), 0.01))
 
 
 @attrs.define(eq=False)
@@ -1310,8 +1300,8 @@ class VLLMServer:
 
     def _wait_until_ready(self, tree: _ProcessTree) -> None:
         url = f"{self.base_url}/health/"
-        with requests.Session() as session:
-            session.trust_env = False  # a proxy from the environment must not see loopback calls
+        with deadline_session() as session:
+            session.trust_env = False  # a proxy from the environment must not see our own server
             probe = _ReadinessProbe(tree, session, url, self.port)
 
             def nap(seconds: float) -> None:
