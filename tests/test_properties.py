@@ -55,6 +55,7 @@ from verirl import (
     resolver_from_settings,
     topology_from_settings,
 )
+from verirl._secrets import redact_url
 from verirl.cli import build_parser, main
 
 PROPERTY = settings(
@@ -270,6 +271,8 @@ def _renderings(value: object) -> list[str]:
             out += [os.path.expanduser(str(Path(value)))]  # noqa: PTH111 - Path's raises for ~nouser
         if re.fullmatch(r"\s*[0-9]+\s*", value):
             out.append(str(int(value)))  # "007" shown as 7 is shown
+        if "@" in value:  # what looks like URL credentials is shown redacted
+            out += [redact_url(value), repr(redact_url(value))]
     if isinstance(value, Mapping):
         out += [repr(k) for k in value] + [str(k) for k in value]
     if isinstance(value, (list, tuple)):
