@@ -105,7 +105,8 @@ def check_host(field: str, value: object) -> str:
         pass
     else:
         return text
-    if not _HOSTNAME.fullmatch(text):
+    if not _HOSTNAME.fullmatch(text) or text.rstrip(".").rsplit(".", 1)[-1].isdigit():
+        # An all-numeric last label is no DNS name (RFC 3696): a mistyped address.
         raise ConfigError.invalid(field, value, f"must be {what}")
     return text
 

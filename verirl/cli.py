@@ -25,9 +25,11 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import NoReturn
 
 from verirl import __version__
 from verirl._signals import SIGTERM_POLICY, exit_on_sigterm
+from verirl._validate import check_port, check_seconds, parse_int, parse_seconds
 from verirl.checkpoints import RESUME_ENV_VAR
 from verirl.distenv import DistributedEnv
 from verirl.envserver import HttpEnvServerProbe
@@ -39,7 +41,12 @@ from verirl.errors import (
     VeriRLError,
     VLLMServerError,
 )
-from verirl.runtime import TrainingRuntime, resolver_from_settings, topology_from_settings
+from verirl.runtime import (
+    TrainingRuntime,
+    resolver_from_settings,
+    split_command,
+    topology_from_settings,
+)
 from verirl.topology import detect_gpu_count
 from verirl.vllm_server import VLLMServer, death_signal_preexec, map_visible_devices
 
@@ -78,18 +85,80 @@ def _exit_code(exc: BaseException) -> int:
     return EXIT_ERROR
 
 
+# -- argument types: syntax only (argparse names the flag); ranges are checked later
+
+
+def _ascii_int(text: str) -> int:
+    """An integer in ASCII digits: ``int()`` would also take ``1_0`` and ``٣``."""
+    try:
+        return parse_int("value", text, -(2**63))
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
+
+
+def _ascii_seconds(text: str) -> float:
+    """Seconds as an ASCII decimal number, finite (no ``nan``/``inf``), see `MAX_SECONDS`."""
+    try:
+        return parse_seconds("value", text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(f"invalid seconds {text!r}: {exc.reason}") from None
+
+
+_FLAGS: dict[str, tuple[str, str]] = {
+    # library field → (argparse dest, flag); an error about a value given as a flag names it
+    "gpu_count": ("gpus", "--gpus"),
+    "max_model_len": ("max_model_len", "--max-model-len"),
+    "mode": ("mode", "--mode"),
+    "vllm_gpus": ("vllm_gpus", "--vllm-gpus"),
+    "port": ("vllm_port", "--vllm-port"),
+    "vllm_port": ("vllm_port", "--vllm-port"),
+    "vllm_remote_host": ("vllm_host", "--vllm-host"),
+    "remote_host": ("vllm_host", "--vllm-host"),
+    "model": ("model", "--model"),
+    "vllm_command": ("vllm_command", "--vllm-command"),
+    "vllm_log_dir": ("log_dir", "--log-dir"),
+    "log_path": ("log_dir", "--log-dir"),
+    "env_timeout": ("env_timeout", "--env-timeout"),
+    "health_path": ("health_path", "--health-path"),
+    "timeout": ("timeout", "--timeout"),
+    "root": ("output_dir", "--output-dir"),
+    "output_dir": ("output_dir", "--output-dir"),
+    "download_dir": ("output_dir", "--output-dir"),
+    "repo_id": ("hub_repo", "--hub-repo"),
+    "endpoint": ("hub_endpoint", "--hub-endpoint"),
+    "revision": ("hub_revision", "--hub-revision"),
+    "resume_from": ("resume", "--resume"),
+    "request": ("resume", "--resume"),
+    "shutdown_timeout": ("shutdown_timeout", "--shutdown-timeout"),
+}
+
+
+def _flag_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError:
+    """``exc`` naming the flag the value came from, rather than the library's field."""
+    field = exc.field or ""
+    if field == "url":  # the env server URL: a positional of wait-env, a flag elsewhere
+        flag, dest = ("url", "url") if args.cmd == "wait-env" else ("--env-url", "env_url")
+    else:
+        dest, flag = _FLAGS.get(field, ("", ""))
+    if dest and getattr(args, dest, None) is not None:
+        return exc.renamed(flag)
+    return exc
+
+
 # -- argument groups shared by several commands
 
 
 def _add_topology_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("topology")
     group.add_argument(
-        "--gpus", type=int, help="GPU count (default: $VERIRL_GPU_COUNT or detected)"
+        "--gpus", type=_ascii_int, help="GPU count (default: $VERIRL_GPU_COUNT or detected)"
     )
-    group.add_argument("--max-model-len", type=int, help="vLLM max model length (default: 8192)")
+    group.add_argument(
+        "--max-model-len", type=_ascii_int, help="vLLM max model length (default: 8192)"
+    )
     group.add_argument("--mode", choices=("auto", "server", "colocate"), help="default: auto")
-    group.add_argument("--vllm-gpus", type=int, help="GPUs given to vLLM in server mode")
-    group.add_argument("--vllm-port", type=int, help="vLLM server port (default: 8001)")
+    group.add_argument("--vllm-gpus", type=_ascii_int, help="GPUs given to vLLM in server mode")
+    group.add_argument("--vllm-port", type=_ascii_int, help="vLLM server port (default: 8001)")
     group.add_argument("--vllm-host", help="a remote vLLM host: start nothing locally")
 
 
@@ -121,7 +190,10 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _runtime_from_args(args: argparse.Namespace) -> TrainingRuntime:
-    command = shlex.split(args.vllm_command) if getattr(args, "vllm_command", None) else None
+    raw_command = getattr(args, "vllm_command", None)
+    command = split_command("--vllm-command", raw_command) if raw_command is not None else None
+    if command is not None and not command:
+        raise ConfigError.invalid("--vllm-command", raw_command, "must not be empty")
     return TrainingRuntime.from_settings(
         env_url=getattr(args, "env_url", None),
         model=getattr(args, "model", None),
@@ -211,9 +283,13 @@ def _wait_while(alive: Callable[[], bool]) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the vLLM server in the foreground until Ctrl-C (130) or SIGTERM (143); 4 if it dies."""
     runtime = _runtime_from_args(args)
-    if not runtime.topology.is_local_server:
+    topology = runtime.topology
+    if topology.remote_host is not None:
+        flag = "--vllm-host" if args.vllm_host is not None else "VERIRL_VLLM_HOST"
+        raise ConfigError.invalid(flag, topology.remote_host, "serve starts a local server")
+    if not topology.is_local_server:
         raise ConfigError.invalid(
-            "--mode", runtime.topology.mode, "serve needs a local server-mode topology (>= 2 GPUs)"
+            "--mode", topology.mode, "serve needs a local server-mode topology (>= 2 GPUs)"
         )
     with runtime as session:
         server = session.server
@@ -310,6 +386,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise ConfigError.invalid("COMMAND", command, "give the training command after --")
+    if any("\x00" in arg for arg in command):
+        raise ConfigError.invalid("COMMAND", command, "must not contain a null byte")
+    grace = check_seconds("--shutdown-timeout", args.shutdown_timeout)
     runtime = _runtime_from_args(args)
     with runtime as session:
         env = _training_environment(runtime, session.resume_from_checkpoint, session.server_url)
@@ -319,7 +398,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             env["CUDA_VISIBLE_DEVICES"] or "-",
             session.resume_from_checkpoint or "fresh start",
         )
-        code = _run_command(command, env, args.shutdown_timeout)
+        code = _run_command(command, env, grace)
     log.info("training command exited with %d; everything torn down", code)
     return code
 
@@ -342,7 +421,16 @@ def _version_of(distribution: str) -> str:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """A table of what this machine has for a GRPO job."""
-    vllm_port = args.vllm_port or 8001
+    # Inputs first, so that a bad one is the only line printed.
+    vllm_port = 8001 if args.vllm_port is None else check_port("--vllm-port", args.vllm_port)
+    from_flag = args.env_url is not None
+    env_url = args.env_url if from_flag else os.environ.get("VERIRL_ENV_SERVER_URL", "").strip()
+    probe = None
+    if env_url or from_flag:
+        try:
+            probe = HttpEnvServerProbe(env_url, request_timeout=2.0)
+        except ConfigError as exc:
+            raise exc.renamed("--env-url" if from_flag else "VERIRL_ENV_SERVER_URL") from exc
     rows: list[tuple[str, str]] = [
         ("python", f"{platform.python_version()} ({sys.executable})"),
         ("verirl", __version__),
@@ -352,9 +440,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     rows.append(("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")))
     for label, port in (("vLLM port", vllm_port), ("TRL group port", 51216)):
         rows.append((f"{label} {port}", "free" if _port_free(port) else "IN USE"))
-    env_url = args.env_url or os.environ.get("VERIRL_ENV_SERVER_URL")
-    if env_url:
-        healthy = HttpEnvServerProbe(env_url, request_timeout=2.0).check()
+    if probe is not None:
+        healthy = probe.check()
         rows.append((f"env server {env_url}", "healthy" if healthy else "NOT reachable/healthy"))
     else:
         rows.append(("env server", "(no --env-url / VERIRL_ENV_SERVER_URL)"))
@@ -373,14 +460,21 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 # -- parser and entry point
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line usage error (exit 2): ``verirl plan: error: argument --gpus: …``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_CONFIG, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for ``verirl`` and its commands."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
     common.add_argument("-q", "--quiet", action="count", default=0, help="less log output")
     common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="verirl",
         description="Start, resume and tear down GRPO jobs (TRL + vLLM + a reward env server).",
         epilog="Exit codes: 0 ok, 1 error, 2 bad configuration, 3 env server unavailable, "
@@ -402,7 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("wait-env", cmd_wait_env, "Wait until the env server answers healthy.")
     p.add_argument("url", help="env server base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds (default: 300)")
+    p.add_argument("--timeout", type=_ascii_seconds, default=300.0, help="seconds (default: 300)")
     p.add_argument("--health-path", default="/health", help="default: /health")
 
     p = add("resume", cmd_resume, "Print the checkpoint to resume from (empty: fresh start).")
@@ -420,10 +514,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_args(p)
     _add_checkpoint_args(p)
     p.add_argument("--env-url", help="env server base URL ($VERIRL_ENV_SERVER_URL)")
-    p.add_argument("--env-timeout", type=float, help="seconds to wait for it (default: 600)")
+    p.add_argument(
+        "--env-timeout", type=_ascii_seconds, help="seconds to wait for it (default: 600)"
+    )
     p.add_argument(
         "--shutdown-timeout",
-        type=float,
+        type=_ascii_seconds,
         default=LAUNCH_GRACE,
         help="on SIGTERM/Ctrl-C, seconds the command gets to exit after the signal is "
         f"passed on, before SIGKILL (default: {LAUNCH_GRACE:g})",
@@ -432,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("doctor", cmd_doctor, "Show what this machine has for a GRPO job.")
     p.add_argument("--env-url", help="env server to check ($VERIRL_ENV_SERVER_URL)")
-    p.add_argument("--vllm-port", type=int, help="vLLM port to check (default: 8001)")
+    p.add_argument("--vllm-port", type=_ascii_int, help="vLLM port to check (default: 8001)")
     return parser
 
 
@@ -487,6 +583,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _owning_sigterm() if args.cmd in ("serve", "launch") else contextlib.nullcontext():
             code: int = args.func(args)
     except VeriRLError as exc:
+        if isinstance(exc, ConfigError):
+            exc = _flag_error(args, exc)
         log.error("%s", exc)  # noqa: TRY400 - the message is the point, not a traceback
         return _exit_code(exc)
     except KeyboardInterrupt:

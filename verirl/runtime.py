@@ -325,9 +325,12 @@ class _Outcome:
 def split_command(field: str, command: str) -> list[str]:
     """``shlex.split(command)``; an unbalanced quote is a `ConfigError` naming ``field``."""
     try:
-        return shlex.split(command)
+        argv = shlex.split(command)
     except ValueError as exc:
         raise ConfigError.invalid(field, command, f"cannot be split like a shell: {exc}") from None
+    if any("\x00" in arg for arg in argv):
+        raise ConfigError.invalid(field, command, "must not contain a null byte")
+    return argv
 
 
 def _check_command(command: object) -> list[str]:
@@ -335,7 +338,7 @@ def _check_command(command: object) -> list[str]:
     if isinstance(command, (str, bytes)) or not isinstance(command, Sequence):
         raise ConfigError.invalid("vllm_command", command, reason)
     argv = list(command)
-    if not argv or not all(isinstance(arg, str) and arg for arg in argv):
+    if not argv or not all(isinstance(arg, str) and arg and "\x00" not in arg for arg in argv):
         raise ConfigError.invalid("vllm_command", command, reason)
     return argv
 

@@ -1,0 +1,130 @@
+"""Every flag of every command with hostile values: exit 2 with one line naming the flag.
+
+Never a traceback: bad input is a `ConfigError` (or argparse's usage error),
+whichever flag it came through.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from verirl.cli import main
+
+HOSTILE = ["", " ", "\x01", "\x00", "\u0663", "1_0", "99999999999999999999", "-1", "nan", "inf",
+           "http://127.0.0.1:1/y", "[::1]", "a b"]  # fmt: skip
+
+NOWHERE = "/nonexistent/verirl-test-program"
+COMMANDS: dict[str, tuple[list[str], list[str]]] = {
+    # command: (flags, the other arguments that make it run)
+    "plan": (["--gpus", "--max-model-len", "--mode", "--vllm-gpus", "--vllm-port",
+              "--vllm-host", "--model"], ["--gpus", "2"]),
+    "wait-env": (["--timeout", "--health-path"], ["http://127.0.0.1:1", "--timeout", "0"]),
+    "resume": (["--output-dir", "--hub-repo", "--hub-endpoint", "--hub-revision", "--resume"],
+               []),
+    "serve": (["--gpus", "--max-model-len", "--mode", "--vllm-gpus", "--vllm-port", "--vllm-host",
+               "--model", "--vllm-command", "--log-dir"],
+              ["--gpus", "2", "--model", "m", "--vllm-command", NOWHERE]),
+    # launch --vllm-host is left to plan and serve: a valid remote host is waited for
+    "launch": (["--gpus", "--max-model-len", "--mode", "--vllm-gpus", "--vllm-port",
+                "--model", "--vllm-command", "--log-dir", "--output-dir",
+                "--hub-repo", "--hub-endpoint", "--hub-revision", "--resume", "--env-url",
+                "--env-timeout", "--shutdown-timeout"], ["--gpus", "1", "--env-timeout", "0"]),
+    "doctor": (["--env-url", "--vllm-port"], []),
+}  # fmt: skip
+NUMERIC = {"--gpus", "--max-model-len", "--vllm-gpus", "--vllm-port", "--timeout",
+           "--env-timeout", "--shutdown-timeout"}  # fmt: skip
+CASES = [(command, flag) for command, (flags, _) in COMMANDS.items() for flag in flags]
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    for name in list(os.environ):
+        if name.startswith("VERIRL_") or name in ("CUDA_VISIBLE_DEVICES", "HF_TOKEN"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)  # a Hub download folder would land here
+
+
+def run(argv: list[str]) -> object:
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse's usage error
+        return exc.code
+
+
+@pytest.mark.parametrize("value", HOSTILE, ids=repr)
+@pytest.mark.parametrize(("command", "flag"), CASES)
+def test_hostile_flag_values_are_one_line_errors_naming_the_flag(
+    command, flag, value, capsys, clean_env
+):
+    _, base = COMMANDS[command]
+    if flag in base:
+        index = base.index(flag)
+        base = base[:index] + base[index + 2 :]
+    tail = ["--", sys.executable, "-c", "pass"] if command == "launch" else []
+    code = run([command, *base, f"{flag}={value}", *tail])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert code != 1, err
+    if flag in NUMERIC and value != "-1":
+        assert code == 2, err
+    if code == 2:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, err
+        assert flag in lines[0], err
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["plan", "--gpus", "99999999999999999999"], "--gpus"),
+        (["plan", "--gpus", str(2**16 + 1)], "--gpus"),
+        (["plan", "--gpus", "2", "--vllm-port", "70000"], "--vllm-port"),
+        (["plan", "--gpus", "2", "--vllm-host", "http://x"], "--vllm-host"),
+        (["doctor", "--vllm-port", "70000"], "--vllm-port"),
+        (["doctor", "--vllm-port", "0"], "--vllm-port"),
+        (["launch", "--gpus", "1", "--vllm-command", "'x", "--", "true"], "--vllm-command"),
+        (["launch", "--gpus", "1", "--shutdown-timeout", "-1", "--", "true"],
+         "--shutdown-timeout"),
+        (["wait-env", "http://127.0.0.1:1", "--timeout", "1e300"], "--timeout"),
+    ],
+)  # fmt: skip
+def test_issue_samples_exit_2_naming_the_flag(argv, flag, capsys, clean_env):
+    assert run(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert flag in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "argv"),
+    [
+        ("VERIRL_VLLM_PORT", "70000", ["plan", "--gpus", "2"]),
+        ("VERIRL_GPU_COUNT", "1_0", ["plan"]),
+        ("VERIRL_GPU_COUNT", "\u0663", ["plan"]),
+        ("VERIRL_ENV_TIMEOUT", "nan", ["launch", "--gpus", "1", "--", "true"]),
+        ("VERIRL_VLLM_HOST", "http://x", ["plan", "--gpus", "2"]),
+        ("VERIRL_VLLM_COMMAND", "'x", ["serve", "--gpus", "2", "--model", "m"]),
+        ("VERIRL_ENV_SERVER_URL", "env:8000", ["doctor"]),
+    ],
+)
+def test_values_from_variables_name_the_variable(variable, value, argv, capsys, monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("VERIRL_") or name in ("CUDA_VISIBLE_DEVICES", "HF_TOKEN"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv(variable, value)
+    assert run(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    assert f"{variable}=" in err
+
+
+def test_the_flag_wins_over_the_variable_and_is_named(capsys, clean_env, monkeypatch):
+    monkeypatch.setenv("VERIRL_VLLM_PORT", "8123")
+    assert run(["plan", "--gpus", "2", "--vllm-port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--vllm-port=0" in err
+    assert "VERIRL_VLLM_PORT" not in err
