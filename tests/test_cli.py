@@ -103,7 +103,7 @@ def test_wait_env_healthy_and_unhealthy(capsys):
         assert main(["wait-env", server.url, "--timeout", "5"]) == 0
         assert "healthy" in capsys.readouterr().out
     with FakeEnvServer(ready_after=None) as server:
-        assert main(["wait-env", server.url, "--timeout", "0.2", "--json"]) == 3
+        assert main(["wait-env", server.url, "--timeout", "1", "--json"]) == 3
         data = json.loads(capsys.readouterr().out)
         assert data["healthy"] is False
         assert data["last_error"] == "HTTP 503"
