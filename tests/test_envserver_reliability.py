@@ -8,6 +8,7 @@ must never show up in a repr, a log line or an error.
 from __future__ import annotations
 
 import http.server
+import io
 import logging
 import math
 import ssl
@@ -18,7 +19,9 @@ from typing import Any
 
 import pytest
 import requests
+import requests.adapters
 
+from _support import FakeClock
 from fakes import FakeEnvServer, FakeEnvServerProbe
 from fakes._http import serve_in_background, stop_serving
 from verirl import ConfigError, EnvServerUnavailable, HttpEnvServerProbe
@@ -471,3 +474,33 @@ def test_unexpected_transport_errors_never_escape_check_or_wait():
 def test_fake_probe_validates_wait_timeout_like_the_real_one(timeout):
     with pytest.raises(ConfigError, match=r"^timeout="):
         FakeEnvServerProbe().wait(timeout)
+
+
+class _SlowToAnswer(requests.adapters.BaseAdapter):
+    """A transport: HTTP 503 when given time to answer, a timeout when the budget is tiny."""
+
+    def send(self, request, *_args, timeout=None, **_kwargs):
+        budget = timeout[1] if isinstance(timeout, tuple) else timeout
+        if budget is not None and budget < 0.05:
+            raise requests.Timeout("read timed out")
+        response = requests.Response()
+        response.status_code = 503
+        response.url = request.url
+        response.raw = io.BytesIO(b"")
+        response.request = request
+        return response
+
+    def close(self):
+        pass
+
+
+def test_a_last_request_cut_short_by_the_deadline_keeps_the_real_reason():
+    clock = FakeClock()
+    with requests.Session() as session:
+        session.mount("http://", _SlowToAnswer())
+        probe = HttpEnvServerProbe(
+            "http://127.0.0.1:9/", session=session, clock=clock, sleep=clock.sleep
+        )
+        with pytest.raises(EnvServerUnavailable) as info:
+            probe.wait(1.0)
+    assert info.value.last_error == "HTTP 503"

@@ -72,6 +72,7 @@ MAX_WAIT_TIMEOUT = 365 * 86_400.0
 """Longest ``wait`` timeout (and ``progress_every``) accepted: every wait has a real deadline."""
 
 _MIN_REQUEST_TIMEOUT = 0.01
+_TIMED_OUT = "timed out"
 """A floor, so a spent budget is never passed on as "no timeout"."""
 
 _BODY_LIMIT = 64 * 1024
@@ -388,11 +389,11 @@ def request_health(session: requests.Session, url: str, timeout: float) -> str |
                 if read >= _BODY_LIMIT or time.monotonic() > deadline:
                     break
     except requests.RequestException as exc:
-        return "timed out" if time.monotonic() >= deadline else describe_request_error(exc)
+        return _TIMED_OUT if time.monotonic() >= deadline else describe_request_error(exc)
     finally:
         _DEADLINE.reset(token)
     if time.monotonic() > deadline:
-        return "timed out"
+        return _TIMED_OUT
     return None if status == requests.codes.ok else f"HTTP {status}"
 
 
@@ -401,7 +402,7 @@ def describe_request_error(exc: requests.RequestException) -> str:
     if isinstance(exc, requests.Timeout) or any(
         isinstance(arg, urllib3.exceptions.TimeoutError) for arg in exc.args
     ):
-        return "timed out"
+        return _TIMED_OUT
     text = str(exc)
     if isinstance(exc, requests.ConnectionError):
         if "refused" in text.lower():
@@ -589,9 +590,20 @@ class HttpEnvServerProbe:
                 last_error,
             )
 
+        previous: list[str | None] = [None]
+
+        def attempt(session: requests.Session, left: float) -> str | None:
+            budget = min(self.request_timeout, left)
+            reason = self._attempt(session, budget)
+            if reason == _TIMED_OUT and budget < self.request_timeout and previous[0]:
+                # The deadline, not the server, cut this one short: keep the real reason.
+                return previous[0]
+            previous[0] = reason
+            return reason
+
         with self._open() as session:
             result = poll(
-                lambda left: self._attempt(session, min(self.request_timeout, left)),
+                lambda left: attempt(session, left),
                 timeout=timeout,
                 backoff=self.backoff,
                 clock=self._clock,
