@@ -110,6 +110,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "max_model_len": ("max_model_len", "--max-model-len"),
     "mode": ("mode", "--mode"),
     "vllm_gpus": ("vllm_gpus", "--vllm-gpus"),
+    "tensor_parallel_size": ("vllm_gpus", "--vllm-gpus"),
     "port": ("vllm_port", "--vllm-port"),
     "vllm_port": ("vllm_port", "--vllm-port"),
     "vllm_remote_host": ("vllm_host", "--vllm-host"),
@@ -125,6 +126,9 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "output_dir": ("output_dir", "--output-dir"),
     "download_dir": ("output_dir", "--output-dir"),
     "repo_id": ("hub_repo", "--hub-repo"),
+    "hub_repo_id": ("hub_repo", "--hub-repo"),
+    "hub_endpoint": ("hub_endpoint", "--hub-endpoint"),
+    "hub_revision": ("hub_revision", "--hub-revision"),
     "endpoint": ("hub_endpoint", "--hub-endpoint"),
     "revision": ("hub_revision", "--hub-revision"),
     "resume_from": ("resume", "--resume"),
@@ -142,7 +146,14 @@ def _flag_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError:
         dest, flag = _FLAGS.get(field, ("", ""))
     if dest and getattr(args, dest, None) is not None:
         return exc.renamed(flag)
+    # A value that is missing altogether: name the flag beside its variable.
+    missing = _MISSING_FLAGS.get(field)
+    if missing is not None and exc.value is None and hasattr(args, missing[0]):
+        return exc.renamed(f"{missing[1]}/{field}")
     return exc
+
+
+_MISSING_FLAGS = {"VERIRL_MODEL": ("model", "--model"), "VERIRL_GPU_COUNT": ("gpus", "--gpus")}
 
 
 # -- argument groups shared by several commands

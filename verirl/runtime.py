@@ -135,12 +135,13 @@ def _default_server_factory(
     *,
     command: Sequence[str] | None = None,
     log_dir: str | None = None,
+    model_field: str = "model",
 ) -> ServerFactory:
     """`VLLMServer.from_topology`, with ``command`` and ``log_dir`` when given."""
 
     def build(topology: VLLMTopology) -> ServerHandle:
         if model is None:
-            raise ConfigError.invalid("model", model, "is required to start a vLLM server")
+            raise ConfigError.invalid(model_field, model, "is required to start a vLLM server")
         overrides: dict[str, object] = {}
         if command is not None:
             overrides["command"] = command
@@ -232,6 +233,12 @@ def topology_from_settings(
     count = read.integer(gpu_count, "VERIRL_GPU_COUNT", 1, MAX_GPUS)
     if count is None:
         count = detect_gpu_count(environ=read.environ)
+        if count < 1:
+            visible = read.raw("CUDA_VISIBLE_DEVICES")
+            where = f"CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else "torch"
+            raise ConfigError.invalid(
+                "VERIRL_GPU_COUNT", None, f"is unset and no GPU was detected ({where}); set it"
+            )
     chosen_mode = read.text(mode, "VERIRL_VLLM_MODE") or "auto"
     length = read.integer(max_model_len, "VERIRL_MAX_MODEL_LEN", 1, MAX_LENGTH) or 8192
     gpus = read.integer(vllm_gpus, "VERIRL_VLLM_GPUS", 1, MAX_GPUS)
@@ -240,14 +247,15 @@ def topology_from_settings(
     if chosen_mode not in ("auto", "server", "colocate"):
         field = "mode" if mode is not None else "VERIRL_VLLM_MODE"
         raise ConfigError.invalid(field, chosen_mode, "must be one of auto, server, colocate")
-    # A plan error about a value read from a variable names the variable.
+    # A plan error names what the value came from: the argument or the variable.
     sources = {
-        "gpu_count": (gpu_count, "VERIRL_GPU_COUNT"),
-        "max_model_len": (max_model_len, "VERIRL_MAX_MODEL_LEN"),
-        "mode": (mode, "VERIRL_VLLM_MODE"),
-        "vllm_gpus": (vllm_gpus, "VERIRL_VLLM_GPUS"),
-        "port": (vllm_port, "VERIRL_VLLM_PORT"),
-        "remote_host": (vllm_remote_host, "VERIRL_VLLM_HOST"),
+        "gpu_count": (gpu_count, "gpu_count", "VERIRL_GPU_COUNT"),
+        "max_model_len": (max_model_len, "max_model_len", "VERIRL_MAX_MODEL_LEN"),
+        "mode": (mode, "mode", "VERIRL_VLLM_MODE"),
+        "vllm_gpus": (vllm_gpus, "vllm_gpus", "VERIRL_VLLM_GPUS"),
+        "tensor_parallel_size": (vllm_gpus, "vllm_gpus", "VERIRL_VLLM_GPUS"),  # derived
+        "port": (vllm_port, "vllm_port", "VERIRL_VLLM_PORT"),
+        "remote_host": (vllm_remote_host, "vllm_remote_host", "VERIRL_VLLM_HOST"),
     }
     try:
         return VLLMTopology.plan(
@@ -259,9 +267,21 @@ def topology_from_settings(
             remote_host=remote,
         )
     except ConfigError as exc:
-        given, name = sources.get(exc.field or "", (None, None))
-        if given is None and name is not None and read.raw(name) is not None:
+        if exc.field not in sources:
+            raise
+        given, argument, name = sources[exc.field]
+        if given is not None:
+            raise exc.renamed(argument) from exc
+        if read.raw(name) is not None:
             raise exc.renamed(name) from exc
+        if exc.field == "gpu_count":  # detected
+            reason = exc.reason or str(exc)
+            raise ConfigError(
+                f"VERIRL_GPU_COUNT=None (unset; {count} GPU(s) detected): {reason}",
+                field="VERIRL_GPU_COUNT",
+                value=None,
+                reason=reason,
+            ) from exc
         raise
 
 
@@ -286,9 +306,12 @@ def resolver_from_settings(
     repo = read.text(hub_repo_id, "VERIRL_HUB_REPO_ID")
     sources: list[CheckpointSource] = []
     if folder is not None:
-        sources.append(
-            read.checked(output_dir, "VERIRL_OUTPUT_DIR", lambda: LocalCheckpointSource(folder))
-        )
+        try:
+            sources.append(LocalCheckpointSource(folder))
+        except ConfigError as exc:
+            raise exc.renamed(
+                "output_dir" if output_dir is not None else "VERIRL_OUTPUT_DIR"
+            ) from exc
     if repo is not None:
         download_dir = os.path.join(folder or ".", "verirl-hub-download")  # noqa: PTH118
         token = read.text(hub_token, "HF_TOKEN")
@@ -299,16 +322,16 @@ def resolver_from_settings(
                 repo, download_dir=download_dir, token=token, revision=revision, endpoint=endpoint
             )
         except ConfigError as exc:
-            given, name = {
-                "repo_id": (hub_repo_id, "VERIRL_HUB_REPO_ID"),
-                "token": (hub_token, "HF_TOKEN"),
-                "revision": (hub_revision, "VERIRL_HUB_REVISION"),
-                "endpoint": (hub_endpoint, "VERIRL_HUB_ENDPOINT"),
-                "download_dir": (output_dir, "VERIRL_OUTPUT_DIR"),
-            }.get(exc.field or "", (None, None))
-            if given is None and name is not None:
-                raise exc.renamed(name) from exc
-            raise
+            given, argument, name = {
+                "repo_id": (hub_repo_id, "hub_repo_id", "VERIRL_HUB_REPO_ID"),
+                "token": (hub_token, "hub_token", "HF_TOKEN"),
+                "revision": (hub_revision, "hub_revision", "VERIRL_HUB_REVISION"),
+                "endpoint": (hub_endpoint, "hub_endpoint", "VERIRL_HUB_ENDPOINT"),
+                "download_dir": (output_dir, "output_dir", "VERIRL_OUTPUT_DIR"),
+            }.get(exc.field or "", (None, "", ""))
+            if not name:
+                raise
+            raise exc.renamed(argument if given is not None else name) from exc
         sources.append(hub)
     return CheckpointResolver(sources)
 
@@ -448,6 +471,7 @@ class TrainingRuntime:
             vllm_remote_host=vllm_remote_host,
             environ=read.environ,
         )
+        model_arg_given = model is not None
         model = read.text(model, "VERIRL_MODEL")
         url = read.text(env_url, "VERIRL_ENV_SERVER_URL")
         probe = None
@@ -482,7 +506,12 @@ class TrainingRuntime:
             env_probe=probe,
             checkpoints=resolver if resolver.sources or _requested(request) else None,
             resume_from=request,
-            server_factory=_default_server_factory(model, command=vllm_command, log_dir=log_dir),
+            server_factory=_default_server_factory(
+                model,
+                command=vllm_command,
+                log_dir=log_dir,
+                model_field="model" if model_arg_given else "VERIRL_MODEL",
+            ),
             env_timeout=600.0 if timeout is None else timeout,
         )
 
