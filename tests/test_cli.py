@@ -109,6 +109,21 @@ def test_wait_env_healthy_and_unhealthy(capsys):
         assert data["last_error"] == "HTTP 503"
 
 
+@pytest.mark.parametrize("command", ["wait-env", "doctor"])
+def test_a_url_password_is_never_printed(capsys, clean_env, command):
+    with FakeEnvServer() as server:
+        url = server.url.replace("http://", "http://user:pa55word@")
+        args = ["wait-env", url, "--timeout", "30"] if command == "wait-env" else ["doctor"]
+        if command == "doctor":
+            args += ["--env-url", url]
+        for extra in ([], ["--json"]):
+            assert main([*args, *extra]) == 0
+            captured = capsys.readouterr()
+            assert "healthy" in captured.out
+            assert "pa55word" not in captured.out + captured.err
+            assert "***@" in captured.out
+
+
 def test_wait_env_bad_url_is_a_config_error():
     result = run_cli("wait-env", "localhost:8000")
     assert result.returncode == 2

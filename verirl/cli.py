@@ -266,7 +266,7 @@ def cmd_wait_env(args: argparse.Namespace) -> int:
         _emit(args, {"healthy": False, "url": exc.url, "elapsed": exc.elapsed,
                      "last_error": exc.last_error}, f"not healthy: {exc}")  # fmt: skip
         return EXIT_ENV_SERVER
-    _emit(args, {"healthy": True, "url": args.url}, f"healthy: {args.url}")
+    _emit(args, {"healthy": True, "url": probe.url}, f"healthy: {probe.url}")
     return EXIT_OK
 
 
@@ -453,7 +453,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         rows.append((f"{label} {port}", "free" if _port_free(port) else "IN USE"))
     if probe is not None:
         healthy = probe.check()
-        rows.append((f"env server {env_url}", "healthy" if healthy else "NOT reachable/healthy"))
+        rows.append((f"env server {probe.url}", "healthy" if healthy else "NOT reachable/healthy"))
     else:
         rows.append(("env server", "(no --env-url / VERIRL_ENV_SERVER_URL)"))
     token_set = bool(os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN"))
