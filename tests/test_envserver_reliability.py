@@ -410,7 +410,7 @@ def test_redact_url():
     from verirl.envserver import redact_url
 
     assert redact_url("http://u:p@h:1/x") == "http://***@h:1/x"
-    assert redact_url("http://h:1/x@y") == "http://h:1/x@y"
+    assert redact_url("http://h:1/x@y") == "http://***@y"  # an @ anywhere: over-redact, never leak
     assert redact_url("http://u@h") == "http://***@h"
     assert redact_url("http://h") == "http://h"
 

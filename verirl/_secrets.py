@@ -16,11 +16,11 @@ from urllib.parse import quote, quote_plus
 
 from verirl.errors import ConfigError
 
-__all__ = ["HIDDEN", "check_token", "redact_url", "scrub", "scrub_exception"]
+__all__ = ["HIDDEN", "check_token", "redact_text", "redact_url", "scrub", "scrub_exception"]
 
 HIDDEN = "<hidden>"
 _MIN_SCRUBBED = 4  # shorter strings would scrub ordinary words; tokens are much longer
-_NETLOC_END = re.compile(r"[/?#]")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def check_token(value: object) -> str | None:
@@ -92,13 +92,26 @@ def _scrub_bytes(arg: object, secret: str) -> object:
     return arg
 
 
+def redact_text(value: str) -> str:
+    """``value`` (a URL, a ``host``, any string a user gave) safe to echo: no ``user:password@``.
+
+    Everything before the *last* ``@`` goes, after the ``scheme://`` if the
+    value starts with one: ``http://u:pw@h:1/x`` gives ``http://***@h:1/x``,
+    ``u:pw@h`` gives ``***@h``. No attempt is made to find where a URL's
+    authority ends (a password may hold ``/``, ``?``, ``#`` or ``:``, and a
+    malformed value splits differently for every parser), so a value with an
+    ``@`` in its path is redacted too: over-redaction is accepted, a leak is
+    not. A value without ``@`` comes back unchanged. Use it on every
+    user-given string that may carry credentials before it goes into a
+    message, a log line or a repr.
+    """
+    if "@" not in value:
+        return value
+    match = _SCHEME.match(value)
+    prefix = match.group(0) if match else ""
+    return f"{prefix}***@{value.rpartition('@')[2]}"
+
+
 def redact_url(url: str) -> str:
-    """``url`` with any ``user:password@`` part replaced by ``***@``."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        scheme, rest = "", url
-    netloc = _NETLOC_END.split(rest, maxsplit=1)[0]
-    if "@" not in netloc:
-        return url
-    host = netloc.rsplit("@", 1)[1]
-    return f"{scheme}{sep}***@{host}{rest[len(netloc) :]}"
+    """``url`` with any ``user:password@`` part replaced by ``***@`` (see `redact_text`)."""
+    return redact_text(url)
