@@ -1074,6 +1074,13 @@ def _token_forms(secret: str) -> list[str]:
         "https://hunter2@hub.example",
         "https://user:hunter2@",
         "https://user:hunter2@[::1",
+        # A password holding a character a URL parser splits on (review finding).
+        "http://u:hunter2#pw@127.0.0.1:1",
+        "http://u:hunter2?pw@127.0.0.1:1",
+        "http://u:hunter2/pw@127.0.0.1:1",
+        "http://u:hunter2@127.0.0.1:1/\x01",
+        "http://u:hunter2@127.0.0.1:1/ x",
+        "http://u:hunter2@127.0.0.1:1\x00",
     ],
 )
 def test_an_endpoint_password_never_reaches_a_message(tmp_path, endpoint):

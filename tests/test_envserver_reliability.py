@@ -375,6 +375,10 @@ def _leaks(text: str) -> bool:
         f"http://user:{SECRET}/x@h",
         f"http://{SECRET}@h:0",
         f"ftp://user:{SECRET}@h",
+        f"http://u:{SECRET}#pw@127.0.0.1:1",
+        f"http://u:{SECRET}@127.0.0.1:1/\x01",
+        f"u:{SECRET}//x@h",
+        f"ftp:{SECRET}//x@h:1",
     ],
 )
 def test_config_errors_never_show_a_url_password(url):

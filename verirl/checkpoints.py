@@ -334,15 +334,19 @@ def _check_endpoint(value: object) -> None:
     if value is None:
         return
     if isinstance(value, str):
+        # Any "@" counts as credentials (a password may hold "#", "?" or "/"),
+        # and only the redacted form is ever shown.
         shown = redact_url(value)
         if shown != value:
             raise ConfigError.invalid(
                 "endpoint", shown, "must not carry credentials; pass token= instead"
             )
         if "?" in value or "#" in value:
-            raise ConfigError.invalid("endpoint", value, "must not have a ?query or #fragment")
+            raise ConfigError.invalid("endpoint", shown, "must not have a ?query or #fragment")
         if any(ch.isspace() or not ch.isprintable() for ch in value):
-            raise ConfigError.invalid("endpoint", value, "must not contain whitespace")
+            raise ConfigError.invalid(
+                "endpoint", shown, "must not contain whitespace or control characters"
+            )
     validate_http_url("endpoint", value)
 
 

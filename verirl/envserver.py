@@ -41,7 +41,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from verirl._poll import Backoff, Clock, Sleep, poll
-from verirl._secrets import redact_url, scrub
+from verirl._secrets import redact_text, redact_url, scrub
 from verirl._validate import MAX_PORT, check_number
 from verirl.errors import ConfigError, EnvServerUnavailable
 
@@ -111,11 +111,7 @@ def _redact_value(value: object) -> object:
     A malformed URL cannot be trusted to split where a valid one would, so
     everything before its last ``@`` goes.
     """
-    if not isinstance(value, str) or "@" not in value:
-        return value
-    head, sep, _ = value.partition("//")
-    tail = value.rpartition("@")[2]
-    return f"{head}//***@{tail}" if sep else f"***@{tail}"
+    return redact_text(value) if isinstance(value, str) else value
 
 
 def _invalid_url(field: str, url: object, reason: str, part: str | None = None) -> ConfigError:
