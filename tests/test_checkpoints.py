@@ -659,6 +659,56 @@ def test_revision_is_passed_through(hub, tmp_path):
     assert source.fetch(source.latest()) == tmp_path / "hub-download" / "checkpoint-10"
 
 
+@pytest.mark.parametrize(
+    "revision",
+    [
+        "",
+        "   ",
+        "\x01",
+        "main\x00",
+        "\x00",
+        "main\n",
+        "ma in",
+        "\t",
+        "\x7f",
+        "..",
+        "../main",
+        "refs/../main",
+        "a..b",
+        "/main",
+        "main/",
+        "refs//main",
+        "refs/./main",
+        ".hidden",
+        "main.lock",
+        "main@{1}",
+        "main~1",
+        "main^",
+        "a:b",
+        "a\\b",
+        "a*",
+        "a?",
+        "a[b",
+        "x" * 300,
+        7,
+    ],
+)
+def test_a_bad_revision_is_refused_before_any_request(hub, tmp_path, revision):
+    hub.add_checkpoint(REPO, "checkpoint-10", 10)
+    with pytest.raises(ConfigError, match=r"^revision=") as info:
+        hub_source(hub, tmp_path, revision=revision)
+    assert info.value.field == "revision"
+    assert repr(revision)[:60] in str(info.value)
+    assert hub.requests == []
+
+
+@pytest.mark.parametrize(
+    "revision", ["main", "v1.0", "refs/pr/1", "run-b_2", "feature/x.y", "a" * 40, "release@2"]
+)
+def test_a_good_revision_is_accepted(tmp_path, revision):
+    assert HubCheckpointSource(REPO, download_dir=tmp_path, revision=revision).revision == revision
+
+
 def test_token_is_sent(hub, tmp_path):
     hub.add_checkpoint(REPO, "checkpoint-30", 30)
     hub.protect(REPO, "hf_right_token")

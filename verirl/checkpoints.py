@@ -69,6 +69,8 @@ _TRUE_VALUES = frozenset({"1", "ON", "YES", "TRUE"})
 _KIB = 1024
 _MAX_TREE_PAGES = 10_000  # 10 million files at the Hub's 1000 a page
 _MAX_REPO_ID = 96  # the Hub's limit
+_MAX_REVISION = 255  # longer than any git ref or commit id the Hub serves
+_REVISION_BAD_CHARS = re.compile(r"[~^:?*\[\\]")
 MAX_TRAINER_STATE_BYTES = 64 * _KIB * _KIB
 """A ``trainer_state.json`` larger than this is not read (Trainer's are kilobytes to megabytes)."""
 _MAX_TIMEOUT = 24 * 3600.0
@@ -325,8 +327,39 @@ def _check_repo_id(value: object) -> None:
 
 
 def _check_revision(value: object) -> None:
-    if value is not None and (not isinstance(value, str) or not value.strip()):
+    """A branch, tag, ``refs/pr/N`` or commit id: a name git itself would accept.
+
+    Refused before any request: control characters, whitespace, ``..`` and
+    the other path tricks ``git check-ref-format`` refuses, and names longer
+    than `_MAX_REVISION`.
+    """
+    if value is None:
+        return
+    if not isinstance(value, str) or not value.strip():
         raise ConfigError.invalid("revision", value, "must be None or a non-empty string")
+    if len(value) > _MAX_REVISION:
+        raise ConfigError.invalid(
+            "revision", value, f"is too long ({len(value)} characters, at most {_MAX_REVISION})"
+        )
+    bad = next((ch for ch in value if ch.isspace() or not ch.isprintable()), None)
+    if bad is not None:
+        raise ConfigError.invalid(
+            "revision", value, f"must not contain whitespace or control characters ({bad!r})"
+        )
+    parts = value.split("/")
+    if (
+        _REVISION_BAD_CHARS.search(value)
+        or ".." in value
+        or "@{" in value
+        or value.endswith((".", ".lock"))
+        or any(not part or part.startswith(".") for part in parts)
+    ):
+        raise ConfigError.invalid(
+            "revision",
+            value,
+            "is not a valid branch, tag or commit name (no '..', '~^:?*[\\', '@{', empty or "
+            "'.'-led path parts, trailing '.' or '.lock')",
+        )
 
 
 def _check_endpoint(value: object) -> None:
