@@ -546,6 +546,52 @@ def test_launch_kills_a_command_that_ignores_sigterm_after_the_grace(tmp_path, c
     assert "SIGKILL" in stderr
 
 
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (signal.SIGINT, signal.SIGTERM),
+        (signal.SIGINT, signal.SIGINT),
+        (signal.SIGTERM, signal.SIGINT),
+    ],
+)
+def test_a_second_signal_during_the_grace_kills_the_command_at_once(
+    tmp_path, first, second, clean_env
+):
+    pid_file, got = tmp_path / "pid", tmp_path / "got"
+    script = training_script(
+        tmp_path,
+        f"""
+        import os, signal, threading
+        def note(signum, _frame):
+            open({str(got)!r}, "a").write(f"{{signum}}\\n")
+        signal.signal(signal.SIGTERM, note)
+        signal.signal(signal.SIGINT, note)
+        open({str(pid_file)!r}, "w").write(str(os.getpid()))
+        threading.Event().wait(300)
+    """,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--shutdown-timeout", "300",
+         "--", sys.executable, str(script)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: pid_file.exists() and pid_file.read_text(), proc, "the command")
+        trainer = psutil.Process(int(pid_file.read_text()))
+        proc.send_signal(first)
+        wait_for(lambda: got.exists() and got.read_text(), proc, "the forwarded signal")
+        proc.send_signal(second)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    _, alive = psutil.wait_procs([trainer], timeout=10)
+    assert not alive, stderr
+    assert proc.returncode == 128 + signal.SIGKILL, stderr
+    assert "interrupted again" in stderr
+
+
 @pytest.mark.parametrize("command", ["serve", "launch"])
 def test_a_handler_inherited_from_start_up_does_not_change_the_cli(tmp_path, command, clean_env):
     """`verirl` is the program: SIGTERM still tears down and exits 143 (coverage installs one)."""

@@ -305,7 +305,7 @@ def test_from_settings_reads_the_environment(tmp_path):
 def test_from_settings_bad_arguments_name_the_argument():
     with pytest.raises(ConfigError, match=r"^mode="):
         TrainingRuntime.from_settings(gpu_count=2, mode="both", environ={})
-    with pytest.raises(ConfigError, match=r"^url="):
+    with pytest.raises(ConfigError, match=r"^env_url="):
         TrainingRuntime.from_settings(gpu_count=2, env_url="env:8000", environ={})
 
 

@@ -12,6 +12,7 @@ import ipaddress
 import math
 import re
 
+from verirl._secrets import redact_url
 from verirl.errors import ConfigError
 
 MAX_PORT = 65535
@@ -98,6 +99,8 @@ def check_host(field: str, value: object) -> str:
     put into URLs (``server_url`` brackets an IPv6 address itself) and argv.
     """
     what = "a host name or IP address (no scheme, port, path or brackets)"
+    if isinstance(value, str) and "@" in value:  # user:password@host: never echo the password
+        raise ConfigError.invalid(field, redact_url(value), f"must be {what}, without credentials")
     text = check_text(field, value, what)
     try:
         ipaddress.ip_address(text)

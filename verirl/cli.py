@@ -132,6 +132,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "endpoint": ("hub_endpoint", "--hub-endpoint"),
     "revision": ("hub_revision", "--hub-revision"),
     "resume_from": ("resume", "--resume"),
+    "env_url": ("env_url", "--env-url"),
     "request": ("resume", "--resume"),
     "shutdown_timeout": ("shutdown_timeout", "--shutdown-timeout"),
 }
@@ -299,9 +300,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         flag = "--vllm-host" if args.vllm_host is not None else "VERIRL_VLLM_HOST"
         raise ConfigError.invalid(flag, topology.remote_host, "serve starts a local server")
     if not topology.is_local_server:
-        raise ConfigError.invalid(
-            "--mode", topology.mode, "serve needs a local server-mode topology (>= 2 GPUs)"
-        )
+        reason = "serve needs a local server-mode topology: 2 or more GPUs, mode auto or server"
+        if args.mode is not None:
+            raise ConfigError.invalid("--mode", args.mode, reason)
+        if os.environ.get("VERIRL_VLLM_MODE", "").strip() == "colocate":
+            raise ConfigError.invalid("VERIRL_VLLM_MODE", "colocate", reason)
+        if args.gpus is not None:
+            raise ConfigError.invalid("--gpus", args.gpus, reason)
+        raise ConfigError.invalid("--gpus/VERIRL_GPU_COUNT", topology.gpu_count, reason)
     with runtime as session:
         server = session.server
         print(f"vLLM server ready at {session.server_url} ({runtime.topology.describe()})")
@@ -354,10 +360,14 @@ def _stop_command(child: subprocess.Popen[bytes], signum: int, grace: float) -> 
         return child.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         log.warning("the training command outlived its %gs grace: sending SIGKILL", grace)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):  # a second Ctrl-C, or SIGTERM after a Ctrl-C
         log.warning("interrupted again: sending SIGKILL to the training command")
     child.kill()
-    return child.wait()
+    while True:
+        try:
+            return child.wait()
+        except (KeyboardInterrupt, SystemExit):  # noqa: PERF203 - SIGKILLed: reaping is quick
+            continue
 
 
 def _run_command(command: Sequence[str], env: dict[str, str], grace: float) -> int:
@@ -596,7 +606,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except VeriRLError as exc:
         if isinstance(exc, ConfigError):
             exc = _flag_error(args, exc)
-        log.error("%s", exc)  # noqa: TRY400 - the message is the point, not a traceback
+        message = str(exc)
+        if message.startswith("command=") and getattr(args, "vllm_command", None):
+            message = "--vllm-command" + message.removeprefix("command")  # a launch failure
+        log.error("%s", message)  # noqa: TRY400 - the message is the point, not a traceback
         return _exit_code(exc)
     except KeyboardInterrupt:
         return 130

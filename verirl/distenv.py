@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping, MutableMapping
 
 import attrs
 
-from verirl._validate import MAX_PORT, MAX_RANKS, check_port, parse_int
+from verirl._validate import MAX_PORT, MAX_RANKS, check_host, check_port, parse_int
 from verirl.errors import ConfigError
 from verirl.topology import TRL_GROUP_PORT
 
@@ -153,6 +153,8 @@ class DistributedEnv:
         if rank is not None and local_rank is not None and local_rank > rank:
             raise ConfigError.invalid("LOCAL_RANK", env["LOCAL_RANK"], f"must be <= RANK={rank}")
 
+        if "MASTER_ADDR" in env:
+            check_host("MASTER_ADDR", env["MASTER_ADDR"].strip())
         if world_size is not None and world_size > 1:
             for name in ("MASTER_ADDR", "MASTER_PORT"):
                 if name not in env:
@@ -208,4 +210,8 @@ class DistributedEnv:
     def apply(self, environ: MutableMapping[str, str] | None = None) -> None:
         """Write the variables into ``environ`` (default ``os.environ``) before CUDA starts."""
         target = os.environ if environ is None else environ
+        if not isinstance(target, MutableMapping):
+            raise ConfigError.invalid(
+                "environ", type(target).__name__, "must be a mutable mapping of str to str"
+            )
         target.update(self.variables)

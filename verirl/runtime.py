@@ -21,6 +21,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 import attrs
 
+from verirl._secrets import redact_url
 from verirl._signals import SIGTERM_POLICY
 from verirl._validate import (
     MAX_GPUS,
@@ -181,12 +182,20 @@ class _Settings:
             raise ConfigError.invalid(name, shown, "must be a string")
         return raw
 
-    def text(self, value: str | None, name: str) -> str | None:
+    def text(
+        self, value: str | os.PathLike[str] | None, name: str, field: str | None = None
+    ) -> str | None:
+        """``value`` if given (a string or path, named ``field`` if not), else the variable."""
         if value is not None:
-            return value
+            given: object = os.fspath(value) if isinstance(value, os.PathLike) else value
+            if not isinstance(given, str):
+                shown = "<hidden>" if name in _SECRET_VARIABLES else value
+                arg = field or name.removeprefix("VERIRL_").lower()
+                raise ConfigError.invalid(arg, shown, "must be a string")
+            return given
         raw = (self.raw(name) or "").strip()
         if has_control_chars(raw):
-            shown = "<hidden>" if name in _SECRET_VARIABLES else raw
+            shown = "<hidden>" if name in _SECRET_VARIABLES else redact_url(raw)
             raise ConfigError.invalid(name, shown, "must not contain control characters")
         return raw or None
 
@@ -208,14 +217,12 @@ class _Settings:
             return None
         return parse_seconds(name, raw)
 
-    def checked(self, value: object, name: str, build: Callable[[], _T]) -> _T:
-        """``build()``, re-raising its `ConfigError` under ``name`` when the value came from it."""
+    def checked(self, value: object, name: str, field: str, build: Callable[[], _T]) -> _T:
+        """``build()``; its `ConfigError` names ``field`` (an argument) or ``name`` (a variable)."""
         try:
             return build()
         except ConfigError as exc:
-            if value is not None:
-                raise
-            raise exc.renamed(name) from exc
+            raise exc.renamed(field if value is not None else name) from exc
 
 
 def topology_from_settings(
@@ -239,11 +246,11 @@ def topology_from_settings(
             raise ConfigError.invalid(
                 "VERIRL_GPU_COUNT", None, f"is unset and no GPU was detected ({where}); set it"
             )
-    chosen_mode = read.text(mode, "VERIRL_VLLM_MODE") or "auto"
+    chosen_mode = read.text(mode, "VERIRL_VLLM_MODE", "mode") or "auto"
     length = read.integer(max_model_len, "VERIRL_MAX_MODEL_LEN", 1, MAX_LENGTH) or 8192
     gpus = read.integer(vllm_gpus, "VERIRL_VLLM_GPUS", 1, MAX_GPUS)
     port = read.integer(vllm_port, "VERIRL_VLLM_PORT", 1, MAX_PORT) or 8001
-    remote = read.text(vllm_remote_host, "VERIRL_VLLM_HOST")
+    remote = read.text(vllm_remote_host, "VERIRL_VLLM_HOST", "vllm_remote_host")
     if chosen_mode not in ("auto", "server", "colocate"):
         field = "mode" if mode is not None else "VERIRL_VLLM_MODE"
         raise ConfigError.invalid(field, chosen_mode, "must be one of auto, server, colocate")
@@ -314,7 +321,7 @@ def resolver_from_settings(
             ) from exc
     if repo is not None:
         download_dir = os.path.join(folder or ".", "verirl-hub-download")  # noqa: PTH118
-        token = read.text(hub_token, "HF_TOKEN")
+        token = read.text(hub_token, "HF_TOKEN", "hub_token")
         revision = read.text(hub_revision, "VERIRL_HUB_REVISION")
         endpoint = read.text(hub_endpoint, "VERIRL_HUB_ENDPOINT")
         try:
@@ -473,10 +480,12 @@ class TrainingRuntime:
         )
         model_arg_given = model is not None
         model = read.text(model, "VERIRL_MODEL")
-        url = read.text(env_url, "VERIRL_ENV_SERVER_URL")
+        url = read.text(env_url, "VERIRL_ENV_SERVER_URL", "env_url")
         probe = None
         if url is not None:
-            probe = read.checked(env_url, "VERIRL_ENV_SERVER_URL", lambda: HttpEnvServerProbe(url))
+            probe = read.checked(
+                env_url, "VERIRL_ENV_SERVER_URL", "env_url", lambda: HttpEnvServerProbe(url)
+            )
         if vllm_command is None:
             raw_command = read.text(None, "VERIRL_VLLM_COMMAND")
             vllm_command = (
@@ -491,7 +500,7 @@ class TrainingRuntime:
             field = "vllm_log_dir" if vllm_log_dir is not None else "VERIRL_VLLM_LOG_DIR"
             raise ConfigError.invalid(field, log_dir, "must be an existing directory")
         timeout = read.seconds(env_timeout, "VERIRL_ENV_TIMEOUT")
-        request = read.text(resume_from, RESUME_ENV_VAR)
+        request = read.text(resume_from, RESUME_ENV_VAR, "resume_from")
         resolver = resolver_from_settings(
             output_dir=output_dir,
             hub_repo_id=hub_repo_id,

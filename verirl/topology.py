@@ -27,6 +27,7 @@ from verirl._validate import (
     check_port,
     check_seconds,
     check_text,
+    has_control_chars,
 )
 from verirl.errors import ConfigError
 
@@ -283,6 +284,10 @@ class VLLMTopology:
                 "only a local server-mode topology starts trl vllm-serve",
             )
         check_text("model", model, "a non-empty model id or path")
+        if not model.strip() or has_control_chars(model):
+            raise ConfigError.invalid(
+                "model", model, "must be a model id or path, not blank, without control characters"
+            )
         return vllm_serve_args(
             model,
             host=self.host,
@@ -331,7 +336,11 @@ def detect_gpu_count(
     ``cuda_device_count`` replaces torch's counter (tests, other backends).
     """
     env = os.environ if environ is None else environ
+    if not isinstance(env, Mapping):
+        raise ConfigError.invalid("environ", type(env).__name__, "must be a mapping of str to str")
     visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and not isinstance(visible, str):
+        raise ConfigError.invalid("CUDA_VISIBLE_DEVICES", visible, "must be a string")
     if cuda_device_count is None:
         try:
             import torch  # noqa: PLC0415 - torch is heavy and optional
