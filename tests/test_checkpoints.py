@@ -972,6 +972,99 @@ def test_symlinks_that_look_like_staging_folders_are_left_alone(hub, tmp_path):
     assert (download_dir / ".verirl-tmp-checkpoint-20-x").is_symlink()
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        ".verirl-tmp-checkpoint-20-mywork",
+        ".verirl-old-checkpoint-20-x",
+        ".verirl-tmp-checkpoint-20-0123456789abcdef",
+        ".verirl-old-checkpoint-20-0123456789abcdef",
+    ],
+)
+def test_a_users_folder_named_like_a_staging_folder_is_never_deleted(hub, tmp_path, caplog, name):
+    """Review finding: leftovers were matched by name alone, so a user's folder went."""
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    download_dir = tmp_path / "hub-download"
+    download_dir.mkdir()
+    (download_dir / name).mkdir()
+    (download_dir / name / "precious.txt").write_text("x")
+    path = CheckpointResolver([hub_source(hub, tmp_path)]).resolve("latest")
+    assert path == str(download_dir / "checkpoint-20")
+    assert (download_dir / name / "precious.txt").read_text() == "x"
+    assert name in warnings_of(caplog)
+
+
+def _owned_leftover(download_dir: Path, hub: FakeHub, tmp_path: Path) -> Path:
+    """The staging folder a download killed midway leaves behind (a real one, from a process)."""
+    hold = hub.hold(REPO, "checkpoint-20/optimizer.pt")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RESOLVE_IN_A_PROCESS, str(download_dir), hub.endpoint],
+        env=_child_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert hold.arrived.wait(60), proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+    hold.release()
+    (leftover,) = download_dir.glob(".verirl-tmp-checkpoint-20-*")
+    return leftover
+
+
+@pytest.mark.parametrize("extra", ["file", "folder", "symlink", "in-checkpoint"])
+def test_a_staging_folder_of_ours_holding_anything_else_is_left_alone(hub, tmp_path, caplog, extra):
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    download_dir = tmp_path / "hub-download"
+    leftover = _owned_leftover(download_dir, hub, tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    if extra == "file":
+        (leftover / "precious.txt").write_text("x")
+    elif extra == "folder":
+        (leftover / "mine").mkdir()
+        (leftover / "mine" / "precious.txt").write_text("x")
+    elif extra == "symlink":
+        (leftover / "checkpoint-20" / "link").symlink_to(outside, target_is_directory=True)
+    else:
+        (leftover / "checkpoint-20" / "precious.txt").write_text("x")
+    before = sorted(p.relative_to(leftover).as_posix() for p in leftover.rglob("*"))
+    path = CheckpointResolver([hub_source(hub, tmp_path)]).resolve("latest")
+    assert read_trainer_state(Path(path))[0] is not None
+    assert sorted(p.relative_to(leftover).as_posix() for p in leftover.rglob("*")) == before
+    assert [p.name for p in outside.iterdir()] == ["keep.txt"]
+    assert leftover.name in warnings_of(caplog)
+
+
+def test_a_staging_folder_whose_marker_is_not_ours_is_left_alone(hub, tmp_path, caplog):
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    download_dir = tmp_path / "hub-download"
+    leftover = _owned_leftover(download_dir, hub, tmp_path)
+    renamed = leftover.with_name(".verirl-tmp-checkpoint-20-" + "0" * 32)
+    leftover.rename(renamed)  # the marker's id no longer matches the folder's name
+    path = CheckpointResolver([hub_source(hub, tmp_path)]).resolve("latest")
+    assert read_trainer_state(Path(path))[0] is not None
+    assert renamed.is_dir()
+    assert renamed.name in warnings_of(caplog)
+
+
+def test_a_symlinked_owner_marker_does_not_make_a_folder_ours(hub, tmp_path, caplog):
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    download_dir = tmp_path / "hub-download"
+    leftover = _owned_leftover(download_dir, hub, tmp_path)
+    (marker,) = [p for p in leftover.iterdir() if p.is_file()]
+    real = tmp_path / "marker-copy"
+    real.write_bytes(marker.read_bytes())
+    marker.unlink()
+    marker.symlink_to(real)
+    CheckpointResolver([hub_source(hub, tmp_path)]).resolve("latest")
+    assert leftover.is_dir()
+    assert real.exists()
+    assert leftover.name in warnings_of(caplog)
+
+
 def test_a_download_that_fails_halfway_leaves_nothing_that_looks_complete(hub, tmp_path):
     """Issue 9 "also seen": trainer_state.json arrived, the weights did not."""
     hub.add_checkpoint(REPO, "checkpoint-30", 30)

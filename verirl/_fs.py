@@ -5,19 +5,42 @@ so a FIFO or a 10 GB file where a small JSON file belongs cannot hang or
 exhaust the process. Writes never go through a symlink. Locks are
 ``flock`` locks (between threads as well as processes: each holder opens the
 file itself) and every wait for one has a deadline.
+
+A scratch directory verirl may later delete is made with `make_owned_dir`: it
+holds an ownership marker (`OWNER_MARKER`, with the random id that ends the
+directory's name) from the moment it exists, and `read_owner_record` is how a
+later process tells such a directory from a user's one with a similar name.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
+import re
+import secrets
+import shutil
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-__all__ = ["FileRefusedError", "expand_user", "flock_with_deadline", "lstat_kind", "read_capped"]
+__all__ = [
+    "OWNER_MARKER",
+    "FileRefusedError",
+    "expand_user",
+    "flock_with_deadline",
+    "lstat_kind",
+    "make_owned_dir",
+    "read_capped",
+    "read_owner_record",
+]
+
+OWNER_MARKER = ".verirl-owner.json"
+"""The file `make_owned_dir` writes first into every directory it makes."""
+_OWNER_ID = re.compile(r"[0-9a-f]{32}")
+_MAX_OWNER_RECORD = 64 << 20
 
 _CHUNK = 1 << 20
 _FIRST_LOCK_POLL = 0.01
@@ -114,3 +137,52 @@ def flock_with_deadline(path: Path, timeout: float) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def make_owned_dir(parent: Path, prefix: str, record: Mapping[str, object]) -> Path:
+    """A new directory ``parent/<prefix><id>`` (mode 0700) that verirl may delete later.
+
+    ``id`` is random; `OWNER_MARKER` (``record`` plus ``written_by`` and
+    ``id``) is written into the directory before anything else is, and never
+    through a symlink. Raises `OSError` (the directory is gone again then).
+    """
+    for _ in range(100):
+        ident = secrets.token_hex(16)
+        path = parent / f"{prefix}{ident}"
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        try:
+            data = json.dumps({**record, "written_by": "verirl", "id": ident}) + "\n"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(path / OWNER_MARKER, flags, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(data)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        return path
+    raise FileExistsError(f"no free name for a new {prefix}* directory in {parent}")
+
+
+def read_owner_record(path: Path, prefix: str) -> Mapping[str, object] | str:
+    """The record `make_owned_dir` left in ``path``, or why ``path`` is not such a directory.
+
+    ``path`` must be a real directory (not a symlink) named ``<prefix><id>``
+    holding a regular-file `OWNER_MARKER` written by verirl with that same id.
+    """
+    if lstat_kind(path) != "dir":
+        return "it is not a directory (a symlink is never followed)"
+    ident = path.name[len(prefix) :] if path.name.startswith(prefix) else ""
+    if not _OWNER_ID.fullmatch(ident):
+        return "its name does not end in the id verirl gives its folders"
+    try:
+        data = json.loads(
+            read_capped(path / OWNER_MARKER, _MAX_OWNER_RECORD, follow_symlinks=False)
+        )
+    except (OSError, ValueError, RecursionError) as exc:
+        return f"it has no readable {OWNER_MARKER} ({type(exc).__name__})"
+    if not isinstance(data, dict) or data.get("written_by") != "verirl" or data.get("id") != ident:
+        return f"its {OWNER_MARKER} was not written by verirl for this folder"
+    return data

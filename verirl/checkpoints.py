@@ -33,7 +33,16 @@ from urllib.parse import quote
 
 import attrs
 
-from verirl._fs import FileRefusedError, expand_user, flock_with_deadline, lstat_kind, read_capped
+from verirl._fs import (
+    OWNER_MARKER,
+    FileRefusedError,
+    expand_user,
+    flock_with_deadline,
+    lstat_kind,
+    make_owned_dir,
+    read_capped,
+    read_owner_record,
+)
 from verirl._secrets import check_token, redact_url, scrub, scrub_exception
 from verirl._validate import check_number
 from verirl.envserver import validate_http_url
@@ -785,7 +794,11 @@ class HubCheckpointSource:
             _human_size(size),
             target,
         )
-        staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{folder}-", dir=root))
+        staging = make_owned_dir(
+            root,
+            f"{_STAGING_PREFIX}{folder}-",
+            {"kind": "staging", "folder": folder, "files": sorted(expected)},
+        )
         try:
             self._download_all(sorted(files), commit, staging)
             fresh = staging / folder
@@ -834,21 +847,65 @@ def _locked(lock: Path, timeout: float, what: str) -> Iterator[None]:
 
 
 def _remove_leftovers(root: Path, folder: str) -> None:
-    """Delete staging folders of ``folder`` that a killed process left (the lock is ours now)."""
+    """Delete ``folder``'s staging/old folders that a killed verirl left (the lock is ours now).
+
+    Only a folder `make_owned_dir` made (a real directory with verirl's
+    ownership marker, whose id is in its name) that holds nothing but what a
+    download puts there goes. Anything else with such a name is a user's: it
+    is left alone, with a warning.
+    """
     prefixes = (f"{_STAGING_PREFIX}{folder}-", f"{_OLD_PREFIX}{folder}-")
     try:
         with os.scandir(root) as entries:
-            stale = [
-                Path(e.path)
-                for e in entries
-                if e.name.startswith(prefixes) and e.is_dir(follow_symlinks=False)
-            ]
+            candidates = sorted(Path(e.path) for e in entries if e.name.startswith(prefixes))
     except OSError as exc:
         msg = f"cannot list download_dir {root}: {type(exc).__name__}: {exc.strerror}"
         raise CheckpointSourceError(msg) from exc
-    for path in stale:
-        log.info("removing %s, left by an interrupted download", path)
-        shutil.rmtree(path, ignore_errors=True)  # never follows symlinks
+    for path in candidates:
+        prefix = next(p for p in prefixes if path.name.startswith(p))
+        why = _not_a_leftover(path, prefix, folder)
+        if why is None:
+            log.info("removing %s, left by an interrupted download", path)
+            shutil.rmtree(path, ignore_errors=True)  # never follows symlinks
+        else:
+            log.warning(
+                "leaving %s alone: it is named like a folder of an interrupted verirl download, "
+                "but %s; delete or move it yourself if you do not need it",
+                path,
+                why,
+            )
+
+
+def _not_a_leftover(path: Path, prefix: str, folder: str) -> str | None:
+    """Why ``path`` is no staging/old folder of ``folder`` verirl may delete; None if it is."""
+    record = read_owner_record(path, prefix)
+    if isinstance(record, str):
+        return record
+    listed = record.get("files")
+    if record.get("folder") != folder or not isinstance(listed, list):
+        return f"its {OWNER_MARKER} is not about {folder}"
+    files = {f"{folder}/{name}" for name in listed if isinstance(name, str)}
+    files |= {OWNER_MARKER, f"{folder}/{_MARKER}"}
+    parents = {
+        "/".join(name.split("/")[:i]) for name in files for i in range(1, name.count("/") + 1)
+    }
+    cache = ".cache/huggingface"  # where huggingface_hub keeps a local_dir download's state
+    try:
+        for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
+            base = Path(dirpath)
+            for name in [*dirnames, *filenames]:
+                entry = base / name
+                relative = entry.relative_to(path).as_posix()
+                kind = lstat_kind(entry)
+                in_cache = relative.startswith(f"{cache}/") or relative in (".cache", cache)
+                if kind == "dir" and (relative in parents or in_cache):
+                    continue
+                if kind == "file" and (relative in files or relative.startswith(f"{cache}/")):
+                    continue
+                return f"it holds {relative!r}, which no download puts there"
+    except OSError as exc:
+        return f"it cannot be read ({type(exc).__name__}: {exc.strerror})"
+    return None
 
 
 def _read_marker(folder: Path) -> Mapping[str, object] | None:
@@ -916,8 +973,14 @@ def _move_into_place(root: Path, fresh: Path, target: Path, *, replace: bool) ->
     try:
         if replace:
             # rename() replaces an empty directory: the old folder goes aside in one step.
-            old = Path(tempfile.mkdtemp(prefix=f"{_OLD_PREFIX}{target.name}-", dir=root))
-            target.rename(old)
+            # The old folder goes into a folder verirl owns first, so that a kill
+            # before the end leaves only what the next run may safely delete.
+            old = make_owned_dir(
+                root,
+                f"{_OLD_PREFIX}{target.name}-",
+                {"kind": "old", "folder": target.name, "files": _files_in(target)},
+            )
+            target.rename(old / target.name)
             fresh.rename(target)
             shutil.rmtree(old, ignore_errors=True)
         elif lstat_kind(target) is not None:
