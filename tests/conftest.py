@@ -12,6 +12,7 @@ another checkout or job on the same machine, even verirl servers carrying
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 
@@ -53,3 +54,11 @@ def _no_leftover_processes(request: pytest.FixtureRequest) -> Iterator[None]:
     before = session_processes(_TAG)
     yield
     _check(before, request.node.nodeid)
+
+
+@pytest.fixture
+def default_sigterm() -> Iterator[None]:
+    """Act as a program with the default SIGTERM (coverage's `sigterm = true` installs one)."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGTERM, previous)

@@ -225,14 +225,6 @@ def test_remote_topology_starts_nothing_and_waits_for_the_remote_health():
     assert factory.servers == []
 
 
-@pytest.fixture
-def default_sigterm():
-    """Act as a program with the default SIGTERM (coverage's `sigterm = true` installs one)."""
-    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    yield
-    signal.signal(signal.SIGTERM, previous)
-
-
 def test_sigterm_during_the_block_becomes_system_exit_and_tears_down(default_sigterm):
     factory = Recorder()
     previous = signal.getsignal(signal.SIGTERM)

@@ -20,14 +20,6 @@ from verirl._signals import SIGTERM_POLICY, exit_on_sigterm
 from verirl.runtime import ServerHandle
 
 
-@pytest.fixture
-def default_sigterm():
-    """Act as a program with the default SIGTERM (coverage's `sigterm = true` installs one)."""
-    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    yield
-    signal.signal(signal.SIGTERM, previous)
-
-
 class Recorder:
     def __init__(self, **kwargs) -> None:
         self.kwargs = kwargs

@@ -10,14 +10,6 @@ import pytest
 from verirl._signals import SigtermPolicy
 
 
-@pytest.fixture
-def default_sigterm():
-    """Act as a program with the default SIGTERM (coverage's `sigterm = true` installs one)."""
-    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    yield
-    signal.signal(signal.SIGTERM, previous)
-
-
 def test_installed_over_the_default_raises_once_and_restores(default_sigterm):
     policy = SigtermPolicy()
     with policy.held() as counted:

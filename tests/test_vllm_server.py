@@ -1052,14 +1052,6 @@ def test_read_log_tail_of_a_huge_log_drops_the_cut_first_line(tmp_path):
 # ---------------------------------------------------------------- SIGTERM / SIGKILL of the trainer
 
 
-@pytest.fixture
-def default_sigterm():
-    """Act as a trainer with the default SIGTERM (coverage's `sigterm = true` installs one)."""
-    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    yield
-    signal.signal(signal.SIGTERM, previous)
-
-
 def test_sigterm_to_the_trainer_unwinds_the_block_and_restores_the_handler(
     make_server, default_sigterm
 ):
