@@ -570,22 +570,25 @@ def test_a_second_signal_during_the_grace_kills_the_command_at_once(
         threading.Event().wait(300)
     """,
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--shutdown-timeout", "300",
-         "--", sys.executable, str(script)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    log = tmp_path / "stderr"
+    with log.open("w") as sink:  # a file, not a pipe: an orphan holding it cannot hang us
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--shutdown-timeout", "300",
+             "--", sys.executable, str(script)],
+            stdout=subprocess.DEVNULL, stderr=sink,
+        )  # fmt: skip
     try:
         wait_for(lambda: pid_file.exists() and pid_file.read_text(), proc, "the command")
         trainer = psutil.Process(int(pid_file.read_text()))
         proc.send_signal(first)
         wait_for(lambda: got.exists() and got.read_text(), proc, "the forwarded signal")
         proc.send_signal(second)
-        _, stderr = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    stderr = log.read_text()
     _, alive = psutil.wait_procs([trainer], timeout=10)
     assert not alive, stderr
     assert proc.returncode == 128 + signal.SIGKILL, stderr
