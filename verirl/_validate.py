@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+from collections.abc import Mapping, MutableMapping
 
 from verirl._secrets import redact_url
 from verirl.errors import ConfigError
@@ -83,6 +84,15 @@ def check_number(
 def check_seconds(field: str, value: object, *, positive: bool = False) -> float:
     """A timeout: finite, ``>= 0`` (``> 0`` if ``positive``), at most `MAX_SECONDS`."""
     return check_number(field, value, positive=positive, non_negative=True, at_most=MAX_SECONDS)
+
+
+def check_environ(value: object, *, mutable: bool = False) -> Mapping[str, str]:
+    """An ``environ=`` argument: a mapping (a mutable one when written to)."""
+    kind = MutableMapping if mutable else Mapping
+    if not isinstance(value, kind):
+        what = "a mutable mapping of str" if mutable else "a mapping of str"
+        raise ConfigError.invalid("environ", type(value).__name__, f"must be {what}")
+    return value
 
 
 def check_text(field: str, value: object, what: str = "a non-empty string") -> str:

@@ -16,7 +16,14 @@ from collections.abc import Collection, Mapping, MutableMapping
 
 import attrs
 
-from verirl._validate import MAX_PORT, MAX_RANKS, check_host, check_port, parse_int
+from verirl._validate import (
+    MAX_PORT,
+    MAX_RANKS,
+    check_environ,
+    check_host,
+    check_port,
+    parse_int,
+)
 from verirl.errors import ConfigError
 from verirl.topology import TRL_GROUP_PORT
 
@@ -53,12 +60,6 @@ def _read_int(
     if raw is None:
         return None
     return parse_int(name, raw, minimum, maximum)
-
-
-def _check_environ(environ: object) -> Mapping[str, str]:
-    if not isinstance(environ, Mapping):
-        raise ConfigError.invalid("environ", type(environ).__name__, "must be a mapping of str")
-    return environ
 
 
 def _check_avoid(avoid_ports: object) -> frozenset[int]:
@@ -103,7 +104,7 @@ class DistributedEnv:
         ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` unless an
         allocator config is set. Inconsistent launcher values raise `ConfigError`.
         """
-        env = os.environ if environ is None else _check_environ(environ)
+        env = os.environ if environ is None else check_environ(environ)
         avoid = _check_avoid(avoid_ports)
         for name in (*_LAUNCHER_VARS, *_ALLOC_VARS):
             if name in env and not isinstance(env[name], str):
@@ -210,8 +211,5 @@ class DistributedEnv:
     def apply(self, environ: MutableMapping[str, str] | None = None) -> None:
         """Write the variables into ``environ`` (default ``os.environ``) before CUDA starts."""
         target = os.environ if environ is None else environ
-        if not isinstance(target, MutableMapping):
-            raise ConfigError.invalid(
-                "environ", type(target).__name__, "must be a mutable mapping of str to str"
-            )
+        check_environ(target, mutable=True)
         target.update(self.variables)

@@ -27,6 +27,7 @@ from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
     MAX_PORT,
+    check_environ,
     check_int,
     check_seconds,
     check_text,
@@ -153,12 +154,6 @@ def _default_server_factory(
     return build
 
 
-def _check_environ(environ: object) -> Mapping[str, str]:
-    if not isinstance(environ, Mapping):
-        raise ConfigError.invalid("environ", type(environ).__name__, "must be a mapping of str")
-    return environ
-
-
 _SECRET_VARIABLES = frozenset({"HF_TOKEN"})
 
 
@@ -170,7 +165,7 @@ class _Settings:
     so a user knows which one to fix; numbers must be written in ASCII digits.
     """
 
-    environ: Mapping[str, str] = attrs.field(converter=_check_environ)
+    environ: Mapping[str, str] = attrs.field(converter=check_environ)
 
     def raw(self, name: str) -> str | None:
         """The variable's value, ``None`` when unset; a non-string is a `ConfigError`."""
@@ -421,10 +416,8 @@ class TrainingRuntime:
     def __attrs_post_init__(self) -> None:
         check_seconds("env_timeout", self.env_timeout)
         check_seconds("server_timeout", self.server_timeout, positive=True)
-        if self.environ is not None and not isinstance(self.environ, MutableMapping):
-            raise ConfigError.invalid(
-                "environ", type(self.environ).__name__, "must be a mutable mapping of str"
-            )
+        if self.environ is not None:
+            check_environ(self.environ, mutable=True)
         if self.model is not None:
             check_text("model", self.model, "a non-empty model id or path")
         if self.resume_from is not None and not isinstance(self.resume_from, str):

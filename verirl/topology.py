@@ -21,6 +21,7 @@ from verirl._serve_args import vllm_serve_args
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
+    check_environ,
     check_host,
     check_int,
     check_number,
@@ -335,9 +336,7 @@ def detect_gpu_count(
     ``CUDA_VISIBLE_DEVICES`` when it is set, else returns 0 with a log line.
     ``cuda_device_count`` replaces torch's counter (tests, other backends).
     """
-    env = os.environ if environ is None else environ
-    if not isinstance(env, Mapping):
-        raise ConfigError.invalid("environ", type(env).__name__, "must be a mapping of str to str")
+    env = os.environ if environ is None else check_environ(environ)
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and not isinstance(visible, str):
         raise ConfigError.invalid("CUDA_VISIBLE_DEVICES", visible, "must be a string")
