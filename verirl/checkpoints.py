@@ -44,7 +44,7 @@ from verirl._fs import (
     read_owner_record,
 )
 from verirl._secrets import check_token, redact_url, scrub, scrub_exception
-from verirl._validate import check_number
+from verirl._validate import check_number, check_seconds
 from verirl.envserver import validate_http_url
 from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError
 
@@ -83,7 +83,6 @@ _REVISION_BAD_CHARS = re.compile(r"[~^:?*\[\\]")
 MAX_TRAINER_STATE_BYTES = 64 * _KIB * _KIB
 """A ``trainer_state.json`` larger than this is not read (Trainer's are kilobytes to megabytes)."""
 _MAX_TIMEOUT = 24 * 3600.0
-_MAX_LOCK_TIMEOUT = 7 * 24 * 3600.0
 # Bookkeeping in download_dir, all of it verirl's own: a lock file per folder, a marker in
 # each folder verirl downloaded, and staging folders that are renamed into place when complete.
 _MARKER = ".verirl-download.json"
@@ -403,10 +402,6 @@ def _safe_repo_path(path: str) -> bool:
     )
 
 
-def _check_seconds(field: str, value: object, *, at_most: float, zero_ok: bool = False) -> None:
-    check_number(field, value, positive=not zero_ok, non_negative=zero_ok, at_most=at_most)
-
-
 def _empty_token_to_none(value: object) -> object:
     return None if value == "" else value
 
@@ -492,8 +487,8 @@ class HubCheckpointSource:
         _check_repo_id(self.repo_id)
         _check_revision(self.revision)
         _check_endpoint(self.endpoint)
-        _check_seconds("timeout", self.timeout, at_most=_MAX_TIMEOUT)
-        _check_seconds("lock_timeout", self.lock_timeout, at_most=_MAX_LOCK_TIMEOUT, zero_ok=True)
+        check_number("timeout", self.timeout, positive=True, at_most=_MAX_TIMEOUT)
+        check_seconds("lock_timeout", self.lock_timeout)  # 0 (no waiting) up to MAX_SECONDS
         if self.download_dir.exists() and not self.download_dir.is_dir():
             raise ConfigError.invalid(
                 "download_dir", str(self.download_dir), "exists and is not a directory"
