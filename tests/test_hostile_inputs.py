@@ -52,9 +52,10 @@ def test_a_variable_with_control_characters_never_shows_a_url_password():
         lambda: VLLMTopology.plan(2, max_model_len=10, remote_host=f"u:{SECRET}@h"),
         lambda: VLLMTopology.plan(2, max_model_len=10, remote_host=f"http://u:{SECRET}@h"),
         lambda: VLLMServer("m", host=f"u:{SECRET}@h"),
+        lambda: VLLMServer("m", host=f"http://u:{SECRET}@h"),
         lambda: DistributedEnv.single_node(environ={"MASTER_ADDR": f"u:{SECRET}@h"}),
     ],
-    ids=["plan", "plan-url", "server", "master-addr"],
+    ids=["plan", "plan-url", "server", "server-url", "master-addr"],
 )
 def test_a_host_with_credentials_is_refused_without_showing_them(build):
     with pytest.raises(ConfigError) as info:

@@ -112,6 +112,16 @@ def check_host(field: str, value: object) -> str:
     if isinstance(value, str) and "@" in value:  # user:password@host: never echo the password
         raise ConfigError.invalid(field, redact_url(value), f"must be {what}, without credentials")
     text = check_text(field, value, what)
+    if len(text) > 2 and text[0] == "[" and text[-1] == "]":  # noqa: PLR2004 - "[" + "]"
+        raise ConfigError.invalid(
+            field, value, f"write an IPv6 address without brackets, e.g. {text[1:-1]!r}"
+        )
+    scheme, sep, rest = text.partition("://")
+    if sep:
+        bare = rest.split("/", 1)[0]
+        raise ConfigError.invalid(
+            field, value, f"is a URL, not a host: drop the {scheme!r} scheme, e.g. {bare!r}"
+        )
     try:
         ipaddress.ip_address(text)
     except ValueError:

@@ -425,19 +425,7 @@ def _v_model(_: object, attribute: attrs.Attribute[str], value: object) -> None:
 
 
 def _v_host(_: object, attribute: attrs.Attribute[str], value: object) -> None:
-    field = _field_name(attribute)
-    text = check_text(field, value)
-    if len(text) > 2 and text[0] == "[" and text[-1] == "]":  # noqa: PLR2004 - "[" + "]"
-        raise ConfigError.invalid(
-            field, value, f"write an IPv6 address without brackets, e.g. {text[1:-1]!r}"
-        )
-    scheme, sep, rest = text.partition("://")
-    if sep:
-        bare = rest.split("/", 1)[0]
-        raise ConfigError.invalid(
-            field, value, f"is a URL, not a host: drop the {scheme!r} scheme, e.g. {bare!r}"
-        )
-    check_host(field, value)
+    check_host(_field_name(attribute), value)
 
 
 def _v_port(_: object, attribute: attrs.Attribute[int], value: object) -> None:
