@@ -12,7 +12,9 @@ from pathlib import Path
 
 import psutil
 
-from verirl import find_free_port
+from fakes.vllm import FakeVLLMServer
+from verirl import VLLMTopology, find_free_port
+from verirl.runtime import ServerHandle
 from verirl.vllm_server import MARKER_VAR
 
 SESSION_VAR = "PYTEST_VERIRL_SESSION"
@@ -154,3 +156,16 @@ def unshared_port(host: str = "127.0.0.1") -> int:
                 continue
             return port
     return find_free_port(host=host)
+
+
+class Recorder:
+    """A server factory that hands out FakeVLLMServers and remembers them."""
+
+    def __init__(self, **kwargs) -> None:
+        self.kwargs = kwargs
+        self.servers: list[FakeVLLMServer] = []
+
+    def __call__(self, topology: VLLMTopology) -> ServerHandle:
+        server = FakeVLLMServer.from_topology(topology, model="m", **self.kwargs)
+        self.servers.append(server)
+        return server

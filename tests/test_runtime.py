@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
+from _support import Recorder
 from fakes import FakeCheckpointSource, FakeEnvServer, FakeEnvServerProbe
-from fakes.vllm import FakeVLLMServer
 from verirl import (
     CheckpointNotFoundError,
     CheckpointResolver,
@@ -22,22 +22,8 @@ from verirl import (
     VLLMTopology,
     find_free_port,
 )
-from verirl.runtime import ServerHandle
 
 DELAY = 0.5
-
-
-class Recorder:
-    """A server factory that hands out FakeVLLMServers and remembers them."""
-
-    def __init__(self, **kwargs) -> None:
-        self.kwargs = kwargs
-        self.servers: list[FakeVLLMServer] = []
-
-    def __call__(self, topology: VLLMTopology) -> ServerHandle:
-        server = FakeVLLMServer.from_topology(topology, model="m", **self.kwargs)
-        self.servers.append(server)
-        return server
 
 
 def runtime(

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
+from _support import Recorder
 from fakes import FakeEnvServerProbe
-from fakes.vllm import FakeVLLMServer
 from verirl import (
     DistributedEnv,
     EnvServerUnavailable,
@@ -17,18 +17,6 @@ from verirl import (
     find_free_port,
 )
 from verirl._signals import SIGTERM_POLICY, exit_on_sigterm
-from verirl.runtime import ServerHandle
-
-
-class Recorder:
-    def __init__(self, **kwargs) -> None:
-        self.kwargs = kwargs
-        self.servers: list[FakeVLLMServer] = []
-
-    def __call__(self, topology: VLLMTopology) -> ServerHandle:
-        server = FakeVLLMServer.from_topology(topology, model="m", **self.kwargs)
-        self.servers.append(server)
-        return server
 
 
 def runtime(**kwargs) -> TrainingRuntime:
