@@ -323,7 +323,7 @@ def test_launch_with_the_fake_vllm_server_end_to_end(tmp_path, clean_env):
         f"""
         import json, os, urllib.request
         url = os.environ["VERIRL_VLLM_URL"]
-        with urllib.request.urlopen(url + "/health/") as r:
+        with urllib.request.urlopen(url + "/health") as r:
             status = r.status
         json.dump({{"status": status, "url": url,
                     "cvd": os.environ["CUDA_VISIBLE_DEVICES"]}}, open({str(out)!r}, "w"))

@@ -162,7 +162,7 @@ def test_rank_above_zero_never_starts_a_server_and_waits_for_rank_zeros():
     launcher = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}  # fmt: skip
     factory = Recorder()
-    with FakeEnvServer(ready_after=0.2, health_path="/health/") as rank0_server:
+    with FakeEnvServer(ready_after=0.2, health_path="/health") as rank0_server:
         port = int(rank0_server.url.rsplit(":", 1)[1])
         topology = VLLMTopology.plan(2, max_model_len=4096, port=port)
         rt = TrainingRuntime(
@@ -177,7 +177,7 @@ def test_rank_above_zero_never_starts_a_server_and_waits_for_rank_zeros():
             assert session.server_url == f"http://127.0.0.1:{port}"
             assert [t.name for t in session.timings] == ["dist-env", "vllm-wait"]
         assert rank0_server.requests >= 1
-        assert rank0_server.paths[-1] == "/health/"
+        assert rank0_server.paths[-1] == "/health"
     assert factory.servers == []
 
 
@@ -201,7 +201,7 @@ def test_rank_above_zero_times_out_when_no_server_appears():
 
 def test_remote_topology_starts_nothing_and_waits_for_the_remote_health():
     factory = Recorder()
-    with FakeEnvServer(health_path="/health/") as remote:
+    with FakeEnvServer(health_path="/health") as remote:
         port = int(remote.url.rsplit(":", 1)[1])
         topology = VLLMTopology.plan(4, max_model_len=64, remote_host="127.0.0.1", port=port)
         with runtime(topology=topology, server_factory=factory) as session:

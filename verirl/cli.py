@@ -191,8 +191,13 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--model", help="model to serve ($VERIRL_MODEL)")
     group.add_argument(
         "--vllm-command",
-        help="command replacing 'trl vllm-serve', e.g. 'python -m fakes.vllm_serve' "
-        "($VERIRL_VLLM_COMMAND)",
+        help="program replacing the server the installed TRL runs, e.g. "
+        "'python -m fakes.vllm_serve' ($VERIRL_VLLM_COMMAND)",
+    )
+    group.add_argument(
+        "--vllm-args",
+        help="more server flags, split like a shell, e.g. '--enforce-eager --dtype float32' "
+        "($VERIRL_VLLM_ARGS)",
     )
     group.add_argument(
         "--log-dir",
@@ -220,10 +225,16 @@ def _runtime_from_args(args: argparse.Namespace) -> TrainingRuntime:
         vllm_port=args.vllm_port,
         vllm_remote_host=args.vllm_host,
         vllm_command=command,
+        vllm_args=_vllm_args(args),
         vllm_log_dir=getattr(args, "log_dir", None),
         resume_from=getattr(args, "resume", None),
         env_timeout=getattr(args, "env_timeout", None),
     )
+
+
+def _vllm_args(args: argparse.Namespace) -> list[str] | None:
+    raw = getattr(args, "vllm_args", None)
+    return None if raw is None else split_command("--vllm-args", raw)
 
 
 def _emit(args: argparse.Namespace, data: dict[str, object], text: str) -> None:

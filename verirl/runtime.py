@@ -136,10 +136,11 @@ def _default_server_factory(
     model: str | None,
     *,
     command: Sequence[str] | None = None,
+    extra_args: Sequence[str] = (),
     log_dir: str | None = None,
     model_field: str = "model",
 ) -> ServerFactory:
-    """`VLLMServer.from_topology`, with ``command`` and ``log_dir`` when given."""
+    """`VLLMServer.from_topology`, with ``command``, ``extra_args`` and ``log_dir`` when given."""
 
     def build(topology: VLLMTopology) -> ServerHandle:
         if model is None:
@@ -147,6 +148,8 @@ def _default_server_factory(
         overrides: dict[str, object] = {}
         if command is not None:
             overrides["command"] = command
+        if extra_args:
+            overrides["extra_args"] = tuple(extra_args)
         if log_dir is not None:
             overrides["log_path"] = log_dir
         return VLLMServer.from_topology(topology, model=model, **overrides)
@@ -443,6 +446,7 @@ class TrainingRuntime:
         vllm_port: int | None = None,
         vllm_remote_host: str | None = None,
         vllm_command: Sequence[str] | None = None,
+        vllm_args: Sequence[str] | None = None,
         vllm_log_dir: str | None = None,
         resume_from: str | None = None,
         env_timeout: float | None = None,
@@ -457,6 +461,7 @@ class TrainingRuntime:
         ``VERIRL_HUB_REVISION``, ``VERIRL_GPU_COUNT`` (default: detected),
         ``VERIRL_VLLM_MODE``, ``VERIRL_VLLM_GPUS``, ``VERIRL_VLLM_PORT`` (8001),
         ``VERIRL_VLLM_HOST`` (a remote vLLM host), ``VERIRL_VLLM_COMMAND``,
+        ``VERIRL_VLLM_ARGS`` (more server flags, split like a shell),
         ``VERIRL_VLLM_LOG_DIR`` (default: a new temporary folder),
         ``VERIRL_RESUME_FROM_CHECKPOINT`` and ``VERIRL_ENV_TIMEOUT`` (600).
         A bad value from a variable is a `ConfigError` naming the variable.
@@ -488,6 +493,13 @@ class TrainingRuntime:
                 raise ConfigError.invalid("VERIRL_VLLM_COMMAND", raw_command, "must not be empty")
         else:
             vllm_command = _check_command(vllm_command)
+        if vllm_args is None:
+            raw_args = read.text(None, "VERIRL_VLLM_ARGS")
+            vllm_args = split_command("VERIRL_VLLM_ARGS", raw_args) if raw_args else []
+        elif isinstance(vllm_args, (str, bytes)) or not isinstance(vllm_args, Sequence):
+            raise ConfigError.invalid(
+                "vllm_args", vllm_args, "must be a sequence of strings, not one string"
+            )
         log_dir = read.text(vllm_log_dir, "VERIRL_VLLM_LOG_DIR")
         if log_dir is not None and not os.path.isdir(log_dir):  # noqa: PTH112
             field = "vllm_log_dir" if vllm_log_dir is not None else "VERIRL_VLLM_LOG_DIR"
@@ -511,6 +523,7 @@ class TrainingRuntime:
             server_factory=_default_server_factory(
                 model,
                 command=vllm_command,
+                extra_args=vllm_args,
                 log_dir=log_dir,
                 model_field="model" if model_arg_given else "VERIRL_MODEL",
             ),
@@ -580,7 +593,7 @@ class TrainingRuntime:
         elif topology.mode == "server" and topology.server_url is not None:
             url = topology.server_url
             log.info("waiting for the vLLM server at %s (started elsewhere)", url)
-            probe = HttpEnvServerProbe(url, health_path="/health/")
+            probe = HttpEnvServerProbe(url, health_path="/health")
 
             def wait_for_server() -> None:
                 try:

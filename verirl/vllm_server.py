@@ -1,4 +1,4 @@
-"""Run ``trl vllm-serve`` for the length of a ``with`` block, and never leave a process behind.
+"""Run the vLLM server TRL expects for the length of a ``with`` block; leave no process behind.
 
 ::
 
@@ -7,9 +7,14 @@
     with VLLMServer("Qwen/Qwen3-0.6B", devices=(1,), max_model_len=4096) as server:
         trainer.train()  # GRPOConfig(vllm_server_port=server.port, ...)
 
+What runs is what the installed TRL would run (see `VLLMServer.launch_plan`):
+with TRL 1.x, vLLM's own OpenAI-compatible server with the flags TRL's
+``build_command`` adds and ``VLLM_SERVER_DEV_MODE=1``; with TRL 0.2x,
+``trl vllm-serve``; with ``command=``, that program.
+
 `VLLMServer.start` (what ``with`` calls) refuses a port that is already bound,
 launches the server in its own session with a scrubbed environment, its output
-in a log file, and waits until ``GET /health/`` answers 200 from a socket that
+in a log file, and waits until ``GET /health`` answers 200 from a socket that
 the server's own process tree listens on (not from another server that bound
 the port meanwhile). `VLLMServer.stop`
 (what leaving the block calls, whatever the reason) sends SIGTERM to the
@@ -35,7 +40,6 @@ import logging
 import os
 import queue
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -55,6 +59,14 @@ import attrs
 import psutil
 import requests
 
+from verirl._launch import (
+    INSTALL_HINT,
+    LaunchPlan,
+    find_trl_command,
+    import_trl_serve,
+    plan_launch,
+    vllm_distribution,
+)
 from verirl._poll import Backoff, poll
 from verirl._serve_args import vllm_serve_args
 from verirl._signals import SIGTERM_POLICY
@@ -82,9 +94,11 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 __all__ = [
+    "INSTALL_HINT",
     "MARKER_VAR",
     "SCRUBBED_ENV_PREFIXES",
     "SCRUBBED_ENV_VARS",
+    "LaunchPlan",
     "ServerTopology",
     "VLLMServer",
     "death_signal_preexec",
@@ -111,7 +125,6 @@ SCRUBBED_ENV_VARS = (
 SCRUBBED_ENV_PREFIXES = ("TORCHELASTIC_",)
 """Prefixes of launcher variables dropped from the server's environment too."""
 
-INSTALL_HINT = "pip install 'verirl[vllm]'"
 MARKER_VAR = "VERIRL_VLLM_SERVER_MARKER"
 """Set in every server's environment (inherited by its workers), so teardown finds orphans."""
 _LOG_TAIL_LINES = 40
@@ -166,30 +179,6 @@ class ServerTopology(Protocol):
 
 
 # ---------------------------------------------------------------- pure helpers
-
-
-def find_trl_command(
-    *, executable: str | None = None, search_path: str | None = None
-) -> tuple[str, ...]:
-    """The default command: the ``trl`` beside ``executable``, else on PATH, + ``vllm-serve``.
-
-    Looking beside the interpreter first finds the ``trl`` of the active
-    virtual environment even when that environment is not on ``PATH`` (as in
-    a Modal function or a cron job). ``executable`` defaults to
-    ``sys.executable``, ``search_path`` to ``$PATH``. Raises `VLLMServerError`
-    saying how to install it when there is none.
-    """
-    interpreter = Path(sys.executable if executable is None else executable)
-    beside = interpreter.parent / "trl"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return (str(beside), "vllm-serve")
-    found = shutil.which("trl", path=search_path)
-    if found:
-        return (found, "vllm-serve")
-    raise VLLMServerError(
-        f"cannot find the `trl` command (looked beside {interpreter} and on PATH); "
-        f"install the serving extra with `{INSTALL_HINT}`, or pass command=[...]"
-    )
 
 
 def _is_scrubbed(name: str) -> bool:
@@ -890,13 +879,14 @@ class _Run:
 
 @attrs.define(eq=False, repr=False)
 class VLLMServer:
-    """``trl vllm-serve`` as a context manager: started healthy, stopped with its whole tree.
+    """The vLLM server as a context manager: started healthy, stopped with its whole tree.
 
     Arguments mirror ``trl vllm-serve``'s flags (see `vllm_serve_args`), plus:
 
     - ``devices``: GPU indices *as this process numbers them* (mapped through
       the parent's ``CUDA_VISIBLE_DEVICES``);
-    - ``command``: the program to run instead of ``trl vllm-serve``, e.g.
+    - ``command``: the program to run instead of the one the installed TRL
+      expects (see `launch_plan`), followed by the same flags, e.g.
       ``[sys.executable, "-m", "fakes.vllm_serve"]``;
     - ``env``: variables added to the inherited (scrubbed) environment; see
       `vllm_child_environ`;
@@ -1040,6 +1030,22 @@ class VLLMServer:
             )
         )
 
+    def launch_plan(self) -> LaunchPlan:
+        """What `start` runs, and why: the argv, the variables it adds, the kind of launch.
+
+        Without ``command``: vLLM's own server as the installed TRL 1.x runs it
+        (``trl.scripts.vllm_serve.build_command``, ``VLLM_SERVER_DEV_MODE=1``), or
+        ``trl vllm-serve`` with a TRL that has no ``build_command``. Spawns
+        nothing; raises `VLLMServerError` when neither can run.
+        """
+        return plan_launch(
+            self.serve_args,
+            command=self.command,
+            environ=os.environ,
+            trl=None if self.command is not None else import_trl_serve(),
+            vllm=None if self.command is not None else vllm_distribution(),
+        )
+
     @property
     def argv(self) -> tuple[str, ...] | None:
         """The full command line of the current (or last) launch, ``None`` before one."""
@@ -1054,7 +1060,7 @@ class VLLMServer:
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Launch the server and return once ``GET /health/`` answers 200 from it.
+        """Launch the server and return once ``GET /health`` answers 200 from it.
 
         Checks come first and spawn nothing: the launch command, the GPU
         mapping, the port, the log file. From the spawn on, any failure or
@@ -1154,8 +1160,9 @@ class VLLMServer:
             )
         if previous is not None:
             raise VLLMServerError(f"the vLLM server on port {self.port} is already started")
-        argv = (*(self.command or find_trl_command()), *self.serve_args)
-        environ = vllm_child_environ(os.environ, devices=self.devices, env=self.env)
+        plan = self.launch_plan()
+        argv = plan.argv
+        environ = vllm_child_environ(os.environ, devices=self.devices, env={**plan.env, **self.env})
         environ[MARKER_VAR] = run.marker
         _check_port_free(self.host, self.port)
         log_file = self._open_log(argv)
@@ -1171,20 +1178,21 @@ class VLLMServer:
             except OSError as exc:
                 if run.popen is not None:
                     raise
+                hint = "" if plan.kind == "command" else f"; `{INSTALL_HINT}`"
                 raise VLLMServerError(
-                    f"command={argv[0]!r}: cannot be started ({exc.strerror or exc}); "
-                    f"for trl vllm-serve, `{INSTALL_HINT}`"
+                    f"command={argv[0]!r}: cannot be started ({exc.strerror or exc}){hint}"
                 ) from exc
         finally:
             log_file.close()
         tree = self._adopt(run, argv)
         log.info(
-            "started vLLM server (pid %d, GPUs %s) for %s at %s; log: %s",
+            "started vLLM server (pid %d, GPUs %s) for %s at %s; log: %s; launch: %s",
             popen.pid,
             environ["CUDA_VISIBLE_DEVICES"],
             self.model,
             self.base_url,
             self._active_log,
+            plan.reason,
         )
         return tree
 
@@ -1287,7 +1295,9 @@ class VLLMServer:
         )
 
     def _wait_until_ready(self, tree: _ProcessTree) -> None:
-        url = f"{self.base_url}/health/"
+        # vLLM serves /health and redirects /health/ to it; TRL 0.2x's server the other
+        # way round. requests follows the redirect, so one path suits both.
+        url = f"{self.base_url}/health"
         with deadline_session() as session:
             session.trust_env = False  # a proxy from the environment must not see our own server
             probe = _ReadinessProbe(tree, session, url, self.port)

