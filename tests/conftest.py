@@ -22,7 +22,12 @@ import pytest
 from _support import SESSION_VAR, describe, kill_all, leftovers, session_processes
 
 # tests/compat needs the real trl (and torch); only `nox -s compat` installs them.
-collect_ignore = [] if os.environ.get("VERIRL_COMPAT") else ["compat"]
+# tests/engine needs trl and a real vLLM engine (CPU build); only `nox -s vllm` installs them.
+collect_ignore = [
+    folder
+    for folder, variable in (("compat", "VERIRL_COMPAT"), ("engine", "VERIRL_VLLM"))
+    if not os.environ.get(variable)
+]
 
 _TAG = uuid.uuid4().hex
 

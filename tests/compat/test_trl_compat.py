@@ -87,3 +87,48 @@ def test_vllm_server_argv_parses_with_trls_own_parser():
     assert (parsed.max_model_len, parsed.tensor_parallel_size) == (2048, 2)
     assert parsed.gpu_memory_utilization == 0.8
     assert parsed.enable_prefix_caching is True
+
+
+def test_the_default_launch_is_what_trls_build_command_builds():
+    from trl.scripts.vllm_serve import build_command
+
+    from verirl._launch import VLLMInstall, import_trl_serve, plan_launch
+
+    server = VLLMServer(
+        "Qwen/Qwen3-0.6B",
+        port=8123,
+        max_model_len=4096,
+        tensor_parallel_size=2,
+        extra_args=["--enforce_eager", "true", "--dtype", "bfloat16", "--served-model-name", "p"],
+    )
+    trl_serve = import_trl_serve()
+    assert trl_serve is not None
+    assert trl_serve.build_command is not None  # trl 1.x
+    plan = plan_launch(
+        server.serve_args,
+        command=None,
+        environ={},
+        trl=trl_serve,
+        vllm=VLLMInstall("vllm", "0.31.0"),
+    )
+    expected = ScriptArguments(
+        model="Qwen/Qwen3-0.6B",
+        host="127.0.0.1",
+        port=8123,
+        max_model_len=4096,
+        tensor_parallel_size=2,
+        gpu_memory_utilization=0.9,
+        enforce_eager=True,
+        dtype="bfloat16",
+    )
+    assert list(plan.argv) == build_command(expected, ["--served-model-name", "p"])
+    assert plan.env["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+def test_the_default_launch_without_vllm_says_how_to_install_it():
+    from verirl import VLLMServerError
+    from verirl._launch import INSTALL_HINT
+
+    with pytest.raises(VLLMServerError, match="vllm is not installed") as caught:
+        VLLMServer("m").launch_plan()
+    assert INSTALL_HINT in str(caught.value)
