@@ -180,3 +180,16 @@ def test_launch_plan_of_a_server_uses_its_flags(tmp_path, monkeypatch):
     with pytest.raises(VLLMServerError, match=re.escape(INSTALL_HINT)):
         VLLMServer("m").launch_plan()
     assert not any(Path(tmp_path).iterdir())
+
+
+def test_a_parser_or_build_command_that_breaks_is_a_verirl_error():
+    def broken_parse(args: Sequence[str]) -> tuple[Any, list[str]]:
+        raise TypeError("unexpected")
+
+    def broken_build(parsed: Any, extra: list[str]) -> list[str]:
+        raise KeyError("vllm")
+
+    with pytest.raises(ConfigError, match=r"extra_args=.*TypeError: unexpected"):
+        plan(trl=TrlServe("1.16.0", broken_parse, _build))
+    with pytest.raises(VLLMServerError, match=r"trl 1.16.0's build_command failed \(KeyError"):
+        plan(trl=TrlServe("1.16.0", _parse, broken_build))

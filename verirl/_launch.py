@@ -100,10 +100,17 @@ def import_trl_serve() -> TrlServe | None:
     """
     if importlib.util.find_spec("trl") is None:
         return None
-    with _warnings_to_log():
-        trl = importlib.import_module("trl")
-        module = importlib.import_module("trl.scripts.vllm_serve")
-    parser = trl.TrlParser(module.ScriptArguments)
+    try:
+        with _warnings_to_log():
+            trl = importlib.import_module("trl")
+            module = importlib.import_module("trl.scripts.vllm_serve")
+        parser = trl.TrlParser(module.ScriptArguments)
+    except Exception as exc:
+        raise VLLMServerError(
+            f"trl is installed for {sys.executable} but its vllm-serve module cannot be "
+            f"loaded ({type(exc).__name__}: {exc}); reinstall it with `{INSTALL_HINT}`, "
+            "or pass command=[...]"
+        ) from exc
 
     def parse(args: Sequence[str]) -> tuple[Any, list[str]]:
         # parse_args_into_dataclasses, not parse_args_and_config: a `--config` YAML
@@ -215,8 +222,13 @@ def plan_launch(
             f"for {executable or sys.executable}; `{INSTALL_HINT}`, or pass command=[...]"
         )
     parsed, passed_on = _parse(trl, serve_args)
-    with _warnings_to_log():
-        argv = [str(part) for part in trl.build_command(parsed, passed_on)]
+    try:
+        with _warnings_to_log():
+            argv = [str(part) for part in trl.build_command(parsed, passed_on)]
+    except Exception as exc:
+        raise VLLMServerError(
+            f"trl {trl.version}'s build_command failed ({type(exc).__name__}: {exc})"
+        ) from exc
     if executable is not None and argv:
         argv[0] = executable
     reason = (
@@ -249,6 +261,12 @@ def _parse(trl: TrlServe, serve_args: Sequence[str]) -> tuple[Any, list[str]]:
             tuple(serve_args),
             f"trl vllm-serve's parser rejects them: {message[-1] if message else 'usage error'}",
         ) from None
+    except Exception as exc:
+        raise ConfigError.invalid(
+            "extra_args",
+            tuple(serve_args),
+            f"trl vllm-serve's parser failed on them ({type(exc).__name__}: {exc})",
+        ) from exc
 
 
 def _api_server_argv(argv: list[str], module: str) -> list[str]:

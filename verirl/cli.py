@@ -28,6 +28,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import NoReturn
 
 from verirl import __version__
+from verirl._launch import vllm_distribution
 from verirl._signals import SIGTERM_POLICY, exit_on_sigterm
 from verirl._validate import check_port, check_seconds, parse_int, parse_seconds
 from verirl.checkpoints import RESUME_ENV_VAR
@@ -472,10 +473,24 @@ def _port_free(port: int) -> bool:
 
 
 def _version_of(distribution: str) -> str:
+    if distribution == "vllm":
+        found = vllm_distribution()
+        if found is None:
+            return "missing"
+        return found.version if found.name == "vllm" else f"{found.version} ({found.name})"
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return "missing"
+
+
+def _launch_row() -> str:
+    """What `VLLMServer` would run here, and why, or why it cannot."""
+    try:
+        plan = VLLMServer("MODEL").launch_plan()
+    except VeriRLError as exc:
+        return f"cannot start: {exc}"
+    return f"{plan.kind}: {plan.reason}"
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -495,6 +510,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         ("verirl", __version__),
     ]
     rows += [(name, _version_of(name)) for name in ("trl", "vllm", "torch", "transformers")]
+    rows.append(("vLLM launch", _launch_row()))
     rows.append(("GPUs visible", str(detect_gpu_count())))
     rows.append(("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")))
     for label, port in (("vLLM port", vllm_port), ("TRL group port", 51216)):

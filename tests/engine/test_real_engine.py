@@ -145,7 +145,7 @@ CALLS: dict[str, Callable[[VLLMClient], object]] = {
 }
 
 
-def test_the_fake_answers_trls_client_as_the_real_engine_does(served, tiny_model, tmp_path):
+def test_contract_the_fake_answers_trls_client_like_the_real_engine(served, tiny_model, tmp_path):
     real_server, _ = served
     real = VLLMClient(base_url=real_server.base_url)
     with fake_server(tiny_model, tmp_path) as fake_process:
