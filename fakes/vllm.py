@@ -16,14 +16,28 @@ For unit tests of code that starts a vLLM server (an adapter, the runtime)::
 It subclasses `VLLMServer`, so it takes the same arguments, checks them the
 same way (`ConfigError`), builds the same ``serve_args`` and has the same
 ``from_topology``; only `start` and `stop` differ. With ``serve_http=True`` it
-also answers ``GET /health/`` and ``/get_world_size/`` on ``host:port`` for
-code that probes the server. When a real process is wanted, run
-``python -m fakes.vllm_serve`` under `VLLMServer` instead.
+also serves, on ``host:port`` and in this process, the HTTP API of
+``python -m fakes.vllm_serve`` started with those ``serve_args``: by default
+vLLM's server as TRL 1.x launches it, enough for TRL's real ``VLLMClient``
+(generation, ``/server_info``, weight-transfer calls recorded at
+``GET /verirl/calls/``); with ``protocol="trl-legacy"``, TRL 0.2x's
+``trl vllm-serve``. Its environment is what `VLLMServer` gives its child
+(``os.environ``, ``VLLM_SERVER_DEV_MODE=1``, then ``env``), so the dev-mode
+endpoints answer unless ``env={"VLLM_SERVER_DEV_MODE": "0"}``. When a real
+process is wanted, run ``python -m fakes.vllm_serve`` under `VLLMServer`
+instead::
+
+    with FakeVLLMServer("m", port=8123, serve_http=True) as server:
+        client = VLLMClient(base_url=server.base_url)  # trl.generation.vllm_client
+        client.generate(["Hello"], n=2, max_tokens=8)
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -34,7 +48,7 @@ import attrs
 
 from fakes._http import serve_in_background, stop_serving
 from verirl._validate import check_number
-from verirl.errors import PortInUseError, VLLMServerError
+from verirl.errors import ConfigError, PortInUseError, VLLMServerError, VLLMServerExited
 from verirl.vllm_server import VLLMServer
 
 if TYPE_CHECKING:
@@ -43,8 +57,17 @@ if TYPE_CHECKING:
 __all__ = ["FakeVLLMServer"]
 
 
+_PROTOCOLS = ("vllm", "trl-legacy")
+_DEV_MODE_VAR = "VLLM_SERVER_DEV_MODE"
+
+
 def _v_delay(_: object, attribute: attrs.Attribute[float], value: object) -> None:
     check_number(attribute.name, value, non_negative=True)
+
+
+def _v_protocol(_: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if value not in _PROTOCOLS:
+        raise ConfigError.invalid(attribute.name, value, "must be 'vllm' or 'trl-legacy'")
 
 
 @attrs.define(eq=False, repr=False)
@@ -57,8 +80,11 @@ class FakeVLLMServer(VLLMServer):
       ``startup_delay``, as a real server that failed and was cleaned up;
     - ``startup_delay``: seconds `start` blocks before it is "ready", through
       ``sleep`` (inject a fake clock's sleep to run instantly);
-    - ``serve_http``: bind ``host:port`` and answer ``/health/`` and
-      ``/get_world_size/`` as trl's server does while running;
+    - ``serve_http``: bind ``host:port`` and serve the fake server's HTTP API
+      (see `fakes.vllm_serve`) while running;
+    - ``protocol``: ``"vllm"`` (default: vLLM's server, as TRL 1.x runs it) or
+      ``"trl-legacy"`` (TRL 0.2x's ``trl vllm-serve``), what ``serve_http``
+      speaks;
     - ``clock`` / ``sleep``: time source and sleeper (default: monotonic, real).
 
     Records: ``starts`` (starts attempted, failed ones included; not a refused
@@ -73,6 +99,7 @@ class FakeVLLMServer(VLLMServer):
     fail_with: BaseException | None = attrs.field(default=None, kw_only=True)
     startup_delay: float = attrs.field(default=0.0, kw_only=True, validator=_v_delay)
     serve_http: bool = attrs.field(default=False, kw_only=True)
+    protocol: str = attrs.field(default="vllm", kw_only=True, validator=_v_protocol)
     clock: Callable[[], float] = attrs.field(default=time.monotonic, kw_only=True, repr=False)
     sleep: Callable[[float], None] = attrs.field(default=time.sleep, kw_only=True, repr=False)
     starts: int = attrs.field(default=0, init=False)
@@ -142,14 +169,29 @@ class FakeVLLMServer(VLLMServer):
     def _serve(self) -> None:
         # Imported here: `import fakes` must not load the module that
         # `python -m fakes.vllm_serve` runs as __main__ (runpy warns otherwise).
-        from fakes.vllm_serve import make_http_server  # noqa: PLC0415
+        from fakes.vllm_serve import dev_mode_from_environ, make_http_server, parse_args  # noqa: PLC0415
 
+        # What VLLMServer's child would see; a bad flag or variable is a server that exits.
+        environ = {**os.environ, _DEV_MODE_VAR: "1", **self.env}
+        usage = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(usage):
+                args = parse_args(self.serve_args)
+            dev_mode = dev_mode_from_environ(environ)
+        except SystemExit as exc:
+            raise VLLMServerExited(
+                exc.code if isinstance(exc.code, int) else 2, usage.getvalue()
+            ) from None
+        except ValueError as exc:
+            raise VLLMServerExited(2, f"error: {exc}") from None
         try:
             self._httpd = make_http_server(
                 self.host,
                 self.port,
-                world_size=self.tensor_parallel_size * self.data_parallel_size,
-                tensor_parallel_size=self.tensor_parallel_size,
+                args=args,
+                protocol=self.protocol,
+                dev_mode=dev_mode,
+                environ=environ,
             )
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
