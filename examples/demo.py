@@ -4,7 +4,7 @@ What runs, all on loopback in a temporary folder that is removed afterwards:
 
 * `fakes.FakeEnvServer` as the reward environment server (healthy after 0.5 s);
 * `fakes.FakeHub` holding a run's ``checkpoint-10`` and ``checkpoint-20``;
-* ``verirl launch`` with a 2-GPU plan and the fake ``vllm-serve`` program
+* ``verirl launch`` with a 2-GPU plan and the fake vLLM server program
   (``python -m fakes.vllm_serve``) as the server command, which starts the
   server, waits for the env server and fetches ``checkpoint-20`` at the same
   time, then runs ``examples/train_fake.py``, which checks the server and

@@ -1,7 +1,7 @@
 r"""A real GRPO run on a GPU machine: TRL's GRPOTrainer behind `verirl.TrainingRuntime`.
 
 Run with ``python examples/grpo_train.py`` (one process) or under
-``torchrun``/``accelerate launch``; only local rank 0 starts ``trl vllm-serve``.
+``torchrun``/``accelerate launch``; only local rank 0 starts the vLLM server.
 Settings come from the environment (see the README's table), for example::
 
     VERIRL_MODEL=Qwen/Qwen3-0.6B VERIRL_OUTPUT_DIR=out VERIRL_HUB_REPO_ID=me/run \\

@@ -734,7 +734,42 @@ def test_child_environment_is_scrubbed_and_mapped_and_ours_untouched(make_server
     assert child["CUDA_VISIBLE_DEVICES"] == "5"
     assert child["PYTHONUNBUFFERED"] == "1"
     assert child["VERIRL_TEST_EXTRA"] == "yes"
+    assert child["VLLM_SERVER_DEV_MODE"] == "1"  # as `trl vllm-serve` sets it
     assert "CUDA_VISIBLE_DEVICES=5" in server.log_path.read_text()  # the worker's view
+
+
+def test_env_can_turn_vllms_dev_mode_off(make_server):
+    with make_server(env={"VLLM_SERVER_DEV_MODE": "0"}) as server:
+        child = get_json(server, "/verirl/env/")["env"]
+        assert child["VLLM_SERVER_DEV_MODE"] == "0"
+        # The fake, like vLLM, serves its development endpoints only in dev mode.
+        assert requests.get(server.base_url + "/server_info", timeout=5).status_code == 404
+
+
+def log_shows(server: VLLMServer, text: str, timeout: float = 10.0) -> bool:
+    """Whether the server's log shows ``text`` within ``timeout`` (it logs after answering)."""
+    deadline = time.monotonic() + timeout
+    while text not in server.log_path.read_text():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_readiness_follows_the_old_trl_servers_redirect_to_health_slash(make_server):
+    server = make_server(env={"FAKE_VLLM_PROTOCOL": "trl-legacy"})
+    with server:
+        assert log_shows(server, '"GET /health HTTP/1.1" 307')  # verirl asked /health ...
+        assert log_shows(server, '"GET /health/ HTTP/1.1" 200')  # ... and followed the redirect
+        moved = requests.get(server.base_url + "/health", timeout=5, allow_redirects=False)
+        assert moved.status_code == 307
+        assert moved.headers["Location"].endswith("/health/")
+
+
+def test_readiness_of_vllms_own_server_asks_health_without_the_slash(make_server):
+    with make_server() as server:
+        assert log_shows(server, '"GET /health HTTP/1.1" 200')
+        assert "GET /health/" not in server.log_path.read_text()
 
 
 def test_device_beyond_the_parents_visible_gpus_is_a_config_error_at_start(

@@ -1,4 +1,9 @@
-"""The ``trl vllm-serve`` argument list, built in one place for the topology and the server."""
+"""The vLLM server's flags, built in one place for the topology and the server.
+
+They are spelled as ``trl vllm-serve`` takes them: `verirl.VLLMServer` passes
+them to ``trl vllm-serve`` (TRL 0.2x), to TRL's own parser (TRL 1.x, whose
+``build_command`` makes vLLM's command line) or to ``command=``.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ def vllm_serve_args(
     data_parallel_size: int = 1,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
-    """Return the flags after ``trl vllm-serve`` (dash spellings, which trl accepts)."""
+    """Return the server's flags (dash spellings, which trl and vLLM accept)."""
     args = [
         "--model",
         model,

@@ -567,7 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("plan", cmd_plan, "Show the GPU topology and GRPOConfig kwargs.")
     _add_topology_args(p)
-    p.add_argument("--model", help="also print the vllm-serve flags for this model")
+    p.add_argument("--model", help="also print the vLLM server's flags for this model")
 
     p = add("wait-env", cmd_wait_env, "Wait until the env server answers healthy.")
     p.add_argument("url", help="env server base URL, e.g. http://127.0.0.1:8000")
@@ -580,7 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
         gpus=1, max_model_len=None, mode=None, vllm_gpus=None, vllm_port=None, vllm_host=None
     )
 
-    p = add("serve", cmd_serve, "Run trl vllm-serve under verirl until Ctrl-C/SIGTERM.")
+    p = add("serve", cmd_serve, "Run the vLLM server your TRL expects until Ctrl-C/SIGTERM.")
     _add_topology_args(p)
     _add_server_args(p)
 

@@ -232,7 +232,7 @@ class VLLMTopology:
 
     @property
     def is_local_server(self) -> bool:
-        """True when this machine must run ``trl vllm-serve`` itself."""
+        """True when this machine must run the vLLM server itself."""
         return self.mode == "server" and self.remote_host is None
 
     @property
@@ -277,12 +277,12 @@ class VLLMTopology:
         }
 
     def serve_args(self, model: str) -> list[str]:
-        """Flags for ``trl vllm-serve`` that start this topology's server."""
+        """The server's flags (``trl vllm-serve`` spelling) that start this topology's server."""
         if not self.is_local_server:
             raise ConfigError.invalid(
                 "mode",
                 self.mode if self.remote_host is None else f"server@{self.remote_host}",
-                "only a local server-mode topology starts trl vllm-serve",
+                "only a local server-mode topology starts a vLLM server",
             )
         check_text("model", model, "a non-empty model id or path")
         if not model.strip() or has_control_chars(model):

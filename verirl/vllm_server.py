@@ -147,7 +147,7 @@ class ServerTopology(Protocol):
 
     @property
     def is_local_server(self) -> bool:
-        """Whether this machine runs ``trl vllm-serve`` itself."""
+        """Whether this machine runs the vLLM server itself."""
 
     @property
     def vllm_devices(self) -> tuple[int, ...]:
@@ -968,7 +968,7 @@ class VLLMServer:
             raise ConfigError.invalid(
                 "topology.mode",
                 topology.mode,
-                "only server mode runs a local trl vllm-serve "
+                "only server mode runs a local vLLM server "
                 "(in colocate mode TRL runs vLLM inside the trainer)",
             )
         settings: dict[str, Any] = {
