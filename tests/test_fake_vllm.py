@@ -1,7 +1,14 @@
-"""The shipped vLLM fakes: the `fakes.vllm_serve` program and the in-process `FakeVLLMServer`."""
+"""The shipped vLLM fakes: the `fakes.vllm_serve` program and the in-process `FakeVLLMServer`.
+
+The HTTP API is checked with plain `requests` against real loopback servers,
+both the program (a subprocess, with its workers) and `FakeVLLMServer`
+(``serve_http=True``), in vLLM's protocol (the default, with and without
+``VLLM_SERVER_DEV_MODE=1``) and in TRL 0.2x's (``trl-legacy``).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import signal
@@ -16,14 +23,23 @@ import pytest
 import requests
 
 from _support import FakeClock, alive, unshared_port
+from fakes._http import Response, bind_json_server, serve_in_background, stop_serving
 from fakes.vllm import FakeVLLMServer
-from fakes.vllm_serve import FakeVLLMKnobs, ServeArgs, parse_args
+from fakes.vllm_serve import (
+    FakeVLLMKnobs,
+    ServeArgs,
+    dev_mode_from_environ,
+    make_http_server,
+    parse_args,
+)
 from verirl._serve_args import vllm_serve_args
 from verirl.errors import ConfigError, PortInUseError, VLLMServerError, VLLMServerExited
 from verirl.runtime import ServerHandle
 from verirl.vllm_server import VLLMServer
 
 FAKE = (sys.executable, "-m", "fakes.vllm_serve")
+MODEL = "fake/model"
+MAX_MODEL_LEN = 512
 
 
 def gone_within(processes, timeout: float) -> bool:
@@ -54,23 +70,31 @@ FLAGS = {
     "log_level": ("debug", "debug"),
     "vllm_model_impl": ("transformers", "transformers"),
     "distributed_executor_backend": ("mp", "mp"),
+    "weight_transfer_config": ('{"backend": "ipc"}', {"backend": "ipc"}),
+    "logprobs_mode": ("raw_logprobs", "raw_logprobs"),
+    "max_logprobs": ("20", 20),
+    "enable_scale_out": ("false", False),
+    "uvicorn_log_level": ("warning", "warning"),
+    "fake_protocol": ("trl-legacy", "trl-legacy"),
 }
 
 
 @pytest.mark.parametrize("spelling", ["underscore", "dash"])
-def test_every_trl_flag_parses_in_both_spellings(spelling):
+def test_every_flag_parses_in_both_spellings(spelling):
     argv = []
     for name, (raw, _) in FLAGS.items():
         flag = name if spelling == "underscore" else name.replace("_", "-")
         argv += [f"--{flag}", raw]
+    argv += ["--served-model-name" if spelling == "dash" else "--served_model_name", "a", "b"]
     args = parse_args(argv)
     assert {name: getattr(args, name) for name in FLAGS} == {
         name: value for name, (_, value) in FLAGS.items()
     }
     assert args.world_size == 6
+    assert args.served_names == ("a", "b")
 
 
-def test_defaults_are_trls():
+def test_defaults_are_trls_and_the_vllm_flags_trl_1x_adds():
     args = parse_args(["--model", "m"])
     assert args == ServeArgs(model="m")
     assert (args.host, args.port, args.tensor_parallel_size) == ("0.0.0.0", 8000, 1)
@@ -79,11 +103,53 @@ def test_defaults_are_trls():
         None,
         False,
     )
+    assert args.weight_transfer_config == {"backend": "nccl"}
+    assert (args.logprobs_mode, args.max_logprobs, args.enable_scale_out) == (
+        "processed_logprobs",
+        -1,
+        True,
+    )
+    assert (args.served_names, args.fake_protocol, args.uvicorn_log_level) == (("m",), None, None)
 
 
-def test_boolean_flags_alone_mean_true():
+def test_boolean_flags_alone_mean_true_and_no_flags_false():
     args = parse_args(["--model", "m", "--enforce-eager", "--trust_remote_code"])
     assert (args.enforce_eager, args.trust_remote_code) == (True, True)
+    args = parse_args(["--model", "m", "--no-enforce-eager", "--no-enable-scale-out"])
+    assert (args.enforce_eager, args.enable_scale_out) == (False, False)
+
+
+def test_what_trl_1x_build_command_runs_parses():
+    # trl 1.16's build_command, minus `python -m vllm.entrypoints.cli.main`.
+    argv = [
+        "serve", "m", "--host", "0.0.0.0", "--port", "8000", "--tensor-parallel-size", "2",
+        "--data-parallel-size", "2", "--gpu-memory-utilization", "0.9", "--dtype", "auto",
+        "--kv-cache-dtype", "auto", "--model-impl", "transformers", "--uvicorn-log-level", "info",
+        "--revision", "main", "--max-model-len", "1024", "--enable-prefix-caching",
+        "--enforce-eager", "--trust-remote-code", "--distributed-executor-backend", "mp",
+        "--enable-scale-out", "--weight-transfer-config", '{"backend": "nccl"}',
+        "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1",
+    ]  # fmt: skip
+    args = parse_args(argv)
+    assert (args.model, args.world_size, args.vllm_model_impl, args.max_model_len) == (
+        "m",
+        4,
+        "transformers",
+        1024,
+    )
+    assert (args.enforce_eager, args.enable_prefix_caching, args.trust_remote_code) == (
+        True,
+        True,
+        True,
+    )
+    assert parse_args(["m", "--model", "other"]).model == "m"  # the positional wins, as in vLLM
+
+
+def test_weight_transfer_config_null_means_none():
+    assert (
+        parse_args(["--model", "m", "--weight-transfer-config", "null"]).weight_transfer_config
+        is None
+    )
 
 
 def test_what_verirl_builds_parses():
@@ -107,19 +173,26 @@ def test_what_verirl_builds_parses():
 
 
 @pytest.mark.parametrize(
-    "argv",
+    ("argv", "message"),
     [
-        [],  # --model is required
-        ["--model", "m", "--no-such-flag", "1"],
-        ["--model", "m", "--port", "eighty"],
-        ["--model", "m", "--enforce_eager", "maybe"],
+        ([], "--model"),  # --model is required
+        (["serve"], "--model"),
+        (["--model", "m", "--no-such-flag", "1"], "--no-such-flag"),
+        (["--model", "m", "--port", "eighty"], "--port"),
+        (["--model", "m", "--enforce_eager", "maybe"], "--enforce_eager"),
+        (["--model", "m", "--weight-transfer-config", "[1]"], "--weight-transfer-config"),
+        (["--model", "m", "--weight-transfer-config", "{"], "--weight-transfer-config"),
+        (["--model", "m", "--logprobs-mode", "logits"], "--logprobs-mode"),
+        (["--model", "m", "--fake-protocol", "grpc"], "--fake-protocol"),
     ],
 )
-def test_bad_arguments_exit_with_status_2(argv, capsys):
+def test_bad_arguments_exit_with_status_2_naming_the_flag(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
         parse_args(argv)
     assert info.value.code == 2
-    assert "usage:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "usage:" in err
+    assert message in err
 
 
 def test_knobs_from_the_environment():
@@ -132,6 +205,7 @@ def test_knobs_from_the_environment():
             "FAKE_VLLM_ORPHAN_WORKERS": "0",
             "FAKE_VLLM_SHUTDOWN_DELAY": "0.25",
             "FAKE_VLLM_LOAD_UNTIL": "/tmp/go",
+            "FAKE_VLLM_PROTOCOL": "trl-legacy",
         }
     )
     assert knobs == FakeVLLMKnobs(
@@ -143,20 +217,52 @@ def test_knobs_from_the_environment():
         orphan_workers=False,
         shutdown_delay=0.25,
         load_until="/tmp/go",
+        protocol="trl-legacy",
     )
     assert FakeVLLMKnobs.from_environ({}) == FakeVLLMKnobs()
+    assert FakeVLLMKnobs().protocol == "vllm"
 
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("FAKE_VLLM_STARTUP_DELAY", "soon"), ("FAKE_VLLM_CRASH", "boom")],
+    [
+        ("FAKE_VLLM_STARTUP_DELAY", "soon"),
+        ("FAKE_VLLM_CRASH", "boom"),
+        ("FAKE_VLLM_PROTOCOL", "grpc"),
+    ],
 )
-def test_malformed_knobs_name_the_variable(name, value):
-    with pytest.raises(ValueError, match=name):
+def test_malformed_knobs_name_the_variable_and_the_value(name, value):
+    with pytest.raises(ValueError, match=f"{name}='{value}'"):
         FakeVLLMKnobs.from_environ({name: value})
 
 
+@pytest.mark.parametrize(
+    ("value", "expected"), [(None, False), ("", False), ("0", False), ("1", True), (" 2 ", True)]
+)
+def test_dev_mode_is_read_as_vllm_reads_it(value, expected):
+    environ = {} if value is None else {"VLLM_SERVER_DEV_MODE": value}
+    assert dev_mode_from_environ(environ) is expected
+
+
+def test_a_dev_mode_that_is_not_an_integer_names_the_variable():
+    with pytest.raises(ValueError, match="VLLM_SERVER_DEV_MODE='yes'"):
+        dev_mode_from_environ({"VLLM_SERVER_DEV_MODE": "yes"})
+
+
 # ---------------------------------------------------------------- the program on its own
+
+
+def program_env(env: dict[str, str] | None = None, unset: tuple[str, ...] = ()) -> dict[str, str]:
+    """The test's environment without the fake's knobs, then ``env``."""
+    base = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith("FAKE_VLLM_") and name != "VLLM_SERVER_DEV_MODE"
+    }
+    merged = {**base, **(env or {})}
+    for name in unset:
+        merged.pop(name, None)
+    return merged
 
 
 @pytest.fixture
@@ -171,7 +277,7 @@ def run_fake(tmp_path):
                 [*FAKE, *flags],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})},
+                env=program_env(env),
                 start_new_session=True,
             )
         started.append(proc)
@@ -184,41 +290,115 @@ def run_fake(tmp_path):
             proc.wait()
 
 
-def wait_healthy(base_url: str, proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+def wait_healthy(
+    base_url: str, proc: subprocess.Popen[bytes], timeout: float = 20, path: str = "/health"
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, "the fake server exited"
         try:
-            if requests.get(base_url + "/health/", timeout=1).status_code == 200:
+            if requests.get(base_url + path, timeout=1).status_code == 200:
                 return
         except requests.ConnectionError:
             time.sleep(0.02)
     pytest.fail("the fake server never became healthy")
 
 
-def test_program_serves_trls_endpoints_and_stops_its_workers_on_sigterm(run_fake):
+def stop(proc: subprocess.Popen[bytes]) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout=30)
+
+
+def test_program_serves_vllms_endpoints_and_stops_its_workers_on_sigterm(run_fake, tmp_path):
     port = unshared_port()
     proc = run_fake(
         "--model", "m", "--host", "127.0.0.1", "--port", str(port),
         "--tensor_parallel_size", "2", "--data-parallel-size", "2",
+        env={"VLLM_SERVER_DEV_MODE": "1"},
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     wait_healthy(base, proc)
-    assert requests.get(base + "/health/", timeout=5).json() == {"status": "ok"}
-    assert requests.get(base + "/health", timeout=5).json() == {"status": "ok"}
-    assert requests.get(base + "/get_world_size/", timeout=5).json() == {"world_size": 4}
-    assert requests.get(base + "/get_tensor_parallel_size/", timeout=5).json() == {
-        "tensor_parallel_size": 2
-    }
+    health = requests.get(base + "/health", timeout=5)
+    assert (health.status_code, health.content) == (200, b"")
+    assert requests.get(base + "/health/", timeout=5).url == base + "/health"  # via a 307
+    assert requests.get(base + "/get_world_size", timeout=5).json() == {"world_size": 4}
+    assert requests.get(base + "/v1/models", timeout=5).json()["data"][0]["id"] == "m"
     assert requests.get(base + "/nope/", timeout=5).status_code == 404
     assert "PATH" in requests.get(base + "/verirl/env/", timeout=5).json()["env"]
+    assert requests.get(base + "/verirl/argv/", timeout=5).json()["argv"][:2] == ["--model", "m"]
+    assert requests.get(base + "/verirl/args/", timeout=5).json()["model"] == "m"
     pids = requests.get(base + "/verirl/workers/", timeout=5).json()["pids"]
     workers = [psutil.Process(pid) for pid in pids]
     assert len(workers) == 4
     assert all(w.ppid() == proc.pid for w in workers)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=10) == 0
+    assert stop(proc) == 0
     assert gone_within(workers, timeout=30)
+    log = (tmp_path / "fake-0.log").read_text()
+    assert "INFO:     Application startup complete." in log
+    assert f"INFO:     Uvicorn running on http://127.0.0.1:{port} (Press CTRL+C to quit)" in log
+    assert re.search(r'INFO:     127\.0\.0\.1:\d+ - "GET /get_world_size HTTP/1\.1" 200 OK', log)
+    assert "fake protocol: vllm; VLLM_SERVER_DEV_MODE=1" in log
+
+
+def test_program_without_dev_mode_hides_the_dev_endpoints(run_fake):
+    port = unshared_port()
+    proc = run_fake("--model", "m", "--port", str(port), "--uvicorn-log-level", "warning")
+    base = f"http://127.0.0.1:{port}"
+    wait_healthy(base, proc)
+    for path in ("/server_info", "/get_world_size", "/get_world_size/", "/is_paused"):
+        assert requests.get(base + path, timeout=5).json() == {"detail": "Not Found"}, path
+    for path in ("/reset_prefix_cache", "/start_weight_update", "/init_weight_transfer_engine"):
+        assert requests.post(base + path, json={}, timeout=5).status_code == 404, path
+    completion = requests.post(base + "/v1/completions", json={"prompt": "hi"}, timeout=5)
+    assert completion.status_code == 200
+    assert stop(proc) == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "env"),
+    [
+        (("--fake-protocol", "trl-legacy"), {}),
+        ((), {"FAKE_VLLM_PROTOCOL": "trl-legacy"}),
+    ],
+    ids=["flag", "knob"],
+)
+def test_program_speaks_the_legacy_trl_protocol_when_asked(run_fake, flags, env):
+    port = unshared_port()
+    proc = run_fake(
+        "--model", "m", "--port", str(port), "--tensor-parallel-size", "2", *flags, env=env
+    )
+    base = f"http://127.0.0.1:{port}"
+    wait_healthy(base, proc, path="/health/")
+    assert_legacy_protocol(base, world_size=2, tensor_parallel_size=2)
+    assert stop(proc) == 0
+
+
+def test_the_protocol_flag_wins_over_the_knob(run_fake):
+    port = unshared_port()
+    proc = run_fake(
+        "--model", "m", "--port", str(port), "--fake-protocol", "vllm",
+        env={"FAKE_VLLM_PROTOCOL": "trl-legacy"},
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    wait_healthy(base, proc)
+    assert requests.get(base + "/health", timeout=5, allow_redirects=False).status_code == 200
+    assert stop(proc) == 0
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"FAKE_VLLM_PROTOCOL": "grpc"}, "FAKE_VLLM_PROTOCOL='grpc'"),
+        ({"VLLM_SERVER_DEV_MODE": "yes"}, "VLLM_SERVER_DEV_MODE='yes'"),
+        ({"FAKE_VLLM_STARTUP_DELAY": "soon"}, "FAKE_VLLM_STARTUP_DELAY='soon'"),
+    ],
+)
+def test_program_refuses_a_malformed_variable_naming_it(run_fake, tmp_path, env, message):
+    proc = run_fake("--model", "m", "--port", str(unshared_port()), env=env)
+    assert proc.wait(timeout=20) == 2
+    log = (tmp_path / "fake-0.log").read_text()
+    assert f"error: {message}" in log
+    assert "Started worker process" not in log
 
 
 def test_program_crash_knob_exits_with_the_code_and_workers_die_with_it(run_fake, tmp_path):
@@ -251,11 +431,1199 @@ def test_program_load_until_knob_binds_the_port_only_once_the_file_exists(run_fa
         assert proc.poll() is None, "the fake server exited"
         time.sleep(0.01)
     with pytest.raises(requests.ConnectionError):
-        requests.get(f"http://127.0.0.1:{port}/health/", timeout=5)
+        requests.get(f"http://127.0.0.1:{port}/health", timeout=5)
     go.touch()
     wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=60)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0
+    assert stop(proc) == 0
+
+
+def test_program_reports_a_taken_port(run_fake, tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as holder:
+        proc = run_fake(
+            "--model", "m", "--host", "127.0.0.1", "--port", str(holder.getsockname()[1])
+        )
+        assert proc.wait(timeout=20) == 1
+    assert "error while attempting to bind on address" in (tmp_path / "fake-0.log").read_text()
+
+
+def non_loopback_address() -> str | None:
+    """An address of this machine other than loopback (the one a default route would use)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+def test_program_env_route_answers_loopback_clients_only(run_fake):
+    address = non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    port = unshared_port()
+    proc = run_fake("--model", "m", "--host", "0.0.0.0", "--port", str(port))
+    wait_healthy(f"http://127.0.0.1:{port}", proc)
+    remote = requests.get(f"http://{address}:{port}/verirl/env/", timeout=5)
+    assert (remote.status_code, remote.json()) == (403, {"detail": "loopback clients only"})
+    assert requests.get(f"http://{address}:{port}/verirl/argv/", timeout=5).status_code == 200
+    assert stop(proc) == 0
+
+
+# ---------------------------------------------------------------- the HTTP API, both ways
+
+
+@pytest.fixture(scope="module")
+def program_server(tmp_path_factory) -> str:
+    """The program in dev mode, tp=2, two served names; one per module (it keeps state)."""
+    port = unshared_port()
+    log = tmp_path_factory.mktemp("program") / "fake.log"
+    argv = [
+        *FAKE,
+        "--model",
+        MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--tensor-parallel-size",
+        "2",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--served-model-name",
+        MODEL,
+        "alias",
+        "--uvicorn-log-level",
+        "warning",
+    ]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=program_env({"VLLM_SERVER_DEV_MODE": "1"}),
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base, proc)
+        yield base
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def in_process_server() -> str:
+    """`FakeVLLMServer` with the same flags (its dev mode is on, as under VLLMServer)."""
+    server = FakeVLLMServer(
+        MODEL,
+        port=unshared_port(),
+        serve_http=True,
+        tensor_parallel_size=2,
+        devices=(0, 1),
+        max_model_len=MAX_MODEL_LEN,
+        extra_args=("--served-model-name", MODEL, "alias"),
+    )
+    with server:
+        yield server.base_url
+
+
+@pytest.fixture(scope="module", params=["program", "in-process"])
+def base(request) -> str:
+    """The base URL of a dev-mode fake: the program, then `FakeVLLMServer`."""
+    return request.getfixturevalue(f"{request.param.replace('-', '_')}_server")
+
+
+def post(base: str, path: str, body: object = None, **kwargs) -> requests.Response:
+    return requests.post(base + path, json=body, timeout=30, **kwargs)
+
+
+def ok(response: requests.Response):
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def vllm_error(response: requests.Response, status: int, kind: str = "BadRequestError") -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["type"], error["code"]) == (kind, status)
+    return error
+
+
+def complete(base: str, **body) -> dict:
+    return ok(post(base, "/v1/completions", {"model": MODEL, **body}))
+
+
+def test_health_and_starlettes_trailing_slash_redirect(base):
+    health = requests.get(base + "/health", timeout=5)
+    assert (health.status_code, health.content) == (200, b"")
+    assert "content-type" not in health.headers
+    redirect = requests.get(base + "/health/", timeout=5, allow_redirects=False)
+    assert (redirect.status_code, redirect.headers["location"]) == (307, base + "/health")
+    with_query = requests.get(
+        base + "/get_world_size/?include_dp=false", timeout=5, allow_redirects=False
+    )
+    assert with_query.headers["location"] == base + "/get_world_size?include_dp=false"
+
+
+def test_unknown_paths_and_methods_answer_like_starlette(base):
+    missing = requests.get(base + "/nope", timeout=5)
+    assert (missing.status_code, missing.json()) == (404, {"detail": "Not Found"})
+    assert requests.get(base + "/", timeout=5).status_code == 404
+    wrong = requests.get(base + "/v1/completions", timeout=5)
+    assert (wrong.status_code, wrong.json()) == (405, {"detail": "Method Not Allowed"})
+    assert wrong.headers["allow"] == "POST"
+    assert requests.post(base + "/health", timeout=5).headers["allow"] == "GET"
+    head = requests.head(base + "/health", timeout=5)
+    assert (head.status_code, head.content) == (405, b"")  # vLLM registers GET only
+    assert requests.delete(base + "/v1/models", timeout=5).status_code == 405
+
+
+def test_models_version_and_world_size(base):
+    models = ok(requests.get(base + "/v1/models", timeout=5))
+    assert models["object"] == "list"
+    assert [entry["id"] for entry in models["data"]] == [MODEL, "alias"]
+    entry = models["data"][0]
+    assert (entry["object"], entry["owned_by"], entry["root"], entry["parent"]) == (
+        "model",
+        "vllm",
+        MODEL,
+        None,
+    )
+    assert entry["max_model_len"] == MAX_MODEL_LEN
+    assert entry["permission"][0]["object"] == "model_permission"
+    assert ok(requests.get(base + "/version", timeout=5)) == {"version": "0.0.0+fake"}
+    assert ok(requests.get(base + "/get_world_size", timeout=5)) == {"world_size": 2}
+    assert ok(requests.get(base + "/get_world_size?include_dp=false", timeout=5)) == {
+        "world_size": 2
+    }
+    bad = requests.get(base + "/get_world_size?include_dp=maybe", timeout=5)
+    assert vllm_error(bad, 400, "Bad Request")["param"] == "query.include_dp"
+
+
+def test_server_info_shows_the_config_trl_reads(base):
+    info = ok(requests.get(base + "/server_info", params={"config_format": "json"}, timeout=5))
+    assert set(info) == {"vllm_config", "vllm_env", "system_env"}
+    config = info["vllm_config"]
+    assert config["weight_transfer_config"] == {"backend": "nccl"}
+    assert config["parallel_config"]["tensor_parallel_size"] == 2
+    assert config["model_config"]["served_model_name"] == [MODEL, "alias"]
+    assert config["model_config"]["max_model_len"] == MAX_MODEL_LEN
+    assert config["model_config"]["logprobs_mode"] == "processed_logprobs"
+    assert info["vllm_env"]["VLLM_SERVER_DEV_MODE"] == "1"
+    text = ok(requests.get(base + "/server_info", timeout=5))["vllm_config"]
+    assert isinstance(text, str)
+    assert "weight_transfer_config={'backend': 'nccl'}" in text
+    bad = requests.get(base + "/server_info?config_format=yaml", timeout=5)
+    assert vllm_error(bad, 400, "Bad Request")["param"] == "query.config_format"
+
+
+def test_completions_text_prompts_n_choices_prompt_major(base):
+    reply = complete(
+        base, prompt=["module adder", "the fox"], n=2, max_tokens=5, return_token_ids=True
+    )
+    assert reply["object"] == "text_completion"
+    assert reply["id"].startswith("cmpl-")
+    assert reply["model"] == MODEL
+    choices = reply["choices"]
+    assert [choice["index"] for choice in choices] == [0, 1, 2, 3]
+    assert [choice["prompt_token_ids"] for choice in choices] == [
+        list(b"module adder"),
+        list(b"module adder"),
+        list(b"the fox"),
+        list(b"the fox"),
+    ]
+    for choice in choices:
+        assert len(choice["token_ids"]) == 5
+        assert all(0 <= token < 256 for token in choice["token_ids"])
+        assert choice["text"] == bytes(choice["token_ids"]).decode("utf-8", "replace")
+        assert (choice["logprobs"], choice["prompt_logprobs"]) == (None, None)
+        assert (choice["finish_reason"], choice["stop_reason"]) == ("length", None)
+    assert choices[0]["token_ids"] != choices[1]["token_ids"]  # n samples differ
+    assert reply["usage"] == {
+        "prompt_tokens": 12 + 7,
+        "total_tokens": 12 + 7 + 20,
+        "completion_tokens": 20,
+        "prompt_tokens_details": None,
+        "completion_tokens_details": None,
+    }
+    again = complete(
+        base, prompt=["module adder", "the fox"], n=2, max_tokens=5, return_token_ids=True
+    )
+    assert [c["token_ids"] for c in again["choices"]] == [c["token_ids"] for c in choices]
+    reseeded = complete(base, prompt="module adder", max_tokens=5, return_token_ids=True, seed=7)
+    assert reseeded["choices"][0]["token_ids"] != choices[0]["token_ids"]
+    plain = complete(base, prompt="module adder", model=None)
+    assert plain["usage"]["completion_tokens"] == 16  # the default max_tokens
+    assert (plain["choices"][0]["token_ids"], plain["choices"][0]["prompt_token_ids"]) == (
+        None,
+        None,
+    )
+    assert complete(base, prompt="hi", model="alias")["model"] == "alias"
+
+
+@pytest.mark.parametrize(
+    "prompt", [[5, 6, 7], [[5, 6, 7]], [[5, 6, 7], [200_000, 8]]], ids=["ids", "lists", "two"]
+)
+def test_completions_token_id_prompts(base, prompt):
+    reply = complete(base, prompt=prompt, max_tokens=3, return_token_ids=True)
+    expected = [prompt] if isinstance(prompt[0], int) else prompt
+    assert [choice["prompt_token_ids"] for choice in reply["choices"]] == expected
+    assert all(len(choice["token_ids"]) == 3 for choice in reply["choices"])
+
+
+def test_completions_logprobs_the_sampled_token_and_k_others(base):
+    reply = complete(
+        base,
+        prompt=["ab", "cd"],
+        n=2,
+        max_tokens=4,
+        logprobs=3,
+        return_token_ids=True,
+        return_tokens_as_token_ids=True,
+    )
+    for choice in reply["choices"]:
+        logprobs = choice["logprobs"]
+        assert set(logprobs) == {"text_offset", "token_logprobs", "tokens", "top_logprobs"}
+        assert logprobs["tokens"] == [f"token_id:{token}" for token in choice["token_ids"]]
+        assert logprobs["text_offset"][0] == 0
+        for token, logprob, top in zip(
+            logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"], strict=True
+        ):
+            assert len(top) == 4
+            assert next(iter(top)) == token  # the sampled token first, as vLLM lists it
+            assert top[token] == logprob
+            assert all(value < 0 for value in top.values())
+            assert all(re.fullmatch(r"token_id:\d+", key) for key in top)
+    zero = complete(base, prompt="ab", max_tokens=4, logprobs=0, return_tokens_as_token_ids=True)
+    assert all(len(top) == 1 for top in zero["choices"][0]["logprobs"]["top_logprobs"])
+    everything = complete(base, prompt="ab", max_tokens=1, logprobs=-1)["choices"][0]
+    assert len(everything["logprobs"]["top_logprobs"][0]) <= 256  # text keys may collide
+    text = complete(base, prompt="ab", max_tokens=4, logprobs=1)["choices"][0]["logprobs"]
+    assert text["text_offset"] == [sum(map(len, text["tokens"][:i])) for i in range(4)]
+
+
+def test_prompt_logprobs_rank_the_actual_token_and_agree_with_generation(base):
+    generated = complete(
+        base, prompt="module adder", max_tokens=6, logprobs=2, return_token_ids=True
+    )["choices"][0]
+    prompt, completion = generated["prompt_token_ids"], generated["token_ids"]
+    scored = complete(base, prompt=[prompt + completion], max_tokens=1, prompt_logprobs=3)
+    positions = scored["choices"][0]["prompt_logprobs"]
+    assert len(positions) == len(prompt) + len(completion)
+    assert positions[0] is None
+    sequence = prompt + completion
+    for index, position in enumerate(positions[1:], start=1):
+        assert str(sequence[index]) in position
+        assert len(position) == 4
+        ranked = sorted(position.values(), key=lambda entry: entry["rank"])
+        assert [entry["rank"] for entry in ranked][:3] == [1, 2, 3]
+        values = [entry["logprob"] for entry in ranked]
+        assert values == sorted(values, reverse=True)
+        assert all(value < 0 for value in values)
+        assert all(set(entry) == {"logprob", "rank", "decoded_token"} for entry in ranked)
+    # The prompt logprobs of prompt + completion are the logprobs it was generated with.
+    for offset, token in enumerate(completion):
+        logprob = generated["logprobs"]["token_logprobs"][offset]
+        assert positions[len(prompt) + offset][str(token)]["logprob"] == pytest.approx(logprob)
+    assert (scored["choices"][0]["token_ids"], scored["choices"][0]["prompt_token_ids"]) == (
+        None,
+        None,
+    )
+
+
+def test_greedy_sampling_takes_the_best_token(base):
+    choice = complete(base, prompt="greedy", max_tokens=8, temperature=0, logprobs=2)["choices"][0]
+    for logprob, top in zip(
+        choice["logprobs"]["token_logprobs"], choice["logprobs"]["top_logprobs"], strict=True
+    ):
+        assert logprob == max(top.values())
+
+
+def test_chat_completions(base):
+    messages = [{"role": "user", "content": "hi"}]
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "n": 2,
+        "max_tokens": 3,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+    }
+    reply = ok(post(base, "/v1/chat/completions", body))
+    assert (reply["object"], reply["model"]) == ("chat.completion", MODEL)
+    assert reply["prompt_token_ids"] == list(b"<|user|>\nhi\n<|assistant|>\n")
+    assert [choice["index"] for choice in reply["choices"]] == [0, 1]
+    for choice in reply["choices"]:
+        assert choice["message"]["role"] == "assistant"
+        assert choice["message"]["content"] == bytes(choice["token_ids"]).decode("utf-8", "replace")
+        assert len(choice["token_ids"]) == 3
+        for token, entry in zip(choice["token_ids"], choice["logprobs"]["content"], strict=True):
+            assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"}
+            assert entry["token"] == f"token_id:{token}"
+            assert entry["logprob"] < 0
+            assert entry["bytes"] == (list(chr(token).encode()) if token < 128 else [])
+            assert len(entry["top_logprobs"]) == 2  # the first top_logprobs: sampled first
+            assert entry["top_logprobs"][0]["token"] == entry["token"]
+            assert entry["top_logprobs"][0]["bytes"] == list(entry["token"].encode())
+    none = ok(post(base, "/v1/chat/completions", {**body, "logprobs": False, "top_logprobs": None}))
+    assert none["choices"][0]["logprobs"] is None
+    assert none["choices"][0]["token_ids"] == reply["choices"][0]["token_ids"]
+    zero = ok(post(base, "/v1/chat/completions", {**body, "top_logprobs": 0}))
+    assert zero["choices"][0]["logprobs"]["content"][0]["top_logprobs"] == []
+    bare = ok(post(base, "/v1/chat/completions", {"messages": messages}))
+    assert (bare["prompt_token_ids"], bare["choices"][0]["token_ids"]) == (None, None)
+    assert bare["usage"]["completion_tokens"] == 16
+    parts = [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]
+    split = ok(
+        post(
+            base, "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": parts}]}
+        )
+    )
+    assert split["prompt_token_ids"] == reply["prompt_token_ids"]
+
+
+PNG = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAgAAAAICAIAAABLbSncAAAADElEQVR4nGNgGB4AAADIAAGt"
+    "QHYiAAAAAElFTkSuQmCC"
+)
+
+
+def image_message(url: str = PNG) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]
+
+
+def test_render_gives_token_ids_and_fake_features_for_images(base):
+    text = ok(
+        post(base, "/v1/chat/completions/render", {"messages": [{"role": "user", "content": "hi"}]})
+    )
+    assert text["token_ids"] == list(b"<|user|>\nhi\n<|assistant|>\n")
+    assert text["features"] is None
+    assert (text["output_mode"], text["model"]) == ("tokens", MODEL)
+    reply = ok(
+        post(
+            base,
+            "/v1/chat/completions/render",
+            {"model": MODEL, "messages": image_message(), "max_tokens": 1},
+        )
+    )
+    assert reply["sampling_params"]["max_tokens"] == 1
+    features = reply["features"]
+    digest = hashlib.sha256(PNG.encode()).hexdigest()
+    assert features["mm_hashes"] == {"image": [digest]}
+    assert features["mm_placeholders"] == {"image": [{"offset": 9, "length": 7}]}
+    assert bytes(reply["token_ids"][9:16]) == b"<image>"
+    assert features["mm_metadata"] is None
+    assert len(features["kwargs_data"]["image"]) == 1
+    again = ok(post(base, "/v1/chat/completions/render", {"messages": image_message()}))
+    assert again["features"] == features
+    other = ok(post(base, "/v1/chat/completions/render", {"messages": image_message(PNG + "A")}))
+    assert other["features"]["mm_hashes"] != features["mm_hashes"]
+
+
+def test_generate_from_token_ids_and_features(base):
+    render = ok(post(base, "/v1/chat/completions/render", {"messages": image_message()}))
+    body = {
+        "request_id": "r1",
+        "model": MODEL,
+        "token_ids": render["token_ids"],
+        "features": render["features"],
+        "sampling_params": {"max_tokens": 3, "logprobs": 2, "n": 2, "output_kind": 2},
+    }
+    reply = ok(post(base, "/inference/v1/generate", body))
+    assert (reply["request_id"], reply["output_mode"]) == ("generate-tokens-r1", "tokens")
+    assert (reply["prompt_token_ids"], reply["mm_placeholders"]) == (None, None)
+    assert [choice["index"] for choice in reply["choices"]] == [0, 1]
+    for choice in reply["choices"]:
+        assert len(choice["token_ids"]) == 3
+        assert choice["weight_versions"] == [{"version": "default", "start": 0, "end": 3}]
+        for token, entry in zip(choice["token_ids"], choice["logprobs"]["content"], strict=True):
+            assert (entry["token_id"], entry["token"]) == (token, f"token_id:{token}")
+            assert entry["rank"] >= 1
+            assert len(entry["top_logprobs"]) == 2
+            assert entry["top_logprobs"][0]["token_id"] == token
+            assert set(entry["top_logprobs"][1]) == {"token_id", "logprob", "rank", "token"}
+    # render + generate is the chat: the image hashes steer the same way.
+    chat = ok(
+        post(
+            base,
+            "/v1/chat/completions",
+            {"messages": image_message(), "n": 2, "max_tokens": 3, "return_token_ids": True},
+        )
+    )
+    assert [c["token_ids"] for c in chat["choices"]] == [c["token_ids"] for c in reply["choices"]]
+    plain = ok(
+        post(
+            base,
+            "/inference/v1/generate",
+            {"token_ids": render["token_ids"], "sampling_params": {"max_tokens": 3}},
+        )
+    )
+    assert plain["choices"][0]["token_ids"] != reply["choices"][0]["token_ids"]
+    assert plain["choices"][0]["logprobs"] is None
+    echoed = ok(post(base, "/inference/v1/generate", {**body, "return_token_ids": True}))
+    assert echoed["prompt_token_ids"] == render["token_ids"]
+    assert echoed["mm_placeholders"] == render["features"]["mm_placeholders"]
+    zero = ok(post(base, "/inference/v1/generate", {**body, "sampling_params": {"logprobs": 0}}))
+    assert len(zero["choices"][0]["token_ids"]) == 16
+    assert len(zero["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 1
+    text = ok(post(base, "/inference/v1/generate", {**body, "output_mode": "text"}))
+    choice = text["choices"][0]
+    assert choice["text"] == bytes(choice["token_ids"]).decode("utf-8", "replace")
+    assert set(choice["logprobs"]["content"][0]) == {"token", "logprob", "bytes", "top_logprobs"}
+
+
+@pytest.mark.parametrize(
+    ("features", "message"),
+    [
+        (
+            {
+                "mm_hashes": {"image": ["a"]},
+                "mm_placeholders": {"image": [{"offset": 20, "length": 7}]},
+            },
+            "within the token_ids",
+        ),
+        (
+            {
+                "mm_hashes": {"image": ["a"]},
+                "mm_placeholders": {"video": [{"offset": 0, "length": 1}]},
+            },
+            "same modalities",
+        ),
+        (
+            {
+                "mm_hashes": {"image": ["a", "b"]},
+                "mm_placeholders": {"image": [{"offset": 0, "length": 1}]},
+            },
+            "same length",
+        ),
+        (
+            {
+                "mm_hashes": {"image": ["a", "b"]},
+                "mm_placeholders": {
+                    "image": [{"offset": 0, "length": 4}, {"offset": 2, "length": 1}]
+                },
+            },
+            "non-overlapping",
+        ),
+        (
+            {
+                "mm_hashes": {"image": ["a"]},
+                "mm_placeholders": {"image": [{"offset": 0, "length": 1}]},
+                "kwargs_data": {"image": []},
+            },
+            "kwargs_data",
+        ),
+        (
+            {
+                "mm_hashes": {"image": ["a"]},
+                "mm_placeholders": {"image": [{"offset": -1, "length": 1}]},
+            },
+            "mm_placeholders",
+        ),
+        ({"mm_hashes": {"image": [1]}, "mm_placeholders": {"image": []}}, "mm_hashes"),
+        ("features", "dictionary"),
+    ],
+)
+def test_generate_checks_features_as_vllm_does(base, features, message):
+    body = {"token_ids": list(range(10)), "features": features, "sampling_params": {}}
+    error = vllm_error(post(base, "/inference/v1/generate", body), 400, "Bad Request")
+    assert message in error["message"]
+
+
+def test_reset_prefix_cache(base):
+    assert ok(post(base, "/reset_prefix_cache")) == {"success": True}
+    assert ok(post(base, "/reset_prefix_cache?reset_running_requests=true")) == {"success": True}
+    assert requests.get(base + "/reset_prefix_cache", timeout=5).status_code == 405
+
+
+def calls_since(base: str, start: int) -> list[dict]:
+    return ok(requests.get(base + "/verirl/calls/", timeout=5))["calls"][start:]
+
+
+def calls_now(base: str) -> int:
+    return len(ok(requests.get(base + "/verirl/calls/", timeout=5))["calls"])
+
+
+def test_weight_transfer_calls_are_checked_and_recorded(base):
+    start = calls_now(base)
+    init_info = {
+        "master_address": "10.0.0.1",
+        "master_port": 51216,
+        "rank_offset": 1,
+        "world_size": 3,
+    }
+    update_info = {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[2, 2]]}
+    assert ok(post(base, "/init_weight_transfer_engine", {"init_info": init_info})) == {
+        "message": "Weight transfer initialized"
+    }
+    assert ok(post(base, "/start_weight_update", {})) == {"message": "Weight update started"}
+    assert ok(post(base, "/update_weights", {"update_info": update_info})) == {
+        "message": "Weights updated"
+    }
+    assert ok(post(base, "/update_weights", {"update_info": [update_info]})) == {
+        "message": "Weights updated"
+    }
+    assert ok(post(base, "/finish_weight_update", {"weight_version": "step-1"})) == {
+        "message": "Weight update finished"
+    }
+    assert ok(requests.get(base + "/weight_info", timeout=5)) == {"weight_version": "step-1"}
+    generated = ok(
+        post(
+            base, "/inference/v1/generate", {"token_ids": [1], "sampling_params": {"max_tokens": 2}}
+        )
+    )
+    assert generated["choices"][0]["weight_versions"][0]["version"] == "step-1"
+    assert ok(post(base, "/shutdown_weight_transfer_engine")) == {
+        "message": "Weight transfer shut down"
+    }
+    calls = calls_since(base, start)
+    assert [(call["method"], call["path"], call["status"]) for call in calls] == [
+        ("POST", "/init_weight_transfer_engine", 200),
+        ("POST", "/start_weight_update", 200),
+        ("POST", "/update_weights", 200),
+        ("POST", "/update_weights", 200),
+        ("POST", "/finish_weight_update", 200),
+        ("POST", "/shutdown_weight_transfer_engine", 200),
+    ]
+    assert calls[0]["body"] == {"init_info": init_info}
+    assert calls[2]["body"] == {"update_info": update_info}
+    assert calls[5]["body"] is None
+    assert requests.get(base + "/verirl/calls", timeout=5).url == base + "/verirl/calls/"
+
+
+def test_weight_updates_out_of_order_are_vllms_500s(base):
+    start = calls_now(base)
+    update = {"update_info": {"names": []}}
+    error = vllm_error(post(base, "/update_weights", update), 500, "InternalServerError")
+    assert "start_weight_update must be called before update_weights." in error["message"]
+    error = vllm_error(post(base, "/finish_weight_update", {}), 500, "InternalServerError")
+    assert "without a matching start_weight_update" in error["message"]
+    ok(post(base, "/start_weight_update", data=b"{not json"))  # vLLM reads no body here
+    error = vllm_error(post(base, "/start_weight_update"), 500, "InternalServerError")
+    assert "already active" in error["message"]
+    vllm_error(post(base, "/finish_weight_update", {"weight_version": 5}), 400, "Bad Request")
+    ok(post(base, "/finish_weight_update", {}))
+    assert [call["status"] for call in calls_since(base, start)] == [500, 500, 200, 500, 400, 200]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/init_weight_transfer_engine", {}, "body.init_info"),
+        ("/init_weight_transfer_engine", {"init_info": 3}, "body.init_info"),
+        ("/init_weight_transfer_engine", [1], "body"),
+        ("/update_weights", {}, "body.update_info"),
+        ("/update_weights", {"update_info": 5}, "body.update_info"),
+        ("/update_weights", {"update_info": [5]}, "body.update_info"),
+    ],
+)
+def test_weight_transfer_bodies_are_checked(base, path, body, param):
+    assert vllm_error(post(base, path, body), 400, "Bad Request")["param"] == param
+
+
+def test_pause_and_resume(base):
+    assert ok(post(base, "/pause?mode=keep")) == {"status": "paused"}
+    assert ok(requests.get(base + "/is_paused", timeout=5)) == {"is_paused": True}
+    assert ok(post(base, "/resume")) == {"status": "resumed"}
+    assert ok(requests.get(base + "/is_paused", timeout=5)) == {"is_paused": False}
+    assert vllm_error(post(base, "/pause?mode=later"), 400, "Bad Request")["param"] == "query.mode"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "kind", "needle"),
+    [
+        (
+            "/v1/completions",
+            {"prompt": "hi", "model": "other"},
+            404,
+            "NotFoundError",
+            "The model `other` does not exist. Valid aliases: fake/model, alias.",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "model": "x"},
+            404,
+            "NotFoundError",
+            "does not exist",
+        ),
+        (
+            "/v1/chat/completions/render",
+            {"messages": [], "model": "x"},
+            404,
+            "NotFoundError",
+            "does not exist",
+        ),
+        (
+            "/inference/v1/generate",
+            {"token_ids": [1], "sampling_params": {}, "model": "x"},
+            404,
+            "NotFoundError",
+            "does not exist",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "hi", "max_tokens": -1},
+            400,
+            "BadRequestError",
+            "max_tokens must be at least 1, got -1. (parameter=max_tokens, value=-1)",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "hi", "max_tokens": 0},
+            400,
+            "BadRequestError",
+            "max_tokens must be at least 1",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "hi", "max_tokens": MAX_MODEL_LEN + 1},
+            400,
+            "BadRequestError",
+            "cannot be greater than max_model_len=512",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "hi", "n": 0},
+            400,
+            "BadRequestError",
+            "n must be at least 1, got 0.",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "hi", "n": 2, "temperature": 0},
+            400,
+            "BadRequestError",
+            "greedy sampling",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "hi", "temperature": -1},
+            400,
+            "BadRequestError",
+            "temperature must be non-negative",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "hi", "n": 1000, "max_tokens": 512},
+            400,
+            "BadRequestError",
+            "at most 500000",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "hi", "n": 4, "max_tokens": 512, "logprobs": -1},
+            400,
+            "BadRequestError",
+            "at most 500000",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "hi", "logprobs": -2},
+            400,
+            "BadRequestError",
+            "`logprobs` must be a positive value or -1.",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "hi", "prompt_logprobs": -2},
+            400,
+            "BadRequestError",
+            "`prompt_logprobs` must be",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "hi", "stream": True},
+            400,
+            "BadRequestError",
+            "does not stream",
+        ),
+        ("/v1/completions", {}, 400, "BadRequestError", "Either prompt or prompt_embeds"),
+        (
+            "/v1/completions",
+            {"prompt": ""},
+            400,
+            "BadRequestError",
+            "Either prompt or prompt_embeds",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": []},
+            400,
+            "BadRequestError",
+            "You must pass at least one prompt",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": [""]},
+            400,
+            "BadRequestError",
+            "The decoder prompt cannot be empty",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": [[]]},
+            400,
+            "BadRequestError",
+            "The decoder prompt cannot be empty",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": [[1 << 18]]},
+            400,
+            "BadRequestError",
+            "Token id 262144 is out of vocabulary",
+        ),
+        ("/v1/completions", {"prompt": [[-1]]}, 400, "Bad Request", "greater_than_equal"),
+        ("/v1/completions", {"prompt": ["a", [1]]}, 400, "Bad Request", "body.prompt"),
+        ("/v1/completions", {"prompt": 5}, 400, "Bad Request", "string_type"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": "x"}, 400, "Bad Request", "int_parsing"),
+        ("/v1/completions", {"prompt": "hi", "n": 1.5}, 400, "Bad Request", "int_from_float"),
+        ("/v1/completions", {"prompt": "hi", "n": True}, 400, "Bad Request", "int_type"),
+        ("/v1/completions", {"prompt": "hi", "seed": "x"}, 400, "Bad Request", "body.seed"),
+        (
+            "/v1/completions",
+            {"prompt": "hi", "temperature": "hot"},
+            400,
+            "Bad Request",
+            "body.temperature",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "hi", "return_token_ids": "yes"},
+            400,
+            "Bad Request",
+            "bool_type",
+        ),
+        ("/v1/completions", {"prompt": "hi", "model": 5}, 400, "Bad Request", "body.model"),
+        ("/v1/completions", [1, 2], 400, "Bad Request", "model_attributes_type"),
+        ("/v1/chat/completions", {}, 400, "Bad Request", "body.messages"),
+        ("/v1/chat/completions", {"messages": "hi"}, 400, "Bad Request", "list_type"),
+        ("/v1/chat/completions", {"messages": []}, 400, "BadRequestError", "empty conversation"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"content": "x"}]},
+            400,
+            "Bad Request",
+            "body.messages.0.role",
+        ),
+        ("/v1/chat/completions", {"messages": ["x"]}, 400, "Bad Request", "body.messages.0"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": 5}]},
+            400,
+            "Bad Request",
+            "body.messages.0.content",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "bogus"}]}]},
+            400,
+            "BadRequestError",
+            "Unsupported chat content part type: 'bogus'",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]},
+            400,
+            "Bad Request",
+            "text",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            400,
+            "Bad Request",
+            "image_url.url",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": ["x"]}]},
+            400,
+            "Bad Request",
+            "content",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "u", "content": "x"}], "top_logprobs": 2},
+            400,
+            "BadRequestError",
+            "when using `top_logprobs`, `logprobs` must be set to true.",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "u", "content": "x"}], "logprobs": True, "top_logprobs": -2},
+            400,
+            "BadRequestError",
+            "`top_logprobs` must be a positive value or -1.",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "u", "content": "x"}], "stream": True},
+            400,
+            "BadRequestError",
+            "does not stream",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "u", "content": "x"}], "max_completion_tokens": 0},
+            400,
+            "BadRequestError",
+            "max_tokens must be at least 1",
+        ),
+        ("/v1/chat/completions/render", {}, 400, "Bad Request", "body.messages"),
+        ("/inference/v1/generate", {"sampling_params": {}}, 400, "Bad Request", "body.token_ids"),
+        (
+            "/inference/v1/generate",
+            {"token_ids": 5, "sampling_params": {}},
+            400,
+            "Bad Request",
+            "list_type",
+        ),
+        (
+            "/inference/v1/generate",
+            {"token_ids": [], "sampling_params": {}},
+            400,
+            "Bad Request",
+            "too_short",
+        ),
+        ("/inference/v1/generate", {"token_ids": [1]}, 400, "Bad Request", "body.sampling_params"),
+        (
+            "/inference/v1/generate",
+            {"token_ids": [1], "sampling_params": 5},
+            400,
+            "Bad Request",
+            "dict_type",
+        ),
+        (
+            "/inference/v1/generate",
+            {"token_ids": [1], "sampling_params": {"n": 0}},
+            400,
+            "BadRequestError",
+            "n must be at least 1",
+        ),
+        (
+            "/inference/v1/generate",
+            {"token_ids": [1], "sampling_params": {"max_tokens": "x"}},
+            400,
+            "Bad Request",
+            "body.sampling_params.max_tokens",
+        ),
+        (
+            "/inference/v1/generate",
+            {"token_ids": [1], "sampling_params": {}, "output_mode": "json"},
+            400,
+            "Bad Request",
+            "output_mode",
+        ),
+        (
+            "/inference/v1/generate",
+            {"token_ids": [1], "sampling_params": {}, "stream": True},
+            400,
+            "BadRequestError",
+            "does not stream",
+        ),
+    ],
+)
+def test_bad_requests_answer_in_vllms_error_shape(base, path, body, status, kind, needle):  # noqa: PLR0917
+    assert needle in vllm_error(post(base, path, body), status, kind)["message"]
+
+
+def test_malformed_bodies(base):
+    broken = post(
+        base, "/v1/completions", data=b"{not json", headers={"Content-Type": "application/json"}
+    )
+    assert "json_invalid" in vllm_error(broken, 400, "Bad Request")["message"]
+    texty = post(
+        base, "/v1/completions", data=b'{"prompt": "hi"}', headers={"Content-Type": "text/plain"}
+    )
+    assert "Unsupported Media Type" in vllm_error(texty, 400, "Bad Request")["message"]
+    empty = post(base, "/v1/completions", data=b"", headers={"Content-Type": "application/json"})
+    assert vllm_error(empty, 400, "Bad Request")["param"] == "body"
+    charset = post(
+        base,
+        "/v1/completions",
+        data=b'{"prompt": "hi"}',
+        headers={"Content-Type": "application/json; charset=utf-8"},
+    )
+    assert charset.status_code == 200
+    nested = post(
+        base, "/v1/completions", data=b"[" * 100_000, headers={"Content-Type": "application/json"}
+    )
+    vllm_error(nested, 400, "Bad Request")
+    digits = post(
+        base,
+        "/v1/completions",
+        data=b'{"n": ' + b"9" * 10_000 + b"}",
+        headers={"Content-Type": "application/json"},
+    )
+    vllm_error(digits, 400, "Bad Request")
+    binary = post(
+        base,
+        "/v1/completions",
+        data=bytes(range(256)),
+        headers={"Content-Type": "application/json"},
+    )
+    vllm_error(binary, 400, "Bad Request")
+    surrogate = post(
+        base,
+        "/v1/completions",
+        data=b'{"prompt": "hi", "model": "\\ud800"}',
+        headers={"Content-Type": "application/json"},
+    )
+    assert "does not exist" in vllm_error(surrogate, 404, "NotFoundError")["message"]
+    huge = post(base, "/v1/completions", {"prompt": "hi", "max_tokens": 10**400})
+    assert "cannot be greater than max_model_len" in vllm_error(huge, 400)["message"]
+    infinite = post(
+        base,
+        "/v1/completions",
+        data=b'{"prompt": "hi", "temperature": 1e999}',
+        headers={"Content-Type": "application/json"},
+    )
+    vllm_error(infinite, 400, "Bad Request")
+    assert requests.get(base + "/health", timeout=5).status_code == 200  # still serving
+
+
+def raw_http(base: str, request: bytes) -> bytes:
+    """Send ``request`` as is; read until the server closes the connection."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        (b"Content-Length: 5000000\r\n", b"413 Request Entity Too Large"),
+        (b"Content-Length: 12abc\r\n", b"400 Bad Request"),
+        (b"Content-Length: -1\r\n", b"400 Bad Request"),
+        (b"Transfer-Encoding: chunked\r\n", b"411 Length Required"),
+    ],
+    ids=["too-large", "garbage-length", "negative-length", "chunked"],
+)
+def test_bodies_are_bounded(base, headers, status):
+    request = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    reply = raw_http(base, request + headers + b"\r\n")
+    assert reply.startswith(b"HTTP/1.1 " + status)
+    assert b"connection: close" in reply.lower()
+    assert requests.get(base + "/health", timeout=5).status_code == 200
+
+
+def test_a_client_that_hangs_up_mid_body_costs_nothing(base):
+    request = b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"pro'
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request)
+        sock.shutdown(socket.SHUT_WR)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 400")
+    assert requests.get(base + "/health", timeout=5).status_code == 200
+
+
+def test_a_redirect_without_a_host_header_names_the_servers_address(base):
+    reply = raw_http(base, b"GET /health/ HTTP/1.0\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 307")
+    assert f"location: {base}/health".encode() in reply.lower()
+
+
+def test_keep_alive_connections_serve_many_requests(base):
+    with requests.Session() as session:
+        for _ in range(5):
+            assert session.post(base + "/v1/completions", json={"prompt": "x"}, timeout=5).ok
+            assert session.get(base + "/nope", timeout=5).status_code == 404
+
+
+# ---------------------------------------------------------------- dev mode, scale-out, protocol
+
+
+def assert_legacy_protocol(base: str, *, world_size: int, tensor_parallel_size: int) -> None:
+    health = requests.get(base + "/health/", timeout=5)
+    assert (health.status_code, health.json()) == (200, {"status": "ok"})
+    redirect = requests.get(base + "/health", timeout=5, allow_redirects=False)
+    assert (redirect.status_code, redirect.headers["location"]) == (307, base + "/health/")
+    assert requests.get(base + "/get_world_size/", timeout=5).json() == {"world_size": world_size}
+    assert requests.get(base + "/get_tensor_parallel_size/", timeout=5).json() == {
+        "tensor_parallel_size": tensor_parallel_size
+    }
+    assert requests.get(base + "/v1/models", timeout=5).json() == {"detail": "Not Found"}
+    assert requests.get(base + "/verirl/calls/", timeout=5).json() == {"calls": []}
+
+
+def test_fake_server_speaks_the_legacy_protocol_when_asked():
+    server = FakeVLLMServer(
+        "m",
+        port=unshared_port(),
+        serve_http=True,
+        protocol="trl-legacy",
+        tensor_parallel_size=2,
+        devices=(0, 1),
+    )
+    with server:
+        assert_legacy_protocol(server.base_url, world_size=2, tensor_parallel_size=2)
+
+
+def test_fake_server_rejects_an_unknown_protocol():
+    with pytest.raises(ConfigError) as info:
+        FakeVLLMServer("m", protocol="grpc")
+    assert (info.value.field, info.value.value) == ("protocol", "grpc")
+    assert "protocol='grpc'" in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["0", ""])
+def test_fake_server_without_dev_mode_hides_the_dev_endpoints(value):
+    server = FakeVLLMServer(
+        "m", port=unshared_port(), serve_http=True, env={"VLLM_SERVER_DEV_MODE": value}
+    )
+    with server:
+        base = server.base_url
+        for path in ("/server_info", "/get_world_size", "/weight_info", "/is_paused"):
+            assert requests.get(base + path, timeout=5).status_code == 404, path
+        for path in ("/reset_prefix_cache", "/finish_weight_update", "/update_weights", "/pause"):
+            assert requests.post(base + path, json={}, timeout=5).status_code == 404, path
+        assert requests.get(base + "/health", timeout=5).status_code == 200
+        assert ok(post(base, "/v1/completions", {"prompt": "hi", "max_tokens": 2}))["model"] == "m"
+
+
+def test_fake_server_without_scale_out_refuses_render_and_generate():
+    server = FakeVLLMServer(
+        "m", port=unshared_port(), serve_http=True, extra_args=("--no-enable-scale-out",)
+    )
+    with server:
+        for path in ("/v1/chat/completions/render", "/inference/v1/generate"):
+            error = vllm_error(post(server.base_url, path, {}), 403, "PermissionDeniedError")
+            assert "--enable-scale-out" in error["message"]
+
+
+def test_fake_server_without_weight_transfer_reports_none_and_refuses_init():
+    server = FakeVLLMServer(
+        "m",
+        port=unshared_port(),
+        serve_http=True,
+        extra_args=("--weight-transfer-config", "null", "--max-logprobs", "5"),
+    )
+    with server:
+        base = server.base_url
+        info = ok(requests.get(base + "/server_info?config_format=json", timeout=5))
+        assert info["vllm_config"]["weight_transfer_config"] is None
+        error = vllm_error(
+            post(base, "/init_weight_transfer_engine", {"init_info": {}}),
+            500,
+            "InternalServerError",
+        )
+        assert "--weight-transfer-config" in error["message"]
+        error = vllm_error(post(base, "/v1/completions", {"prompt": "a", "logprobs": 6}), 400)
+        assert error["message"] == (
+            "Requested sample logprobs of 6, which is greater than max allowed: 5 "
+            "(parameter=logprobs, value=6)"
+        )
+        error = vllm_error(
+            post(base, "/v1/completions", {"prompt": "a", "prompt_logprobs": -1}), 400
+        )
+        assert "Requested prompt logprobs of 262144" in error["message"]
+        error = vllm_error(
+            post(
+                base,
+                "/v1/chat/completions",
+                {"messages": [{"role": "u", "content": "x"}], "logprobs": True, "top_logprobs": 6},
+            ),
+            400,
+        )
+        assert "greater than max allowed: 5" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "code", "needle"),
+    [
+        ({"extra_args": ("--no-such-flag",)}, 2, "unrecognized arguments: --no-such-flag"),
+        ({"env": {"VLLM_SERVER_DEV_MODE": "on"}}, 2, "VLLM_SERVER_DEV_MODE='on'"),
+    ],
+)
+def test_fake_server_with_a_bad_flag_or_variable_exits_like_the_program(kwargs, code, needle):
+    server = FakeVLLMServer("m", port=unshared_port(), serve_http=True, **kwargs)
+    with pytest.raises(VLLMServerExited) as info:
+        server.start()
+    assert info.value.returncode == code
+    assert needle in info.value.log_tail
+    assert not server.running
+
+
+def test_make_http_server_alone_keeps_its_old_signature():
+    port = unshared_port()
+    httpd = make_http_server("127.0.0.1", port, world_size=4)
+    thread = serve_in_background(httpd, "plain")
+    try:
+        base = f"http://127.0.0.1:{port}"
+        assert requests.get(base + "/health", timeout=5).status_code == 200
+        assert requests.get(base + "/get_world_size", timeout=5).status_code == 404  # no dev mode
+        assert ok(requests.get(base + "/v1/models", timeout=5))["data"][0]["id"] == "fake/model"
+    finally:
+        stop_serving(httpd, thread)
+    port = unshared_port()
+    httpd = make_http_server(
+        "127.0.0.1",
+        port,
+        world_size=4,
+        tensor_parallel_size=2,
+        dev_mode=True,
+        protocol="trl-legacy",
+    )
+    thread = serve_in_background(httpd, "legacy")
+    try:
+        assert_legacy_protocol(f"http://127.0.0.1:{port}", world_size=4, tensor_parallel_size=2)
+    finally:
+        stop_serving(httpd, thread)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"protocol": "grpc"}, "protocol='grpc'"),
+        ({"world_size": 3, "tensor_parallel_size": 2}, "not a multiple"),
+        ({"world_size": 2, "args": ServeArgs(model="m")}, "either args"),
+    ],
+)
+def test_make_http_server_refuses_bad_arguments(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        make_http_server("127.0.0.1", unshared_port(), **kwargs)
+
+
+def test_a_handler_bug_is_a_500_not_a_dead_server():
+    def broken(_request):
+        raise RuntimeError("bug")
+
+    port = unshared_port()
+    lines: list[str] = []
+    routes = {
+        "/boom": {"GET": broken},
+        "/fine": {"GET": lambda _request: Response(200, {"a": "é"})},
+    }
+    httpd = bind_json_server("127.0.0.1", port, routes, max_body=10, access_log=lines.append)
+    thread = serve_in_background(httpd, "broken")
+    try:
+        base = f"http://127.0.0.1:{port}"
+        boom = requests.get(base + "/boom", timeout=5)
+        assert (boom.status_code, boom.json()) == (500, {"detail": "Internal Server Error"})
+        fine = requests.get(base + "/fine", timeout=5)
+        assert (fine.content, fine.json()) == ('{"a":"é"}'.encode(), {"a": "é"})
+    finally:
+        stop_serving(httpd, thread)
+    assert re.fullmatch(
+        r'127\.0\.0\.1:\d+ - "GET /boom HTTP/1\.1" 500 Internal Server Error', lines[0]
+    )
 
 
 # ---------------------------------------------------------------- FakeVLLMServer
@@ -340,11 +1708,11 @@ def test_fake_server_from_topology():
 def test_fake_server_can_answer_health_on_loopback():
     server = FakeVLLMServer("m", port=unshared_port(), serve_http=True, tensor_parallel_size=2)
     with server:
-        assert requests.get(server.base_url + "/health/", timeout=5).json() == {"status": "ok"}
-        world = requests.get(server.base_url + "/get_world_size/", timeout=5).json()
+        assert requests.get(server.base_url + "/health", timeout=5).status_code == 200
+        world = requests.get(server.base_url + "/get_world_size", timeout=5).json()
         assert world == {"world_size": 2}
     with pytest.raises(requests.ConnectionError):
-        requests.get(server.base_url + "/health/", timeout=5)
+        requests.get(server.base_url + "/health", timeout=5)
 
 
 def test_fake_server_reports_a_taken_port():
@@ -381,6 +1749,6 @@ def test_fake_server_interrupted_after_serving_stops_serving():
             server.start()
         assert not server.running
         with pytest.raises(requests.ConnectionError):
-            requests.get(server.base_url + "/health/", timeout=5)
+            requests.get(server.base_url + "/health", timeout=5)
     finally:
         server.stop()
