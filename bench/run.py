@@ -439,13 +439,13 @@ def verirl_teardown(env: Mapping[str, str], scratch: Path) -> tuple[float, int]:
 
 
 def wait_healthy(popen: subprocess.Popen[bytes], base_url: str, timeout: float = 60.0) -> None:
-    """Poll the fake server's ``/health/`` until 200 (the start is not what is measured)."""
+    """Poll the fake server's ``/health`` until 200 (the start is not what is measured)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if popen.poll() is not None:
             raise RuntimeError(f"fake vllm-serve exited with {popen.returncode}")
         with contextlib.suppress(requests.RequestException):
-            response = requests.get(f"{base_url}/health/", timeout=1)
+            response = requests.get(f"{base_url}/health", timeout=1)
             response.close()
             if response.status_code == requests.codes.ok:
                 return

@@ -11,11 +11,31 @@ import argparse
 import json
 import os
 import sys
+import urllib.error
 import urllib.request
 from http import HTTPStatus
 from pathlib import Path
 
 STEPS_PER_RUN = 10
+
+
+def get_json(url: str) -> dict[str, object] | None:
+    """``GET url`` as JSON; ``None`` for an HTTP error (a route this server lacks)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:  # noqa: S310 - our own loopback URL
+            body: dict[str, object] = json.load(reply)
+    except urllib.error.HTTPError:
+        return None
+    return body
+
+
+def world_size(vllm_url: str) -> str:
+    """What TRL's client asks before it syncs weights; "unknown" without vLLM's dev endpoints."""
+    for path in ("/get_world_size", "/get_world_size/"):  # vLLM (dev mode), TRL 0.2x
+        body = get_json(vllm_url + path)
+        if body is not None:
+            return str(body["world_size"])
+    return "unknown"
 
 
 def main() -> int:
@@ -31,11 +51,10 @@ def main() -> int:
     print(f"[train] CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}")
 
     if vllm_url:
-        with urllib.request.urlopen(f"{vllm_url}/health/", timeout=5) as reply:  # noqa: S310 - our own loopback URL
+        # vLLM's server answers /health (TRL 0.2x's redirects it to /health/; urllib follows).
+        with urllib.request.urlopen(f"{vllm_url}/health", timeout=5) as reply:  # noqa: S310 - our own loopback URL
             assert reply.status == HTTPStatus.OK  # noqa: S101 - a demo's sanity check
-        with urllib.request.urlopen(f"{vllm_url}/get_world_size/", timeout=5) as reply:  # noqa: S310
-            world = json.load(reply)["world_size"]
-        print(f"[train] vLLM server at {vllm_url} is healthy (world size {world})")
+        print(f"[train] vLLM server at {vllm_url} is healthy (world size {world_size(vllm_url)})")
 
     step = 0
     if resume:

@@ -8,7 +8,9 @@ them available in any test suite::
             assert session.grpo_kwargs["vllm_mode"] == "server"
 
 Fixtures: `fake_env_server` (a healthy `FakeEnvServer`), `fake_vllm_command`
-(argv of the fake ``vllm-serve`` program, for `VLLMServer(command=...)`),
+(argv of the fake vLLM server program, for `VLLMServer(command=...)`: vLLM's
+API as TRL 1.x launches it, or TRL 0.2x's ``trl vllm-serve`` with
+``env={"FAKE_VLLM_PROTOCOL": "trl-legacy"}``; see `fakes.vllm_serve`),
 `fake_hub` (a started `FakeHub`, with huggingface_hub kept off the network),
 `fake_runtime` (a `TrainingRuntime` wired to in-process fakes: a 2-GPU plan,
 `FakeVLLMServer`, `FakeEnvServerProbe`, `FakeCheckpointSource` at step 10).
@@ -41,7 +43,7 @@ def fake_env_server() -> Iterator[FakeEnvServer]:
 
 @pytest.fixture
 def fake_vllm_command() -> list[str]:
-    """The fake ``vllm-serve`` program's argv, to pass as ``VLLMServer(command=...)``."""
+    """The fake vLLM server program's argv, to pass as ``VLLMServer(command=...)``."""
     return [sys.executable, "-m", "fakes.vllm_serve"]
 
 
