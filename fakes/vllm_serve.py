@@ -47,8 +47,9 @@ trl-legacy protocol
     ``GET /health/`` (200 ``{"status": "ok"}``), ``/get_world_size/``,
     ``/get_tensor_parallel_size/``; ``/health`` is a 307 to ``/health/``.
 Both
-    ``GET /verirl/calls/``: the recorded dev-mode POSTs (method, path, query,
-    JSON body, status), newest last, at most 1000; ``/verirl/argv/``,
+    ``GET /verirl/calls/``: the recorded dev-mode POSTs (``method``, ``path``,
+    ``query``, ``body``: the JSON body, ``null`` if none, not JSON or over
+    64 KiB, ``body_bytes``, ``status``), oldest first, the last 1000; ``/verirl/argv/``,
     ``/verirl/args/``, ``/verirl/workers/``: its argv, parsed flags and worker
     pids; ``/verirl/env/``: its environment, answered to loopback clients only
     (it may hold tokens).
@@ -80,9 +81,9 @@ and ``k`` others, the best-ranked ones (at most the 256 byte tokens);
 chat endpoint lists the first ``top_logprobs`` of those (the sampled one
 first, as vLLM does), ``/inference/v1/generate`` the first ``max(k, 1)``;
 the latter's entries carry vLLM 0.32's ``token_id`` and ``rank`` and also
-``token: "token_id:N"``, the key TRL 1.x parses (vLLM up to 0.31 sent that
-shape). ``--logprobs-mode`` is only reported; values are always logprobs.
-Streaming is not supported (400).
+``token: "token_id:N"``, the key TRL 1.x parses (the OpenAI-style shape vLLM
+sent before; TRL 1.16 fails on 0.32's own). ``--logprobs-mode`` is only
+reported; values are always logprobs. Streaming is not supported (400).
 
 ``/v1/chat/completions/render`` answers vLLM's render shape: the rendered
 ``token_ids`` and, for a conversation with images, ``features``:
@@ -192,6 +193,7 @@ _FINGERPRINT = f"vllm-{_FAKE_VERSION}"
 _MAX_BODY = 4 * 1024 * 1024
 _MAX_WORK = 500_000
 _MAX_RECORDED_CALLS = 1000
+_MAX_RECORDED_BODY = 64 * 1024
 _DEFAULT_MAX_MODEL_LEN = 32768
 _DEFAULT_MAX_TOKENS = 16
 _VOCAB_SIZE = 1 << 18  # prompt ids below it are accepted; generation uses the byte tokens
@@ -951,7 +953,7 @@ def _features_problem(
 
 # ------------------------------------------------------------------ HTTP
 
-Handler = Callable[["Request"], "Response"]
+_Handler = Callable[["Request"], "Response"]
 
 
 def _response(status: int, body: object = None) -> Response:
@@ -1007,7 +1009,7 @@ class _FakeVLLMAPI:
         with self._lock:
             return list(self._calls)
 
-    def routes(self) -> dict[str, dict[str, Handler]]:
+    def routes(self) -> dict[str, dict[str, _Handler]]:
         """Routes (path → method → handler) as this server's flags and environment register them."""
         get: dict[str, Callable[[Request], object]] = {
             "/version": lambda _: {"version": _FAKE_VERSION},
@@ -1042,7 +1044,7 @@ class _FakeVLLMAPI:
                 "/update_weights": self._update_weights,
                 "/finish_weight_update": self._finish_update,
             }
-        routes: dict[str, dict[str, Handler]] = {
+        routes: dict[str, dict[str, _Handler]] = {
             "/health": {"GET": _constant(None)},
         }
         routes |= {path: {"GET": self._answer(handler)} for path, handler in get.items()}
@@ -1050,7 +1052,7 @@ class _FakeVLLMAPI:
         routes |= {path: {"POST": self._answer(h, record=True)} for path, h in recorded.items()}
         return routes
 
-    def _answer(self, handler: Callable[[Request], object], *, record: bool = False) -> Handler:
+    def _answer(self, handler: Callable[[Request], object], *, record: bool = False) -> _Handler:
         def route(request: Request) -> Response:
             try:
                 status, body = 200, handler(request)
@@ -1063,14 +1065,14 @@ class _FakeVLLMAPI:
         return route
 
     def _record(self, request: Request, status: int) -> None:
-        try:
-            body = json.loads(request.body) if request.body.strip() else None
-        except (ValueError, RecursionError):
-            body = None
+        body = None
+        if request.body.strip() and len(request.body) <= _MAX_RECORDED_BODY:
+            with contextlib.suppress(ValueError, RecursionError):
+                body = json.loads(request.body)
         query = {name: values[-1] for name, values in request.query.items()}
-        call = {"method": request.method, "path": request.path, "query": query}
+        call = {"method": request.method, "path": request.path, "query": query, "body": body}
         with self._lock:
-            self._calls.append({**call, "body": body, "status": status})
+            self._calls.append({**call, "body_bytes": len(request.body), "status": status})
 
     # ------------------------------------------------ read-only endpoints
 
@@ -1536,7 +1538,7 @@ def _seed_with(seed: bytes, steer: bytes) -> bytes:
     return hashlib.blake2b(seed + steer, digest_size=16).digest() if steer else seed
 
 
-def _legacy_routes(args: ServeArgs) -> dict[str, dict[str, Handler]]:
+def _legacy_routes(args: ServeArgs) -> dict[str, dict[str, _Handler]]:
     """TRL 0.2x's ``trl vllm-serve`` (FastAPI): its read-only endpoints, slash-terminated."""
     bodies = {
         "/health/": {"status": "ok"},
@@ -1546,7 +1548,7 @@ def _legacy_routes(args: ServeArgs) -> dict[str, dict[str, Handler]]:
     return {path: {"GET": _constant(body)} for path, body in bodies.items()}
 
 
-def _constant(body: object) -> Handler:
+def _constant(body: object) -> _Handler:
     def route(_: Request) -> Response:
         return _response(200, body)
 
@@ -1597,7 +1599,7 @@ def make_http_server(
     routes = api.routes() if protocol == "vllm" else _legacy_routes(args)
     private = frozenset(private_routes)
 
-    def extra(path: str, body: Callable[[], object]) -> Handler:
+    def extra(path: str, body: Callable[[], object]) -> _Handler:
         def route(request: Request) -> Response:
             if path in private and request.client_host not in _LOOPBACK:
                 return _response(403, {"detail": "loopback clients only"})

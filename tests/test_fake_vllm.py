@@ -1003,6 +1003,17 @@ def test_weight_transfer_calls_are_checked_and_recorded(base):
     assert requests.get(base + "/verirl/calls", timeout=5).url == base + "/verirl/calls/"
 
 
+def test_big_bodies_are_recorded_by_their_size_only(base):
+    start = calls_now(base)
+    ok(post(base, "/start_weight_update"))
+    ok(post(base, "/update_weights", {"update_info": {"names": ["w"] * 20_000}}))
+    ok(post(base, "/finish_weight_update", {}))
+    update = calls_since(base, start)[1]
+    assert update["path"] == "/update_weights"
+    assert update["body"] is None
+    assert update["body_bytes"] > 64 * 1024
+
+
 def test_weight_updates_out_of_order_are_vllms_500s(base):
     start = calls_now(base)
     update = {"update_info": {"names": []}}
