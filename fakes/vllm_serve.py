@@ -80,9 +80,10 @@ and ``k`` others, the best-ranked ones (at most the 256 byte tokens);
 ``prompt_logprobs=k`` likewise for each prompt token after the first. The
 chat endpoint lists the first ``top_logprobs`` of those (the sampled one
 first, as vLLM does), ``/inference/v1/generate`` the first ``max(k, 1)``;
-the latter's entries carry vLLM 0.32's ``token_id`` and ``rank`` and also
-``token: "token_id:N"``, the key TRL 1.x parses (the OpenAI-style shape vLLM
-sent before; TRL 1.16 fails on 0.32's own). ``--logprobs-mode`` is only
+the latter's entries carry ``token_id``, ``logprob`` and ``rank``, exactly as
+vLLM 0.32 sends them (TRL 1.16 reads a ``token`` key there, so its
+``generate(features=...)`` with logprobs fails on the fake as on vLLM 0.32;
+``tests/engine`` checks the shapes against the real engine). ``--logprobs-mode`` is only
 reported; values are always logprobs. Streaming is not supported (400).
 
 ``/v1/chat/completions/render`` answers vLLM's render shape: the rendered
@@ -597,10 +598,10 @@ def _chat_logprobs(steps: Sequence[_Step], top: int, *, as_ids: bool) -> dict[st
 
 
 def _generate_logprobs(steps: Sequence[_Step], others: int) -> dict[str, Any]:
-    """The generate endpoint's logprobs as vLLM 0.32 sends them, and the ``token`` TRL reads."""
+    """The generate endpoint's logprobs as vLLM 0.32 sends them."""
 
     def entry(token: int, logprob: float, rank: int) -> dict[str, Any]:
-        return {"token_id": token, "logprob": logprob, "rank": rank, "token": f"token_id:{token}"}
+        return {"token_id": token, "logprob": logprob, "rank": rank}
 
     content = []
     for step in steps:

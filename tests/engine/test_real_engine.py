@@ -109,10 +109,16 @@ def signature(value: object) -> object:
 
 
 def lengths(out: dict[str, Any]) -> dict[str, object]:
-    """The lengths that must agree exactly: sequences and tokens per sequence."""
+    """The lengths that must agree exactly: sequences and tokens per sequence.
+
+    Not the prompts': how many tokens a text prompt makes is the tokenizer's
+    business (the fake counts bytes); token-id prompts are compared whole.
+    """
     found: dict[str, object] = {}
     for key, value in out.items():
-        if isinstance(value, list):
+        if key == "prompt_ids":
+            found[key] = len(value)
+        elif isinstance(value, list):
             found[key] = [len(row) if isinstance(row, list) else None for row in value]
     return found
 
@@ -158,6 +164,82 @@ def test_contract_the_fake_answers_trls_client_like_the_real_engine(served, tiny
                 assert lengths(fake_out) == lengths(real_out), name  # type: ignore[arg-type]
             if name in ("world size", "weight transfer config"):
                 assert fake_out == real_out, name
+            if name == "generate ids, no logprobs":
+                assert fake_out["prompt_ids"] == real_out["prompt_ids"] == [[5, 6, 7]]  # type: ignore[index]
+
+
+def _token_key(key: str) -> bool:
+    return key.startswith("token_id:") or key.isdigit()
+
+
+def differences(fake: object, real: object, path: str = "") -> list[str]:
+    """Where the fake's JSON has a key the real one lacks, or a value of another type."""
+    if isinstance(fake, dict) and isinstance(real, dict):
+        if fake and real and all(map(_token_key, [*fake, *real])):  # keyed by token: data
+            return differences(next(iter(fake.values())), next(iter(real.values())), path + "{}")
+        found = []
+        for key, value in fake.items():
+            if key not in real:
+                found.append(f"{path}.{key}: only in the fake")
+            else:
+                found += differences(value, real[key], f"{path}.{key}")
+        return found
+    if isinstance(fake, list) and isinstance(real, list):
+        if fake and real:
+            return differences(fake[0], real[0], f"{path}[0]")
+        return []
+    if fake is None or real is None or type(fake) is type(real):
+        return []
+    return [f"{path}: {type(fake).__name__} in the fake, {type(real).__name__} in vLLM"]
+
+
+RAW_REQUESTS = {
+    "/v1/completions": {
+        "prompt": ["module adder"],
+        "max_tokens": 3,
+        "logprobs": 1,
+        "n": 2,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "prompt_logprobs": 1,
+        "ignore_eos": True,
+    },
+    "/v1/chat/completions": {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 3,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "return_token_ids": True,
+        "ignore_eos": True,
+    },
+    "/inference/v1/generate": {
+        "request_id": "contract",
+        "token_ids": [5, 6, 7],
+        "sampling_params": {"max_tokens": 3, "logprobs": 1, "n": 2, "output_kind": 2},
+    },
+}
+
+
+def test_contract_the_fakes_raw_answers_are_a_subset_of_vllms(served, tiny_model, tmp_path):
+    real_server, _ = served
+    with fake_server(tiny_model, tmp_path) as fake_process:
+        for path, body in RAW_REQUESTS.items():
+            request = {"model": str(tiny_model), **body}
+            answers = [
+                requests.post(server.base_url + path, json=request, timeout=60)
+                for server in (real_server, fake_process)
+            ]
+            assert [answer.status_code for answer in answers] == [200, 200], path
+            real_json, fake_json = (answer.json() for answer in answers)
+            assert differences(fake_json, real_json, path) == []
+        for path in ("/v1/models", "/get_world_size", "/health"):
+            real_answer = requests.get(real_server.base_url + path, timeout=10)
+            fake_answer = requests.get(fake_process.base_url + path, timeout=10)
+            assert fake_answer.status_code == real_answer.status_code == 200, path
+            if real_answer.content:
+                assert differences(fake_answer.json(), real_answer.json(), path) == []
+            else:
+                assert not fake_answer.content, path
 
 
 # ---------------------------------------------------------------- how a server ends
