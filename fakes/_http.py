@@ -21,9 +21,11 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 __all__ = [
+    "MAX_CONNECTIONS",
     "JSONHTTPServer",
     "Request",
     "Response",
@@ -34,6 +36,8 @@ __all__ = [
 ]
 
 _IDLE_TIMEOUT = 30.0
+MAX_CONNECTIONS = 64
+"""Connections served at once; one more is closed at once."""
 
 
 def serve_in_background(server: socketserver.BaseServer, name: str) -> threading.Thread:
@@ -85,13 +89,37 @@ Routes = Mapping[str, Mapping[str, Callable[[Request], Response]]]
 
 
 class JSONHTTPServer(http.server.ThreadingHTTPServer):
-    """A threaded HTTP server answering from `Routes` (see `bind_json_server`)."""
+    """A threaded HTTP server answering from `Routes` (see `bind_json_server`).
+
+    At most `MAX_CONNECTIONS` connections are served at once (one thread
+    each); a connection beyond that is closed at once, so that many slow or
+    idle clients cannot pile up threads and buffered bodies.
+    """
 
     daemon_threads = True
     routes: Routes
     max_body: int
     access_log: Callable[[str], None] | None
     internal_error: object
+    _slots = threading.BoundedSemaphore(1)  # replaced per instance in bind_json_server
+
+    def process_request(self, request: Any, client_address: Any) -> None:  # noqa: ANN401
+        """Serve ``request`` on a thread if a slot is free, else close it."""
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:  # noqa: ANN401
+        """What a connection's thread runs; frees its slot when done."""
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class _JSONHTTPServerV6(JSONHTTPServer):
@@ -116,6 +144,7 @@ def bind_json_server(
     """
     server_class = _JSONHTTPServerV6 if ":" in host else JSONHTTPServer
     httpd = server_class((host, port), _JSONHandler)
+    httpd._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)  # noqa: SLF001 - set up here
     httpd.routes = routes
     httpd.max_body = max_body
     httpd.access_log = access_log

@@ -195,6 +195,8 @@ _MAX_BODY = 4 * 1024 * 1024
 _MAX_WORK = 500_000
 _MAX_RECORDED_CALLS = 1000
 _MAX_RECORDED_BODY = 64 * 1024
+_MAX_RECORDED_PARAMS = 16
+_MAX_RECORDED_QUERY = 256
 _DEFAULT_MAX_MODEL_LEN = 32768
 _DEFAULT_MAX_TOKENS = 16
 _VOCAB_SIZE = 1 << 18  # prompt ids below it are accepted; generation uses the byte tokens
@@ -1006,9 +1008,23 @@ class _FakeVLLMAPI:
         self._weight_version = "default"
 
     def calls(self) -> list[dict[str, Any]]:
-        """The recorded dev-mode POSTs, oldest first."""
+        """The recorded dev-mode POSTs, oldest first.
+
+        Bodies are kept as bytes (at most ``_MAX_RECORDED_BODY`` of them) and
+        parsed here, so that a small hostile body that parses into a large
+        object costs memory only while it is being read back.
+        """
         with self._lock:
-            return list(self._calls)
+            kept = list(self._calls)
+        calls = []
+        for call in kept:
+            raw = call["raw_body"]
+            body = None
+            if raw.strip():
+                with contextlib.suppress(ValueError, RecursionError):
+                    body = json.loads(raw)
+            calls.append({**{k: v for k, v in call.items() if k != "raw_body"}, "body": body})
+        return calls
 
     def routes(self) -> dict[str, dict[str, _Handler]]:
         """Routes (path → method → handler) as this server's flags and environment register them."""
@@ -1066,12 +1082,12 @@ class _FakeVLLMAPI:
         return route
 
     def _record(self, request: Request, status: int) -> None:
-        body = None
-        if request.body.strip() and len(request.body) <= _MAX_RECORDED_BODY:
-            with contextlib.suppress(ValueError, RecursionError):
-                body = json.loads(request.body)
-        query = {name: values[-1] for name, values in request.query.items()}
-        call = {"method": request.method, "path": request.path, "query": query, "body": body}
+        raw = request.body if len(request.body) <= _MAX_RECORDED_BODY else b""
+        query = {
+            name[:_MAX_RECORDED_QUERY]: values[-1][:_MAX_RECORDED_QUERY]
+            for name, values in list(request.query.items())[:_MAX_RECORDED_PARAMS]
+        }
+        call = {"method": request.method, "path": request.path, "query": query, "raw_body": raw}
         with self._lock:
             self._calls.append({**call, "body_bytes": len(request.body), "status": status})
 

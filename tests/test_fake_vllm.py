@@ -23,7 +23,13 @@ import pytest
 import requests
 
 from _support import FakeClock, alive, unshared_port
-from fakes._http import Response, bind_json_server, serve_in_background, stop_serving
+from fakes._http import (
+    MAX_CONNECTIONS,
+    Response,
+    bind_json_server,
+    serve_in_background,
+    stop_serving,
+)
 from fakes.vllm import FakeVLLMServer
 from fakes.vllm_serve import (
     FakeVLLMKnobs,
@@ -1421,7 +1427,7 @@ def raw_http(base: str, request: bytes) -> bytes:
 @pytest.mark.parametrize(
     ("headers", "status"),
     [
-        (b"Content-Length: 5000000\r\n", b"413 Request Entity Too Large"),
+        (b"Content-Length: 5000000\r\n", b"413 "),  # reason phrase: 3.13 renamed it
         (b"Content-Length: 12abc\r\n", b"400 Bad Request"),
         (b"Content-Length: -1\r\n", b"400 Bad Request"),
         (b"Transfer-Encoding: chunked\r\n", b"411 Length Required"),
@@ -1764,3 +1770,36 @@ def test_fake_server_interrupted_after_serving_stops_serving():
             requests.get(server.base_url + "/health", timeout=5)
     finally:
         server.stop()
+
+
+def test_connections_beyond_the_cap_are_closed_at_once_not_left_waiting(base):
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    held = [socket.create_connection((host, int(port)), timeout=10) for _ in range(MAX_CONNECTIONS)]
+    try:
+        with socket.create_connection((host, int(port)), timeout=10) as extra:
+            assert extra.recv(1) == b""  # closed by the server: no thread for it
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 10  # the held connections' threads see EOF and free the slots
+    while True:
+        try:
+            if requests.get(base + "/health", timeout=5).status_code == 200:
+                break
+        except requests.ConnectionError:
+            pass
+        assert time.monotonic() < deadline, "the server did not recover its slots"
+        time.sleep(0.01)
+
+
+def test_recorded_bodies_are_kept_as_bytes_and_parsed_when_read(base):
+    nested = b"[" + b"{}," * 20000 + b"{}]"  # 60 KB that parses into 20,000 dicts
+    post(base, "/reset_prefix_cache", data=nested, headers={"Content-Type": "application/json"})
+    (call,) = [c for c in requests.get(base + "/verirl/calls/", timeout=10).json()["calls"]
+               if c["body_bytes"] == len(nested)]  # fmt: skip
+    assert len(call["body"]) == 20001
+    query = "&".join(f"k{i}={'v' * 1000}" for i in range(40))
+    requests.post(base + "/reset_prefix_cache?" + query, timeout=10)
+    last = requests.get(base + "/verirl/calls/", timeout=10).json()["calls"][-1]
+    assert len(last["query"]) <= 16
+    assert all(len(value) <= 256 for value in last["query"].values())
