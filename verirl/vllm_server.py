@@ -65,6 +65,7 @@ from verirl._launch import (
     find_trl_command,
     import_trl_serve,
     plan_launch,
+    redact_argv,
     vllm_distribution,
 )
 from verirl._poll import Backoff, poll
@@ -1038,12 +1039,23 @@ class VLLMServer:
         ``trl vllm-serve`` with a TRL that has no ``build_command``. Spawns
         nothing; raises `VLLMServerError` when neither can run.
         """
+        own: dict[str, object] = {
+            "model": self.model,
+            "host": self.host,
+            "port": self.port,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "data_parallel_size": self.data_parallel_size,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+        }
+        if self.max_model_len is not None:
+            own["max_model_len"] = self.max_model_len
         return plan_launch(
             self.serve_args,
             command=self.command,
             environ=os.environ,
             trl=None if self.command is not None else import_trl_serve(),
             vllm=None if self.command is not None else vllm_distribution(),
+            own=own,
         )
 
     @property
@@ -1264,7 +1276,7 @@ class VLLMServer:
             ) from None
         try:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            handle.write(f"--- verirl {stamp}: {shlex.join(argv)}\n".encode())
+            handle.write(f"--- verirl {stamp}: {shlex.join(redact_argv(argv))}\n".encode())
             offset = handle.tell()
         except OSError as exc:
             handle.close()

@@ -132,3 +132,65 @@ def test_the_default_launch_without_vllm_says_how_to_install_it():
     with pytest.raises(VLLMServerError, match="vllm is not installed") as caught:
         VLLMServer("m").launch_plan()
     assert INSTALL_HINT in str(caught.value)
+
+
+def _plan(server: VLLMServer):
+    from verirl._launch import VLLMInstall, import_trl_serve, plan_launch
+
+    return plan_launch(
+        server.serve_args,
+        command=None,
+        environ={},
+        trl=import_trl_serve(),
+        vllm=VLLMInstall("vllm", "0.31.0"),
+        own={"port": server.port, "model": server.model, "host": server.host},
+    )
+
+
+@pytest.mark.parametrize("extra", [["--po", "9999"], ["--mod", "x"], ["--port=9"]])
+def test_trls_abbreviations_cannot_move_the_port_or_the_model(extra):
+    from verirl import ConfigError
+
+    with pytest.raises(ConfigError, match=r"pass (port|model)= instead"):
+        _plan(VLLMServer("m", port=8123, extra_args=extra))
+
+
+def test_trls_parser_prints_nothing_and_hides_the_flags(capsys):
+    from verirl import ConfigError
+
+    for extra in (["--help"], ["--api-key", "sk-SECRET123", "--port", "x"]):
+        with pytest.raises(ConfigError) as caught:
+            _plan(VLLMServer("m", extra_args=extra))
+        assert "sk-SECRET123" not in str(caught.value)
+    assert "invalid int value: 'x'" in str(caught.value)
+    assert capsys.readouterr() == ("", "")
+
+
+def test_plans_from_many_threads_leave_stderr_and_the_warnings_filters_alone():
+    import sys
+    import threading
+    import warnings
+
+    from verirl import ConfigError
+
+    stderr, filters = sys.stderr, list(warnings.filters)
+    errors: list[BaseException] = []
+
+    def plan_some(index: int) -> None:
+        extra = ["--port", "x"] if index % 2 else ["--enforce-eager"]
+        for _ in range(5):
+            try:
+                _plan(VLLMServer("m", extra_args=extra))
+            except ConfigError:
+                pass
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=plan_some, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert errors == []
+    assert sys.stderr is stderr
+    assert warnings.filters == filters
