@@ -1,78 +1,12 @@
-"""pytest fixtures for testing verirl adapters with no GPU, no vLLM and no network.
+"""The pytest fixtures, under their old name: they live in `verirl.pytest_plugin`.
 
-Registered through the ``pytest11`` entry point, so installing verirl makes
-them available in any test suite::
-
-    def test_my_adapter(fake_runtime):
-        with fake_runtime as session:
-            assert session.grpo_kwargs["vllm_mode"] == "server"
-
-Fixtures: `fake_env_server` (a healthy `FakeEnvServer`), `fake_vllm_command`
-(argv of the fake vLLM server program, for `VLLMServer(command=...)`: vLLM's
-API as TRL 1.x launches it, or TRL 0.2x's ``trl vllm-serve`` with
-``env={"FAKE_VLLM_PROTOCOL": "trl-legacy"}``; see `fakes.vllm_serve`),
-`fake_hub` (a started `FakeHub`, with huggingface_hub kept off the network),
-`fake_runtime` (a `TrainingRuntime` wired to in-process fakes: a 2-GPU plan,
-`FakeVLLMServer`, `FakeEnvServerProbe`, `FakeCheckpointSource` at step 10).
+The ``pytest11`` entry point names `verirl.pytest_plugin`, so that a project
+with its own ``fakes`` package can run pytest with verirl installed; this
+module stays for suites that load it with ``-p fakes.pytest_plugin``.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
-
-import pytest
-
-from fakes.checkpoints import FakeCheckpointSource
-from fakes.envserver import FakeEnvServer, FakeEnvServerProbe
-from fakes.hub import FakeHub, serve_fake_hub
-from verirl.checkpoints import CheckpointResolver
-from verirl.distenv import DistributedEnv, find_free_port
-from verirl.runtime import ServerHandle, TrainingRuntime
-from verirl.topology import VLLMTopology
+from verirl.pytest_plugin import fake_env_server, fake_hub, fake_runtime, fake_vllm_command
 
 __all__ = ["fake_env_server", "fake_hub", "fake_runtime", "fake_vllm_command"]
-
-
-@pytest.fixture
-def fake_env_server() -> Iterator[FakeEnvServer]:
-    """A loopback env server that answers ``GET /health`` with 200 at once."""
-    with FakeEnvServer() as server:
-        yield server
-
-
-@pytest.fixture
-def fake_vllm_command() -> list[str]:
-    """The fake vLLM server program's argv, to pass as ``VLLMServer(command=...)``."""
-    return [sys.executable, "-m", "fakes.vllm_serve"]
-
-
-@pytest.fixture
-def fake_hub() -> Iterator[FakeHub]:
-    """A started `FakeHub`; huggingface_hub may reach only loopback meanwhile."""
-    with serve_fake_hub() as hub:
-        yield hub
-
-
-@pytest.fixture
-def fake_runtime() -> TrainingRuntime:
-    """A `TrainingRuntime` on fakes: 2-GPU server plan, checkpoint-10 to resume from.
-
-    The distributed env is applied to a private dict, never to ``os.environ``.
-    """
-    from fakes.vllm import FakeVLLMServer  # noqa: PLC0415 - imports the server module
-
-    def factory(topology: VLLMTopology) -> ServerHandle:
-        return FakeVLLMServer.from_topology(topology, model="fake/model")
-
-    environ: dict[str, str] = {}
-    return TrainingRuntime(
-        VLLMTopology.plan(2, max_model_len=4096, port=find_free_port()),
-        model="fake/model",
-        env_probe=FakeEnvServerProbe(),
-        checkpoints=CheckpointResolver([FakeCheckpointSource(steps=[10])]),
-        resume_from="latest",
-        dist_env=DistributedEnv.single_node(environ=environ),
-        server_factory=factory,
-        environ=environ,
-    )

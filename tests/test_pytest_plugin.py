@@ -45,3 +45,29 @@ def test_plugin_is_registered_for_a_fresh_pytest_run(pytester):
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+
+
+def test_a_project_with_its_own_fakes_package_still_runs_pytest(pytester):
+    """``fakes`` is a common name: the plugin must not import ours at start-up."""
+    pytester.mkpydir("fakes").joinpath("__init__.py").write_text("MINE = True\n")
+    pytester.makepyfile(
+        """
+        import fakes
+
+        def test_theirs():
+            assert fakes.MINE
+
+        def test_our_command_fixture_needs_no_fakes(fake_vllm_command):
+            assert fake_vllm_command[-1] == "fakes.vllm_serve"
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+
+
+def test_the_old_plugin_module_still_offers_the_fixtures():
+    import fakes.pytest_plugin
+    import verirl.pytest_plugin
+
+    for name in verirl.pytest_plugin.__all__:
+        assert getattr(fakes.pytest_plugin, name) is getattr(verirl.pytest_plugin, name)
