@@ -45,7 +45,7 @@ from verirl.checkpoints import (
 from verirl.distenv import DistributedEnv
 from verirl.envserver import EnvServerProbe, HttpEnvServerProbe
 from verirl.errors import ConfigError, EnvServerUnavailable, VLLMServerUnavailable
-from verirl.topology import VLLMTopology, detect_gpu_count
+from verirl.topology import MODES, VLLMTopology, detect_gpu_count
 from verirl.vllm_server import VLLMServer
 
 __all__ = [
@@ -249,9 +249,9 @@ def topology_from_settings(
     gpus = read.integer(vllm_gpus, "VERIRL_VLLM_GPUS", 1, MAX_GPUS)
     port = read.integer(vllm_port, "VERIRL_VLLM_PORT", 1, MAX_PORT) or 8001
     remote = read.text(vllm_remote_host, "VERIRL_VLLM_HOST", "vllm_remote_host")
-    if chosen_mode not in ("auto", "server", "colocate"):
+    if chosen_mode not in MODES:
         field = "mode" if mode is not None else "VERIRL_VLLM_MODE"
-        raise ConfigError.invalid(field, chosen_mode, "must be one of auto, server, colocate")
+        raise ConfigError.invalid(field, chosen_mode, f"must be one of {', '.join(MODES)}")
     # A plan error names what the value came from: the argument or the variable.
     sources = {
         "gpu_count": (gpu_count, "gpu_count", "VERIRL_GPU_COUNT"),

@@ -34,6 +34,7 @@ from verirl.errors import ConfigError
 
 __all__ = [
     "COLOCATE_MAX_MODEL_LEN",
+    "MODES",
     "TRL_GROUP_PORT",
     "VLLMTopology",
     "detect_gpu_count",
@@ -43,7 +44,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Mode = Literal["server", "colocate"]
-_MODES = ("auto", "server", "colocate")
+MODES = ("auto", "server", "colocate")
+"""The ``mode`` values `VLLMTopology.plan` takes (so do ``--mode`` and ``VERIRL_VLLM_MODE``)."""
 
 COLOCATE_MAX_MODEL_LEN = 8192
 """Colocated vLLM shares the training GPU, so its KV cache length is capped here."""
@@ -126,8 +128,8 @@ class VLLMTopology:
         """
         gpu_count = check_int("gpu_count", gpu_count, 1, MAX_GPUS)
         max_model_len = check_int("max_model_len", max_model_len, 1, MAX_LENGTH)
-        if mode not in _MODES:
-            raise ConfigError.invalid("mode", mode, f"must be one of {', '.join(_MODES)}")
+        if mode not in MODES:
+            raise ConfigError.invalid("mode", mode, f"must be one of {', '.join(MODES)}")
         data_parallel_size = check_int("data_parallel_size", data_parallel_size, 1, MAX_GPUS)
         if tensor_parallel_size is not None:
             tensor_parallel_size = check_int(
