@@ -7,6 +7,7 @@ import inspect
 import json
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,48 @@ def test_import_verirl_pulls_in_no_heavy_module():
 def test_version_is_a_string():
     assert isinstance(verirl.__version__, str)
     assert verirl.__version__.count(".") >= 1
+
+
+def _verirl_types(annotation: object, found: set[type]) -> None:
+    if isinstance(annotation, type) and annotation.__module__.startswith("verirl"):
+        found.add(annotation)
+    for arg in typing.get_args(annotation):
+        _verirl_types(arg, found)
+
+
+def _signatures(obj: object) -> list[object]:
+    """``obj`` itself (a function), or its ``__init__`` and public methods and properties."""
+    if not inspect.isclass(obj):
+        return [obj]
+    members = []
+    for name, member in vars(obj).items():
+        if name.startswith("_") and name != "__init__":
+            continue
+        if isinstance(member, (classmethod, staticmethod)):
+            member = member.__func__  # noqa: PLW2901
+        if isinstance(member, property):
+            member = member.fget  # noqa: PLW2901
+        if inspect.isfunction(member):
+            members.append(member)
+    return members
+
+
+def test_every_type_a_public_signature_names_is_exported():
+    """httpx's rule: a user can import whatever a signature asks for, from `verirl`."""
+    if sys.version_info >= (3, 11):
+        from typing import Self
+    else:
+        from typing_extensions import Self
+
+    found: set[type] = set()
+    for name in verirl.__all__:
+        obj = getattr(verirl, name)
+        if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            continue
+        for function in _signatures(obj):
+            module = sys.modules[function.__module__]
+            hints = typing.get_type_hints(function, globalns={**vars(module), "Self": Self})
+            for annotation in hints.values():
+                _verirl_types(annotation, found)
+    missing = sorted(t.__qualname__ for t in found if getattr(verirl, t.__name__, None) is not t)
+    assert missing == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from verirl._poll import Backoff
 from verirl.checkpoints import (
     Checkpoint,
     CheckpointResolver,
@@ -29,19 +30,24 @@ from verirl.errors import (
     VLLMStartupTimeout,
 )
 from verirl.runtime import (
+    CheckpointResolving,
     PhaseTiming,
     RuntimeSession,
+    ServerFactory,
+    ServerHandle,
     TrainingRuntime,
     resolver_from_settings,
     topology_from_settings,
 )
 from verirl.topology import VLLMTopology, detect_gpu_count
-from verirl.vllm_server import VLLMServer
+from verirl.vllm_server import LaunchPlan, ServerTopology, VLLMServer
 
 __all__ = [
+    "Backoff",
     "Checkpoint",
     "CheckpointNotFoundError",
     "CheckpointResolver",
+    "CheckpointResolving",
     "CheckpointSource",
     "CheckpointSourceError",
     "ConfigError",
@@ -50,10 +56,14 @@ __all__ = [
     "EnvServerUnavailable",
     "HttpEnvServerProbe",
     "HubCheckpointSource",
+    "LaunchPlan",
     "LocalCheckpointSource",
     "PhaseTiming",
     "PortInUseError",
     "RuntimeSession",
+    "ServerFactory",
+    "ServerHandle",
+    "ServerTopology",
     "TrainingRuntime",
     "VLLMServer",
     "VLLMServerError",
