@@ -10,8 +10,7 @@ import responses
 
 from _support import FakeClock
 from fakes import FakeEnvServer, FakeEnvServerProbe
-from verirl import ConfigError, EnvServerProbe, EnvServerUnavailable, HttpEnvServerProbe
-from verirl._poll import Backoff
+from verirl import Backoff, ConfigError, EnvServerProbe, EnvServerUnavailable, HttpEnvServerProbe
 
 URL = "http://env.test:8000"
 

@@ -24,8 +24,7 @@ import requests.adapters
 from _support import FakeClock
 from fakes import FakeEnvServer, FakeEnvServerProbe
 from fakes._http import serve_in_background, stop_serving
-from verirl import ConfigError, EnvServerUnavailable, HttpEnvServerProbe
-from verirl._poll import Backoff
+from verirl import Backoff, ConfigError, EnvServerUnavailable, HttpEnvServerProbe
 from verirl.envserver import deadline_session, validate_http_url
 
 SLACK = 1.5
