@@ -5,9 +5,8 @@ See the README for a tour. Nothing here imports torch, trl, vllm or transformers
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from verirl._poll import Backoff
+from verirl._version import __version__
 from verirl.checkpoints import (
     Checkpoint,
     CheckpointResolver,

@@ -45,6 +45,7 @@ from verirl._fs import (
 )
 from verirl._secrets import check_token, redact_url, scrub, scrub_exception
 from verirl._validate import check_number, check_seconds
+from verirl._version import __version__
 from verirl.envserver import validate_http_url
 from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError
 
@@ -528,8 +529,6 @@ class HubCheckpointSource:
     def _api(self) -> HfApi:
         from huggingface_hub import HfApi  # noqa: PLC0415
 
-        from verirl import __version__  # noqa: PLC0415 - verirl/__init__ imports this module
-
         return HfApi(
             endpoint=self.endpoint,
             token=self._token,
@@ -593,8 +592,6 @@ class HubCheckpointSource:
 
         # Public and documented, but re-exported lazily, which mypy cannot see.
         from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # noqa: PLC0415
-
-        from verirl import __version__  # noqa: PLC0415
 
         headers = build_hf_headers(
             token=self._token, library_name="verirl", library_version=__version__
