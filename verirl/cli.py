@@ -49,7 +49,7 @@ from verirl.runtime import (
     split_command,
     topology_from_settings,
 )
-from verirl.topology import detect_gpu_count
+from verirl.topology import MODES, TRL_GROUP_PORT, detect_gpu_count
 from verirl.vllm_server import VLLMServer, death_signal_preexec, map_visible_devices
 
 __all__ = ["EXIT_CODES", "GRPO_KWARGS_VARIABLE", "build_parser", "main"]
@@ -170,7 +170,7 @@ def _add_topology_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--max-model-len", type=_ascii_int, help="vLLM max model length (default: 8192)"
     )
-    group.add_argument("--mode", choices=("auto", "server", "colocate"), help="default: auto")
+    group.add_argument("--mode", choices=MODES, help="default: auto")
     group.add_argument("--vllm-gpus", type=_ascii_int, help="GPUs given to vLLM in server mode")
     group.add_argument("--vllm-port", type=_ascii_int, help="vLLM server port (default: 8001)")
     group.add_argument("--vllm-host", help="a remote vLLM host: start nothing locally")
@@ -514,7 +514,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     rows.append(("vLLM launch", _launch_row()))
     rows.append(("GPUs visible", str(detect_gpu_count())))
     rows.append(("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")))
-    for label, port in (("vLLM port", vllm_port), ("TRL group port", 51216)):
+    for label, port in (("vLLM port", vllm_port), ("TRL group port", TRL_GROUP_PORT)):
         rows.append((f"{label} {port}", "free" if _port_free(port) else "IN USE"))
     if probe is not None:
         healthy = probe.check()
