@@ -29,6 +29,7 @@ from typing import NoReturn
 
 from verirl import __version__
 from verirl._launch import vllm_distribution
+from verirl._process import death_signal_preexec
 from verirl._signals import SIGTERM_POLICY, exit_on_sigterm
 from verirl._validate import check_port, check_seconds, parse_int, parse_seconds
 from verirl.checkpoints import RESUME_ENV_VAR
@@ -50,7 +51,7 @@ from verirl.runtime import (
     topology_from_settings,
 )
 from verirl.topology import MODES, TRL_GROUP_PORT, detect_gpu_count
-from verirl.vllm_server import VLLMServer, death_signal_preexec, map_visible_devices
+from verirl.vllm_server import VLLMServer, map_visible_devices
 
 __all__ = ["EXIT_CODES", "GRPO_KWARGS_VARIABLE", "build_parser", "main"]
 

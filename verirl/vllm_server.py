@@ -27,36 +27,31 @@ SIGKILLed trainer, and while a server runs a SIGTERM sent to the trainer (a
 preemption) raises ``SystemExit(143)`` in the main thread so that the ``with``
 block unwinds and the full teardown runs (the one policy of `verirl._signals`:
 a handler the program installed is kept, and is what runs).
+
+This module decides what runs and when it is ready. Spawning, the death signal
+and the process tree are `verirl._process`'s; the checks of the constructor's
+arguments are `verirl._server_args`'s.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
-import ctypes
 import errno
-import functools
 import logging
 import os
-import queue
 import shlex
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import types
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future
-from concurrent.futures import wait as wait_futures
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
-import psutil
 import requests
 
 from verirl._launch import (
@@ -69,19 +64,24 @@ from verirl._launch import (
     vllm_distribution,
 )
 from verirl._poll import Backoff, poll
+from verirl._process import MARKER_VAR, ProcessTree, death_signal_preexec, spawn
 from verirl._serve_args import vllm_serve_args
-from verirl._signals import SIGTERM_POLICY
-from verirl._validate import (
-    MAX_GPUS,
-    MAX_LENGTH,
-    check_host,
-    check_int,
-    check_number,
-    check_port,
-    check_seconds,
-    check_text,
-    has_control_chars,
+from verirl._server_args import (
+    to_command,
+    to_devices,
+    to_env,
+    to_extra_args,
+    to_log_path,
+    v_bool,
+    v_count,
+    v_fraction,
+    v_host,
+    v_max_model_len,
+    v_model,
+    v_port,
+    v_seconds,
 )
+from verirl._signals import SIGTERM_POLICY
 from verirl.envserver import deadline_session, request_health
 from verirl.errors import (
     ConfigError,
@@ -126,13 +126,9 @@ SCRUBBED_ENV_VARS = (
 SCRUBBED_ENV_PREFIXES = ("TORCHELASTIC_",)
 """Prefixes of launcher variables dropped from the server's environment too."""
 
-MARKER_VAR = "VERIRL_VLLM_SERVER_MARKER"
-"""Set in every server's environment (inherited by its workers), so teardown finds orphans."""
 _LOG_TAIL_LINES = 40
 _LOG_TAIL_BYTES = 64 * 1024
 _REQUEST_TIMEOUT_CAP = 5.0
-_KILL_WAIT = 5.0
-_PR_SET_PDEATHSIG = 1
 _BACKOFF = Backoff(initial=0.02, factor=2.0, cap=1.0)
 
 
@@ -302,257 +298,6 @@ def _check_port_free(host: str, port: int) -> None:
         raise ConfigError.invalid("host", host, "is not an address of this machine")
 
 
-# ---------------------------------------------------------------- converters, validators
-
-
-def _unportable(text: str) -> str | None:
-    """Why ``text`` cannot be passed in argv or the environment, or ``None`` if it can."""
-    if "\x00" in text:
-        return "contains a null byte, which a command line or environment cannot carry"
-    try:
-        os.fsencode(text)
-    except UnicodeEncodeError:
-        return "contains a character that cannot be encoded for a command line (a lone surrogate)"
-    return None
-
-
-def _to_devices(value: Iterable[int]) -> tuple[int, ...]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise ConfigError.invalid("devices", value, "must be a sequence of GPU indices, e.g. (1,)")
-    items: tuple[object, ...] = tuple(value)
-    if not items:
-        raise ConfigError.invalid("devices", value, "must name at least one GPU")
-    devices: list[int] = []
-    for item in items:
-        if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item < MAX_GPUS:
-            raise ConfigError.invalid(
-                "devices", value, f"GPU indices must be integers from 0 to {MAX_GPUS - 1}"
-            )
-        devices.append(item)
-    if len(set(devices)) != len(devices):
-        raise ConfigError.invalid("devices", value, "GPU indices must be unique")
-    return tuple(devices)
-
-
-def _to_strings(field: str, value: Iterable[str]) -> tuple[str, ...]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise ConfigError.invalid(field, value, "must be a sequence of strings, not one string")
-    items = tuple(value)
-    if not all(isinstance(item, str) for item in items):
-        raise ConfigError.invalid(field, value, "must contain only strings")
-    for item in items:
-        problem = _unportable(item)
-        if problem:
-            raise ConfigError.invalid(field, value, f"{item!r} {problem}")
-    return items
-
-
-def _to_extra_args(value: Iterable[str]) -> tuple[str, ...]:
-    return _to_strings("extra_args", value)
-
-
-def _to_command(value: Iterable[str] | None) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    command = _to_strings("command", value)
-    if not command or not all(command):
-        raise ConfigError.invalid("command", value, "must be a non-empty list of non-empty strings")
-    return command
-
-
-def _to_env(value: Mapping[str, str] | None) -> Mapping[str, str]:
-    if value is None:
-        return types.MappingProxyType({})
-    if not isinstance(value, Mapping):
-        raise ConfigError.invalid("env", type(value).__name__, "must be a mapping of str to str")
-    pairs: list[tuple[object, object]] = list(value.items())
-    for name, item in pairs:
-        if not isinstance(name, str) or not name or "=" in name:
-            raise ConfigError.invalid("env", name, "variable names must be non-empty, without '='")
-        problem = _unportable(name)
-        if problem:
-            raise ConfigError.invalid("env", name, f"the variable name {problem}")
-        # Values are never echoed, only the variable's name: environment values may be secrets.
-        if not isinstance(item, str):
-            raise ConfigError.invalid(
-                "env", name, f"value must be a str, not {type(item).__name__}"
-            )
-        problem = _unportable(item)
-        if problem:
-            raise ConfigError.invalid("env", name, f"the value of {name} {problem}")
-    return types.MappingProxyType(dict(value))
-
-
-def _to_log_path(value: str | os.PathLike[str] | None) -> Path | None:
-    if value is None:
-        return None
-    raw: object = value
-    if not isinstance(raw, (str, os.PathLike)):
-        raise ConfigError.invalid("log_path", value, "must be a non-empty path or None")
-    text = os.fspath(raw)
-    if not isinstance(text, str) or not text:
-        raise ConfigError.invalid("log_path", value, "must be a non-empty path or None")
-    problem = _unportable(text)
-    if problem:
-        raise ConfigError.invalid("log_path", value, problem)
-    return Path(text)
-
-
-def _field_name(attribute: attrs.Attribute[Any]) -> str:
-    return attribute.alias or attribute.name
-
-
-def _v_model(_: object, attribute: attrs.Attribute[str], value: object) -> None:
-    field = _field_name(attribute)
-    text = check_text(field, value)
-    if not text.strip():
-        raise ConfigError.invalid(field, value, "must not be blank")
-    if has_control_chars(text):
-        raise ConfigError.invalid(field, value, "must not contain control characters")
-    problem = _unportable(text)
-    if problem:
-        raise ConfigError.invalid(field, value, problem)
-
-
-def _v_host(_: object, attribute: attrs.Attribute[str], value: object) -> None:
-    check_host(_field_name(attribute), value)
-
-
-def _v_port(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    check_port(_field_name(attribute), value)
-
-
-def _v_count(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    check_int(_field_name(attribute), value, 1, MAX_GPUS)
-
-
-def _v_max_model_len(_: object, attribute: attrs.Attribute[int | None], value: object) -> None:
-    if value is not None:
-        check_int(_field_name(attribute), value, 1, MAX_LENGTH)
-
-
-def _v_fraction(_: object, attribute: attrs.Attribute[float], value: object) -> None:
-    check_number(_field_name(attribute), value, positive=True, at_most=1.0)
-
-
-def _v_seconds(_: object, attribute: attrs.Attribute[float], value: object) -> None:
-    check_seconds(_field_name(attribute), value, positive=True)
-
-
-def _v_bool(_: object, attribute: attrs.Attribute[bool], value: object) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError.invalid(_field_name(attribute), value, "must be True or False")
-
-
-# ---------------------------------------------------------------- spawning
-
-
-@functools.cache
-def _prctl() -> Callable[..., int] | None:
-    """The C library's ``prctl`` (Linux only), resolved in the parent, not the forked child."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong]
-    function.restype = ctypes.c_int
-    return function
-
-
-def death_signal_preexec() -> Callable[[], None] | None:
-    """A ``preexec_fn`` asking the kernel to SIGTERM the child when its parent dies.
-
-    SIGTERM rather than SIGKILL, so that the server still stops its own
-    workers. If the parent already died between fork and ``prctl`` (then
-    ``getppid`` no longer names it), the child exits at once.
-    """
-    prctl = _prctl()
-    if prctl is None:
-        return None
-    parent = os.getpid()
-    sigterm = int(signal.SIGTERM)
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, sigterm, 0)
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return preexec
-
-
-_Job = tuple[Callable[[], Any], Future[Any]]
-
-
-class _Spawner:
-    """Starts child processes from one long-lived daemon thread.
-
-    Linux sends ``PR_SET_PDEATHSIG`` when the *thread* that forked the child
-    exits, not the process. A server started from a short-lived thread (a
-    thread pool overlapping startup with other work) would be killed as soon
-    as that thread finished, so every spawn goes through this thread instead,
-    which lives as long as the process.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[_Job] | None = None
-
-    def submit(self, job: Callable[[], subprocess.Popen[bytes]]) -> Future[subprocess.Popen[bytes]]:
-        with self._lock:
-            if self._jobs is None:
-                self._jobs = queue.SimpleQueue()
-                thread = threading.Thread(
-                    target=self._run, args=(self._jobs,), name="verirl-vllm-spawner", daemon=True
-                )
-                thread.start()
-            jobs = self._jobs
-        future: Future[subprocess.Popen[bytes]] = Future()
-        jobs.put((job, future))
-        return future
-
-    @staticmethod
-    def _run(jobs: queue.SimpleQueue[_Job]) -> None:
-        while True:
-            job, future = jobs.get()
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                result = job()
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
-
-    def reset_after_fork(self) -> None:
-        """A forked child has no spawner thread; start a fresh one on demand."""
-        self._lock = threading.Lock()
-        self._jobs = None
-
-
-_SPAWNER = _Spawner()
-
-
-def _spawn(job: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
-    """Run ``job`` on the spawner thread and return its result.
-
-    Interrupted meanwhile (Ctrl-C, SIGTERM as ``SystemExit``), it still waits
-    for the job to finish, then re-raises: the job records the child it
-    started (see `_Launch`), so the caller's teardown can reach it.
-    """
-    future = _SPAWNER.submit(job)
-    interrupted: BaseException | None = None
-    while not future.done():
-        try:
-            wait_futures([future])
-        except BaseException as exc:  # noqa: BLE001, PERF203 - re-raised below, once the child is known
-            interrupted = interrupted or exc
-    if interrupted is not None:
-        raise interrupted
-    return future.result()
-
-
 # ---------------------------------------------------------------- servers of this process
 
 
@@ -568,9 +313,8 @@ def _stop_all_at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
-    # The child inherits neither the servers (they are the parent's) nor the threads.
+    # The child does not inherit the servers: they are the parent's.
     _RUNNING.clear()
-    _SPAWNER.reset_after_fork()
 
 
 atexit.register(_stop_all_at_exit)
@@ -578,225 +322,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-# ---------------------------------------------------------------- the process tree
-
-
-def _alive(process: psutil.Process) -> bool:
-    """Running and not a zombie (an orphan's zombie may never be reaped in a container)."""
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.Error:
-        return True
-
-
-def _tcp_connections(process: psutil.Process) -> list[Any]:
-    """``process``'s TCP sockets (psutil >= 6 ``net_connections``, older ``connections``)."""
-    method = getattr(process, "net_connections", None) or process.connections
-    return list(method(kind="tcp"))
-
-
-def _listening(connection: Any, port: int) -> bool:  # noqa: ANN401 - psutil's named tuples
-    """Whether ``connection`` is a socket listening on ``port``."""
-    address = connection.laddr
-    return bool(connection.status == psutil.CONN_LISTEN and address and address.port == port)
-
-
-def _marked_processes(marker: str, since: float) -> Iterator[psutil.Process]:
-    """Processes created after ``since`` whose environment carries ``marker``.
-
-    Every process the server starts inherits the marker, so this finds its
-    workers even after they left its session and were orphaned.
-    """
-    me = os.getpid()
-    for process in psutil.process_iter():
-        try:
-            if process.pid == me or process.create_time() < since:
-                continue
-            if process.environ().get(MARKER_VAR) == marker:
-                yield process
-        except (psutil.Error, OSError):
-            continue
-
-
-@attrs.define(eq=False)
-class _ProcessTree:
-    """The server process, its group, and every descendant ever seen."""
-
-    popen: subprocess.Popen[bytes]
-    marker: str
-    leader: psutil.Process | None = attrs.field(default=None, init=False)
-    since: float = attrs.field(default=0.0, init=False)
-    seen: dict[int, psutil.Process] = attrs.field(factory=dict, init=False)
-    stopping: threading.Event = attrs.field(factory=threading.Event, init=False)
-    ready: bool = attrs.field(default=False, init=False)
-
-    def __attrs_post_init__(self) -> None:
-        try:
-            self.leader = psutil.Process(self.popen.pid)
-            self.since = self.leader.create_time() - 1.0
-        except psutil.Error:
-            self.since = time.time() - 60.0
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def exited(self) -> bool:
-        """Whether the server process has exited, without reaping it."""
-        return self.popen.returncode is not None or self.exit_status() is not None
-
-    def exit_status(self) -> int | None:
-        """The exit code (negative: killed by that signal) once exited, without reaping.
-
-        Not reaping keeps the server's pid (which is also its group id)
-        reserved, so a later ``killpg`` cannot reach an unrelated group that
-        reused the number.
-        """
-        if self.popen.returncode is not None:
-            return self.popen.returncode
-        if hasattr(os, "waitid"):
-            flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
-            try:
-                info = os.waitid(os.P_PID, self.popen.pid, flags)
-            except ChildProcessError:
-                return self.popen.poll()
-            if info is None:
-                return None
-            return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-        return self.popen.poll()
-
-    def collect(self) -> None:
-        """Remember current descendants and marked orphans (pid + creation time)."""
-        found: list[psutil.Process] = []
-        if self.leader is not None:
-            with contextlib.suppress(psutil.Error):
-                found += self.leader.children(recursive=True)
-        found += [p for p in _marked_processes(self.marker, self.since) if p.pid != self.pid]
-        for process in found:
-            known = self.seen.get(process.pid)
-            if known is None or not _alive(known):
-                self.seen[process.pid] = process
-
-    def listens_on(self, port: int) -> bool | None:
-        """Whether the server or a descendant has a TCP socket listening on ``port``.
-
-        ``None`` when the system denies reading the sockets (then no proof
-        either way). The port check before the spawn cannot rule out another
-        server that binds later, so a 200 counts only with this proof.
-        """
-        members: list[psutil.Process] = []
-        with contextlib.suppress(psutil.Error):
-            leader = self.leader or psutil.Process(self.pid)
-            members = [leader, *leader.children(recursive=True)]
-        denied = False
-        for process in members:
-            try:
-                if any(_listening(c, port) for c in _tcp_connections(process)):
-                    return True
-            except psutil.AccessDenied:  # noqa: PERF203 - one process at a time, few of them
-                denied = True
-            except psutil.Error:
-                continue
-        if not denied:
-            return False
-        try:  # another view: the system-wide table, which names each socket's process
-            table = psutil.net_connections(kind="tcp")
-        except (psutil.Error, OSError):
-            return None
-        pids = {process.pid for process in members}
-        owners = {c.pid for c in table if _listening(c, port)}
-        if owners & pids:
-            return True
-        return False if owners and None not in owners else None
-
-    def signal_all(self, sig: int) -> None:
-        """``sig`` to the group, and to each remembered descendant outside it."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
-        for process in self.seen.values():
-            if sig == signal.SIGTERM:
-                with contextlib.suppress(OSError):
-                    if os.getpgid(process.pid) == self.pid:
-                        continue  # the group signal reached it
-            with contextlib.suppress(psutil.Error):
-                process.send_signal(sig)  # psutil refuses a pid that was reused
-
-    def survivors(self) -> list[psutil.Process]:
-        return [process for process in self.seen.values() if _alive(process)]
-
-    def wait_gone(self, deadline: float) -> bool:
-        """Wait until the server and every remembered descendant are gone; False at deadline."""
-        delay = 0.001
-        while True:
-            if self.exited() and not self.survivors():
-                return True
-            now = time.monotonic()
-            if now >= deadline:
-                return False
-            time.sleep(min(delay, deadline - now))
-            delay = min(delay * 2, 0.02)
-
-    def gone(self, *, rescan: bool) -> bool:
-        """Whether the server and every descendant (rescanned first if asked) are gone; reaps."""
-        if not self.exited():
-            return False
-        if rescan:
-            with contextlib.suppress(Exception):
-                self.collect()
-        if self.survivors():
-            return False
-        with contextlib.suppress(OSError):
-            self.popen.poll()  # reap, now that nothing can reuse the group id against us
-        return True
-
-    def kill_now(self) -> None:
-        """SIGKILL all that is found, wait (bounded) for it to go, reap; raises no `Exception`."""
-        with contextlib.suppress(Exception):
-            self.collect()
-            self.signal_all(signal.SIGKILL)
-            # SIGKILL is delivered asynchronously; wait until the tree is really gone.
-            self.wait_gone(time.monotonic() + _KILL_WAIT)
-        with contextlib.suppress(Exception):
-            self.popen.wait(timeout=_KILL_WAIT)
-
-    def shutdown(self, grace: float) -> bool:
-        """SIGTERM everything, ``grace`` seconds, SIGKILL the rest, reap. True if it was clean.
-
-        Interrupted (a second Ctrl-C), it skips the grace, SIGKILLs at once,
-        reaps and re-raises.
-        """
-        clean = False
-        try:
-            self.collect()
-            self.signal_all(signal.SIGTERM)
-            clean = self.wait_gone(time.monotonic() + grace)
-            if not clean:
-                log.warning(
-                    "vLLM server pid %d still running %.1fs after SIGTERM; sending SIGKILL "
-                    "(processes: %s)",
-                    self.pid,
-                    grace,
-                    ", ".join(str(p.pid) for p in self.survivors()) or "the server itself",
-                )
-            # Always a last sweep: anything forked during the shutdown, or orphaned.
-            self.collect()
-            self.signal_all(signal.SIGKILL)
-            if not self.wait_gone(time.monotonic() + _KILL_WAIT):
-                log.error(
-                    "processes of the vLLM server survive SIGKILL (stuck in the kernel?): %s",
-                    ", ".join(str(p.pid) for p in self.survivors()),
-                )
-        except BaseException:
-            self.kill_now()
-            raise
-        finally:
-            try:
-                self.popen.wait(timeout=_KILL_WAIT)
-            except subprocess.TimeoutExpired:
-                log.exception("vLLM server pid %d could not be reaped", self.pid)
-        return clean
+# ---------------------------------------------------------------- readiness
 
 
 class _ServerExitedError(Exception):
@@ -819,7 +345,7 @@ class _ReadinessProbe:
     exited, or the owner of the answering socket cannot be told.
     """
 
-    tree: _ProcessTree
+    tree: ProcessTree
     session: requests.Session
     url: str
     port: int
@@ -866,7 +392,7 @@ class _Run:
     marker: str
     holds_sigterm: bool = False
     popen: subprocess.Popen[bytes] | None = None
-    tree: _ProcessTree | None = None
+    tree: ProcessTree | None = None
 
     def release_sigterm(self) -> None:
         """Release this run's hold on `SIGTERM_POLICY`, at most once."""
@@ -908,26 +434,26 @@ class VLLMServer:
     `VLLMServerError` (no launch command).
     """
 
-    model: str = attrs.field(validator=_v_model)
-    port: int = attrs.field(default=8001, kw_only=True, validator=_v_port)
-    host: str = attrs.field(default="127.0.0.1", kw_only=True, validator=_v_host)
-    devices: tuple[int, ...] = attrs.field(default=(1,), kw_only=True, converter=_to_devices)
-    max_model_len: int | None = attrs.field(default=None, kw_only=True, validator=_v_max_model_len)
-    gpu_memory_utilization: float = attrs.field(default=0.9, kw_only=True, validator=_v_fraction)
-    tensor_parallel_size: int = attrs.field(default=1, kw_only=True, validator=_v_count)
-    data_parallel_size: int = attrs.field(default=1, kw_only=True, validator=_v_count)
-    extra_args: tuple[str, ...] = attrs.field(default=(), kw_only=True, converter=_to_extra_args)
-    command: tuple[str, ...] | None = attrs.field(default=None, kw_only=True, converter=_to_command)
-    env: Mapping[str, str] = attrs.field(default=None, kw_only=True, converter=_to_env, repr=False)
+    model: str = attrs.field(validator=v_model)
+    port: int = attrs.field(default=8001, kw_only=True, validator=v_port)
+    host: str = attrs.field(default="127.0.0.1", kw_only=True, validator=v_host)
+    devices: tuple[int, ...] = attrs.field(default=(1,), kw_only=True, converter=to_devices)
+    max_model_len: int | None = attrs.field(default=None, kw_only=True, validator=v_max_model_len)
+    gpu_memory_utilization: float = attrs.field(default=0.9, kw_only=True, validator=v_fraction)
+    tensor_parallel_size: int = attrs.field(default=1, kw_only=True, validator=v_count)
+    data_parallel_size: int = attrs.field(default=1, kw_only=True, validator=v_count)
+    extra_args: tuple[str, ...] = attrs.field(default=(), kw_only=True, converter=to_extra_args)
+    command: tuple[str, ...] | None = attrs.field(default=None, kw_only=True, converter=to_command)
+    env: Mapping[str, str] = attrs.field(default=None, kw_only=True, converter=to_env, repr=False)
     _log_path: Path | None = attrs.field(
-        default=None, kw_only=True, converter=_to_log_path, alias="log_path"
+        default=None, kw_only=True, converter=to_log_path, alias="log_path"
     )
-    startup_timeout: float = attrs.field(default=600.0, kw_only=True, validator=_v_seconds)
-    shutdown_timeout: float = attrs.field(default=30.0, kw_only=True, validator=_v_seconds)
-    progress_interval: float = attrs.field(default=30.0, kw_only=True, validator=_v_seconds)
-    handle_sigterm: bool = attrs.field(default=True, kw_only=True, validator=_v_bool)
+    startup_timeout: float = attrs.field(default=600.0, kw_only=True, validator=v_seconds)
+    shutdown_timeout: float = attrs.field(default=30.0, kw_only=True, validator=v_seconds)
+    progress_interval: float = attrs.field(default=30.0, kw_only=True, validator=v_seconds)
+    handle_sigterm: bool = attrs.field(default=True, kw_only=True, validator=v_bool)
 
-    _tree: _ProcessTree | None = attrs.field(default=None, init=False, repr=False)
+    _tree: ProcessTree | None = attrs.field(default=None, init=False, repr=False)
     _argv: tuple[str, ...] | None = attrs.field(default=None, init=False, repr=False)
     _active_log: Path | None = attrs.field(default=None, init=False, repr=False)
     _log_offset: int = attrs.field(default=0, init=False, repr=False)
@@ -1160,7 +686,7 @@ class VLLMServer:
 
     # ------------------------------------------------------------ internals
 
-    def _launch(self, run: _Run) -> _ProcessTree:
+    def _launch(self, run: _Run) -> ProcessTree:
         """Check, open the log, spawn and adopt the child (under the lock); ``run`` records it."""
         if self._tree is not None and self._tree.stopping.is_set():
             self.stop()  # an interrupted stop: finish it first
@@ -1186,7 +712,7 @@ class VLLMServer:
                 return run.popen
 
             try:
-                popen = _spawn(job)
+                popen = spawn(job)
             except OSError as exc:
                 if run.popen is not None:
                     raise
@@ -1208,7 +734,7 @@ class VLLMServer:
         )
         return tree
 
-    def _adopt(self, run: _Run, argv: tuple[str, ...] | None) -> _ProcessTree:
+    def _adopt(self, run: _Run, argv: tuple[str, ...] | None) -> ProcessTree:
         """Remember ``run``'s child as this server's, so that `stop` and the exit hook reach it."""
         if run.tree is not None:
             return run.tree
@@ -1216,7 +742,7 @@ class VLLMServer:
             msg = "no child process to adopt"
             raise AssertionError(msg)
         _RUNNING.add(self)
-        tree = _ProcessTree(run.popen, run.marker)
+        tree = ProcessTree(run.popen, run.marker)
         self._owner = os.getpid()
         if argv is not None:
             self._argv = argv
@@ -1306,7 +832,7 @@ class VLLMServer:
             preexec_fn=death_signal_preexec(),  # noqa: PLW1509 - only prctl + getppid, no locks
         )
 
-    def _wait_until_ready(self, tree: _ProcessTree) -> None:
+    def _wait_until_ready(self, tree: ProcessTree) -> None:
         # vLLM serves /health and redirects /health/ to it; TRL 0.2x's server the other
         # way round. requests follows the redirect, so one path suits both.
         url = f"{self.base_url}/health"

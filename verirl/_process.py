@@ -1,0 +1,386 @@
+"""The server's processes: started tied to our life, found, and taken down to the last one.
+
+One concern, kept apart from `verirl.vllm_server` (which decides *what* runs and
+*when* it is ready) because it is the part that must never leave a GPU held:
+
+- **Death signal.** `death_signal_preexec` makes a child ask the kernel (Linux
+  ``PR_SET_PDEATHSIG``) for SIGTERM when its parent dies, so even a SIGKILLed
+  trainer takes its server along; the CLI's ``launch`` uses it too.
+- **Spawner thread.** The kernel sends that signal when the *thread* that
+  forked the child exits, so `spawn` forks from one long-lived daemon thread
+  (reset in a forked child, which has none).
+- **Process tree.** `ProcessTree` remembers the server, its group and every
+  descendant, including workers that left the group (found by `MARKER_VAR` in
+  their environment), and takes them all down: SIGTERM, a grace period,
+  SIGKILL, reap.
+
+Its log records go to the ``verirl.vllm_server`` logger: they are the server's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
+from typing import Any
+
+import attrs
+import psutil
+
+__all__ = ["MARKER_VAR", "ProcessTree", "death_signal_preexec", "spawn"]
+
+log = logging.getLogger("verirl.vllm_server")
+
+MARKER_VAR = "VERIRL_VLLM_SERVER_MARKER"
+"""Set in every server's environment (inherited by its workers), so teardown finds orphans."""
+_KILL_WAIT = 5.0
+_PR_SET_PDEATHSIG = 1
+
+
+# ---------------------------------------------------------------- the death signal
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """The C library's ``prctl`` (Linux only), resolved in the parent, not the forked child."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong]
+    function.restype = ctypes.c_int
+    return function
+
+
+def death_signal_preexec() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking the kernel to SIGTERM the child when its parent dies.
+
+    SIGTERM rather than SIGKILL, so that the server still stops its own
+    workers. If the parent already died between fork and ``prctl`` (then
+    ``getppid`` no longer names it), the child exits at once.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+    sigterm = int(signal.SIGTERM)
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, sigterm, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+# ---------------------------------------------------------------- the spawner thread
+
+
+_Job = tuple[Callable[[], Any], Future[Any]]
+
+
+class _Spawner:
+    """Starts child processes from one long-lived daemon thread.
+
+    Linux sends ``PR_SET_PDEATHSIG`` when the *thread* that forked the child
+    exits, not the process. A server started from a short-lived thread (a
+    thread pool overlapping startup with other work) would be killed as soon
+    as that thread finished, so every spawn goes through this thread instead,
+    which lives as long as the process.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[_Job] | None = None
+
+    def submit(self, job: Callable[[], subprocess.Popen[bytes]]) -> Future[subprocess.Popen[bytes]]:
+        with self._lock:
+            if self._jobs is None:
+                self._jobs = queue.SimpleQueue()
+                thread = threading.Thread(
+                    target=self._run, args=(self._jobs,), name="verirl-vllm-spawner", daemon=True
+                )
+                thread.start()
+            jobs = self._jobs
+        future: Future[subprocess.Popen[bytes]] = Future()
+        jobs.put((job, future))
+        return future
+
+    @staticmethod
+    def _run(jobs: queue.SimpleQueue[_Job]) -> None:
+        while True:
+            job, future = jobs.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = job()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+    def reset_after_fork(self) -> None:
+        """A forked child has no spawner thread; start a fresh one on demand."""
+        self._lock = threading.Lock()
+        self._jobs = None
+
+
+_SPAWNER = _Spawner()
+
+
+def spawn(job: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    """Run ``job`` on the spawner thread and return its result.
+
+    Interrupted meanwhile (Ctrl-C, SIGTERM as ``SystemExit``), it still waits
+    for the job to finish, then re-raises: the job records the child it
+    started (see ``_Run`` in `verirl.vllm_server`), so the caller's teardown
+    can reach it.
+    """
+    future = _SPAWNER.submit(job)
+    interrupted: BaseException | None = None
+    while not future.done():
+        try:
+            wait_futures([future])
+        except BaseException as exc:  # noqa: BLE001, PERF203 - re-raised below, once the child is known
+            interrupted = interrupted or exc
+    if interrupted is not None:
+        raise interrupted
+    return future.result()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_SPAWNER.reset_after_fork)
+
+
+# ---------------------------------------------------------------- the process tree
+
+
+def _alive(process: psutil.Process) -> bool:
+    """Running and not a zombie (an orphan's zombie may never be reaped in a container)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
+
+
+def _tcp_connections(process: psutil.Process) -> list[Any]:
+    """``process``'s TCP sockets (psutil >= 6 ``net_connections``, older ``connections``)."""
+    method = getattr(process, "net_connections", None) or process.connections
+    return list(method(kind="tcp"))
+
+
+def _listening(connection: Any, port: int) -> bool:  # noqa: ANN401 - psutil's named tuples
+    """Whether ``connection`` is a socket listening on ``port``."""
+    address = connection.laddr
+    return bool(connection.status == psutil.CONN_LISTEN and address and address.port == port)
+
+
+def _marked_processes(marker: str, since: float) -> Iterator[psutil.Process]:
+    """Processes created after ``since`` whose environment carries ``marker``.
+
+    Every process the server starts inherits the marker, so this finds its
+    workers even after they left its session and were orphaned.
+    """
+    me = os.getpid()
+    for process in psutil.process_iter():
+        try:
+            if process.pid == me or process.create_time() < since:
+                continue
+            if process.environ().get(MARKER_VAR) == marker:
+                yield process
+        except (psutil.Error, OSError):
+            continue
+
+
+@attrs.define(eq=False)
+class ProcessTree:
+    """The server process, its group, and every descendant ever seen."""
+
+    popen: subprocess.Popen[bytes]
+    marker: str
+    leader: psutil.Process | None = attrs.field(default=None, init=False)
+    since: float = attrs.field(default=0.0, init=False)
+    seen: dict[int, psutil.Process] = attrs.field(factory=dict, init=False)
+    stopping: threading.Event = attrs.field(factory=threading.Event, init=False)
+    ready: bool = attrs.field(default=False, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        try:
+            self.leader = psutil.Process(self.popen.pid)
+            self.since = self.leader.create_time() - 1.0
+        except psutil.Error:
+            self.since = time.time() - 60.0
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def exited(self) -> bool:
+        """Whether the server process has exited, without reaping it."""
+        return self.popen.returncode is not None or self.exit_status() is not None
+
+    def exit_status(self) -> int | None:
+        """The exit code (negative: killed by that signal) once exited, without reaping.
+
+        Not reaping keeps the server's pid (which is also its group id)
+        reserved, so a later ``killpg`` cannot reach an unrelated group that
+        reused the number.
+        """
+        if self.popen.returncode is not None:
+            return self.popen.returncode
+        if hasattr(os, "waitid"):
+            flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+            try:
+                info = os.waitid(os.P_PID, self.popen.pid, flags)
+            except ChildProcessError:
+                return self.popen.poll()
+            if info is None:
+                return None
+            return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        return self.popen.poll()
+
+    def collect(self) -> None:
+        """Remember current descendants and marked orphans (pid + creation time)."""
+        found: list[psutil.Process] = []
+        if self.leader is not None:
+            with contextlib.suppress(psutil.Error):
+                found += self.leader.children(recursive=True)
+        found += [p for p in _marked_processes(self.marker, self.since) if p.pid != self.pid]
+        for process in found:
+            known = self.seen.get(process.pid)
+            if known is None or not _alive(known):
+                self.seen[process.pid] = process
+
+    def listens_on(self, port: int) -> bool | None:
+        """Whether the server or a descendant has a TCP socket listening on ``port``.
+
+        ``None`` when the system denies reading the sockets (then no proof
+        either way). The port check before the spawn cannot rule out another
+        server that binds later, so a 200 counts only with this proof.
+        """
+        members: list[psutil.Process] = []
+        with contextlib.suppress(psutil.Error):
+            leader = self.leader or psutil.Process(self.pid)
+            members = [leader, *leader.children(recursive=True)]
+        denied = False
+        for process in members:
+            try:
+                if any(_listening(c, port) for c in _tcp_connections(process)):
+                    return True
+            except psutil.AccessDenied:  # noqa: PERF203 - one process at a time, few of them
+                denied = True
+            except psutil.Error:
+                continue
+        if not denied:
+            return False
+        try:  # another view: the system-wide table, which names each socket's process
+            table = psutil.net_connections(kind="tcp")
+        except (psutil.Error, OSError):
+            return None
+        pids = {process.pid for process in members}
+        owners = {c.pid for c in table if _listening(c, port)}
+        if owners & pids:
+            return True
+        return False if owners and None not in owners else None
+
+    def signal_all(self, sig: int) -> None:
+        """``sig`` to the group, and to each remembered descendant outside it."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+        for process in self.seen.values():
+            if sig == signal.SIGTERM:
+                with contextlib.suppress(OSError):
+                    if os.getpgid(process.pid) == self.pid:
+                        continue  # the group signal reached it
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(sig)  # psutil refuses a pid that was reused
+
+    def survivors(self) -> list[psutil.Process]:
+        return [process for process in self.seen.values() if _alive(process)]
+
+    def wait_gone(self, deadline: float) -> bool:
+        """Wait until the server and every remembered descendant are gone; False at deadline."""
+        delay = 0.001
+        while True:
+            if self.exited() and not self.survivors():
+                return True
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, 0.02)
+
+    def gone(self, *, rescan: bool) -> bool:
+        """Whether the server and every descendant (rescanned first if asked) are gone; reaps."""
+        if not self.exited():
+            return False
+        if rescan:
+            with contextlib.suppress(Exception):
+                self.collect()
+        if self.survivors():
+            return False
+        with contextlib.suppress(OSError):
+            self.popen.poll()  # reap, now that nothing can reuse the group id against us
+        return True
+
+    def kill_now(self) -> None:
+        """SIGKILL all that is found, wait (bounded) for it to go, reap; raises no `Exception`."""
+        with contextlib.suppress(Exception):
+            self.collect()
+            self.signal_all(signal.SIGKILL)
+            # SIGKILL is delivered asynchronously; wait until the tree is really gone.
+            self.wait_gone(time.monotonic() + _KILL_WAIT)
+        with contextlib.suppress(Exception):
+            self.popen.wait(timeout=_KILL_WAIT)
+
+    def shutdown(self, grace: float) -> bool:
+        """SIGTERM everything, ``grace`` seconds, SIGKILL the rest, reap. True if it was clean.
+
+        Interrupted (a second Ctrl-C), it skips the grace, SIGKILLs at once,
+        reaps and re-raises.
+        """
+        clean = False
+        try:
+            self.collect()
+            self.signal_all(signal.SIGTERM)
+            clean = self.wait_gone(time.monotonic() + grace)
+            if not clean:
+                log.warning(
+                    "vLLM server pid %d still running %.1fs after SIGTERM; sending SIGKILL "
+                    "(processes: %s)",
+                    self.pid,
+                    grace,
+                    ", ".join(str(p.pid) for p in self.survivors()) or "the server itself",
+                )
+            # Always a last sweep: anything forked during the shutdown, or orphaned.
+            self.collect()
+            self.signal_all(signal.SIGKILL)
+            if not self.wait_gone(time.monotonic() + _KILL_WAIT):
+                log.error(
+                    "processes of the vLLM server survive SIGKILL (stuck in the kernel?): %s",
+                    ", ".join(str(p.pid) for p in self.survivors()),
+                )
+        except BaseException:
+            self.kill_now()
+            raise
+        finally:
+            try:
+                self.popen.wait(timeout=_KILL_WAIT)
+            except subprocess.TimeoutExpired:
+                log.exception("vLLM server pid %d could not be reaped", self.pid)
+        return clean

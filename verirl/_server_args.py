@@ -1,0 +1,186 @@
+"""Converters and validators of `verirl.VLLMServer`'s constructor arguments.
+
+They are attrs ``converter=`` and ``validator=`` hooks: each turns what a user
+passed into the field's value or raises `ConfigError` naming the argument (its
+alias, e.g. ``log_path``) and the value. Kept apart from the server so that
+`verirl.vllm_server` reads as the server's life cycle; the generic checks they
+build on live in `verirl._validate`.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from verirl._validate import (
+    MAX_GPUS,
+    MAX_LENGTH,
+    check_host,
+    check_int,
+    check_number,
+    check_port,
+    check_seconds,
+    check_text,
+    has_control_chars,
+)
+from verirl.errors import ConfigError
+
+__all__ = [
+    "to_command",
+    "to_devices",
+    "to_env",
+    "to_extra_args",
+    "to_log_path",
+    "v_bool",
+    "v_count",
+    "v_fraction",
+    "v_host",
+    "v_max_model_len",
+    "v_model",
+    "v_port",
+    "v_seconds",
+]
+
+
+def _unportable(text: str) -> str | None:
+    """Why ``text`` cannot be passed in argv or the environment, or ``None`` if it can."""
+    if "\x00" in text:
+        return "contains a null byte, which a command line or environment cannot carry"
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        return "contains a character that cannot be encoded for a command line (a lone surrogate)"
+    return None
+
+
+def to_devices(value: Iterable[int]) -> tuple[int, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ConfigError.invalid("devices", value, "must be a sequence of GPU indices, e.g. (1,)")
+    items: tuple[object, ...] = tuple(value)
+    if not items:
+        raise ConfigError.invalid("devices", value, "must name at least one GPU")
+    devices: list[int] = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item < MAX_GPUS:
+            raise ConfigError.invalid(
+                "devices", value, f"GPU indices must be integers from 0 to {MAX_GPUS - 1}"
+            )
+        devices.append(item)
+    if len(set(devices)) != len(devices):
+        raise ConfigError.invalid("devices", value, "GPU indices must be unique")
+    return tuple(devices)
+
+
+def _to_strings(field: str, value: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ConfigError.invalid(field, value, "must be a sequence of strings, not one string")
+    items = tuple(value)
+    if not all(isinstance(item, str) for item in items):
+        raise ConfigError.invalid(field, value, "must contain only strings")
+    for item in items:
+        problem = _unportable(item)
+        if problem:
+            raise ConfigError.invalid(field, value, f"{item!r} {problem}")
+    return items
+
+
+def to_extra_args(value: Iterable[str]) -> tuple[str, ...]:
+    return _to_strings("extra_args", value)
+
+
+def to_command(value: Iterable[str] | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    command = _to_strings("command", value)
+    if not command or not all(command):
+        raise ConfigError.invalid("command", value, "must be a non-empty list of non-empty strings")
+    return command
+
+
+def to_env(value: Mapping[str, str] | None) -> Mapping[str, str]:
+    if value is None:
+        return types.MappingProxyType({})
+    if not isinstance(value, Mapping):
+        raise ConfigError.invalid("env", type(value).__name__, "must be a mapping of str to str")
+    pairs: list[tuple[object, object]] = list(value.items())
+    for name, item in pairs:
+        if not isinstance(name, str) or not name or "=" in name:
+            raise ConfigError.invalid("env", name, "variable names must be non-empty, without '='")
+        problem = _unportable(name)
+        if problem:
+            raise ConfigError.invalid("env", name, f"the variable name {problem}")
+        # Values are never echoed, only the variable's name: environment values may be secrets.
+        if not isinstance(item, str):
+            raise ConfigError.invalid(
+                "env", name, f"value must be a str, not {type(item).__name__}"
+            )
+        problem = _unportable(item)
+        if problem:
+            raise ConfigError.invalid("env", name, f"the value of {name} {problem}")
+    return types.MappingProxyType(dict(value))
+
+
+def to_log_path(value: str | os.PathLike[str] | None) -> Path | None:
+    if value is None:
+        return None
+    raw: object = value
+    if not isinstance(raw, (str, os.PathLike)):
+        raise ConfigError.invalid("log_path", value, "must be a non-empty path or None")
+    text = os.fspath(raw)
+    if not isinstance(text, str) or not text:
+        raise ConfigError.invalid("log_path", value, "must be a non-empty path or None")
+    problem = _unportable(text)
+    if problem:
+        raise ConfigError.invalid("log_path", value, problem)
+    return Path(text)
+
+
+def _field_name(attribute: attrs.Attribute[Any]) -> str:
+    return attribute.alias or attribute.name
+
+
+def v_model(_: object, attribute: attrs.Attribute[str], value: object) -> None:
+    field = _field_name(attribute)
+    text = check_text(field, value)
+    if not text.strip():
+        raise ConfigError.invalid(field, value, "must not be blank")
+    if has_control_chars(text):
+        raise ConfigError.invalid(field, value, "must not contain control characters")
+    problem = _unportable(text)
+    if problem:
+        raise ConfigError.invalid(field, value, problem)
+
+
+def v_host(_: object, attribute: attrs.Attribute[str], value: object) -> None:
+    check_host(_field_name(attribute), value)
+
+
+def v_port(_: object, attribute: attrs.Attribute[int], value: object) -> None:
+    check_port(_field_name(attribute), value)
+
+
+def v_count(_: object, attribute: attrs.Attribute[int], value: object) -> None:
+    check_int(_field_name(attribute), value, 1, MAX_GPUS)
+
+
+def v_max_model_len(_: object, attribute: attrs.Attribute[int | None], value: object) -> None:
+    if value is not None:
+        check_int(_field_name(attribute), value, 1, MAX_LENGTH)
+
+
+def v_fraction(_: object, attribute: attrs.Attribute[float], value: object) -> None:
+    check_number(_field_name(attribute), value, positive=True, at_most=1.0)
+
+
+def v_seconds(_: object, attribute: attrs.Attribute[float], value: object) -> None:
+    check_seconds(_field_name(attribute), value, positive=True)
+
+
+def v_bool(_: object, attribute: attrs.Attribute[bool], value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError.invalid(_field_name(attribute), value, "must be True or False")
