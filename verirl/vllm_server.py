@@ -30,7 +30,7 @@ a handler the program installed is kept, and is what runs).
 
 This module decides what runs and when it is ready. Spawning, the death signal
 and the process tree are `verirl._process`'s; the checks of the constructor's
-arguments are `verirl._server_args`'s.
+arguments are `verirl._server_fields`'s.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from verirl._launch import (
 from verirl._poll import Backoff, poll
 from verirl._process import MARKER_VAR, ProcessTree, death_signal_preexec, spawn
 from verirl._serve_args import vllm_serve_args
-from verirl._server_args import (
+from verirl._server_fields import (
     to_command,
     to_devices,
     to_env,
