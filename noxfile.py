@@ -138,7 +138,7 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    """Figures against the old helper's behaviour, written to bench/results.md."""
+    """Figures against the old helper's behaviour, written to bench/out/ (`-- --update`: bench/)."""
     session.install("-e", ".[tests]", "matplotlib")
     session.run("python", "bench/run.py", *session.posargs, env={"PYTHONHASHSEED": "0"})
 

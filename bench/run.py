@@ -1,7 +1,7 @@
 # ruff: noqa: T201 - a benchmark script (not a package) whose output is the printed table
 """verirl's figures against the old helper's behaviour, measured side by side in one run.
 
-Run it as ``nox -s bench`` (or ``python bench/run.py [--runs N] [--no-write]``). Each
+Run it as ``nox -s bench`` (or ``python bench/run.py [--runs N] [--no-write] [--update]``). Each
 figure runs verirl and a baseline that reproduces what the old helper (or a bare
 ``subprocess.Popen`` user, or trl's ``check_server``) did, on loopback fakes with no
 GPU and no network, and reports medians over ``--runs`` repetitions and their ratio:
@@ -12,9 +12,11 @@ GPU and no network, and reports medians over ``--runs`` repetitions and their ra
 4. `verirl.VLLMServer` teardown vs ``Popen.terminate()`` on the server process only;
 5. ``import verirl`` vs a bare interpreter (and ``import trl`` when it is installed).
 
-It prints one markdown table, writes it to ``bench/results.md`` with the date, Python
-version and core count, and draws ``bench/timeline.png`` (start-up, sequential vs
-overlapped). It is not a test: nothing here fails on a slow figure; the "met?"
+It prints one markdown table, writes it to ``bench/out/results.md`` (an ignored
+folder, so a plain run leaves the tree clean) with the date, Python version and core
+count, and draws ``bench/out/timeline.png`` (start-up, sequential vs overlapped).
+``--update`` writes the committed copies the README quotes (``bench/results.md``,
+``bench/timeline.png``) instead. It is not a test: nothing here fails on a slow figure; the "met?"
 column only says whether the issue's goal was reached. It exits non-zero if a
 figure could not be measured, and leaves no process, port or temporary directory
 behind (survivors of the baselines are killed by the bench itself).
@@ -61,8 +63,10 @@ from verirl.runtime import PhaseTiming, ServerHandle
 from verirl.vllm_server import VLLMServer
 
 BENCH_DIR = Path(__file__).resolve().parent
-RESULTS = BENCH_DIR / "results.md"
-TIMELINE = BENCH_DIR / "timeline.png"
+# A plain run writes here (ignored by git); --update writes the committed copies in BENCH_DIR.
+OUT_DIR = BENCH_DIR / "out"
+RESULTS_NAME = "results.md"
+TIMELINE_NAME = "timeline.png"
 
 OLD_POLL_INTERVAL = 2.0  # the old helper's and trl's check_server's retry interval
 READINESS_DELAYS = (0.1, 1.0, 5.0)
@@ -750,7 +754,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="repetitions per case (default 5)")
     parser.add_argument(
-        "--no-write", action="store_true", help="print only; leave results.md and the PNG alone"
+        "--no-write", action="store_true", help="print only; write no results page or PNG"
+    )
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="write the committed bench/results.md and bench/timeline.png the README quotes"
+        " (default: bench/out/, which git ignores)",
     )
     args = parser.parse_args(argv)
     if args.runs < 1:
@@ -781,13 +791,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("not writing results: the run had errors", file=sys.stderr)
         return 1
     if not args.no_write:
-        RESULTS.write_text(render_results(report, runs, elapsed), encoding="utf-8")
+        folder = BENCH_DIR if args.update else OUT_DIR
+        folder.mkdir(exist_ok=True)
+        results, timeline = folder / RESULTS_NAME, folder / TIMELINE_NAME
+        results.write_text(render_results(report, runs, elapsed), encoding="utf-8")
         try:
-            plot_timeline(report.timelines, TIMELINE)
+            plot_timeline(report.timelines, timeline)
         except ImportError as exc:
-            print(f"error: cannot draw {TIMELINE.name}: {exc} (pip install matplotlib)")
+            print(f"error: cannot draw {timeline}: {exc} (pip install matplotlib)")
             return 1
-        print(f"wrote {RESULTS.relative_to(BENCH_DIR.parent)} and {TIMELINE.name}")
+        print(f"wrote {results.relative_to(BENCH_DIR.parent)} and {timeline.name}")
     return 0
 
 
