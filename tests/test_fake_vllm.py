@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import attrs
@@ -407,6 +408,9 @@ def test_program_refuses_a_malformed_variable_naming_it(run_fake, tmp_path, env,
     assert "Started worker process" not in log
 
 
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the workers' death signal is Linux's prctl"
+)
 def test_program_crash_knob_exits_with_the_code_and_workers_die_with_it(run_fake, tmp_path):
     port = unshared_port()
     proc = run_fake(
@@ -1695,9 +1699,113 @@ def test_fake_server_checks_arguments_like_the_real_one():
     real = VLLMServer("m", port=9, max_model_len=64, tensor_parallel_size=2, devices=(0, 1))
     assert fake.serve_args == real.serve_args
     assert fake.base_url == real.base_url
-    assert isinstance(fake, VLLMServer)
+    settings = ("model", "host", "port", "devices", "max_model_len", "tensor_parallel_size")
+    assert [getattr(fake, name) for name in settings] == [getattr(real, name) for name in settings]
+
+
+def test_fake_server_stands_beside_the_real_one_not_inside_it():
+    """Like httpx's MockTransport beside BaseTransport: the same interface, its own class."""
+    fake = FakeVLLMServer("m")
+    assert not isinstance(fake, VLLMServer)
+    assert VLLMServer not in type(fake).__mro__
     assert isinstance(fake, ServerHandle)
-    assert isinstance(real, ServerHandle)
+    assert isinstance(VLLMServer("m"), ServerHandle)
+    assert "FakeVLLMServer(model='m'" in repr(fake)
+
+
+def test_fake_server_refuses_an_unknown_argument():
+    with pytest.raises(TypeError, match="no_such_argument"):
+        FakeVLLMServer("m", no_such_argument=1)
+
+
+def test_stop_from_another_thread_cancels_a_start_in_progress():
+    port = unshared_port()
+    waiting = threading.Event()
+
+    def clock() -> float:  # read as start() begins, just before its delay
+        waiting.set()
+        return time.monotonic()
+
+    server = FakeVLLMServer("m", port=port, serve_http=True, startup_delay=600, clock=clock)
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            server.start()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=start, name="fake-start")
+    thread.start()
+    try:
+        assert waiting.wait(timeout=30)
+        asked = time.monotonic()
+        server.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        assert time.monotonic() - asked < 10  # not the 600 s delay
+    finally:
+        server.stop()
+        thread.join(timeout=30)
+    (error,) = errors
+    assert type(error) is VLLMServerError
+    assert "stop() was called while the fake vLLM server was starting" in str(error)
+    assert (server.starts, server.stops, server.running, server.ready_at) == (1, 1, False, None)
+    with pytest.raises(requests.ConnectionError):  # it never served
+        requests.get(f"http://127.0.0.1:{port}/health", timeout=5)
+
+
+def test_a_stop_during_an_injected_sleep_takes_effect_when_it_returns():
+    clock = FakeClock()
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        server.stop()  # as another thread's stop() would, while start() waits
+
+    server = FakeVLLMServer("m", startup_delay=3.0, clock=clock, sleep=sleep)
+    with pytest.raises(VLLMServerError, match="stop\\(\\) was called while"):
+        server.start()
+    assert (server.starts, server.stops, server.stopped_at) == (1, 1, 103.0)
+    assert not server.running
+
+
+def test_stop_is_idempotent_and_a_stopped_fake_cannot_start_again():
+    server = FakeVLLMServer("m")
+    server.stop()  # before any start: nothing to stop, as with VLLMServer
+    assert (server.starts, server.stops) == (0, 0)
+    with server:
+        assert server.running
+    for _ in range(3):
+        server.stop()
+    assert (server.starts, server.stops, server.running) == (1, 1, False)
+    with pytest.raises(VLLMServerError, match="stopped and cannot be started again"):
+        server.start()
+    assert (server.starts, server.running) == (1, False)
+
+
+def test_a_failed_start_leaves_the_fake_startable_and_stop_a_no_op():
+    error = VLLMServerExited(1, "CUDA out of memory\n")
+    server = FakeVLLMServer("m", fail_with=error)
+    with pytest.raises(VLLMServerExited):
+        server.start()
+    server.stop()
+    assert server.stops == 0
+    server.fail_with = None
+    with server:
+        assert server.running
+    assert (server.starts, server.stops) == (2, 1)
+
+
+def test_fake_server_log_tail_is_what_it_logged():
+    server = FakeVLLMServer("m", port=9)
+    assert server.log_tail() == ""
+    with server:
+        pass
+    assert server.log_tail() == (
+        f"fake vLLM server start: {' '.join(server.serve_args)}\nfake vLLM server stop\n"
+    )
+    assert server.log_tail(lines=1) == "fake vLLM server stop\n"
+    assert server.log_tail(lines=0) == ""
 
 
 @attrs.frozen

@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
+import subprocess
 import sys
+from pathlib import Path
 
+import pytest
+
+import verirl
 from verirl import CheckpointResolver, HttpEnvServerProbe, HubCheckpointSource
 
 pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN = "verirl.pytest_plugin"
+
+
+@pytest.fixture
+def same_verirl(monkeypatch):
+    """Subprocesses import the verirl this run tests (a checkout, or the installed one)."""
+    where = str(Path(verirl.__file__).resolve().parents[1])
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [where, os.environ.get("PYTHONPATH")]))
+    )
 
 
 def test_fake_env_server_fixture(fake_env_server):
@@ -32,7 +51,7 @@ def test_fake_runtime_fixture(fake_runtime):
     assert session.server.stops == 1
 
 
-def test_plugin_is_registered_for_a_fresh_pytest_run(pytester):
+def test_plugin_is_registered_for_a_fresh_pytest_run(pytester, same_verirl):
     """A user's suite sees the fixtures with no conftest, only the installed entry point."""
     pytester.makepyfile(
         """
@@ -47,7 +66,7 @@ def test_plugin_is_registered_for_a_fresh_pytest_run(pytester):
     result.assert_outcomes(passed=1)
 
 
-def test_a_project_with_its_own_fakes_package_still_runs_pytest(pytester):
+def test_a_project_with_its_own_fakes_package_still_runs_pytest(pytester, same_verirl):
     """``fakes`` is a common name: the plugin must not import ours at start-up."""
     pytester.mkpydir("fakes").joinpath("__init__.py").write_text("MINE = True\n")
     pytester.makepyfile(
@@ -71,3 +90,25 @@ def test_the_old_plugin_module_still_offers_the_fixtures():
 
     for name in verirl.pytest_plugin.__all__:
         assert getattr(fakes.pytest_plugin, name) is getattr(verirl.pytest_plugin, name)
+
+
+def test_the_entry_point_names_the_plugin_inside_verirl():
+    """Installed, and as declared in pyproject.toml: not ``fakes.pytest_plugin`` (see above)."""
+    (entry,) = [e for e in importlib.metadata.entry_points(group="pytest11") if e.name == "verirl"]
+    assert entry.value == PLUGIN
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["entry-points"]["pytest11"] == {"verirl": PLUGIN}
+
+
+def test_the_plugin_imports_no_fakes_until_a_fixture_is_used(same_verirl):
+    code = (
+        "import sys, verirl\n"
+        f"assert {PLUGIN!r} not in sys.modules, 'import verirl loaded the plugin'\n"
+        f"import {PLUGIN}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'fakes'))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, "[]\n", "")
