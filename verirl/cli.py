@@ -43,13 +43,8 @@ from verirl.errors import (
     VeriRLError,
     VLLMServerError,
 )
-from verirl.runtime import (
-    TrainingRuntime,
-    resolver_from_settings,
-    split_args,
-    split_command,
-    topology_from_settings,
-)
+from verirl._settings import split_args, split_command
+from verirl.runtime import TrainingRuntime, resolver_from_settings, topology_from_settings
 from verirl.topology import MODES, TRL_GROUP_PORT, detect_gpu_count
 from verirl.vllm_server import VLLMServer, map_visible_devices
 
