@@ -382,7 +382,7 @@ class TrainingRuntime:
         command = (
             read.settings.vllm_command if vllm_command is None else _check_command(vllm_command)
         )
-        args = read.settings.vllm_args or () if vllm_args is None else _check_args(vllm_args)
+        args = (read.settings.vllm_args or ()) if vllm_args is None else _check_args(vllm_args)
         log_dir = read.text("vllm_log_dir")
         if log_dir is not None and not os.path.isdir(log_dir):  # noqa: PTH112
             name = read.name("vllm_log_dir") or "vllm_log_dir"
