@@ -118,6 +118,18 @@ def test_an_unset_gpu_count_with_no_gpu_says_to_set_it(no_torch):
     assert "set it" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "environ", "prefix"),
+    [({"gpu_count": 1}, {"VERIRL_GPU_COUNT": "4"}, "gpu_count=1: "),
+     ({}, {"VERIRL_GPU_COUNT": "1"}, "VERIRL_GPU_COUNT=1: "),
+     ({}, {"CUDA_VISIBLE_DEVICES": "0"}, "VERIRL_GPU_COUNT=None (unset; 1 GPU(s) detected): ")],
+)  # fmt: skip
+def test_a_plan_error_names_where_the_gpu_count_came_from(no_torch, kwargs, environ, prefix):
+    with pytest.raises(ConfigError) as info:
+        topology_from_settings(mode="server", **kwargs, environ=environ)
+    assert str(info.value).startswith(prefix)
+
+
 def test_from_settings_reads_the_launcher_from_environ_too():
     launcher = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
                 "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}  # fmt: skip

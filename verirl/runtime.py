@@ -60,8 +60,6 @@ log = logging.getLogger(__name__)
 START_CANCEL_TIMEOUT = 60.0
 """Seconds to wait for a server's `start` to return after `stop` cancelled it."""
 
-_SETTINGS_FIELDS = frozenset(attrs.fields_dict(Settings))
-
 
 @runtime_checkable
 class ServerHandle(Protocol):
@@ -169,7 +167,7 @@ def _plan(read: Read) -> VLLMTopology:
                 remote_host=remote,
             )  # fmt: skip
     except ConfigError as exc:
-        if exc.field == "gpu_count":  # the detected count
+        if exc.field == "gpu_count" and read.name("gpu_count") is None:  # detected
             raise read.unset_gpu_count(exc.reason or str(exc), count) from exc
         raise
 
@@ -371,7 +369,12 @@ class TrainingRuntime:
         and the launcher's distributed settings are read from.
         """
         env = os.environ if environ is None else check_environ(environ)
-        given = {name: value for name, value in locals().items() if name in _SETTINGS_FIELDS}
+        given = {"env_url": env_url, "model": model, "max_model_len": max_model_len,
+                 "output_dir": output_dir, "hub_repo_id": hub_repo_id, "hub_token": hub_token,
+                 "hub_endpoint": hub_endpoint, "hub_revision": hub_revision,
+                 "gpu_count": gpu_count, "mode": mode, "vllm_gpus": vllm_gpus,
+                 "vllm_port": vllm_port, "vllm_remote_host": vllm_remote_host,
+                 "vllm_log_dir": vllm_log_dir, "resume_from": resume_from}  # fmt: skip
         read = Read(Settings.from_environ(env), given, env)
         topology = _plan(read)
         url = read.text("env_url")
@@ -432,6 +435,7 @@ class TrainingRuntime:
             self._started = False
             raise
         timings = [PhaseTiming("dist-env", 0.0, time.monotonic() - origin)]
+        server_start: concurrent.futures.Future[None] | None = None
         checkpoint: concurrent.futures.Future[str | None] | None = None
         try:
             # Held from the main thread (where Python runs handlers) until stop(): the
@@ -439,7 +443,8 @@ class TrainingRuntime:
             self._holds_sigterm = SIGTERM_POLICY.acquire()
             self._server = self._build_server()
             phases = Phases(origin)
-            server_start = phases.submit("vllm", self._server.start) if self._server else None
+            if self._server is not None:
+                server_start = phases.submit("vllm", self._server.start)
             if self._waits_for_server_elsewhere:
                 phases.submit("vllm-wait", self._wait_for_server_elsewhere)
             if self.env_probe is not None:
@@ -449,12 +454,9 @@ class TrainingRuntime:
                 # checked, and "latest" fails with "no sources configured".
                 resolver = self.checkpoints or CheckpointResolver([])
                 checkpoint = phases.submit("checkpoint", resolver.resolve, self.resume_from)
-            try:
-                timings += phases.wait()
-            except BaseException:
-                self._cancel_server_start(server_start)
-                raise
+            timings += phases.wait()  # every phase, or the first failure's error
         except BaseException:
+            self._cancel_server_start(server_start)
             self.stop()
             raise
         self._session = RuntimeSession(
