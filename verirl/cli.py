@@ -142,7 +142,8 @@ def _flag_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError:
         return exc.renamed(flag)
     # A value that is missing altogether: name the flag beside its variable.
     missing = _MISSING_FLAGS.get(field)
-    if missing is not None and exc.value is None and hasattr(args, missing[0]):
+    blank = exc.value is None or (isinstance(exc.value, str) and not exc.value.strip())
+    if missing is not None and blank and hasattr(args, missing[0]):
         return exc.renamed(f"{missing[1]}/{field}")
     return exc
 
