@@ -158,8 +158,8 @@ class Read:
     """A ``from_settings`` argument when given, else its setting; errors name the source."""
 
     settings: Settings
-    given: Mapping[str, object]
-    environ: Mapping[str, str]
+    given: Mapping[str, object] = attrs.field(repr=False)  # may hold a token
+    environ: Mapping[str, str] = attrs.field(repr=False)
 
     def name(self, field: str) -> str | None:
         """The argument's name if given, the variable's if set, else ``None`` (a default)."""
