@@ -5,6 +5,8 @@ the one reader: a blank variable counts as unset, and a bad value is a
 `ConfigError` naming the variable and showing its value (a token never), so a
 user knows which one to fix. ``from_settings``, the CLI and ``doctor`` all go
 through it; the README's settings table is checked against these fields.
+`Read` picks a ``from_settings`` argument over its variable, so that an error
+names whichever of the two the value came from.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ def _flags(name: str, raw: str) -> tuple[str, ...]:
     return tuple(split_args(name, raw))
 
 
-def _setting(variable: str, parse: _Parse, default: str = "", *, secret: bool = False) -> Any:  # noqa: ANN401 - as attrs.field
+def _setting(variable: str, parse: _Parse, default: str = "", *, secret: bool = False) -> Any:  # noqa: ANN401 - what attrs.field returns
     """A field read from ``variable`` by ``parse``; ``default`` is what the README shows."""
     metadata = {"variable": variable, "parse": parse, "default": default, "secret": secret}
     return attrs.field(default=None, kw_only=True, repr=not secret, metadata=metadata)
