@@ -40,6 +40,23 @@ def test_all_is_complete(module):
         assert hasattr(module, name), name
 
 
+def test_all_is_exactly_the_public_names():
+    """httpx's exported-members test: ``__all__`` is every public name, sorted."""
+    public = sorted(
+        name
+        for name, value in vars(verirl).items()
+        if not name.startswith("_") and not inspect.ismodule(value) and name != "annotations"
+    )
+    assert verirl.__all__ == sorted([*public, "__version__"])
+
+
+@pytest.mark.parametrize("name", verirl.__all__)
+def test_each_exported_name_imports_from_verirl(name):
+    namespace: dict[str, object] = {}
+    exec(f"from verirl import {name}", namespace)  # noqa: S102 - the import statement is the test
+    assert namespace[name] is getattr(verirl, name)
+
+
 def test_import_verirl_pulls_in_no_heavy_module():
     code = (
         "import sys, json; import verirl, verirl.cli; "

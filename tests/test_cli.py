@@ -73,6 +73,18 @@ def test_no_command_is_a_usage_error(capsys):
 # -- plan
 
 
+@pytest.mark.parametrize("value", [None, "", "  "])
+def test_plan_with_no_gpu_count_and_none_detected_names_the_flag(value, capsys, clean_env,
+                                                                 monkeypatch):  # fmt: skip
+    monkeypatch.setitem(sys.modules, "torch", None)  # count CUDA_VISIBLE_DEVICES, as without torch
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    if value is not None:
+        monkeypatch.setenv("VERIRL_GPU_COUNT", value)
+    assert main(["plan"]) == 2
+    err = capsys.readouterr().err
+    assert f"--gpus/VERIRL_GPU_COUNT={value!r}" in err
+
+
 def test_plan_json(capsys, clean_env):
     assert main(["plan", "--gpus", "4", "--vllm-gpus", "2", "--json", "--model", "m"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -122,7 +122,12 @@ def loopback_only() -> Iterator[None]:
 
 @pytest.fixture
 def sandbox(tmp_path, monkeypatch):
-    """cwd, HOME and the temp dir inside tmp_path; no verirl/HF settings; Hub offline."""
+    """cwd, HOME and the temp dir inside tmp_path; no verirl/HF settings; Hub offline; no torch.
+
+    GPUs are counted from ``CUDA_VISIBLE_DEVICES`` as on a machine without
+    torch, whether or not this environment has one (or one that cannot load).
+    """
+    monkeypatch.setitem(sys.modules, "torch", None)
     for name in list(os.environ):
         if name.startswith(("VERIRL_", "HF_", "HUGGING_FACE_")) or name in (
             "CUDA_VISIBLE_DEVICES",

@@ -190,7 +190,7 @@ def test_rank_above_zero_times_out_when_no_server_appears():
         environ=dict(launcher),
         dist_env=DistributedEnv.single_node(environ=launcher),
         server_factory=factory,
-        server_timeout=0.2,
+        remote_server_timeout=0.2,
     )
     with pytest.raises(VLLMServerUnavailable, match="connection refused") as info:
         rt.start()
@@ -240,7 +240,7 @@ def test_default_factory_needs_a_model():
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [({"env_timeout": -1}, "env_timeout"), ({"server_timeout": 0}, "server_timeout"),
+    [({"env_timeout": -1}, "env_timeout"), ({"remote_server_timeout": 0}, "remote_server_timeout"),
      ({"model": ""}, "model")],
 )  # fmt: skip
 def test_bad_runtime_arguments(kwargs, field):

@@ -56,7 +56,8 @@ def test_env_timeout_argument_is_checked_under_its_name(value):
 
 @pytest.mark.parametrize(("kwargs", "field"), [
     ({"env_timeout": math.inf}, "env_timeout"), ({"env_timeout": math.nan}, "env_timeout"),
-    ({"server_timeout": math.inf}, "server_timeout"), ({"server_timeout": 1e30}, "server_timeout"),
+    ({"remote_server_timeout": math.inf}, "remote_server_timeout"),
+    ({"remote_server_timeout": 1e30}, "remote_server_timeout"),
     ({"environ": ["A=1"]}, "environ"), ({"resume_from": 5}, "resume_from"),
 ])  # fmt: skip
 def test_runtime_arguments_are_finite_and_typed(kwargs, field):

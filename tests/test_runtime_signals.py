@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -107,3 +109,47 @@ def test_started_off_the_main_thread_leaves_sigterm_alone(default_sigterm):
     thread.join()
     assert seen == [signal.SIG_DFL]
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+SLOW_START = """
+import threading
+from verirl import DistributedEnv, TrainingRuntime, VLLMTopology
+
+class SlowProbe:
+    url = "http://127.0.0.1:9"
+
+    def check(self):
+        return False
+
+    def wait(self, timeout):
+        print("waiting", flush=True)
+        threading.Event().wait(timeout)
+
+env = {}
+TrainingRuntime(
+    VLLMTopology.plan(1, max_model_len=64),
+    environ=env,
+    dist_env=DistributedEnv.single_node(environ=env, master_port=%d),
+    env_probe=SlowProbe(),
+    env_timeout=120,
+).start()
+"""
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, -signal.SIGINT),
+                                              (signal.SIGTERM, 143)])  # fmt: skip
+def test_a_signal_during_start_exits_at_once_despite_a_phase_still_waiting(signum, code):
+    """The phases' threads are daemons: a 120 s env wait does not hold the exit."""
+    script = SLOW_START % find_free_port()
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "waiting\n"
+        proc.send_signal(signum)
+        assert proc.wait(timeout=20) == code
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -13,27 +13,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import json
 import logging
 import os
-import platform
 import shlex
 import signal
-import socket
-import subprocess
 import sys
 import threading
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn
 
 from verirl import __version__
-from verirl._launch import vllm_distribution
-from verirl._process import death_signal_preexec
+from verirl._doctor import machine_report
+from verirl._settings import Settings, split_args, split_command
 from verirl._signals import SIGTERM_POLICY, exit_on_sigterm
+from verirl._supervise import run_command
 from verirl._validate import check_port, check_seconds, parse_int, parse_seconds
 from verirl.checkpoints import RESUME_ENV_VAR
-from verirl.distenv import DistributedEnv
 from verirl.envserver import HttpEnvServerProbe
 from verirl.errors import (
     CheckpointNotFoundError,
@@ -43,15 +39,9 @@ from verirl.errors import (
     VeriRLError,
     VLLMServerError,
 )
-from verirl.runtime import (
-    TrainingRuntime,
-    resolver_from_settings,
-    split_args,
-    split_command,
-    topology_from_settings,
-)
-from verirl.topology import MODES, TRL_GROUP_PORT, detect_gpu_count
-from verirl.vllm_server import VLLMServer, map_visible_devices
+from verirl.runtime import TrainingRuntime, resolver_from_settings, topology_from_settings
+from verirl.topology import MODES
+from verirl.vllm_server import map_visible_devices
 
 __all__ = ["EXIT_CODES", "GRPO_KWARGS_VARIABLE", "build_parser", "main"]
 
@@ -152,7 +142,8 @@ def _flag_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError:
         return exc.renamed(flag)
     # A value that is missing altogether: name the flag beside its variable.
     missing = _MISSING_FLAGS.get(field)
-    if missing is not None and exc.value is None and hasattr(args, missing[0]):
+    blank = exc.value is None or (isinstance(exc.value, str) and not exc.value.strip())
+    if missing is not None and blank and hasattr(args, missing[0]):
         return exc.renamed(f"{missing[1]}/{field}")
     return exc
 
@@ -293,7 +284,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         hub_endpoint=args.hub_endpoint,
         hub_revision=args.hub_revision,
     )
-    request = args.resume if args.resume is not None else os.environ.get(RESUME_ENV_VAR)
+    request = args.resume if args.resume is not None else Settings.from_environ().resume_from
     path = resolver.resolve(request)
     _emit(args, {"resume_from_checkpoint": path}, path or "")
     return EXIT_OK
@@ -311,14 +302,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     runtime = _runtime_from_args(args)
     topology = runtime.topology
     if topology.remote_host is not None:
-        flag = "--vllm-host" if args.vllm_host is not None else "VERIRL_VLLM_HOST"
+        flag = (
+            "--vllm-host" if args.vllm_host is not None else Settings.variable("vllm_remote_host")
+        )
         raise ConfigError.invalid(flag, topology.remote_host, "serve starts a local server")
     if not topology.is_local_server:
         reason = "serve needs a local server-mode topology: 2 or more GPUs, mode auto or server"
         if args.mode is not None:
             raise ConfigError.invalid("--mode", args.mode, reason)
-        if os.environ.get("VERIRL_VLLM_MODE", "").strip() == "colocate":
-            raise ConfigError.invalid("VERIRL_VLLM_MODE", "colocate", reason)
+        if Settings.from_environ().mode == "colocate":
+            raise ConfigError.invalid(Settings.variable("mode"), "colocate", reason)
         if args.gpus is not None:
             raise ConfigError.invalid("--gpus", args.gpus, reason)
         raise ConfigError.invalid("--gpus/VERIRL_GPU_COUNT", topology.gpu_count, reason)
@@ -329,7 +322,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # Ends only by the server dying: SIGTERM raises SystemExit(143) from the one policy
         # and Ctrl-C KeyboardInterrupt, both unwinding the runtime, which stops the server.
         _wait_while(lambda: bool(getattr(server, "running", True)))
-        tail = server.log_tail() if isinstance(server, VLLMServer) else ""
+        log_tail = getattr(server, "log_tail", None)
+        tail = log_tail() if callable(log_tail) else ""
         log.error("the vLLM server exited on its own\n%s", tail.rstrip())
         return EXIT_VLLM
 
@@ -347,98 +341,6 @@ def _training_environment(
     if url is not None:
         env[VLLM_URL_VARIABLE] = url
     return env
-
-
-def _child_preexec(unblock: Collection[int]) -> Callable[[], None]:
-    """The command's ``preexec_fn``: unblock ``unblock`` and ask for the death signal."""
-    death_signal = death_signal_preexec()
-
-    def preexec() -> None:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, unblock)
-        if death_signal is not None:
-            death_signal()
-
-    return preexec
-
-
-def _stop_command(child: subprocess.Popen[bytes], signum: int, grace: float) -> int:
-    """Forward ``signum`` to the command, wait ``grace`` seconds, then SIGKILL it.
-
-    A further signal at any point (a second Ctrl-C, SIGTERM after a Ctrl-C)
-    SIGKILLs it at once: the ``finally`` sees to it even when that signal
-    lands between two statements here.
-    """
-    stopped = False
-    try:
-        try:
-            log.warning(
-                "forwarding signal %d to the training command (pid %d); SIGKILL in %gs",
-                signum,
-                child.pid,
-                grace,
-            )
-            child.send_signal(signum)
-            code = child.wait(timeout=grace)
-            stopped = True
-        except subprocess.TimeoutExpired:
-            log.warning("the training command outlived its %gs grace: sending SIGKILL", grace)
-        except (KeyboardInterrupt, SystemExit):  # a second Ctrl-C, or SIGTERM after a Ctrl-C
-            log.warning("interrupted again: sending SIGKILL to the training command")
-    finally:
-        if not stopped:
-            _kill_command(child)
-    return code if stopped else _reap(child)
-
-
-def _kill_command(child: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(OSError):
-        child.kill()
-
-
-def _reap(child: subprocess.Popen[bytes]) -> int:
-    """Wait for a SIGKILLed command; a signal meanwhile cannot stop a reap that is quick."""
-    while True:
-        try:
-            return child.wait()
-        except (KeyboardInterrupt, SystemExit):  # noqa: PERF203
-            continue
-
-
-def _run_command(command: Sequence[str], env: dict[str, str], grace: float) -> int:
-    """Run ``command``; return its exit code (128+N when it died of signal N).
-
-    SIGTERM (the one policy's `SystemExit`) or Ctrl-C while it runs is
-    forwarded to it, with ``grace`` seconds to exit before SIGKILL. Both
-    signals are blocked while it is spawned, so one arriving then is delivered
-    once the command is known; the command unblocks them, and gets SIGTERM
-    from the kernel if verirl itself dies. Whatever interrupts verirl here,
-    the command never outlives this call.
-    """
-    stopping = (signal.SIGINT, signal.SIGTERM)
-    child: subprocess.Popen[bytes] | None = None
-    try:
-        try:
-            preexec = _child_preexec(stopping)
-            signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
-            try:
-                child = subprocess.Popen(list(command), env=env, preexec_fn=preexec)  # noqa: PLW1509 - sigmask, prctl, getppid only
-            except OSError as exc:
-                log.error("cannot run %s: %s", shlex.join(command), exc)  # noqa: TRY400 - no traceback for a missing program
-                return 127
-            finally:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping)
-            code = child.wait()
-        except (SystemExit, KeyboardInterrupt) as exc:
-            if child is None:
-                raise
-            signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
-            code = _stop_command(child, signum, grace)
-    except BaseException:
-        if child is not None and child.returncode is None:
-            _kill_command(child)
-            _reap(child)
-        raise
-    return 128 - code if code < 0 else code
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -460,74 +362,27 @@ def cmd_launch(args: argparse.Namespace) -> int:
             env["CUDA_VISIBLE_DEVICES"] or "-",
             session.resume_from_checkpoint or "fresh start",
         )
-        code = _run_command(command, env, grace)
+        code = run_command(command, env, grace)
     log.info("training command exited with %d; everything torn down", code)
     return code
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _version_of(distribution: str) -> str:
-    if distribution == "vllm":
-        found = vllm_distribution()
-        if found is None:
-            return "missing"
-        return found.version if found.name == "vllm" else f"{found.version} ({found.name})"
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return "missing"
-
-
-def _launch_row() -> str:
-    """What `VLLMServer` would run here, and why, or why it cannot."""
-    try:
-        plan = VLLMServer("MODEL").launch_plan()
-    except VeriRLError as exc:
-        return f"cannot start: {exc}"
-    return f"{plan.kind}: {plan.reason}"
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """A table of what this machine has for a GRPO job."""
     # Inputs first, so that a bad one is the only line printed.
-    vllm_port = 8001 if args.vllm_port is None else check_port("--vllm-port", args.vllm_port)
+    settings = Settings.from_environ()
+    vllm_port = settings.vllm_port or 8001
+    if args.vllm_port is not None:
+        vllm_port = check_port("--vllm-port", args.vllm_port)
     from_flag = args.env_url is not None
-    env_url = args.env_url if from_flag else os.environ.get("VERIRL_ENV_SERVER_URL", "").strip()
+    env_url = args.env_url if from_flag else settings.env_url
     probe = None
-    if env_url or from_flag:
+    if env_url is not None:
         try:
             probe = HttpEnvServerProbe(env_url, request_timeout=2.0)
         except ConfigError as exc:
-            raise exc.renamed("--env-url" if from_flag else "VERIRL_ENV_SERVER_URL") from exc
-    rows: list[tuple[str, str]] = [
-        ("python", f"{platform.python_version()} ({sys.executable})"),
-        ("verirl", __version__),
-    ]
-    rows += [(name, _version_of(name)) for name in ("trl", "vllm", "torch", "transformers")]
-    rows.append(("vLLM launch", _launch_row()))
-    rows.append(("GPUs visible", str(detect_gpu_count())))
-    rows.append(("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")))
-    for label, port in (("vLLM port", vllm_port), ("TRL group port", TRL_GROUP_PORT)):
-        rows.append((f"{label} {port}", "free" if _port_free(port) else "IN USE"))
-    if probe is not None:
-        healthy = probe.check()
-        rows.append((f"env server {probe.url}", "healthy" if healthy else "NOT reachable/healthy"))
-    else:
-        rows.append(("env server", "(no --env-url / VERIRL_ENV_SERVER_URL)"))
-    token_set = bool(os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN"))
-    rows.append(("Hub token", "set" if token_set else "not set"))
-    dist = DistributedEnv.single_node()
-    rows.append(
-        ("launcher", "none" if "RANK" in dist.defaulted else f"rank {dist.rank}/{dist.world_size}")
-    )
+            raise exc.renamed("--env-url" if from_flag else Settings.variable("env_url")) from exc
+    rows = machine_report(vllm_port=vllm_port, probe=probe, hub_token=settings.hub_token)
     width = max(len(name) for name, _ in rows)
     text = "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
     _emit(args, dict(rows), text)
@@ -578,9 +433,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("resume", cmd_resume, "Print the checkpoint to resume from (empty: fresh start).")
     _add_checkpoint_args(p)
-    p.set_defaults(
-        gpus=1, max_model_len=None, mode=None, vllm_gpus=None, vllm_port=None, vllm_host=None
-    )
 
     p = add("serve", cmd_serve, "Run the vLLM server your TRL expects until Ctrl-C/SIGTERM.")
     _add_topology_args(p)
@@ -605,7 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("doctor", cmd_doctor, "Show what this machine has for a GRPO job.")
     p.add_argument("--env-url", help="env server to check ($VERIRL_ENV_SERVER_URL)")
-    p.add_argument("--vllm-port", type=_ascii_int, help="vLLM port to check (default: 8001)")
+    p.add_argument(
+        "--vllm-port", type=_ascii_int, help="vLLM port to check ($VERIRL_VLLM_PORT; default: 8001)"
+    )
     return parser
 
 

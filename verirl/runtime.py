@@ -9,34 +9,30 @@ raises that phase's own error; leaving the ``with`` block stops the server.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
-import queue
-import shlex
-import threading
 import time
 import types
+import warnings
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import attrs
 
-from verirl._secrets import HIDDEN, redact_url
+from verirl._phases import Phases, PhaseTiming
+from verirl._secrets import HIDDEN
+from verirl._settings import Read, Settings
 from verirl._signals import SIGTERM_POLICY
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
     MAX_PORT,
     check_environ,
-    check_int,
     check_seconds,
     check_text,
-    has_control_chars,
-    parse_int,
-    parse_seconds,
 )
 from verirl.checkpoints import (
-    RESUME_ENV_VAR,
     CheckpointResolver,
     CheckpointSource,
     HubCheckpointSource,
@@ -61,7 +57,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
+START_CANCEL_TIMEOUT = 60.0
+"""Seconds to wait for a server's `start` to return after `stop` cancelled it."""
 
 
 @runtime_checkable
@@ -92,20 +89,6 @@ class CheckpointResolving(Protocol):
     def resolve(self, request: str | None) -> str | None:
         """The local path to resume from, or ``None`` for a fresh start."""
         ...
-
-
-@attrs.frozen
-class PhaseTiming:
-    """When a start-up phase ran, in seconds since the runtime started."""
-
-    name: str
-    start: float
-    end: float
-
-    @property
-    def duration(self) -> float:
-        """Seconds the phase took."""
-        return self.end - self.start
 
 
 @attrs.frozen
@@ -157,70 +140,36 @@ def _default_server_factory(
     return build
 
 
-_SECRET_VARIABLES = frozenset({"HF_TOKEN"})
+_PLAN_FIELDS = {"gpu_count": "gpu_count", "max_model_len": "max_model_len", "mode": "mode",
+                "vllm_gpus": "vllm_gpus", "tensor_parallel_size": "vllm_gpus",
+                "port": "vllm_port", "remote_host": "vllm_remote_host"}  # fmt: skip
 
 
-@attrs.frozen
-class _Settings:
-    """Reads settings: an explicit argument wins, else its environment variable.
-
-    A bad value read from a variable raises `ConfigError` naming the variable,
-    so a user knows which one to fix; numbers must be written in ASCII digits.
-    """
-
-    environ: Mapping[str, str] = attrs.field(converter=check_environ)
-
-    def raw(self, name: str) -> str | None:
-        """The variable's value, ``None`` when unset; a non-string is a `ConfigError`."""
-        if name not in self.environ:
-            return None
-        raw: object = self.environ[name]
-        if not isinstance(raw, str):
-            shown = "<hidden>" if name in _SECRET_VARIABLES else raw
-            raise ConfigError.invalid(name, shown, "must be a string")
-        return raw
-
-    def text(
-        self, value: str | os.PathLike[str] | None, name: str, field: str | None = None
-    ) -> str | None:
-        """``value`` if given (a string or path, named ``field`` if not), else the variable."""
-        if value is not None:
-            given: object = os.fspath(value) if isinstance(value, os.PathLike) else value
-            if not isinstance(given, str):
-                shown = "<hidden>" if name in _SECRET_VARIABLES else value
-                arg = field or name.removeprefix("VERIRL_").lower()
-                raise ConfigError.invalid(arg, shown, "must be a string")
-            return given
-        raw = (self.raw(name) or "").strip()
-        if has_control_chars(raw):
-            shown = "<hidden>" if name in _SECRET_VARIABLES else redact_url(raw)
-            raise ConfigError.invalid(name, shown, "must not contain control characters")
-        return raw or None
-
-    def integer(
-        self, value: int | None, name: str, minimum: int, maximum: int | None = None
-    ) -> int | None:
-        if value is not None:
-            return check_int(name.removeprefix("VERIRL_").lower(), value, minimum, maximum)
-        raw = self.raw(name)
-        if raw is None or not raw.strip():
-            return None
-        return parse_int(name, raw, minimum, maximum)
-
-    def seconds(self, value: float | None, name: str) -> float | None:
-        if value is not None:
-            return value
-        raw = self.raw(name)
-        if raw is None or not raw.strip():
-            return None
-        return parse_seconds(name, raw)
-
-    def checked(self, value: object, name: str, field: str, build: Callable[[], _T]) -> _T:
-        """``build()``; its `ConfigError` names ``field`` (an argument) or ``name`` (a variable)."""
-        try:
-            return build()
-        except ConfigError as exc:
-            raise exc.renamed(field if value is not None else name) from exc
+def _plan(read: Read) -> VLLMTopology:
+    count = read.integer("gpu_count", MAX_GPUS)
+    length = read.integer("max_model_len", MAX_LENGTH) or 8192
+    gpus = read.integer("vllm_gpus", MAX_GPUS)
+    port = read.integer("vllm_port", MAX_PORT) or 8001
+    mode = read.text("mode") or "auto"
+    remote = read.text("vllm_remote_host")
+    if mode not in MODES:
+        raise ConfigError.invalid("mode", mode, f"must be one of {', '.join(MODES)}")
+    if count is None:
+        count = detect_gpu_count(environ=read.environ)
+        if count < 1:
+            visible = read.environ.get("CUDA_VISIBLE_DEVICES")
+            where = f"CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else "torch"
+            raise read.unset_gpu_count(f"no GPU was detected ({where}); set it")
+    try:
+        with read.naming(_PLAN_FIELDS):
+            return VLLMTopology.plan(
+                count, max_model_len=length, mode=mode, vllm_gpus=gpus, port=port,
+                remote_host=remote,
+            )  # fmt: skip
+    except ConfigError as exc:
+        if exc.field == "gpu_count" and read.name("gpu_count") is None:  # detected
+            raise read.unset_gpu_count(exc.reason or str(exc), count) from exc
+        raise
 
 
 def topology_from_settings(
@@ -234,60 +183,33 @@ def topology_from_settings(
     environ: Mapping[str, str] | None = None,
 ) -> VLLMTopology:
     """The `VLLMTopology` of `TrainingRuntime.from_settings`, and nothing else."""
-    read = _Settings(os.environ if environ is None else environ)
-    count = read.integer(gpu_count, "VERIRL_GPU_COUNT", 1, MAX_GPUS)
-    if count is None:
-        count = detect_gpu_count(environ=read.environ)
-        if count < 1:
-            visible = read.raw("CUDA_VISIBLE_DEVICES")
-            where = f"CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else "torch"
-            raise ConfigError.invalid(
-                "VERIRL_GPU_COUNT", None, f"is unset and no GPU was detected ({where}); set it"
+    env = os.environ if environ is None else check_environ(environ)
+    given = {"gpu_count": gpu_count, "max_model_len": max_model_len, "mode": mode,
+             "vllm_gpus": vllm_gpus, "vllm_port": vllm_port,
+             "vllm_remote_host": vllm_remote_host}  # fmt: skip
+    return _plan(Read(Settings.from_environ(env), given, env))
+
+
+def _resolver(read: Read) -> CheckpointResolver:
+    folder = read.text("output_dir")
+    repo = read.text("hub_repo_id")
+    sources: list[CheckpointSource] = []
+    if folder is not None:
+        with read.naming("output_dir"):
+            sources.append(LocalCheckpointSource(folder))
+    if repo is not None:
+        fields = {"repo_id": "hub_repo_id", "token": "hub_token", "revision": "hub_revision",
+                  "endpoint": "hub_endpoint", "download_dir": "output_dir"}  # fmt: skip
+        with read.naming(fields):
+            hub = HubCheckpointSource(
+                repo,
+                download_dir=os.path.join(folder or ".", "verirl-hub-download"),  # noqa: PTH118
+                token=read.text("hub_token"),
+                revision=read.text("hub_revision"),
+                endpoint=read.text("hub_endpoint"),
             )
-    chosen_mode = read.text(mode, "VERIRL_VLLM_MODE", "mode") or "auto"
-    length = read.integer(max_model_len, "VERIRL_MAX_MODEL_LEN", 1, MAX_LENGTH) or 8192
-    gpus = read.integer(vllm_gpus, "VERIRL_VLLM_GPUS", 1, MAX_GPUS)
-    port = read.integer(vllm_port, "VERIRL_VLLM_PORT", 1, MAX_PORT) or 8001
-    remote = read.text(vllm_remote_host, "VERIRL_VLLM_HOST", "vllm_remote_host")
-    if chosen_mode not in MODES:
-        field = "mode" if mode is not None else "VERIRL_VLLM_MODE"
-        raise ConfigError.invalid(field, chosen_mode, f"must be one of {', '.join(MODES)}")
-    # A plan error names what the value came from: the argument or the variable.
-    sources = {
-        "gpu_count": (gpu_count, "gpu_count", "VERIRL_GPU_COUNT"),
-        "max_model_len": (max_model_len, "max_model_len", "VERIRL_MAX_MODEL_LEN"),
-        "mode": (mode, "mode", "VERIRL_VLLM_MODE"),
-        "vllm_gpus": (vllm_gpus, "vllm_gpus", "VERIRL_VLLM_GPUS"),
-        "tensor_parallel_size": (vllm_gpus, "vllm_gpus", "VERIRL_VLLM_GPUS"),  # derived
-        "port": (vllm_port, "vllm_port", "VERIRL_VLLM_PORT"),
-        "remote_host": (vllm_remote_host, "vllm_remote_host", "VERIRL_VLLM_HOST"),
-    }
-    try:
-        return VLLMTopology.plan(
-            count,
-            max_model_len=length,
-            mode=chosen_mode,
-            vllm_gpus=gpus,
-            port=port,
-            remote_host=remote,
-        )
-    except ConfigError as exc:
-        if exc.field not in sources:
-            raise
-        given, argument, name = sources[exc.field]
-        if given is not None:
-            raise exc.renamed(argument) from exc
-        if read.raw(name) is not None:
-            raise exc.renamed(name) from exc
-        if exc.field == "gpu_count":  # detected
-            reason = exc.reason or str(exc)
-            raise ConfigError(
-                f"VERIRL_GPU_COUNT=None (unset; {count} GPU(s) detected): {reason}",
-                field="VERIRL_GPU_COUNT",
-                value=None,
-                reason=reason,
-            ) from exc
-        raise
+        sources.append(hub)
+    return CheckpointResolver(sources)
 
 
 def resolver_from_settings(
@@ -306,77 +228,30 @@ def resolver_from_settings(
     ``None``. With neither a folder nor a repo the resolver has no sources:
     explicit paths still work, ``"latest"`` finds nothing.
     """
-    read = _Settings(os.environ if environ is None else environ)
-    folder = read.text(output_dir, "VERIRL_OUTPUT_DIR")
-    repo = read.text(hub_repo_id, "VERIRL_HUB_REPO_ID")
-    sources: list[CheckpointSource] = []
-    if folder is not None:
-        try:
-            sources.append(LocalCheckpointSource(folder))
-        except ConfigError as exc:
-            raise exc.renamed(
-                "output_dir" if output_dir is not None else "VERIRL_OUTPUT_DIR"
-            ) from exc
-    if repo is not None:
-        download_dir = os.path.join(folder or ".", "verirl-hub-download")  # noqa: PTH118
-        token = read.text(hub_token, "HF_TOKEN", "hub_token")
-        revision = read.text(hub_revision, "VERIRL_HUB_REVISION")
-        endpoint = read.text(hub_endpoint, "VERIRL_HUB_ENDPOINT")
-        try:
-            hub = HubCheckpointSource(
-                repo, download_dir=download_dir, token=token, revision=revision, endpoint=endpoint
-            )
-        except ConfigError as exc:
-            given, argument, name = {
-                "repo_id": (hub_repo_id, "hub_repo_id", "VERIRL_HUB_REPO_ID"),
-                "token": (hub_token, "hub_token", "HF_TOKEN"),
-                "revision": (hub_revision, "hub_revision", "VERIRL_HUB_REVISION"),
-                "endpoint": (hub_endpoint, "hub_endpoint", "VERIRL_HUB_ENDPOINT"),
-                "download_dir": (output_dir, "output_dir", "VERIRL_OUTPUT_DIR"),
-            }.get(exc.field or "", (None, "", ""))
-            if not name:
-                raise
-            raise exc.renamed(argument if given is not None else name) from exc
-        sources.append(hub)
-    return CheckpointResolver(sources)
+    env = os.environ if environ is None else check_environ(environ)
+    given = {"output_dir": output_dir, "hub_repo_id": hub_repo_id, "hub_token": hub_token,
+             "hub_endpoint": hub_endpoint, "hub_revision": hub_revision}  # fmt: skip
+    return _resolver(Read(Settings.from_environ(env), given, env))
 
 
-@attrs.frozen
-class _Outcome:
-    name: str
-    start: float
-    end: float
-    value: object = None
-    error: BaseException | None = None
-
-
-def split_command(field: str, command: str) -> list[str]:
-    """``shlex.split(command)``; an unbalanced quote is a `ConfigError` naming ``field``."""
-    try:
-        argv = shlex.split(command)
-    except ValueError as exc:
-        raise ConfigError.invalid(field, command, f"cannot be split like a shell: {exc}") from None
-    if any("\x00" in arg for arg in argv):
-        raise ConfigError.invalid(field, command, "must not contain a null byte")
-    return argv
-
-
-def split_args(field: str, args: str) -> list[str]:
-    """`split_command` for server flags, whose errors never show them (an ``--api-key``)."""
-    try:
-        return split_command(field, args)
-    except ConfigError as exc:
-        raise ConfigError.invalid(field, HIDDEN, exc.reason or "cannot be split") from None
-
-
-def _check_command(command: object) -> list[str]:
+def _check_command(command: object) -> tuple[str, ...]:
     reason = "must be a non-empty sequence of strings (the argv)"
     if isinstance(command, (str, bytes)) or not isinstance(command, Sequence):
         raise ConfigError.invalid("vllm_command", command, reason)
-    argv = list(command)
+    argv = tuple(command)
     if not argv or not all(isinstance(arg, str) and arg and "\x00" not in arg for arg in argv):
         raise ConfigError.invalid("vllm_command", command, reason)
     return argv
+
+
+def _check_args(args: object) -> tuple[str, ...]:
+    if isinstance(args, (str, bytes)):
+        raise ConfigError.invalid(
+            "vllm_args", HIDDEN, "must be a sequence of strings, not one string"
+        )
+    if not isinstance(args, Sequence):
+        raise ConfigError.invalid("vllm_args", type(args).__name__, "must be a sequence of strings")
+    return tuple(args)
 
 
 def _requested(request: str | None) -> bool:
@@ -394,7 +269,7 @@ class TrainingRuntime:
     1. applies the distributed env before anything can touch CUDA;
     2. starts the vLLM server when the topology is in local server mode and
        this is local rank 0; other local ranks, and remote topologies, wait
-       for that server's health instead;
+       (up to ``remote_server_timeout`` seconds) for that server's health instead;
     3. at the same time waits for the env server and resolves (and fetches)
        the checkpoint to resume from;
     4. returns a `RuntimeSession` with the GRPO kwargs, the checkpoint path,
@@ -407,6 +282,8 @@ class TrainingRuntime:
     `SystemExit(143)` once, so the ``with`` block unwinds and the server goes;
     a handler the program installed (a save-on-preemption callback) or
     ``SIG_IGN`` is kept and is what runs.
+
+    ``server_timeout=`` is the deprecated name of ``remote_server_timeout``.
     """
 
     topology: VLLMTopology
@@ -417,8 +294,11 @@ class TrainingRuntime:
     dist_env: DistributedEnv | None = attrs.field(default=None, kw_only=True)
     server_factory: ServerFactory | None = attrs.field(default=None, kw_only=True)
     env_timeout: float = attrs.field(default=600.0, kw_only=True)
-    server_timeout: float = attrs.field(default=900.0, kw_only=True)
+    remote_server_timeout: float = attrs.field(default=900.0, kw_only=True)
     environ: MutableMapping[str, str] | None = attrs.field(default=None, kw_only=True, repr=False)
+    _deprecated_server_timeout: float | None = attrs.field(
+        default=None, kw_only=True, alias="server_timeout", repr=False
+    )
     _server: ServerHandle | None = attrs.field(default=None, init=False, repr=False)
     _session: RuntimeSession | None = attrs.field(default=None, init=False, repr=False)
     _started: bool = attrs.field(default=False, init=False, repr=False)
@@ -426,7 +306,17 @@ class TrainingRuntime:
 
     def __attrs_post_init__(self) -> None:
         check_seconds("env_timeout", self.env_timeout)
-        check_seconds("server_timeout", self.server_timeout, positive=True)
+        if self._deprecated_server_timeout is not None:
+            warnings.warn(
+                "TrainingRuntime(server_timeout=...) is deprecated: "
+                "use remote_server_timeout=... (the same seconds)",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            self.remote_server_timeout = check_seconds(
+                "server_timeout", self._deprecated_server_timeout, positive=True
+            )
+        check_seconds("remote_server_timeout", self.remote_server_timeout, positive=True)
         if self.environ is not None:
             check_environ(self.environ, mutable=True)
         if self.model is not None:
@@ -435,6 +325,16 @@ class TrainingRuntime:
             raise ConfigError.invalid(
                 "resume_from", self.resume_from, "must be a string ('latest' or a path) or None"
             )
+
+    @property
+    def server_timeout(self) -> float:
+        """Deprecated: `remote_server_timeout`."""
+        warnings.warn(
+            "TrainingRuntime.server_timeout is deprecated: use remote_server_timeout",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.remote_server_timeout
 
     @classmethod
     def from_settings(
@@ -462,82 +362,51 @@ class TrainingRuntime:
     ) -> TrainingRuntime:
         """Build the real components from plain settings, falling back to environment variables.
 
-        Each argument left ``None`` is read from its variable (see the README's
-        table): ``VERIRL_ENV_SERVER_URL``, ``VERIRL_MODEL``,
-        ``VERIRL_MAX_MODEL_LEN`` (default 8192), ``VERIRL_OUTPUT_DIR``,
-        ``VERIRL_HUB_REPO_ID``, ``HF_TOKEN``, ``VERIRL_HUB_ENDPOINT``,
-        ``VERIRL_HUB_REVISION``, ``VERIRL_GPU_COUNT`` (default: detected),
-        ``VERIRL_VLLM_MODE``, ``VERIRL_VLLM_GPUS``, ``VERIRL_VLLM_PORT`` (8001),
-        ``VERIRL_VLLM_HOST`` (a remote vLLM host), ``VERIRL_VLLM_COMMAND``,
-        ``VERIRL_VLLM_ARGS`` (more server flags, split like a shell),
-        ``VERIRL_VLLM_LOG_DIR`` (default: a new temporary folder),
-        ``VERIRL_RESUME_FROM_CHECKPOINT`` and ``VERIRL_ENV_TIMEOUT`` (600).
-        A bad value from a variable is a `ConfigError` naming the variable.
+        Each argument left ``None`` is read from its variable by
+        `verirl._settings.Settings` (the README's table lists them with their
+        defaults); a bad value from a variable is a `ConfigError` naming the
+        variable. ``environ`` (default ``os.environ``) is where the variables
+        and the launcher's distributed settings are read from.
         """
-        read = _Settings(os.environ if environ is None else environ)
-        topology = topology_from_settings(
-            gpu_count=gpu_count,
-            max_model_len=max_model_len,
-            mode=mode,
-            vllm_gpus=vllm_gpus,
-            vllm_port=vllm_port,
-            vllm_remote_host=vllm_remote_host,
-            environ=read.environ,
-        )
-        model_arg_given = model is not None
-        model = read.text(model, "VERIRL_MODEL")
-        url = read.text(env_url, "VERIRL_ENV_SERVER_URL", "env_url")
+        env = os.environ if environ is None else check_environ(environ)
+        given = {"env_url": env_url, "model": model, "max_model_len": max_model_len,
+                 "output_dir": output_dir, "hub_repo_id": hub_repo_id, "hub_token": hub_token,
+                 "hub_endpoint": hub_endpoint, "hub_revision": hub_revision,
+                 "gpu_count": gpu_count, "mode": mode, "vllm_gpus": vllm_gpus,
+                 "vllm_port": vllm_port, "vllm_remote_host": vllm_remote_host,
+                 "vllm_log_dir": vllm_log_dir, "resume_from": resume_from}  # fmt: skip
+        read = Read(Settings.from_environ(env), given, env)
+        topology = _plan(read)
+        url = read.text("env_url")
         probe = None
         if url is not None:
-            probe = read.checked(
-                env_url, "VERIRL_ENV_SERVER_URL", "env_url", lambda: HttpEnvServerProbe(url)
-            )
-        if vllm_command is None:
-            raw_command = read.text(None, "VERIRL_VLLM_COMMAND")
-            vllm_command = (
-                split_command("VERIRL_VLLM_COMMAND", raw_command) if raw_command else None
-            )
-            if vllm_command is not None and not vllm_command:
-                raise ConfigError.invalid("VERIRL_VLLM_COMMAND", raw_command, "must not be empty")
-        else:
-            vllm_command = _check_command(vllm_command)
-        if vllm_args is None:
-            raw_args = read.text(None, "VERIRL_VLLM_ARGS")
-            vllm_args = split_args("VERIRL_VLLM_ARGS", raw_args) if raw_args else []
-        elif isinstance(vllm_args, (str, bytes)):
-            raise ConfigError.invalid(
-                "vllm_args", HIDDEN, "must be a sequence of strings, not one string"
-            )
-        elif not isinstance(vllm_args, Sequence):
-            raise ConfigError.invalid(
-                "vllm_args", type(vllm_args).__name__, "must be a sequence of strings"
-            )
-        log_dir = read.text(vllm_log_dir, "VERIRL_VLLM_LOG_DIR")
-        if log_dir is not None and not os.path.isdir(log_dir):  # noqa: PTH112
-            field = "vllm_log_dir" if vllm_log_dir is not None else "VERIRL_VLLM_LOG_DIR"
-            raise ConfigError.invalid(field, log_dir, "must be an existing directory")
-        timeout = read.seconds(env_timeout, "VERIRL_ENV_TIMEOUT")
-        request = read.text(resume_from, RESUME_ENV_VAR, "resume_from")
-        resolver = resolver_from_settings(
-            output_dir=output_dir,
-            hub_repo_id=hub_repo_id,
-            hub_token=hub_token,
-            hub_endpoint=hub_endpoint,
-            hub_revision=hub_revision,
-            environ=read.environ,
+            with read.naming({"url": "env_url"}):
+                probe = HttpEnvServerProbe(url)
+        command = (
+            read.settings.vllm_command if vllm_command is None else _check_command(vllm_command)
         )
+        args = (read.settings.vllm_args or ()) if vllm_args is None else _check_args(vllm_args)
+        log_dir = read.text("vllm_log_dir")
+        if log_dir is not None and not os.path.isdir(log_dir):  # noqa: PTH112
+            name = read.name("vllm_log_dir") or "vllm_log_dir"
+            raise ConfigError.invalid(name, log_dir, "must be an existing directory")
+        request = read.text("resume_from")
+        resolver = _resolver(read)
+        model = read.text("model")
+        timeout = env_timeout if env_timeout is not None else read.settings.env_timeout
         return cls(
             topology,
             model=model,
             env_probe=probe,
             checkpoints=resolver if resolver.sources or _requested(request) else None,
             resume_from=request,
+            dist_env=DistributedEnv.single_node(environ=env),
             server_factory=_default_server_factory(
                 model,
-                command=vllm_command,
-                extra_args=vllm_args,
+                command=command,
+                extra_args=args,
                 log_dir=log_dir,
-                model_field="model" if model_arg_given else "VERIRL_MODEL",
+                model_field=read.name("model") or Settings.variable("model"),
             ),
             env_timeout=600.0 if timeout is None else timeout,
         )
@@ -560,117 +429,96 @@ class TrainingRuntime:
             raise RuntimeError(msg)
         self._started = True
         origin = time.monotonic()
-        environ = os.environ if self.environ is None else self.environ
         try:
-            dist = self.dist_env or DistributedEnv.single_node(environ=environ)
-            self.dist_env = dist
-            dist.apply(environ)
+            dist = self._apply_dist_env()
         except BaseException:
             self._started = False
             raise
-        dist_phase = PhaseTiming("dist-env", 0.0, time.monotonic() - origin)
+        timings = [PhaseTiming("dist-env", 0.0, time.monotonic() - origin)]
+        server_start: concurrent.futures.Future[None] | None = None
+        checkpoint: concurrent.futures.Future[str | None] | None = None
         try:
             # Held from the main thread (where Python runs handlers) until stop(): the
             # phases, the server's start included, run on worker threads.
             self._holds_sigterm = SIGTERM_POLICY.acquire()
-            outcomes = self._run_phases(origin)
+            self._server = self._build_server()
+            phases = Phases(origin)
+            if self._server is not None:
+                server_start = phases.submit("vllm", self._server.start)
+            if self._waits_for_server_elsewhere:
+                phases.submit("vllm-wait", self._wait_for_server_elsewhere)
+            if self.env_probe is not None:
+                phases.submit("env", self.env_probe.wait, self.env_timeout)
+            if self.checkpoints is not None or _requested(self.resume_from):
+                # A request is never dropped: without a resolver an explicit path is still
+                # checked, and "latest" fails with "no sources configured".
+                resolver = self.checkpoints or CheckpointResolver([])
+                checkpoint = phases.submit("checkpoint", resolver.resolve, self.resume_from)
+            timings += phases.wait()  # every phase, or the first failure's error
         except BaseException:
+            self._cancel_server_start(server_start)
             self.stop()
             raise
-        resume = next((o.value for o in outcomes if o.name == "checkpoint"), None)
-        server_url = self._server.base_url if self._server else self.topology.server_url
-        session = RuntimeSession(
+        self._session = RuntimeSession(
             topology=self.topology,
             grpo_kwargs=types.MappingProxyType(self.topology.grpo_kwargs()),
-            resume_from_checkpoint=resume if isinstance(resume, str) else None,
+            resume_from_checkpoint=checkpoint.result() if checkpoint else None,
             server=self._server,
-            server_url=server_url,
+            server_url=self._server.base_url if self._server else self.topology.server_url,
             dist_env=dist,
-            timings=(dist_phase, *(PhaseTiming(o.name, o.start, o.end) for o in outcomes)),
+            timings=tuple(timings),
             total=time.monotonic() - origin,
         )
-        self._session = session
-        log.info("%s", session.timeline())
-        return session
+        log.info("%s", self._session.timeline())
+        return self._session
 
-    def _phases(self) -> dict[str, Callable[[], object]]:
-        phases: dict[str, Callable[[], object]] = {}
+    def _apply_dist_env(self) -> DistributedEnv:
+        """Fill in and apply the single-node distributed variables (a launcher's win)."""
+        environ = os.environ if self.environ is None else self.environ
+        dist = self.dist_env or DistributedEnv.single_node(environ=environ)
+        self.dist_env = dist
+        dist.apply(environ)
+        return dist
+
+    def _build_server(self) -> ServerHandle | None:
+        """The server this process launches, or ``None`` when it launches none."""
+        if not self.starts_server:
+            return None
+        factory = self.server_factory or _default_server_factory(self.model)
+        server = factory(self.topology)
+        log.info("starting vLLM server: %s", self.topology.describe())
+        return server
+
+    @property
+    def _waits_for_server_elsewhere(self) -> bool:
+        """Server mode, started by local rank 0 or on a remote host rather than here."""
         topology = self.topology
-        if self.starts_server:
-            factory = self.server_factory or _default_server_factory(self.model)
-            server = factory(topology)
-            self._server = server
-            log.info("starting vLLM server: %s", topology.describe())
-            phases["vllm"] = server.start
-        elif topology.mode == "server" and topology.server_url is not None:
-            url = topology.server_url
-            log.info("waiting for the vLLM server at %s (started elsewhere)", url)
-            probe = HttpEnvServerProbe(url, health_path="/health")
+        return not self.starts_server and topology.mode == "server" and bool(topology.server_url)
 
-            def wait_for_server() -> None:
-                try:
-                    probe.wait(self.server_timeout)
-                except EnvServerUnavailable as exc:
-                    raise VLLMServerUnavailable(exc.url, exc.elapsed, exc.last_error) from exc
-
-            phases["vllm-wait"] = wait_for_server
-        if self.env_probe is not None:
-            env_probe = self.env_probe
-            phases["env"] = lambda: env_probe.wait(self.env_timeout)
-        if self.checkpoints is not None or _requested(self.resume_from):
-            # A request is never dropped: without a resolver an explicit path is still
-            # checked, and "latest" fails with "no sources configured".
-            resolver = self.checkpoints or CheckpointResolver([])
-            phases["checkpoint"] = lambda: resolver.resolve(self.resume_from)
-        return phases
-
-    def _run_phases(self, origin: float) -> list[_Outcome]:
-        """Run the phases in threads; return their outcomes or raise the first failure."""
-        phases = self._phases()
-        done: queue.Queue[_Outcome] = queue.Queue()
-
-        def run(name: str, job: Callable[[], object]) -> None:
-            start = time.monotonic() - origin
-            try:
-                value = job()
-            except BaseException as exc:  # noqa: BLE001 - handed to the main thread
-                done.put(_Outcome(name, start, time.monotonic() - origin, error=exc))
-            else:
-                done.put(_Outcome(name, start, time.monotonic() - origin, value=value))
-
-        threads = {
-            name: threading.Thread(target=run, args=(name, job), name=f"verirl-{name}", daemon=True)
-            for name, job in phases.items()
-        }
-        for thread in threads.values():
-            thread.start()
-        outcomes: list[_Outcome] = []
+    def _wait_for_server_elsewhere(self) -> None:
+        url = str(self.topology.server_url)
+        log.info("waiting for the vLLM server at %s (started elsewhere)", url)
         try:
-            while len(outcomes) < len(threads):
-                outcome = done.get()
-                if outcome.error is not None:
-                    log.error("start-up phase %r failed: %s", outcome.name, outcome.error)
-                    raise outcome.error  # noqa: TRY301 - re-raised in the caller thread as is
-                log.info(
-                    "start-up phase %r done in %.2fs", outcome.name, outcome.end - outcome.start
-                )
-                outcomes.append(outcome)
-        except BaseException:
-            self._abort_server(threads.get("vllm"))
-            raise
-        order = list(phases)
-        return sorted(outcomes, key=lambda o: order.index(o.name))
+            HttpEnvServerProbe(url, health_path="/health").wait(self.remote_server_timeout)
+        except EnvServerUnavailable as exc:
+            raise VLLMServerUnavailable(exc.url, exc.elapsed, exc.last_error) from exc
 
-    def _abort_server(self, thread: threading.Thread | None) -> None:
-        """Stop a server whose start may still be running in ``thread``, and wait for it."""
+    def _cancel_server_start(self, start: concurrent.futures.Future[None] | None) -> None:
+        """Stop a server whose start may still run, and wait (bounded) for that start to end.
+
+        `ServerHandle.stop` makes a `start` in progress fail fast; a start not
+        yet begun is cancelled and never runs.
+        """
         server = self._server
-        if server is None or thread is None:
+        if server is None or start is None or start.cancel():
             return
-        deadline = time.monotonic() + 30.0
-        while thread.is_alive() and time.monotonic() < deadline:
-            server.stop()  # makes a running start() fail fast; repeated in case it was early
-            thread.join(timeout=0.5)
         server.stop()
+        done, _ = concurrent.futures.wait([start], timeout=START_CANCEL_TIMEOUT)
+        if not done:
+            log.warning(
+                "the vLLM server's start() still runs %gs after stop(); not waiting longer",
+                START_CANCEL_TIMEOUT,
+            )
 
     def stop(self) -> None:
         """Stop the server (if this runtime started one) and release the SIGTERM policy.

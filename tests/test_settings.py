@@ -1,0 +1,172 @@
+"""Settings: one reader of the VERIRL_* variables, matching the README and from_settings."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+import warnings
+from pathlib import Path
+
+import attrs
+import pytest
+
+from verirl import ConfigError, TrainingRuntime, VLLMTopology, topology_from_settings
+from verirl._settings import Settings
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_settings_table() -> dict[str, tuple[str, str]]:
+    """variable → (argument, default) from the README's settings table."""
+    text = README.read_text()
+    start = text.index("| variable | argument | meaning | default |")
+    rows = {}
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        variable, argument, _meaning, default = cells
+        rows[variable.strip("`")] = (argument.strip("`"), default)
+    return rows
+
+
+def test_readme_table_lists_exactly_the_settings_with_their_defaults():
+    expected = {
+        field.metadata["variable"]: (field.name, field.metadata["default"])
+        for field in attrs.fields(Settings)
+    }
+    assert readme_settings_table() == expected
+
+
+def test_from_settings_takes_one_argument_per_setting():
+    parameters = set(inspect.signature(TrainingRuntime.from_settings).parameters) - {"environ"}
+    assert parameters == set(attrs.fields_dict(Settings))
+
+
+def test_from_environ_parses_every_variable():
+    environ = {
+        "VERIRL_ENV_SERVER_URL": " http://env:8000 ",
+        "VERIRL_ENV_TIMEOUT": "12.5",
+        "VERIRL_MAX_MODEL_LEN": "2048",
+        "VERIRL_GPU_COUNT": "4",
+        "VERIRL_VLLM_MODE": "server",
+        "VERIRL_VLLM_PORT": "8123",
+        "VERIRL_VLLM_COMMAND": "python -m 'fakes.vllm_serve'",
+        "VERIRL_VLLM_ARGS": "--enforce-eager --dtype float32",
+        "HF_TOKEN": "hf_secret",
+        "UNRELATED": "\x00",
+    }
+    settings = Settings.from_environ(environ)
+    assert settings.env_url == "http://env:8000"
+    assert settings.env_timeout == 12.5
+    assert settings.max_model_len == 2048
+    assert settings.gpu_count == 4
+    assert settings.mode == "server"
+    assert settings.vllm_port == 8123
+    assert settings.vllm_command == ("python", "-m", "fakes.vllm_serve")
+    assert settings.vllm_args == ("--enforce-eager", "--dtype", "float32")
+    assert settings.hub_token == "hf_secret"
+    assert "hf_secret" not in repr(settings)
+    assert settings.model is None
+
+
+def test_blank_is_unset():
+    environ = dict.fromkeys(Settings.variables().values(), " \t")
+    assert Settings.from_environ(environ) == Settings()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("VERIRL_GPU_COUNT", "two"), ("VERIRL_VLLM_PORT", "70000"), ("VERIRL_ENV_TIMEOUT", "nan"),
+     ("VERIRL_VLLM_MODE", "both"), ("VERIRL_MODEL", "m\x07"), ("VERIRL_VLLM_COMMAND", "'x")],
+)  # fmt: skip
+def test_a_bad_value_names_the_variable_and_shows_the_value(variable, value):
+    with pytest.raises(ConfigError, match=rf"^{variable}=") as info:
+        Settings.from_environ({variable: value})
+    assert info.value.field == variable
+    assert repr(value) in str(info.value)
+
+
+def test_a_bad_token_is_never_shown():
+    with pytest.raises(ConfigError, match=r"^HF_TOKEN=") as info:
+        Settings.from_environ({"HF_TOKEN": "hf_secret\x01"})
+    assert "secret" not in str(info.value)
+
+
+@pytest.fixture
+def no_torch(monkeypatch):
+    """GPUs counted from CUDA_VISIBLE_DEVICES, as on a machine without torch."""
+    monkeypatch.setitem(sys.modules, "torch", None)
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_a_blank_gpu_count_is_unset_and_shown_as_given(no_torch, value):
+    topology = topology_from_settings(
+        environ={"VERIRL_GPU_COUNT": value, "CUDA_VISIBLE_DEVICES": "0,1,2"}
+    )
+    assert topology.gpu_count == 3  # detected, as when unset
+    with pytest.raises(ConfigError, match=r"^VERIRL_GPU_COUNT=") as info:
+        topology_from_settings(environ={"VERIRL_GPU_COUNT": value, "CUDA_VISIBLE_DEVICES": "-1"})
+    assert f"VERIRL_GPU_COUNT={value!r} (blank" in str(info.value)
+    assert info.value.value == value
+
+
+def test_an_unset_gpu_count_with_no_gpu_says_to_set_it(no_torch):
+    with pytest.raises(ConfigError, match=r"^VERIRL_GPU_COUNT=None \(unset") as info:
+        topology_from_settings(environ={"CUDA_VISIBLE_DEVICES": "-1"})
+    assert "set it" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "environ", "prefix"),
+    [({"gpu_count": 1}, {"VERIRL_GPU_COUNT": "4"}, "gpu_count=1: "),
+     ({}, {"VERIRL_GPU_COUNT": "1"}, "VERIRL_GPU_COUNT=1: "),
+     ({}, {"CUDA_VISIBLE_DEVICES": "0"}, "VERIRL_GPU_COUNT=None (unset; 1 GPU(s) detected): ")],
+)  # fmt: skip
+def test_a_plan_error_names_where_the_gpu_count_came_from(no_torch, kwargs, environ, prefix):
+    with pytest.raises(ConfigError) as info:
+        topology_from_settings(mode="server", **kwargs, environ=environ)
+    assert str(info.value).startswith(prefix)
+
+
+def test_from_settings_reads_the_launcher_from_environ_too():
+    launcher = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}  # fmt: skip
+    launcher["VERIRL_GPU_COUNT"] = "2"
+    rt = TrainingRuntime.from_settings(environ=launcher)
+    assert rt.dist_env is not None
+    assert rt.dist_env.rank == 1
+    assert rt.dist_env.variables["MASTER_ADDR"] == "10.0.0.1"
+    assert not rt.starts_server  # local rank 1 waits for local rank 0's server
+
+
+def test_from_settings_names_a_bad_launcher_variable():
+    with pytest.raises(ConfigError, match=r"^RANK="):
+        TrainingRuntime.from_settings(environ={"VERIRL_GPU_COUNT": "2", "RANK": "x"})
+
+
+def test_server_timeout_is_a_deprecated_alias_of_remote_server_timeout():
+    topology = VLLMTopology.plan(1, max_model_len=64)
+    with pytest.deprecated_call(match="remote_server_timeout"):
+        rt = TrainingRuntime(topology, server_timeout=12.0)
+    assert rt.remote_server_timeout == 12.0
+    with pytest.deprecated_call(match="remote_server_timeout"):
+        assert rt.server_timeout == 12.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert TrainingRuntime(topology).remote_server_timeout == 900.0
+
+
+def test_a_bad_deprecated_server_timeout_names_it():
+    topology = VLLMTopology.plan(1, max_model_len=64)
+    with (
+        pytest.deprecated_call(),
+        pytest.raises(ConfigError, match=r"^server_timeout="),
+    ):
+        TrainingRuntime(topology, server_timeout=0)
+
+
+def test_variable_names_match_the_readme_wording():
+    assert Settings.variable("gpu_count") == "VERIRL_GPU_COUNT"
+    assert all(re.fullmatch(r"(VERIRL_[A-Z_]+|HF_TOKEN)", v) for v in Settings.variables().values())

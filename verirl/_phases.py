@@ -1,0 +1,111 @@
+"""Start-up phases run at once: each in a daemon thread, timed, the first failure raised.
+
+`verirl.TrainingRuntime.start` submits its phases (server start, waits,
+checkpoint) here and waits for all of them or the first exception, the
+`concurrent.futures` way. The threads are daemons: a wait abandoned after a
+failure or Ctrl-C must not keep the interpreter alive until its timeout.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION
+from typing import Any, ParamSpec, TypeVar
+
+import attrs
+
+__all__ = ["DaemonExecutor", "PhaseTiming", "Phases"]
+
+log = logging.getLogger("verirl.runtime")
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+
+
+@attrs.frozen
+class PhaseTiming:
+    """When a start-up phase ran, in seconds since the runtime started."""
+
+    name: str
+    start: float
+    end: float
+
+    @property
+    def duration(self) -> float:
+        """Seconds the phase took."""
+        return self.end - self.start
+
+
+class DaemonExecutor(concurrent.futures.Executor):
+    """Runs each call in its own daemon thread.
+
+    `concurrent.futures.ThreadPoolExecutor` joins its workers at interpreter
+    exit, so an env-server wait left running after Ctrl-C would hold the
+    process for up to its timeout; a phase abandoned on failure must not.
+    """
+
+    def submit(
+        self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> concurrent.futures.Future[_T]:
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        name = f"verirl-{getattr(fn, '__name__', 'phase')}"
+        threading.Thread(target=run, name=name, daemon=True).start()
+        return future
+
+
+@attrs.define
+class Phases:
+    """Start-up phases running at once, each timed from ``origin``."""
+
+    origin: float
+    _executor: DaemonExecutor = attrs.field(factory=DaemonExecutor, init=False)
+    _windows: dict[concurrent.futures.Future[Any], tuple[str, list[float]]] = attrs.field(
+        factory=dict, init=False
+    )
+
+    def submit(
+        self, name: str, job: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> concurrent.futures.Future[_T]:
+        window: list[float] = []
+
+        def timed() -> _T:
+            window.append(time.monotonic() - self.origin)
+            try:
+                return job(*args, **kwargs)
+            finally:
+                window.append(time.monotonic() - self.origin)
+
+        timed.__name__ = name
+        future = self._executor.submit(timed)
+        self._windows[future] = (name, window)
+        return future
+
+    def wait(self) -> list[PhaseTiming]:
+        """Every phase's timing once all are done; the first failure's error as soon as it fails."""
+        done, _ = concurrent.futures.wait(self._windows, return_when=FIRST_EXCEPTION)
+        failed = [future for future in done if future.exception() is not None]
+        if failed:
+            first = min(failed, key=lambda future: self._windows[future][1][-1])
+            name, _window = self._windows[first]
+            error = first.exception()
+            log.error("start-up phase %r failed: %s", name, error)
+            raise error  # type: ignore[misc]
+        timings = [PhaseTiming(name, *window) for name, window in self._windows.values()]
+        for timing in timings:
+            log.info("start-up phase %r done in %.2fs", timing.name, timing.duration)
+        return timings

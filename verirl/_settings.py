@@ -1,0 +1,217 @@
+"""`Settings`: every ``VERIRL_*`` variable (and ``HF_TOKEN``), read and checked in one place.
+
+Each field names its variable in its metadata, and `Settings.from_environ` is
+the one reader: a blank variable counts as unset, and a bad value is a
+`ConfigError` naming the variable and showing its value (a token never), so a
+user knows which one to fix. ``from_settings``, the CLI and ``doctor`` all go
+through it; the README's settings table is checked against these fields.
+`Read` picks a ``from_settings`` argument over its variable, so that an error
+names whichever of the two the value came from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import attrs
+
+from verirl._secrets import HIDDEN, redact_url
+from verirl._validate import (
+    MAX_GPUS,
+    MAX_LENGTH,
+    MAX_PORT,
+    check_environ,
+    check_int,
+    has_control_chars,
+    parse_int,
+    parse_seconds,
+)
+from verirl.checkpoints import RESUME_ENV_VAR
+from verirl.errors import ConfigError
+from verirl.topology import MODES
+
+__all__ = ["Read", "Settings", "split_args", "split_command"]
+
+_Parse = Callable[[str, str], object]
+
+
+def split_command(field: str, command: str) -> list[str]:
+    """``shlex.split(command)``; an unbalanced quote is a `ConfigError` naming ``field``."""
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise ConfigError.invalid(field, command, f"cannot be split like a shell: {exc}") from None
+    if any("\x00" in arg for arg in argv):
+        raise ConfigError.invalid(field, command, "must not contain a null byte")
+    return argv
+
+
+def split_args(field: str, args: str) -> list[str]:
+    """`split_command` for server flags, whose errors never show them (an ``--api-key``)."""
+    try:
+        return split_command(field, args)
+    except ConfigError as exc:
+        raise ConfigError.invalid(field, HIDDEN, exc.reason or "cannot be split") from None
+
+
+def _text(name: str, raw: str) -> str:
+    text = raw.strip()
+    if has_control_chars(text):
+        raise ConfigError.invalid(name, redact_url(text), "must not contain control characters")
+    return text
+
+
+def _secret(name: str, raw: str) -> str:
+    text = raw.strip()
+    if has_control_chars(text):
+        raise ConfigError.invalid(name, HIDDEN, "must not contain control characters")
+    return text
+
+
+def _mode(name: str, raw: str) -> str:
+    mode = _text(name, raw)
+    if mode not in MODES:
+        raise ConfigError.invalid(name, mode, f"must be one of {', '.join(MODES)}")
+    return mode
+
+
+def _integer(minimum: int, maximum: int) -> _Parse:
+    return lambda name, raw: parse_int(name, raw, minimum, maximum)
+
+
+def _argv(name: str, raw: str) -> tuple[str, ...]:
+    argv = tuple(split_command(name, _text(name, raw)))
+    if not argv:
+        raise ConfigError.invalid(name, raw, "must not be empty")
+    return argv
+
+
+def _flags(name: str, raw: str) -> tuple[str, ...]:
+    return tuple(split_args(name, raw))
+
+
+def _setting(variable: str, parse: _Parse, default: str = "", *, secret: bool = False) -> Any:  # noqa: ANN401 - what attrs.field returns
+    """A field read from ``variable`` by ``parse``; ``default`` is what the README shows."""
+    metadata = {"variable": variable, "parse": parse, "default": default, "secret": secret}
+    return attrs.field(default=None, kw_only=True, repr=not secret, metadata=metadata)
+
+
+@attrs.frozen
+class Settings:
+    """The job's settings as read from the environment; ``None`` is unset (or blank).
+
+    Field names are the keyword arguments of `verirl.TrainingRuntime.from_settings`,
+    which fall back to these values for arguments left ``None``.
+    """
+
+    env_url: str | None = _setting("VERIRL_ENV_SERVER_URL", _text)
+    env_timeout: float | None = _setting("VERIRL_ENV_TIMEOUT", parse_seconds, "600")
+    model: str | None = _setting("VERIRL_MODEL", _text)
+    max_model_len: int | None = _setting("VERIRL_MAX_MODEL_LEN", _integer(1, MAX_LENGTH), "8192")
+    output_dir: str | None = _setting("VERIRL_OUTPUT_DIR", _text)
+    hub_repo_id: str | None = _setting("VERIRL_HUB_REPO_ID", _text)
+    hub_token: str | None = _setting("HF_TOKEN", _secret, secret=True)
+    hub_endpoint: str | None = _setting("VERIRL_HUB_ENDPOINT", _text)
+    hub_revision: str | None = _setting("VERIRL_HUB_REVISION", _text)
+    gpu_count: int | None = _setting("VERIRL_GPU_COUNT", _integer(1, MAX_GPUS), "detected")
+    mode: str | None = _setting("VERIRL_VLLM_MODE", _mode, "auto")
+    vllm_gpus: int | None = _setting("VERIRL_VLLM_GPUS", _integer(1, MAX_GPUS), "1")
+    vllm_port: int | None = _setting("VERIRL_VLLM_PORT", _integer(1, MAX_PORT), "8001")
+    vllm_remote_host: str | None = _setting("VERIRL_VLLM_HOST", _text)
+    vllm_command: tuple[str, ...] | None = _setting("VERIRL_VLLM_COMMAND", _argv)
+    vllm_args: tuple[str, ...] | None = _setting("VERIRL_VLLM_ARGS", _flags)
+    vllm_log_dir: str | None = _setting("VERIRL_VLLM_LOG_DIR", _text, "a new temporary folder")
+    resume_from: str | None = _setting(RESUME_ENV_VAR, _text)
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read and check every variable of ``environ`` (default ``os.environ``)."""
+        env = os.environ if environ is None else check_environ(environ)
+        values: dict[str, Any] = {}
+        for field in attrs.fields(cls):
+            name = field.metadata["variable"]
+            if name not in env:
+                continue
+            raw: object = env[name]
+            if not isinstance(raw, str):
+                shown = HIDDEN if field.metadata["secret"] else raw
+                raise ConfigError.invalid(name, shown, "must be a string")
+            if raw.strip():
+                values[field.name] = field.metadata["parse"](name, raw)
+        return cls(**values)
+
+    @staticmethod
+    def variable(field: str) -> str:
+        """The variable a field is read from: ``variable("gpu_count") == "VERIRL_GPU_COUNT"``."""
+        return str(attrs.fields_dict(Settings)[field].metadata["variable"])
+
+    @staticmethod
+    def variables() -> dict[str, str]:
+        """Field name → variable, in the README table's order."""
+        return {field.name: field.metadata["variable"] for field in attrs.fields(Settings)}
+
+
+@attrs.frozen
+class Read:
+    """A ``from_settings`` argument when given, else its setting; errors name the source."""
+
+    settings: Settings
+    given: Mapping[str, object] = attrs.field(repr=False)  # may hold a token
+    environ: Mapping[str, str] = attrs.field(repr=False)
+
+    def name(self, field: str) -> str | None:
+        """The argument's name if given, the variable's if set, else ``None`` (a default)."""
+        if self.given.get(field) is not None:
+            return field
+        return Settings.variable(field) if getattr(self.settings, field) is not None else None
+
+    def text(self, field: str) -> str | None:
+        value = self.given.get(field)
+        if value is None:
+            return getattr(self.settings, field)  # type: ignore[no-any-return]
+        given: object = os.fspath(value) if isinstance(value, os.PathLike) else value
+        if not isinstance(given, str):
+            shown = HIDDEN if field == "hub_token" else value
+            raise ConfigError.invalid(field, shown, "must be a string")
+        return given
+
+    def integer(self, field: str, maximum: int) -> int | None:
+        value = self.given.get(field)
+        if value is None:
+            return getattr(self.settings, field)  # type: ignore[no-any-return]
+        return check_int(field, value, 1, maximum)
+
+    @contextlib.contextmanager
+    def naming(self, fields: Mapping[str, str] | str) -> Iterator[None]:
+        """Re-raise a component's `ConfigError` under the name of the setting it came from.
+
+        ``fields`` maps the component's field names to settings; a single
+        setting takes every error of the component.
+        """
+        try:
+            yield
+        except ConfigError as exc:
+            field = fields if isinstance(fields, str) else fields.get(exc.field or "")
+            name = self.name(field) if field is not None else None
+            if name is None:
+                raise
+            raise exc.renamed(name) from exc
+
+    def unset_gpu_count(self, reason: str, count: int | None = None) -> ConfigError:
+        """An error about the GPU count, which no argument or variable gave."""
+        raw = self.environ.get("VERIRL_GPU_COUNT")
+        how = "unset" if raw is None else "blank"
+        detected = "" if count is None else f"; {count} GPU(s) detected"
+        return ConfigError(
+            f"VERIRL_GPU_COUNT={raw!r} ({how}{detected}): {reason}",
+            field="VERIRL_GPU_COUNT",
+            value=raw,
+            reason=reason,
+        )
+
+
+# VLLMTopology.plan's fields → the settings they come from
