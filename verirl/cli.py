@@ -20,7 +20,6 @@ import os
 import platform
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from typing import NoReturn
 
 from verirl import __version__
 from verirl._launch import vllm_distribution
+from verirl._net import port_is_free
 from verirl._process import death_signal_preexec
 from verirl._signals import SIGTERM_POLICY, exit_on_sigterm
 from verirl._validate import check_port, check_seconds, parse_int, parse_seconds
@@ -465,15 +465,6 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return code
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _version_of(distribution: str) -> str:
     if distribution == "vllm":
         found = vllm_distribution()
@@ -516,7 +507,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     rows.append(("GPUs visible", str(detect_gpu_count())))
     rows.append(("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")))
     for label, port in (("vLLM port", vllm_port), ("TRL group port", TRL_GROUP_PORT)):
-        rows.append((f"{label} {port}", "free" if _port_free(port) else "IN USE"))
+        rows.append((f"{label} {port}", "free" if port_is_free(port) else "IN USE"))
     if probe is not None:
         healthy = probe.check()
         rows.append((f"env server {probe.url}", "healthy" if healthy else "NOT reachable/healthy"))

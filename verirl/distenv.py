@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import types
 from collections.abc import Collection, Mapping, MutableMapping
 
 import attrs
 
+from verirl._net import find_free_port
 from verirl._validate import (
     MAX_PORT,
     MAX_RANKS,
@@ -41,16 +41,6 @@ _LAUNCHER_VARS = (
     "MASTER_ADDR",
     "MASTER_PORT",
 )
-
-
-def find_free_port(*, host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
-    """Return a TCP port the OS reports free on ``host``, never one in ``avoid``."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
-            port: int = sock.getsockname()[1]
-        if port not in avoid:
-            return port
 
 
 def _read_int(

@@ -17,6 +17,7 @@ from typing import Literal
 
 import attrs
 
+from verirl._net import connect_host, url_host
 from verirl._serve_args import vllm_serve_args
 from verirl._validate import (
     MAX_GPUS,
@@ -53,7 +54,6 @@ COLOCATE_MAX_MODEL_LEN = 8192
 TRL_GROUP_PORT = 51216
 """TRL's default ``vllm_group_port`` (the NCCL weight-sync group)."""
 
-_WILDCARD_CONNECT = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}  # noqa: S104
 _COLOCATE_MEMORY = 0.5
 _SERVER_MEMORY = 0.9
 
@@ -246,17 +246,14 @@ class VLLMTopology:
         """
         if self.remote_host is not None:
             return self.remote_host
-        return _WILDCARD_CONNECT.get(self.host, self.host)
+        return connect_host(self.host)
 
     @property
     def server_url(self) -> str | None:
         """``http://host:port`` of the vLLM server in server mode, else ``None``."""
         if self.mode != "server":
             return None
-        host = self.server_host
-        if ":" in host:  # a bare IPv6 address needs brackets in a URL
-            host = f"[{host}]"
-        return f"http://{host}:{self.port}"
+        return f"http://{url_host(self.server_host)}:{self.port}"
 
     def grpo_kwargs(self, *, trl_version: str | None = None) -> dict[str, object]:
         """Keyword arguments for `trl.GRPOConfig`, spelled as the installed TRL expects."""

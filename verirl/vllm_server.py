@@ -36,11 +36,9 @@ arguments are `verirl._server_fields`'s.
 from __future__ import annotations
 
 import atexit
-import errno
 import logging
 import os
 import shlex
-import socket
 import subprocess
 import tempfile
 import threading
@@ -63,6 +61,7 @@ from verirl._launch import (
     redact_argv,
     vllm_distribution,
 )
+from verirl._net import check_port_free, url_host
 from verirl._poll import Backoff, poll
 from verirl._process import MARKER_VAR, ProcessTree, death_signal_preexec, spawn
 from verirl._serve_args import vllm_serve_args
@@ -85,7 +84,6 @@ from verirl._signals import SIGTERM_POLICY
 from verirl.envserver import deadline_session, request_health
 from verirl.errors import (
     ConfigError,
-    PortInUseError,
     VLLMServerError,
     VLLMServerExited,
     VLLMStartupTimeout,
@@ -250,52 +248,6 @@ def read_log_tail(path: Path | str, *, lines: int = _LOG_TAIL_LINES, start: int 
     if begin > start and kept:  # the first line was cut by the byte window
         kept = kept[1:]
     return "\n".join(kept[-lines:]) + ("\n" if kept else "")
-
-
-def _connect_host(host: str) -> str:
-    """The address to reach a server bound to ``host`` (a wildcard means loopback)."""
-    if host in ("0.0.0.0", ""):  # noqa: S104 - mapping the wildcard to loopback, not binding it
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
-
-
-def _check_port_free(host: str, port: int) -> None:
-    """Raise `PortInUseError` if ``host:port`` cannot be bound.
-
-    SO_REUSEADDR is set as uvicorn sets it, so that connections lingering in
-    TIME_WAIT from a previous server do not count as "in use" while a socket
-    that is listening does.
-    """
-    try:
-        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise ConfigError.invalid("host", host, f"cannot be resolved ({exc.strerror})") from None
-    unavailable: list[str] = []
-    for family, kind, proto, _, address in dict.fromkeys(
-        (family, kind, proto, "", address) for family, kind, proto, _, address in addresses
-    ):
-        try:
-            probe = socket.socket(family, kind, proto)
-        except OSError:  # e.g. no IPv6 on this kernel
-            unavailable.append(str(address[0]))
-            continue
-        with probe:
-            if os.name == "posix":
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(address)
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    raise PortInUseError(port, host) from None
-                if exc.errno != errno.EADDRNOTAVAIL:
-                    raise VLLMServerError(
-                        f"port={port}: cannot bind {host}: {exc.strerror}"
-                    ) from exc
-                unavailable.append(str(address[0]))
-    if len(unavailable) == len(addresses):
-        raise ConfigError.invalid("host", host, "is not an address of this machine")
 
 
 # ---------------------------------------------------------------- servers of this process
@@ -522,7 +474,7 @@ class VLLMServer:
     @property
     def base_url(self) -> str:
         """``http://host:port`` (a wildcard host is reached over loopback)."""
-        return f"http://{_connect_host(self.host)}:{self.port}"
+        return f"http://{url_host(self.host)}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -702,7 +654,7 @@ class VLLMServer:
         argv = plan.argv
         environ = vllm_child_environ(os.environ, devices=self.devices, env={**plan.env, **self.env})
         environ[MARKER_VAR] = run.marker
-        _check_port_free(self.host, self.port)
+        check_port_free(self.host, self.port)
         log_file = self._open_log(argv)
         try:
             run.holds_sigterm = self.handle_sigterm and SIGTERM_POLICY.acquire()
