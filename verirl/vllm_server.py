@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 import requests
 
+from verirl._http import deadline_session, request_health
 from verirl._launch import (
     INSTALL_HINT,
     LaunchPlan,
@@ -81,7 +82,6 @@ from verirl._server_fields import (
     v_seconds,
 )
 from verirl._signals import SIGTERM_POLICY
-from verirl.envserver import deadline_session, request_health
 from verirl.errors import (
     ConfigError,
     VLLMServerError,
