@@ -25,8 +25,9 @@ import requests
 
 from _support import alive, unshared_port
 from fakes.envserver import FakeEnvServer
+from verirl._http import deadline_session
+from verirl._readiness import health_check
 from verirl._serve_args import vllm_serve_args
-from verirl.envserver import deadline_session
 from verirl.errors import (
     ConfigError,
     PortInUseError,
@@ -39,7 +40,6 @@ from verirl.vllm_server import (
     INSTALL_HINT,
     SCRUBBED_ENV_VARS,
     VLLMServer,
-    _health_check,
     find_trl_command,
     map_visible_devices,
     read_log_tail,
@@ -374,22 +374,22 @@ def test_progress_is_logged_with_the_last_server_log_line(
 def test_health_check_reasons():
     with requests.Session() as session:
         with FakeEnvServer(ready_after=None, status_when_not_ready=503) as env:
-            assert _health_check(session, env.url + "/health", 5.0) == "HTTP 503"
+            assert health_check(session, env.url + "/health", 5.0) == "HTTP 503"
             env.set_ready()
-            assert _health_check(session, env.url + "/health", 5.0) is None
+            assert health_check(session, env.url + "/health", 5.0) is None
         with FakeEnvServer(hang=True) as env:
-            assert _health_check(session, env.url + "/health", 0.2) == "timed out"
+            assert health_check(session, env.url + "/health", 0.2) == "timed out"
         with socket.socket() as bound_not_listening:  # refuses connections, and is ours
             bound_not_listening.bind(("127.0.0.1", 0))
             port = bound_not_listening.getsockname()[1]
             url = f"http://127.0.0.1:{port}/health"
-            assert _health_check(session, url, 5.0) == "connection refused"
+            assert health_check(session, url, 5.0) == "connection refused"
 
 
 def test_health_check_bounds_the_whole_request_against_a_trickling_server():
     with deadline_session() as session, FakeEnvServer(trickle=0.2) as env:
         started = time.monotonic()
-        assert _health_check(session, env.url + "/health", 1.0) == "timed out"
+        assert health_check(session, env.url + "/health", 1.0) == "timed out"
         assert time.monotonic() - started < 1.0 + 2.0
 
 

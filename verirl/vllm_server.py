@@ -28,9 +28,13 @@ preemption) raises ``SystemExit(143)`` in the main thread so that the ``with``
 block unwinds and the full teardown runs (the one policy of `verirl._signals`:
 a handler the program installed is kept, and is what runs).
 
-This module decides what runs and when it is ready. Spawning, the death signal
-and the process tree are `verirl._process`'s; the checks of the constructor's
-arguments are `verirl._server_fields`'s.
+This module decides what runs and drives its life cycle; each generic piece
+lives in the private module named after it: spawning, the death signal and
+the process tree in `verirl._process`, the readiness wait in
+`verirl._readiness` (over `verirl._http`'s one health GET), the child's
+environment in `verirl._child_env`, the log file in `verirl._server_log`,
+the port check and connect host in `verirl._net`, the checks of the
+constructor's arguments in `verirl._server_fields`.
 """
 
 from __future__ import annotations
@@ -38,33 +42,39 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import shlex
 import subprocess
-import tempfile
 import threading
 import time
 import types
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import attrs
-import requests
 
-from verirl._http import deadline_session, request_health
+from verirl._child_env import (
+    SCRUBBED_ENV_PREFIXES,
+    SCRUBBED_ENV_VARS,
+    map_visible_devices,
+    vllm_child_environ,
+)
 from verirl._launch import (
     INSTALL_HINT,
     LaunchPlan,
     find_trl_command,
     import_trl_serve,
     plan_launch,
-    redact_argv,
     vllm_distribution,
 )
 from verirl._net import check_port_free, url_host
-from verirl._poll import Backoff, poll
 from verirl._process import MARKER_VAR, ProcessTree, death_signal_preexec, spawn
+from verirl._readiness import (
+    ServerExitedError,
+    StartCancelledError,
+    UnprovableError,
+    wait_for_health,
+)
 from verirl._serve_args import vllm_serve_args
 from verirl._server_fields import (
     to_command,
@@ -81,6 +91,7 @@ from verirl._server_fields import (
     v_port,
     v_seconds,
 )
+from verirl._server_log import LOG_TAIL_LINES, open_server_log, read_log_tail
 from verirl._signals import SIGTERM_POLICY
 from verirl.errors import (
     ConfigError,
@@ -108,26 +119,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-SCRUBBED_ENV_VARS = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
-"""torch.distributed variables the server must not see: it would try to join the trainer's group."""
-
-SCRUBBED_ENV_PREFIXES = ("TORCHELASTIC_",)
-"""Prefixes of launcher variables dropped from the server's environment too."""
-
-_LOG_TAIL_LINES = 40
-_LOG_TAIL_BYTES = 64 * 1024
-_REQUEST_TIMEOUT_CAP = 5.0
-_BACKOFF = Backoff(initial=0.02, factor=2.0, cap=1.0)
 
 
 # ---------------------------------------------------------------- protocols
@@ -173,83 +164,6 @@ class ServerTopology(Protocol):
         """The ``--data-parallel-size`` flag."""
 
 
-# ---------------------------------------------------------------- pure helpers
-
-
-def _is_scrubbed(name: str) -> bool:
-    return name in SCRUBBED_ENV_VARS or name.startswith(SCRUBBED_ENV_PREFIXES)
-
-
-def map_visible_devices(devices: Iterable[int], parent_visible: str | None) -> str:
-    """``CUDA_VISIBLE_DEVICES`` for the child: ``devices`` index the GPUs the parent sees.
-
-    With the parent's ``CUDA_VISIBLE_DEVICES=4,5,6,7``, ``devices=(1,)`` gives
-    ``"5"`` (torch's numbering, which `verirl.VLLMTopology` uses). Unset in the
-    parent, the indices pass through. An index past the parent's list is a
-    `ConfigError`.
-    """
-    chosen = tuple(devices)
-    if parent_visible is None:
-        return ",".join(str(device) for device in chosen)
-    visible = [entry.strip() for entry in parent_visible.split(",") if entry.strip()]
-    for device in chosen:
-        if device >= len(visible):
-            raise ConfigError.invalid(
-                "devices",
-                chosen,
-                f"GPU index {device} is beyond the {len(visible)} GPU(s) this process sees "
-                f"(CUDA_VISIBLE_DEVICES={parent_visible!r})",
-            )
-    return ",".join(visible[device] for device in chosen)
-
-
-def vllm_child_environ(
-    environ: Mapping[str, str],
-    *,
-    devices: Iterable[int],
-    env: Mapping[str, str] | None = None,
-) -> dict[str, str]:
-    """The server's environment: a scrubbed copy of ``environ``, then ``env`` on top.
-
-    Drops `SCRUBBED_ENV_VARS` and ``TORCHELASTIC_*`` (a vLLM server that sees
-    ``RANK``/``MASTER_PORT`` tries to join the trainer's process group), sets
-    ``CUDA_VISIBLE_DEVICES`` (see `map_visible_devices`) and
-    ``PYTHONUNBUFFERED=1`` (so the log file is current), then applies ``env``,
-    which may override those two but never re-adds a scrubbed variable (that
-    one is dropped with a warning). ``environ`` itself is not modified.
-    """
-    child = {name: value for name, value in environ.items() if not _is_scrubbed(name)}
-    child["CUDA_VISIBLE_DEVICES"] = map_visible_devices(
-        devices, environ.get("CUDA_VISIBLE_DEVICES")
-    )
-    child["PYTHONUNBUFFERED"] = "1"
-    for name, value in (env or {}).items():
-        if _is_scrubbed(name):
-            log.warning(
-                "not passing %s to the vLLM server: it must not join the trainer's group", name
-            )
-            continue
-        child[name] = value
-    return child
-
-
-def read_log_tail(path: Path | str, *, lines: int = _LOG_TAIL_LINES, start: int = 0) -> str:
-    """The last ``lines`` lines of the log at ``path`` from byte offset ``start`` ("" if none)."""
-    try:
-        with Path(path).open("rb") as handle:
-            size = handle.seek(0, os.SEEK_END)
-            begin = max(start, size - _LOG_TAIL_BYTES)
-            handle.seek(begin)
-            data = handle.read()
-    except OSError:
-        return ""
-    text = data.decode("utf-8", errors="replace")
-    kept = text.splitlines()
-    if begin > start and kept:  # the first line was cut by the byte window
-        kept = kept[1:]
-    return "\n".join(kept[-lines:]) + ("\n" if kept else "")
-
-
 # ---------------------------------------------------------------- servers of this process
 
 
@@ -272,65 +186,6 @@ def _after_fork_in_child() -> None:
 atexit.register(_stop_all_at_exit)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-# ---------------------------------------------------------------- readiness
-
-
-class _ServerExitedError(Exception):
-    """Raised inside the readiness poll when the server process is gone."""
-
-
-class _UnprovableError(Exception):
-    """Raised inside the readiness poll when the owner of the answering socket cannot be told."""
-
-
-class _StartCancelledError(Exception):
-    """Raised inside the readiness poll when `VLLMServer.stop` was called meanwhile."""
-
-
-@attrs.define(eq=False)
-class _ReadinessProbe:
-    """One readiness attempt: ``None`` once *our* server answers 200, else why not.
-
-    Raises when waiting is pointless: the start was cancelled, the server
-    exited, or the owner of the answering socket cannot be told.
-    """
-
-    tree: ProcessTree
-    session: requests.Session
-    url: str
-    port: int
-    foreign_seen: bool = False
-
-    def __call__(self, time_left: float) -> str | None:
-        if self.tree.stopping.is_set():
-            raise _StartCancelledError
-        if self.tree.exited():
-            raise _ServerExitedError
-        reason = _health_check(self.session, self.url, time_left)
-        if reason is not None:
-            return reason
-        # A 200 proves nothing yet: another server may hold the port while ours loads.
-        ours = self.tree.listens_on(self.port)
-        if ours is None:
-            raise _UnprovableError
-        if ours:
-            return None
-        if not self.foreign_seen:
-            self.foreign_seen = True
-            log.warning(
-                "port %d answered by another process, not by the vLLM server pid %d "
-                "(is another server using the port?); waiting for ours",
-                self.port,
-                self.tree.pid,
-            )
-        return f"port {self.port} answered by another process"
-
-
-def _health_check(session: requests.Session, url: str, time_left: float) -> str | None:
-    """One ``GET`` of the health URL within the time left (at most 5 s): ``None`` on 200."""
-    return request_health(session, url, max(min(time_left, _REQUEST_TIMEOUT_CAP), 0.01))
 
 
 @attrs.define(eq=False)
@@ -541,7 +396,7 @@ class VLLMServer:
         """The full command line of the current (or last) launch, ``None`` before one."""
         return self._argv
 
-    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """The last ``lines`` lines this run wrote to its log ("" before a run)."""
         if self._active_log is None:
             return ""
@@ -726,53 +581,18 @@ class VLLMServer:
             else:
                 run.holds_sigterm = False
 
-    def _open_log(self, argv: tuple[str, ...]) -> Any:  # noqa: ANN401 - a binary file object
-        """Open this run's log for appending, write a header, remember where the run starts.
-
-        Unbuffered, so that a write that fails (a full disk) fails here, and the
-        handle is closed before the `ConfigError` naming ``log_path`` is raised.
-        """
-        requested = self._log_path
-        try:
-            if requested is None:
-                folder = Path(tempfile.mkdtemp(prefix="verirl-vllm-"))
-                path = folder / f"vllm-serve-{self.port}.log"
-            elif requested.is_dir():
-                path = requested / f"vllm-serve-{self.port}.log"
-            else:
-                path = requested
-        except OSError as exc:
-            raise ConfigError.invalid(
-                "log_path", requested, f"no log file can be made ({exc.strerror or exc})"
-            ) from None
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            handle = path.open("ab", buffering=0)
-        except OSError as exc:
-            raise ConfigError.invalid(
-                "log_path", str(path), f"cannot be opened for appending ({exc.strerror or exc})"
-            ) from None
-        try:
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            handle.write(f"--- verirl {stamp}: {shlex.join(redact_argv(argv))}\n".encode())
-            offset = handle.tell()
-        except OSError as exc:
-            handle.close()
-            raise ConfigError.invalid(
-                "log_path", str(path), f"cannot be written ({exc.strerror or exc})"
-            ) from None
-        except BaseException:
-            handle.close()
-            raise
-        self._active_log = path
-        self._log_offset = offset
-        return handle
+    def _open_log(self, argv: tuple[str, ...]) -> BinaryIO:
+        """Open this run's log (see `open_server_log`), remember where the run starts."""
+        opened = open_server_log(self._log_path, port=self.port, argv=argv)
+        self._active_log = opened.path
+        self._log_offset = opened.offset
+        return opened.handle
 
     @staticmethod
     def _popen(
         argv: tuple[str, ...],
         environ: dict[str, str],
-        log_file: Any,  # noqa: ANN401 - a file
+        log_file: BinaryIO,
     ) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             argv,
@@ -785,41 +605,35 @@ class VLLMServer:
         )
 
     def _wait_until_ready(self, tree: ProcessTree) -> None:
+        """Return once our server answers 200; else stop it and raise why not."""
         # vLLM serves /health and redirects /health/ to it; TRL 0.2x's server the other
         # way round. requests follows the redirect, so one path suits both.
         url = f"{self.base_url}/health"
-        with deadline_session() as session:
-            session.trust_env = False  # a proxy from the environment must not see our own server
-            probe = _ReadinessProbe(tree, session, url, self.port)
-
-            def nap(seconds: float) -> None:
-                tree.stopping.wait(seconds)  # wakes at once when stop() is called
-
-            try:
-                result = poll(
-                    probe,
-                    timeout=self.startup_timeout,
-                    backoff=_BACKOFF,
-                    sleep=nap,
-                    progress=self._log_progress,
-                    progress_every=self.progress_interval,
-                )
-            except _UnprovableError:
-                self.stop()
+        try:
+            result = wait_for_health(
+                tree,
+                url,
+                self.port,
+                timeout=self.startup_timeout,
+                progress=self._log_progress,
+                progress_every=self.progress_interval,
+            )
+        except UnprovableError:
+            self.stop()
+            raise VLLMServerError(
+                f"{url} answered 200, but whether from the vLLM server we started cannot be "
+                "told: this system denies reading its sockets (psutil AccessDenied)"
+            ) from None
+        except (ServerExitedError, StartCancelledError):
+            cancelled = tree.stopping.is_set()
+            self.stop()
+            if cancelled:
                 raise VLLMServerError(
-                    f"{url} answered 200, but whether from the vLLM server we started cannot be "
-                    "told: this system denies reading its sockets (psutil AccessDenied)"
+                    "stop() was called while the vLLM server was starting; it was stopped"
                 ) from None
-            except (_ServerExitedError, _StartCancelledError):
-                cancelled = tree.stopping.is_set()
-                self.stop()
-                if cancelled:
-                    raise VLLMServerError(
-                        "stop() was called while the vLLM server was starting; it was stopped"
-                    ) from None
-                raise VLLMServerExited(
-                    tree.popen.returncode, self.log_tail(), str(self._active_log)
-                ) from None
+            raise VLLMServerExited(
+                tree.popen.returncode, self.log_tail(), str(self._active_log)
+            ) from None
         if not result.ready:
             self.stop()
             raise VLLMStartupTimeout(self.startup_timeout, self.log_tail(), str(self._active_log))
