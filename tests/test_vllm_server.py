@@ -264,13 +264,31 @@ def test_stop_from_another_thread_cancels_a_start_in_progress(make_server, tmp_p
     pids = pids_in_log(server.log_path, "server") + pids_in_log(server.log_path, "worker")
     assert len(pids) == 3
     procs = processes(pids)
+    stopped_at = time.monotonic()
     server.stop()
     thread.join(timeout=60)  # far less than the 600 s startup timeout
     assert not thread.is_alive()
+    # Promptly: the readiness wait wakes on stop(), it does not sleep out its backoff.
+    assert time.monotonic() - stopped_at < 5.0 + 10.0  # the 5 s shutdown_timeout, and load
     assert not survivors(procs)
     assert len(errors) == 1
     assert type(errors[0]) is VLLMServerError
-    assert "stop() was called" in str(errors[0])
+    assert "stop() was called while the vLLM server was starting" in str(errors[0])
+    assert server.pid is None
+    assert not children()
+    # The start was cancelled for good: a second start is refused, nothing is spawned.
+    with pytest.raises(VLLMServerError, match="cannot be started again: make a new one"):
+        server.start()
+    assert not children()
+    assert server.pid is None
+    server.stop()  # still idempotent
+
+
+def test_a_stop_before_start_cancels_nothing(make_server):
+    server = make_server()
+    server.stop()
+    with server:
+        assert healthy(server)
 
 
 def test_server_started_from_a_short_lived_thread_outlives_that_thread(make_server):

@@ -120,6 +120,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+_CANCELLED = "stop() was called while the vLLM server was starting; it was stopped"
+
 
 # ---------------------------------------------------------------- protocols
 
@@ -267,6 +269,8 @@ class VLLMServer:
     _run: _Run | None = attrs.field(default=None, init=False, repr=False)
     _owner: int = attrs.field(factory=os.getpid, init=False, repr=False)
     _lock: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
+    _starts: int = attrs.field(default=0, init=False, repr=False)
+    _cancel: threading.Event = attrs.field(factory=threading.Event, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         wanted = self.tensor_parallel_size * self.data_parallel_size
@@ -412,9 +416,13 @@ class VLLMServer:
         interruption (an exception, Ctrl-C, SIGTERM as ``SystemExit``), at any
         point until this returns, stops the whole process tree before the
         exception propagates. `stop` may be called from another thread
-        meanwhile: the start then ends promptly with `VLLMServerError`.
+        meanwhile: the start then ends promptly with `VLLMServerError`, no
+        process left, and this server refuses to start again.
         """
         run = _Run(marker=uuid.uuid4().hex)
+        with self._lock:
+            self._refuse_if_cancelled(again=True)
+            self._starts += 1
         try:
             with self._lock:
                 tree = self._launch(run)
@@ -423,6 +431,9 @@ class VLLMServer:
         except BaseException:
             self._abandon(run)
             raise
+        finally:
+            with self._lock:
+                self._starts -= 1
 
     def stop(self) -> None:
         """Stop the server and everything it started; safe to call any number of times.
@@ -434,7 +445,17 @@ class VLLMServer:
         and waits for it (bounded) before re-raising. The server is forgotten
         only once every process of it is gone: if one may have survived, the
         next call (``__exit__``, another `stop`, or the exit hook) tries again.
+
+        Called while a `start` runs in another thread, it cancels that start
+        (which raises `VLLMServerError`) for good: this server will not start
+        again. A `stop` that returns before `start` is called cancels nothing.
         """
+        if self._starts:  # read without the lock: a start may hold it while it launches
+            self._cancel.set()
+        self._stop()
+
+    def _stop(self) -> None:
+        """`stop`, without cancelling a start: what a start's own failure path calls."""
         with self._lock:
             tree = self._tree
             if tree is None:
@@ -496,7 +517,7 @@ class VLLMServer:
     def _launch(self, run: _Run) -> ProcessTree:
         """Check, open the log, spawn and adopt the child (under the lock); ``run`` records it."""
         if self._tree is not None and self._tree.stopping.is_set():
-            self.stop()  # an interrupted stop: finish it first
+            self._stop()  # an interrupted stop: finish it first
         previous = self._tree
         if previous is not None and previous.stopping.is_set():
             raise VLLMServerError(
@@ -510,6 +531,7 @@ class VLLMServer:
         environ = vllm_child_environ(os.environ, devices=self.devices, env={**plan.env, **self.env})
         environ[MARKER_VAR] = run.marker
         check_port_free(self.host, self.port)
+        self._refuse_if_cancelled()  # the last moment before anything is made
         log_file = self._open_log(argv)
         try:
             run.holds_sigterm = self.handle_sigterm and SIGTERM_POLICY.acquire()
@@ -565,9 +587,19 @@ class VLLMServer:
                 self._adopt(run, None)  # spawned but not yet remembered
             tree = run.tree
             if tree is not None and tree is self._tree and not tree.stopping.is_set():
-                self.stop()
+                self._stop()
             elif tree is None or tree is not self._tree:
                 run.release_sigterm()
+
+    def _refuse_if_cancelled(self, *, again: bool = False) -> None:
+        if not self._cancel.is_set():
+            return
+        if again:
+            raise VLLMServerError(
+                f"{_CANCELLED}; a VLLMServer whose start was cancelled cannot be started "
+                "again: make a new one"
+            )
+        raise VLLMServerError(_CANCELLED)
 
     def _forget(self, *, release: bool = True) -> None:
         """The server is gone: drop the tree and, once, this run's hold on SIGTERM."""
@@ -619,23 +651,24 @@ class VLLMServer:
                 progress_every=self.progress_interval,
             )
         except UnprovableError:
-            self.stop()
+            self._stop()
             raise VLLMServerError(
                 f"{url} answered 200, but whether from the vLLM server we started cannot be "
                 "told: this system denies reading its sockets (psutil AccessDenied)"
             ) from None
         except (ServerExitedError, StartCancelledError):
-            cancelled = tree.stopping.is_set()
-            self.stop()
+            cancelled = self._cancel.is_set() or tree.stopping.is_set()
+            self._stop()
             if cancelled:
-                raise VLLMServerError(
-                    "stop() was called while the vLLM server was starting; it was stopped"
-                ) from None
+                raise VLLMServerError(_CANCELLED) from None
             raise VLLMServerExited(
                 tree.popen.returncode, self.log_tail(), str(self._active_log)
             ) from None
+        if result.ready and self._cancel.is_set():  # stop() came as the server got ready
+            self._stop()
+            raise VLLMServerError(_CANCELLED)
         if not result.ready:
-            self.stop()
+            self._stop()
             raise VLLMStartupTimeout(self.startup_timeout, self.log_tail(), str(self._active_log))
         tree.ready = True
         log.info("vLLM server at %s is ready after %.1fs", self.base_url, result.elapsed)
