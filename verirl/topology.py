@@ -13,7 +13,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Mapping
-from typing import Literal
+from typing import Literal, Protocol
 
 import attrs
 
@@ -37,7 +37,9 @@ __all__ = [
     "COLOCATE_MAX_MODEL_LEN",
     "MODES",
     "TRL_GROUP_PORT",
+    "ServerTopology",
     "VLLMTopology",
+    "check_local_server",
     "detect_gpu_count",
     "max_model_len_field",
 ]
@@ -321,6 +323,69 @@ class VLLMTopology:
             f"memory {self.gpu_memory_utilization:.0%}, max_model_len {self.max_model_len}) "
             f"at {self.server_url}"
         )
+
+
+class ServerTopology(Protocol):
+    """What `VLLMServer.from_topology` reads; `verirl.VLLMTopology` provides it."""
+
+    @property
+    def mode(self) -> str:
+        """``"server"`` or ``"colocate"``."""
+
+    @property
+    def is_local_server(self) -> bool:
+        """Whether this machine runs the vLLM server itself."""
+
+    @property
+    def vllm_devices(self) -> tuple[int, ...]:
+        """GPU indices (as this process numbers them) for vLLM."""
+
+    @property
+    def host(self) -> str:
+        """Address the server binds."""
+
+    @property
+    def port(self) -> int:
+        """Port the server binds."""
+
+    @property
+    def max_model_len(self) -> int:
+        """The ``--max-model-len`` flag."""
+
+    @property
+    def gpu_memory_utilization(self) -> float:
+        """The ``--gpu-memory-utilization`` flag."""
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """The ``--tensor-parallel-size`` flag."""
+
+    @property
+    def data_parallel_size(self) -> int:
+        """The ``--data-parallel-size`` flag."""
+
+
+def check_local_server(topology: ServerTopology) -> None:
+    """Raise `ConfigError` unless ``topology`` runs a vLLM server on this machine.
+
+    In colocate mode TRL runs vLLM inside the trainer; with a remote host the
+    server runs there.
+    """
+    if topology.is_local_server:
+        return
+    remote = getattr(topology, "remote_host", None)
+    if remote:
+        raise ConfigError.invalid(
+            "topology.remote_host",
+            remote,
+            f"vLLM runs on that host (mode={topology.mode!r}); no local server to start",
+        )
+    raise ConfigError.invalid(
+        "topology.mode",
+        topology.mode,
+        "only server mode runs a local vLLM server "
+        "(in colocate mode TRL runs vLLM inside the trainer)",
+    )
 
 
 def detect_gpu_count(

@@ -39,17 +39,15 @@ constructor's arguments in `verirl._server_fields`.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import subprocess
 import threading
-import time
 import types
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping  # noqa: F401 - Iterable: see below
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import attrs
 
@@ -68,7 +66,16 @@ from verirl._launch import (
     vllm_distribution,
 )
 from verirl._net import check_port_free, url_host
-from verirl._process import MARKER_VAR, ProcessTree, death_signal_preexec, spawn
+from verirl._process import (
+    MARKER_VAR,
+    ProcessTree,
+    Run,
+    death_signal_preexec,
+    forget_at_exit,
+    popen_in_session,
+    spawn,
+    stop_at_exit,
+)
 from verirl._readiness import (
     ServerExitedError,
     StartCancelledError,
@@ -94,14 +101,17 @@ from verirl._server_fields import (
 from verirl._server_log import LOG_TAIL_LINES, open_server_log, read_log_tail
 from verirl._signals import SIGTERM_POLICY
 from verirl.errors import (
-    ConfigError,
     VLLMServerError,
     VLLMServerExited,
     VLLMStartupTimeout,
 )
+from verirl.topology import ServerTopology, check_local_server
 
 if TYPE_CHECKING:
     from typing_extensions import Self
+
+# Iterable is imported for the converters' parameter types, which attrs writes into
+# __init__'s annotations: typing.get_type_hints(VLLMServer) resolves them here.
 
 __all__ = [
     "INSTALL_HINT",
@@ -121,93 +131,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _CANCELLED = "stop() was called while the vLLM server was starting; it was stopped"
-
-
-# ---------------------------------------------------------------- protocols
-
-
-class ServerTopology(Protocol):
-    """What `VLLMServer.from_topology` reads; `verirl.VLLMTopology` provides it."""
-
-    @property
-    def mode(self) -> str:
-        """``"server"`` or ``"colocate"``."""
-
-    @property
-    def is_local_server(self) -> bool:
-        """Whether this machine runs the vLLM server itself."""
-
-    @property
-    def vllm_devices(self) -> tuple[int, ...]:
-        """GPU indices (as this process numbers them) for vLLM."""
-
-    @property
-    def host(self) -> str:
-        """Address the server binds."""
-
-    @property
-    def port(self) -> int:
-        """Port the server binds."""
-
-    @property
-    def max_model_len(self) -> int:
-        """The ``--max-model-len`` flag."""
-
-    @property
-    def gpu_memory_utilization(self) -> float:
-        """The ``--gpu-memory-utilization`` flag."""
-
-    @property
-    def tensor_parallel_size(self) -> int:
-        """The ``--tensor-parallel-size`` flag."""
-
-    @property
-    def data_parallel_size(self) -> int:
-        """The ``--data-parallel-size`` flag."""
-
-
-# ---------------------------------------------------------------- servers of this process
-
-
-_RUNNING: set[VLLMServer] = set()
-
-
-def _stop_all_at_exit() -> None:
-    for server in list(_RUNNING):
-        try:
-            server.stop()
-        except Exception:  # noqa: PERF203 - one failing server must not keep the others running
-            log.exception("stopping %r at exit failed", server)
-
-
-def _after_fork_in_child() -> None:
-    # The child does not inherit the servers: they are the parent's.
-    _RUNNING.clear()
-
-
-atexit.register(_stop_all_at_exit)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-@attrs.define(eq=False)
-class _Run:
-    """One `VLLMServer.start`: what it holds and spawned, recorded as it happens.
-
-    The spawner thread sets ``popen`` the moment the child exists, so an
-    interruption at any point after the spawn still finds the child to stop.
-    """
-
-    marker: str
-    holds_sigterm: bool = False
-    popen: subprocess.Popen[bytes] | None = None
-    tree: ProcessTree | None = None
-
-    def release_sigterm(self) -> None:
-        """Release this run's hold on `SIGTERM_POLICY`, at most once."""
-        if self.holds_sigterm:
-            self.holds_sigterm = False
-            SIGTERM_POLICY.release()
 
 
 # ---------------------------------------------------------------- the server
@@ -266,7 +189,7 @@ class VLLMServer:
     _argv: tuple[str, ...] | None = attrs.field(default=None, init=False, repr=False)
     _active_log: Path | None = attrs.field(default=None, init=False, repr=False)
     _log_offset: int = attrs.field(default=0, init=False, repr=False)
-    _run: _Run | None = attrs.field(default=None, init=False, repr=False)
+    _run: Run | None = attrs.field(default=None, init=False, repr=False)
     _owner: int = attrs.field(factory=os.getpid, init=False, repr=False)
     _lock: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
     _starts: int = attrs.field(default=0, init=False, repr=False)
@@ -295,20 +218,7 @@ class VLLMServer:
         A topology that runs no local server (colocate mode, or vLLM on a
         remote host) is a `ConfigError`.
         """
-        if not topology.is_local_server:
-            remote = getattr(topology, "remote_host", None)
-            if remote:
-                raise ConfigError.invalid(
-                    "topology.remote_host",
-                    remote,
-                    f"vLLM runs on that host (mode={topology.mode!r}); no local server to start",
-                )
-            raise ConfigError.invalid(
-                "topology.mode",
-                topology.mode,
-                "only server mode runs a local vLLM server "
-                "(in colocate mode TRL runs vLLM inside the trainer)",
-            )
+        check_local_server(topology)
         settings: dict[str, Any] = {
             "devices": topology.vllm_devices,
             "host": topology.host,
@@ -419,7 +329,7 @@ class VLLMServer:
         meanwhile: the start then ends promptly with `VLLMServerError`, no
         process left, and this server refuses to start again.
         """
-        run = _Run(marker=uuid.uuid4().hex)
+        run = Run(marker=uuid.uuid4().hex)
         with self._lock:
             self._refuse_if_cancelled(again=True)
             self._starts += 1
@@ -464,41 +374,14 @@ class VLLMServer:
             if os.getpid() != self._owner:
                 self._forget(release=False)  # a forked copy: the server is the parent's
                 return
-            started = time.monotonic()
             try:
-                status = tree.exit_status()
-                if status is not None and tree.ready:  # a crash while in use
-                    log.warning(
-                        "the vLLM server had already exited (code %s); see %s",
-                        status,
-                        self._active_log,
-                    )
-                clean = tree.shutdown(self.shutdown_timeout)
+                gone = tree.take_down(self.shutdown_timeout, self._active_log)
             except BaseException:
-                tree.kill_now()
-                if tree.gone(rescan=True):
+                if tree.gone(rescan=False):
                     self._forget()
-                else:
-                    log.error(  # noqa: TRY400 - no traceback: the exception propagates
-                        "stopping the vLLM server pid %d was interrupted and processes may "
-                        "survive; stop() will try again",
-                        tree.pid,
-                    )
                 raise
-            if not tree.gone(rescan=False):
-                log.error(
-                    "processes of the vLLM server pid %d survive; stop() will try again: %s",
-                    tree.pid,
-                    ", ".join(str(p.pid) for p in tree.survivors()) or "the server itself",
-                )
-                return
-            self._forget()
-            log.info(
-                "stopped vLLM server pid %d in %.2fs%s",
-                tree.pid,
-                time.monotonic() - started,
-                "" if clean else " (SIGKILL needed)",
-            )
+            if gone:
+                self._forget()
 
     def __enter__(self) -> Self:
         self.start()
@@ -514,7 +397,7 @@ class VLLMServer:
 
     # ------------------------------------------------------------ internals
 
-    def _launch(self, run: _Run) -> ProcessTree:
+    def _launch(self, run: Run) -> ProcessTree:
         """Check, open the log, spawn and adopt the child (under the lock); ``run`` records it."""
         if self._tree is not None and self._tree.stopping.is_set():
             self._stop()  # an interrupted stop: finish it first
@@ -537,7 +420,7 @@ class VLLMServer:
             run.holds_sigterm = self.handle_sigterm and SIGTERM_POLICY.acquire()
 
             def job() -> subprocess.Popen[bytes]:
-                run.popen = self._popen(argv, environ, log_file)
+                run.popen = popen_in_session(argv, environ, log_file)
                 return run.popen
 
             try:
@@ -563,14 +446,14 @@ class VLLMServer:
         )
         return tree
 
-    def _adopt(self, run: _Run, argv: tuple[str, ...] | None) -> ProcessTree:
+    def _adopt(self, run: Run, argv: tuple[str, ...] | None) -> ProcessTree:
         """Remember ``run``'s child as this server's, so that `stop` and the exit hook reach it."""
         if run.tree is not None:
             return run.tree
         if run.popen is None:  # pragma: no cover - only called once a child exists
             msg = "no child process to adopt"
             raise AssertionError(msg)
-        _RUNNING.add(self)
+        stop_at_exit(self)
         tree = ProcessTree(run.popen, run.marker)
         self._owner = os.getpid()
         if argv is not None:
@@ -580,7 +463,7 @@ class VLLMServer:
         run.tree = tree
         return tree
 
-    def _abandon(self, run: _Run) -> None:
+    def _abandon(self, run: Run) -> None:
         """After a failed or interrupted `start`: stop whatever ``run`` spawned, release SIGTERM."""
         with self._lock:
             if run.popen is not None and run.tree is None:
@@ -606,7 +489,7 @@ class VLLMServer:
         run = self._run
         self._tree = None
         self._run = None
-        _RUNNING.discard(self)
+        forget_at_exit(self)
         if run is not None:
             if release:
                 run.release_sigterm()
@@ -619,22 +502,6 @@ class VLLMServer:
         self._active_log = opened.path
         self._log_offset = opened.offset
         return opened.handle
-
-    @staticmethod
-    def _popen(
-        argv: tuple[str, ...],
-        environ: dict[str, str],
-        log_file: BinaryIO,
-    ) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=environ,
-            start_new_session=True,
-            preexec_fn=death_signal_preexec(),  # noqa: PLW1509 - only prctl + getppid, no locks
-        )
 
     def _wait_until_ready(self, tree: ProcessTree) -> None:
         """Return once our server answers 200; else stop it and raise why not."""
