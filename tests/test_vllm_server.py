@@ -49,6 +49,10 @@ from verirl.vllm_server import (
 FAKE = (sys.executable, "-m", "fakes.vllm_serve")
 MODEL = "fake/model"
 
+linux_only = pytest.mark.skipif(
+    sys.platform != "linux", reason="the death signal (PR_SET_PDEATHSIG) exists on Linux only"
+)
+
 
 # ---------------------------------------------------------------- helpers
 
@@ -291,6 +295,7 @@ def test_a_stop_before_start_cancels_nothing(make_server):
         assert healthy(server)
 
 
+@linux_only
 def test_server_started_from_a_short_lived_thread_outlives_that_thread(make_server):
     # PR_SET_PDEATHSIG fires when the *thread* that forked the child exits.
     server = make_server()
@@ -1212,8 +1217,12 @@ with VLLMServer(
     ("sig", "handle_sigterm", "returncode"),
     [
         pytest.param(signal.SIGTERM, True, 128 + signal.SIGTERM, id="sigterm-handled"),
-        pytest.param(signal.SIGTERM, False, -signal.SIGTERM, id="sigterm-death-signal"),
-        pytest.param(signal.SIGKILL, True, -signal.SIGKILL, id="sigkill-death-signal"),
+        pytest.param(
+            signal.SIGTERM, False, -signal.SIGTERM, id="sigterm-death-signal", marks=linux_only
+        ),
+        pytest.param(
+            signal.SIGKILL, True, -signal.SIGKILL, id="sigkill-death-signal", marks=linux_only
+        ),
     ],
 )
 def test_killing_the_trainer_leaves_no_server_or_worker(tmp_path, sig, handle_sigterm, returncode):
