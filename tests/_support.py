@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import socket
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -14,6 +13,7 @@ import psutil
 
 from fakes.vllm import FakeVLLMServer
 from verirl import VLLMTopology, find_free_port
+from verirl._net import port_is_free
 from verirl.runtime import ServerHandle
 from verirl.vllm_server import MARKER_VAR
 
@@ -148,12 +148,7 @@ def unshared_port(host: str = "127.0.0.1") -> int:
     rng = random.SystemRandom()
     for _ in range(200):
         port = rng.choice(candidates)
-        with socket.socket() as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind((host, port))
-            except OSError:
-                continue
+        if port_is_free(port, host=host):
             return port
     return find_free_port(host=host)
 

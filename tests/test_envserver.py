@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import time
@@ -125,14 +126,21 @@ def test_wait_raises_with_url_elapsed_and_last_error():
 @responses.activate
 def test_wait_reports_connection_refused_and_timeouts():
     clock = FakeClock()
-    responses.get(URL + "/health", body=requests.ConnectionError("[Errno 111] Connection refused"))
+    refused = ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+    responses.get(URL + "/health", body=requests.ConnectionError(refused))
     with pytest.raises(EnvServerUnavailable, match="connection refused"):
         probe(clock).wait(timeout=1)
     responses.replace(responses.GET, URL + "/health", body=requests.ReadTimeout("read timed out"))
     with pytest.raises(EnvServerUnavailable, match="timed out"):
         probe(clock).wait(timeout=1)
-    responses.replace(responses.GET, URL + "/health", body=requests.ConnectionError("DNS"))
-    with pytest.raises(EnvServerUnavailable, match="connection error"):
+    dns = socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    responses.replace(responses.GET, URL + "/health", body=requests.ConnectionError(dns))
+    with pytest.raises(EnvServerUnavailable, match="DNS lookup failed"):
+        probe(clock).wait(timeout=1)
+    # The text is never searched: only a refused connection is "connection refused".
+    text_only = requests.ConnectionError("[Errno 111] Connection refused")
+    responses.replace(responses.GET, URL + "/health", body=text_only)
+    with pytest.raises(EnvServerUnavailable, match=r"connection error \(ConnectionError\)"):
         probe(clock).wait(timeout=1)
     responses.replace(responses.GET, URL + "/health", body=requests.TooManyRedirects("loop"))
     with pytest.raises(EnvServerUnavailable, match="TooManyRedirects"):

@@ -25,8 +25,9 @@ import requests
 
 from _support import alive, unshared_port
 from fakes.envserver import FakeEnvServer
+from verirl._http import deadline_session
+from verirl._readiness import health_check
 from verirl._serve_args import vllm_serve_args
-from verirl.envserver import deadline_session
 from verirl.errors import (
     ConfigError,
     PortInUseError,
@@ -39,7 +40,6 @@ from verirl.vllm_server import (
     INSTALL_HINT,
     SCRUBBED_ENV_VARS,
     VLLMServer,
-    _health_check,
     find_trl_command,
     map_visible_devices,
     read_log_tail,
@@ -48,6 +48,10 @@ from verirl.vllm_server import (
 
 FAKE = (sys.executable, "-m", "fakes.vllm_serve")
 MODEL = "fake/model"
+
+linux_only = pytest.mark.skipif(
+    sys.platform != "linux", reason="the death signal (PR_SET_PDEATHSIG) exists on Linux only"
+)
 
 
 # ---------------------------------------------------------------- helpers
@@ -264,15 +268,34 @@ def test_stop_from_another_thread_cancels_a_start_in_progress(make_server, tmp_p
     pids = pids_in_log(server.log_path, "server") + pids_in_log(server.log_path, "worker")
     assert len(pids) == 3
     procs = processes(pids)
+    stopped_at = time.monotonic()
     server.stop()
     thread.join(timeout=60)  # far less than the 600 s startup timeout
     assert not thread.is_alive()
+    # Promptly: the readiness wait wakes on stop(), it does not sleep out its backoff.
+    assert time.monotonic() - stopped_at < 5.0 + 10.0  # the 5 s shutdown_timeout, and load
     assert not survivors(procs)
     assert len(errors) == 1
     assert type(errors[0]) is VLLMServerError
-    assert "stop() was called" in str(errors[0])
+    assert "stop() was called while the vLLM server was starting" in str(errors[0])
+    assert server.pid is None
+    assert not children()
+    # The start was cancelled for good: a second start is refused, nothing is spawned.
+    with pytest.raises(VLLMServerError, match="cannot be started again: make a new one"):
+        server.start()
+    assert not children()
+    assert server.pid is None
+    server.stop()  # still idempotent
 
 
+def test_a_stop_before_start_cancels_nothing(make_server):
+    server = make_server()
+    server.stop()
+    with server:
+        assert healthy(server)
+
+
+@linux_only
 def test_server_started_from_a_short_lived_thread_outlives_that_thread(make_server):
     # PR_SET_PDEATHSIG fires when the *thread* that forked the child exits.
     server = make_server()
@@ -374,22 +397,22 @@ def test_progress_is_logged_with_the_last_server_log_line(
 def test_health_check_reasons():
     with requests.Session() as session:
         with FakeEnvServer(ready_after=None, status_when_not_ready=503) as env:
-            assert _health_check(session, env.url + "/health", 5.0) == "HTTP 503"
+            assert health_check(session, env.url + "/health", 5.0) == "HTTP 503"
             env.set_ready()
-            assert _health_check(session, env.url + "/health", 5.0) is None
+            assert health_check(session, env.url + "/health", 5.0) is None
         with FakeEnvServer(hang=True) as env:
-            assert _health_check(session, env.url + "/health", 0.2) == "timed out"
+            assert health_check(session, env.url + "/health", 0.2) == "timed out"
         with socket.socket() as bound_not_listening:  # refuses connections, and is ours
             bound_not_listening.bind(("127.0.0.1", 0))
             port = bound_not_listening.getsockname()[1]
             url = f"http://127.0.0.1:{port}/health"
-            assert _health_check(session, url, 5.0) == "connection refused"
+            assert health_check(session, url, 5.0) == "connection refused"
 
 
 def test_health_check_bounds_the_whole_request_against_a_trickling_server():
     with deadline_session() as session, FakeEnvServer(trickle=0.2) as env:
         started = time.monotonic()
-        assert _health_check(session, env.url + "/health", 1.0) == "timed out"
+        assert health_check(session, env.url + "/health", 1.0) == "timed out"
         assert time.monotonic() - started < 1.0 + 2.0
 
 
@@ -1194,8 +1217,12 @@ with VLLMServer(
     ("sig", "handle_sigterm", "returncode"),
     [
         pytest.param(signal.SIGTERM, True, 128 + signal.SIGTERM, id="sigterm-handled"),
-        pytest.param(signal.SIGTERM, False, -signal.SIGTERM, id="sigterm-death-signal"),
-        pytest.param(signal.SIGKILL, True, -signal.SIGKILL, id="sigkill-death-signal"),
+        pytest.param(
+            signal.SIGTERM, False, -signal.SIGTERM, id="sigterm-death-signal", marks=linux_only
+        ),
+        pytest.param(
+            signal.SIGKILL, True, -signal.SIGKILL, id="sigkill-death-signal", marks=linux_only
+        ),
     ],
 )
 def test_killing_the_trainer_leaves_no_server_or_worker(tmp_path, sig, handle_sigterm, returncode):

@@ -10,10 +10,10 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import socket
 import sys
 
 from verirl._launch import vllm_distribution
+from verirl._net import port_is_free
 from verirl._version import __version__
 from verirl.distenv import DistributedEnv
 from verirl.envserver import HttpEnvServerProbe
@@ -22,15 +22,6 @@ from verirl.topology import TRL_GROUP_PORT, detect_gpu_count
 from verirl.vllm_server import VLLMServer
 
 __all__ = ["machine_report"]
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _version_of(distribution: str) -> str:
@@ -71,7 +62,7 @@ def machine_report(
     rows.append(("GPUs visible", gpus))
     rows.append(("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")))
     for label, port in (("vLLM port", vllm_port), ("TRL group port", TRL_GROUP_PORT)):
-        rows.append((f"{label} {port}", "free" if _port_free(port) else "IN USE"))
+        rows.append((f"{label} {port}", "free" if port_is_free(port) else "IN USE"))
     if probe is not None:
         healthy = probe.check()
         rows.append((f"env server {probe.url}", "healthy" if healthy else "NOT reachable/healthy"))

@@ -13,12 +13,17 @@ One concern, kept apart from `verirl.vllm_server` (which decides *what* runs and
   descendant, including workers that left the group (found by `MARKER_VAR` in
   their environment), and takes them all down: SIGTERM, a grace period,
   SIGKILL, reap.
+- **Run record.** `Run` notes what one start holds (the SIGTERM policy) and
+  spawned, as it happens, so that an interruption at any point finds it.
+- **Exit hook.** A server still running when the interpreter exits is
+  stopped then (`stop_at_exit`); a forked child forgets its parent's.
 
 Its log records go to the ``verirl.vllm_server`` logger: they are the server's.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import functools
@@ -30,15 +35,27 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
-from typing import Any
+from typing import Any, BinaryIO, Protocol
 
 import attrs
 import psutil
 
-__all__ = ["MARKER_VAR", "ProcessTree", "death_signal_preexec", "spawn"]
+from verirl._signals import SIGTERM_POLICY
+
+__all__ = [
+    "MARKER_VAR",
+    "ProcessTree",
+    "Run",
+    "Stoppable",
+    "death_signal_preexec",
+    "forget_at_exit",
+    "popen_in_session",
+    "spawn",
+    "stop_at_exit",
+]
 
 log = logging.getLogger("verirl.vllm_server")
 
@@ -146,7 +163,7 @@ def spawn(job: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]
 
     Interrupted meanwhile (Ctrl-C, SIGTERM as ``SystemExit``), it still waits
     for the job to finish, then re-raises: the job records the child it
-    started (see ``_Run`` in `verirl.vllm_server`), so the caller's teardown
+    started (see `Run`), so the caller's teardown
     can reach it.
     """
     future = _SPAWNER.submit(job)
@@ -163,6 +180,86 @@ def spawn(job: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_SPAWNER.reset_after_fork)
+
+
+def popen_in_session(
+    argv: Sequence[str], environ: Mapping[str, str], output: BinaryIO
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in its own session, tied to our life, stdout and stderr to ``output``.
+
+    Call it inside a `spawn` job, so that the death signal watches the
+    long-lived spawner thread.
+    """
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        env=environ,
+        start_new_session=True,
+        preexec_fn=death_signal_preexec(),  # noqa: PLW1509 - only prctl + getppid, no locks
+    )
+
+
+@attrs.define(eq=False)
+class Run:
+    """One server start: what it holds and spawned, recorded as it happens.
+
+    The spawner thread sets ``popen`` the moment the child exists, so an
+    interruption at any point after the spawn still finds the child to stop.
+    """
+
+    marker: str
+    holds_sigterm: bool = False
+    popen: subprocess.Popen[bytes] | None = None
+    tree: ProcessTree | None = None
+
+    def release_sigterm(self) -> None:
+        """Release this run's hold on `SIGTERM_POLICY`, at most once."""
+        if self.holds_sigterm:
+            self.holds_sigterm = False
+            SIGTERM_POLICY.release()
+
+
+# ---------------------------------------------------------------- stopped at exit
+
+
+class Stoppable(Protocol):
+    """What the exit hook stops: a server of this process."""
+
+    def stop(self) -> None:
+        """Stop, and everything started with it."""
+
+
+_RUNNING: set[Stoppable] = set()
+
+
+def stop_at_exit(server: Stoppable) -> None:
+    """Stop ``server`` when the interpreter exits, unless `forget_at_exit` came first."""
+    _RUNNING.add(server)
+
+
+def forget_at_exit(server: Stoppable) -> None:
+    """``server`` is gone: the exit hook has nothing to stop for it."""
+    _RUNNING.discard(server)
+
+
+def _stop_all_at_exit() -> None:
+    for server in list(_RUNNING):
+        try:
+            server.stop()
+        except Exception:  # noqa: PERF203 - one failing server must not keep the others running
+            log.exception("stopping %r at exit failed", server)
+
+
+def _forget_all_in_child() -> None:
+    # A forked child does not inherit the servers: they are the parent's.
+    _RUNNING.clear()
+
+
+atexit.register(_stop_all_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_all_in_child)
 
 
 # ---------------------------------------------------------------- the process tree
@@ -384,3 +481,42 @@ class ProcessTree:
             except subprocess.TimeoutExpired:
                 log.exception("vLLM server pid %d could not be reaped", self.pid)
         return clean
+
+    def take_down(self, grace: float, log_path: object) -> bool:
+        """`shutdown`, with what happened logged; True once every process is gone.
+
+        A server that had exited while in use (a crash) is reported first.
+        Interrupted, it SIGKILLs everything at once and re-raises (`gone`
+        tells then whether anything survived).
+        """
+        started = time.monotonic()
+        try:
+            status = self.exit_status()
+            if status is not None and self.ready:
+                log.warning(
+                    "the vLLM server had already exited (code %s); see %s", status, log_path
+                )
+            clean = self.shutdown(grace)
+        except BaseException:
+            self.kill_now()
+            if not self.gone(rescan=True):
+                log.error(  # noqa: TRY400 - no traceback: the exception propagates
+                    "stopping the vLLM server pid %d was interrupted and processes may "
+                    "survive; stop() will try again",
+                    self.pid,
+                )
+            raise
+        if not self.gone(rescan=False):
+            log.error(
+                "processes of the vLLM server pid %d survive; stop() will try again: %s",
+                self.pid,
+                ", ".join(str(p.pid) for p in self.survivors()) or "the server itself",
+            )
+            return False
+        log.info(
+            "stopped vLLM server pid %d in %.2fs%s",
+            self.pid,
+            time.monotonic() - started,
+            "" if clean else " (SIGKILL needed)",
+        )
+        return True

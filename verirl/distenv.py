@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import types
 from collections.abc import Collection, Mapping, MutableMapping
 
 import attrs
 
+from verirl._net import find_free_port
 from verirl._validate import (
     MAX_PORT,
     MAX_RANKS,
@@ -43,16 +43,6 @@ _LAUNCHER_VARS = (
 )
 
 
-def find_free_port(*, host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
-    """Return a TCP port the OS reports free on ``host``, never one in ``avoid``."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
-            port: int = sock.getsockname()[1]
-        if port not in avoid:
-            return port
-
-
 def _read_int(
     environ: Mapping[str, str], name: str, minimum: int, maximum: int = MAX_RANKS
 ) -> int | None:
@@ -76,6 +66,117 @@ def _frozen_mapping(value: Mapping[str, str]) -> Mapping[str, str]:
     return types.MappingProxyType(dict(value))
 
 
+def _check_strings(env: Mapping[str, str]) -> None:
+    for name in (*_LAUNCHER_VARS, *_ALLOC_VARS):
+        if name in env and not isinstance(env[name], str):
+            raise ConfigError.invalid(name, env[name], "must be a string")
+
+
+@attrs.frozen
+class _Launcher:
+    """The ranks and sizes a launcher set (``None``: unset), checked against each other."""
+
+    env: Mapping[str, str]
+    rank: int | None
+    local_rank: int | None
+    world_size: int | None
+    local_world_size: int | None
+
+    @classmethod
+    def read(cls, env: Mapping[str, str]) -> _Launcher:
+        _check_strings(env)
+        launcher = cls(
+            env,
+            rank=_read_int(env, "RANK", 0),
+            local_rank=_read_int(env, "LOCAL_RANK", 0),
+            world_size=_read_int(env, "WORLD_SIZE", 1),
+            local_world_size=_read_int(env, "LOCAL_WORLD_SIZE", 1),
+        )
+        _read_int(env, "MASTER_PORT", 1, MAX_PORT)
+        return launcher
+
+    def check(self) -> None:
+        """Raise `ConfigError` for ranks and sizes that contradict each other."""
+        self.check_rank()
+        self.check_local_rank()
+        self.check_local_world_size()
+
+    def check_rank(self) -> None:
+        rank, world_size = self.rank, self.world_size
+        if rank is None:
+            return
+        if world_size is not None and rank >= world_size:
+            raise ConfigError.invalid(
+                "RANK", self.env["RANK"], f"must be < WORLD_SIZE={world_size}"
+            )
+        if world_size is None and rank > 0:
+            raise ConfigError.invalid("RANK", self.env["RANK"], "is set without WORLD_SIZE")
+
+    def check_local_rank(self) -> None:
+        local_rank, local_world_size = self.local_rank, self.local_world_size
+        if local_rank is None:
+            return
+        raw = self.env["LOCAL_RANK"]
+        if local_world_size is not None and local_rank >= local_world_size:
+            raise ConfigError.invalid(
+                "LOCAL_RANK", raw, f"must be < LOCAL_WORLD_SIZE={local_world_size}"
+            )
+        if local_world_size is None and local_rank > 0:
+            raise ConfigError.invalid(
+                "LOCAL_RANK",
+                raw,
+                "is set without LOCAL_WORLD_SIZE (a launcher sets both; LOCAL_RANK must be "
+                "< LOCAL_WORLD_SIZE)",
+            )
+
+    def check_local_world_size(self) -> None:
+        world_size, local_world_size = self.world_size, self.local_world_size
+        if local_world_size is not None:
+            raw = self.env["LOCAL_WORLD_SIZE"]
+            if world_size is None and local_world_size > 1:
+                raise ConfigError.invalid("LOCAL_WORLD_SIZE", raw, "is set without WORLD_SIZE")
+            if world_size is not None and local_world_size > world_size:
+                raise ConfigError.invalid(
+                    "LOCAL_WORLD_SIZE", raw, f"must be <= WORLD_SIZE={world_size}"
+                )
+        if self.rank is not None and self.local_rank is not None and self.local_rank > self.rank:
+            raise ConfigError.invalid(
+                "LOCAL_RANK", self.env["LOCAL_RANK"], f"must be <= RANK={self.rank}"
+            )
+
+    def warn_unshared_defaults(self, env: Mapping[str, str]) -> None:
+        """A multi-rank job without a rendezvous address: our default reaches no other rank."""
+        if self.world_size is None or self.world_size <= 1:
+            return
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
+            if name not in env:
+                log.warning(
+                    "WORLD_SIZE=%d but %s is unset: filling in a single-node default, "
+                    "which other ranks will not share; let the launcher set it",
+                    self.world_size,
+                    name,
+                )
+
+
+def _defaults(
+    env: Mapping[str, str], master_port: int | None, avoid: frozenset[int]
+) -> dict[str, str]:
+    """The single-node values for what ``env`` lacks (``MASTER_PORT`` only if missing)."""
+    defaults: dict[str, str] = {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+    }
+    if not any(name in env for name in _ALLOC_VARS):
+        defaults["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if "MASTER_PORT" not in env:
+        port = master_port if master_port is not None else find_free_port(avoid=avoid)
+        defaults["MASTER_PORT"] = str(port)
+    return defaults
+
+
 @attrs.frozen
 class DistributedEnv:
     """The ``torch.distributed`` variables a trainer process should run with.
@@ -88,7 +189,7 @@ class DistributedEnv:
     defaulted: frozenset[str] = frozenset()
 
     @classmethod
-    def single_node(  # noqa: C901, PLR0912 - one flat list of launcher checks
+    def single_node(
         cls,
         *,
         environ: Mapping[str, str] | None = None,
@@ -106,78 +207,14 @@ class DistributedEnv:
         """
         env = os.environ if environ is None else check_environ(environ)
         avoid = _check_avoid(avoid_ports)
-        for name in (*_LAUNCHER_VARS, *_ALLOC_VARS):
-            if name in env and not isinstance(env[name], str):
-                raise ConfigError.invalid(name, env[name], "must be a string")
-        rank = _read_int(env, "RANK", 0)
-        local_rank = _read_int(env, "LOCAL_RANK", 0)
-        world_size = _read_int(env, "WORLD_SIZE", 1)
-        local_world_size = _read_int(env, "LOCAL_WORLD_SIZE", 1)
-        _read_int(env, "MASTER_PORT", 1, MAX_PORT)
+        launcher = _Launcher.read(env)
         if master_port is not None:
             master_port = check_port("master_port", master_port)
-        if rank is not None and world_size is not None and rank >= world_size:
-            raise ConfigError.invalid("RANK", env["RANK"], f"must be < WORLD_SIZE={world_size}")
-        if rank is not None and world_size is None and rank > 0:
-            raise ConfigError.invalid("RANK", env["RANK"], "is set without WORLD_SIZE")
-        if (
-            local_rank is not None
-            and local_world_size is not None
-            and local_rank >= local_world_size
-        ):
-            raise ConfigError.invalid(
-                "LOCAL_RANK",
-                env["LOCAL_RANK"],
-                f"must be < LOCAL_WORLD_SIZE={local_world_size}",
-            )
-        if local_rank is not None and local_world_size is None and local_rank > 0:
-            raise ConfigError.invalid(
-                "LOCAL_RANK",
-                env["LOCAL_RANK"],
-                "is set without LOCAL_WORLD_SIZE (a launcher sets both; LOCAL_RANK must be "
-                "< LOCAL_WORLD_SIZE)",
-            )
-        if world_size is None and local_world_size is not None and local_world_size > 1:
-            raise ConfigError.invalid(
-                "LOCAL_WORLD_SIZE", env["LOCAL_WORLD_SIZE"], "is set without WORLD_SIZE"
-            )
-        if (
-            world_size is not None
-            and local_world_size is not None
-            and local_world_size > world_size
-        ):
-            raise ConfigError.invalid(
-                "LOCAL_WORLD_SIZE",
-                env["LOCAL_WORLD_SIZE"],
-                f"must be <= WORLD_SIZE={world_size}",
-            )
-        if rank is not None and local_rank is not None and local_rank > rank:
-            raise ConfigError.invalid("LOCAL_RANK", env["LOCAL_RANK"], f"must be <= RANK={rank}")
-
+        launcher.check()
         if "MASTER_ADDR" in env:
             check_host("MASTER_ADDR", env["MASTER_ADDR"].strip())
-        if world_size is not None and world_size > 1:
-            for name in ("MASTER_ADDR", "MASTER_PORT"):
-                if name not in env:
-                    log.warning(
-                        "WORLD_SIZE=%d but %s is unset: filling in a single-node default, "
-                        "which other ranks will not share; let the launcher set it",
-                        world_size,
-                        name,
-                    )
-        defaults: dict[str, str] = {
-            "RANK": "0",
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": "1",
-            "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1",
-        }
-        if not any(name in env for name in _ALLOC_VARS):
-            defaults["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-        if "MASTER_PORT" not in env:
-            defaults["MASTER_PORT"] = str(
-                master_port if master_port is not None else find_free_port(avoid=avoid)
-            )
+        launcher.warn_unshared_defaults(env)
+        defaults = _defaults(env, master_port, avoid)
         variables: dict[str, str] = {}
         filled: set[str] = set()
         for name in (*defaults, "MASTER_PORT", *_ALLOC_VARS):

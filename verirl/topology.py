@@ -13,10 +13,11 @@ import logging
 import os
 import re
 from collections.abc import Callable, Mapping
-from typing import Literal
+from typing import Literal, Protocol
 
 import attrs
 
+from verirl._net import connect_host, url_host
 from verirl._serve_args import vllm_serve_args
 from verirl._validate import (
     MAX_GPUS,
@@ -36,7 +37,9 @@ __all__ = [
     "COLOCATE_MAX_MODEL_LEN",
     "MODES",
     "TRL_GROUP_PORT",
+    "ServerTopology",
     "VLLMTopology",
+    "check_local_server",
     "detect_gpu_count",
     "max_model_len_field",
 ]
@@ -53,7 +56,6 @@ COLOCATE_MAX_MODEL_LEN = 8192
 TRL_GROUP_PORT = 51216
 """TRL's default ``vllm_group_port`` (the NCCL weight-sync group)."""
 
-_WILDCARD_CONNECT = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}  # noqa: S104
 _COLOCATE_MEMORY = 0.5
 _SERVER_MEMORY = 0.9
 
@@ -76,6 +78,100 @@ def max_model_len_field(trl_version: str | None = None) -> str:
     if _parse_version(trl_version) < (0, 26):
         return "vllm_max_model_len"
     return "vllm_max_model_length"
+
+
+# Converters of `VLLMTopology.plan`'s arguments: each checks one field and names it.
+
+
+def _gpu_count(value: object) -> int:
+    return check_int("gpu_count", value, 1, MAX_GPUS)
+
+
+def _max_model_len(value: object) -> int:
+    return check_int("max_model_len", value, 1, MAX_LENGTH)
+
+
+def _mode(value: object) -> str:
+    if value not in MODES:
+        raise ConfigError.invalid("mode", value, f"must be one of {', '.join(MODES)}")
+    return str(value)
+
+
+def _data_parallel_size(value: object) -> int:
+    return check_int("data_parallel_size", value, 1, MAX_GPUS)
+
+
+def _tensor_parallel_size(value: object) -> int | None:
+    return None if value is None else check_int("tensor_parallel_size", value, 1, MAX_GPUS)
+
+
+def _vllm_gpus(value: object) -> int | None:
+    return None if value is None else check_int("vllm_gpus", value, 1, MAX_GPUS)
+
+
+def _port(value: object) -> int:
+    return check_port("port", value)
+
+
+def _host(value: object) -> str:
+    return check_host("host", value)
+
+
+def _remote_host(value: object) -> str | None:
+    return None if value is None else check_host("remote_host", value)
+
+
+def _server_timeout(value: object) -> float:
+    return check_seconds("server_timeout", value, positive=True)
+
+
+def _memory(value: object) -> float | None:
+    if value is None:
+        return None
+    return check_number("gpu_memory_utilization", value, positive=True, at_most=1.0)
+
+
+@attrs.frozen(kw_only=True)
+class _PlanInputs:
+    """`VLLMTopology.plan`'s arguments, each checked as it is set (in this order)."""
+
+    gpu_count: int = attrs.field(converter=_gpu_count)
+    max_model_len: int = attrs.field(converter=_max_model_len)
+    mode: str = attrs.field(converter=_mode)
+    data_parallel_size: int = attrs.field(converter=_data_parallel_size)
+    tensor_parallel_size: int | None = attrs.field(converter=_tensor_parallel_size)
+    vllm_gpus: int | None = attrs.field(converter=_vllm_gpus)
+    port: int = attrs.field(converter=_port)
+    host: str = attrs.field(converter=_host)
+    remote_host: str | None = attrs.field(converter=_remote_host)
+    server_timeout: float = attrs.field(converter=_server_timeout)
+    gpu_memory_utilization: float | None = attrs.field(converter=_memory)
+
+    def parallel_layout(self) -> tuple[int, int]:
+        """``(tensor_parallel_size, vllm_gpus)``, each derived from the other when unset."""
+        dp = self.data_parallel_size
+        tensor_parallel = self.tensor_parallel_size
+        if tensor_parallel is None:
+            if self.vllm_gpus is not None and self.vllm_gpus % dp:
+                raise ConfigError.invalid(
+                    "vllm_gpus", self.vllm_gpus, f"must be a multiple of data_parallel_size={dp}"
+                )
+            tensor_parallel = 1 if self.vllm_gpus is None else self.vllm_gpus // dp
+        parallel = tensor_parallel * dp
+        if self.vllm_gpus is not None and self.vllm_gpus != parallel:
+            raise ConfigError.invalid(
+                "vllm_gpus",
+                self.vllm_gpus,
+                f"must equal tensor_parallel_size * data_parallel_size = {parallel}",
+            )
+        return tensor_parallel, parallel
+
+    def chosen_mode(self) -> Mode:
+        """``auto``: server with a remote host or two GPUs or more, else colocate."""
+        if self.mode == "auto":
+            two_or_more = self.gpu_count >= 2  # noqa: PLR2004 - one to train, one to serve
+            return "server" if self.remote_host is not None or two_or_more else "colocate"
+        return "server" if self.mode == "server" else "colocate"
 
 
 @attrs.frozen
@@ -102,7 +198,7 @@ class VLLMTopology:
     server_timeout: float = 240.0
 
     @classmethod
-    def plan(  # noqa: C901, PLR0912 - one flat list of input checks reads best
+    def plan(
         cls,
         gpu_count: int,
         *,
@@ -126,110 +222,83 @@ class VLLMTopology:
         vLLM runs elsewhere (multi-node): server mode, no local vLLM GPUs.
         Bad input raises `ConfigError` naming the field and value.
         """
-        gpu_count = check_int("gpu_count", gpu_count, 1, MAX_GPUS)
-        max_model_len = check_int("max_model_len", max_model_len, 1, MAX_LENGTH)
-        if mode not in MODES:
-            raise ConfigError.invalid("mode", mode, f"must be one of {', '.join(MODES)}")
-        data_parallel_size = check_int("data_parallel_size", data_parallel_size, 1, MAX_GPUS)
-        if tensor_parallel_size is not None:
-            tensor_parallel_size = check_int(
-                "tensor_parallel_size", tensor_parallel_size, 1, MAX_GPUS
-            )
-        if vllm_gpus is not None:
-            vllm_gpus = check_int("vllm_gpus", vllm_gpus, 1, MAX_GPUS)
-        port = check_port("port", port)
-        host = check_host("host", host)
-        if remote_host is not None:
-            remote_host = check_host("remote_host", remote_host)
-        server_timeout = check_seconds("server_timeout", server_timeout, positive=True)
-        if gpu_memory_utilization is not None:
-            gpu_memory_utilization = check_number(
-                "gpu_memory_utilization", gpu_memory_utilization, positive=True, at_most=1.0
-            )
+        wanted = _PlanInputs(
+            gpu_count=gpu_count,
+            max_model_len=max_model_len,
+            mode=mode,
+            data_parallel_size=data_parallel_size,
+            tensor_parallel_size=tensor_parallel_size,
+            vllm_gpus=vllm_gpus,
+            port=port,
+            host=host,
+            remote_host=remote_host,
+            server_timeout=server_timeout,
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
+        tensor_parallel, serving_gpus = wanted.parallel_layout()
+        if wanted.chosen_mode() == "colocate":
+            return cls._colocate(wanted, tensor_parallel)
+        return cls._server(wanted, tensor_parallel, serving_gpus)
 
-        if tensor_parallel_size is None:
-            if vllm_gpus is None:
-                tensor_parallel_size = 1
-            elif vllm_gpus % data_parallel_size:
-                raise ConfigError.invalid(
-                    "vllm_gpus",
-                    vllm_gpus,
-                    f"must be a multiple of data_parallel_size={data_parallel_size}",
-                )
-            else:
-                tensor_parallel_size = vllm_gpus // data_parallel_size
-        parallel = tensor_parallel_size * data_parallel_size
-        if vllm_gpus is None:
-            vllm_gpus = parallel
-        elif vllm_gpus != parallel:
+    @classmethod
+    def _colocate(cls, wanted: _PlanInputs, tensor_parallel: int) -> VLLMTopology:
+        if wanted.remote_host is not None:
             raise ConfigError.invalid(
-                "vllm_gpus",
-                vllm_gpus,
-                f"must equal tensor_parallel_size * data_parallel_size = {parallel}",
+                "mode", wanted.mode, "colocate runs vLLM in-process; it cannot use remote_host"
             )
-
-        chosen: Mode
-        if mode == "auto":
-            chosen = "server" if remote_host is not None or gpu_count >= 2 else "colocate"  # noqa: PLR2004
-        else:
-            chosen = "server" if mode == "server" else "colocate"
-        all_gpus = tuple(range(gpu_count))
-
-        if chosen == "colocate":
-            if remote_host is not None:
-                raise ConfigError.invalid(
-                    "mode", mode, "colocate runs vLLM in-process; it cannot use remote_host"
-                )
-            if data_parallel_size != 1:
-                raise ConfigError.invalid(
-                    "data_parallel_size", data_parallel_size, "colocate mode supports only 1"
-                )
-            if tensor_parallel_size > gpu_count:
-                raise ConfigError.invalid(
-                    "tensor_parallel_size",
-                    tensor_parallel_size,
-                    f"exceeds the {gpu_count} GPU(s) to colocate on",
-                )
-            return cls(
-                mode="colocate",
-                gpu_count=gpu_count,
-                training_devices=all_gpus,
-                vllm_devices=all_gpus,
-                max_model_len=min(max_model_len, COLOCATE_MAX_MODEL_LEN),
-                gpu_memory_utilization=gpu_memory_utilization or _COLOCATE_MEMORY,
-                tensor_parallel_size=tensor_parallel_size,
-                data_parallel_size=1,
-                host=host,
-                port=port,
-                remote_host=None,
-                server_timeout=server_timeout,
+        if wanted.data_parallel_size != 1:
+            raise ConfigError.invalid(
+                "data_parallel_size", wanted.data_parallel_size, "colocate mode supports only 1"
             )
+        if tensor_parallel > wanted.gpu_count:
+            raise ConfigError.invalid(
+                "tensor_parallel_size",
+                tensor_parallel,
+                f"exceeds the {wanted.gpu_count} GPU(s) to colocate on",
+            )
+        all_gpus = tuple(range(wanted.gpu_count))
+        return cls(
+            mode="colocate",
+            gpu_count=wanted.gpu_count,
+            training_devices=all_gpus,
+            vllm_devices=all_gpus,
+            max_model_len=min(wanted.max_model_len, COLOCATE_MAX_MODEL_LEN),
+            gpu_memory_utilization=wanted.gpu_memory_utilization or _COLOCATE_MEMORY,
+            tensor_parallel_size=tensor_parallel,
+            data_parallel_size=1,
+            host=wanted.host,
+            port=wanted.port,
+            remote_host=None,
+            server_timeout=wanted.server_timeout,
+        )
 
+    @classmethod
+    def _server(cls, wanted: _PlanInputs, tensor_parallel: int, vllm_gpus: int) -> VLLMTopology:
+        all_gpus = tuple(range(wanted.gpu_count))
+        training: tuple[int, ...] = all_gpus
         serving: tuple[int, ...] = ()
-        if remote_host is not None:
-            training = all_gpus
-        else:
-            if vllm_gpus >= gpu_count:
+        if wanted.remote_host is None:
+            if vllm_gpus >= wanted.gpu_count:
                 raise ConfigError.invalid(
                     "gpu_count",
-                    gpu_count,
+                    wanted.gpu_count,
                     f"server mode needs more GPUs than the {vllm_gpus} given to vLLM "
                     "(at least one must train); use mode='colocate' or fewer vLLM GPUs",
                 )
             training, serving = all_gpus[:-vllm_gpus], all_gpus[-vllm_gpus:]
         return cls(
             mode="server",
-            gpu_count=gpu_count,
+            gpu_count=wanted.gpu_count,
             training_devices=training,
             vllm_devices=serving,
-            max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization or _SERVER_MEMORY,
-            tensor_parallel_size=tensor_parallel_size,
-            data_parallel_size=data_parallel_size,
-            host=host,
-            port=port,
-            remote_host=remote_host,
-            server_timeout=server_timeout,
+            max_model_len=wanted.max_model_len,
+            gpu_memory_utilization=wanted.gpu_memory_utilization or _SERVER_MEMORY,
+            tensor_parallel_size=tensor_parallel,
+            data_parallel_size=wanted.data_parallel_size,
+            host=wanted.host,
+            port=wanted.port,
+            remote_host=wanted.remote_host,
+            server_timeout=wanted.server_timeout,
         )
 
     @property
@@ -246,17 +315,14 @@ class VLLMTopology:
         """
         if self.remote_host is not None:
             return self.remote_host
-        return _WILDCARD_CONNECT.get(self.host, self.host)
+        return connect_host(self.host)
 
     @property
     def server_url(self) -> str | None:
         """``http://host:port`` of the vLLM server in server mode, else ``None``."""
         if self.mode != "server":
             return None
-        host = self.server_host
-        if ":" in host:  # a bare IPv6 address needs brackets in a URL
-            host = f"[{host}]"
-        return f"http://{host}:{self.port}"
+        return f"http://{url_host(self.server_host)}:{self.port}"
 
     def grpo_kwargs(self, *, trl_version: str | None = None) -> dict[str, object]:
         """Keyword arguments for `trl.GRPOConfig`, spelled as the installed TRL expects."""
@@ -324,6 +390,69 @@ class VLLMTopology:
             f"memory {self.gpu_memory_utilization:.0%}, max_model_len {self.max_model_len}) "
             f"at {self.server_url}"
         )
+
+
+class ServerTopology(Protocol):
+    """What `VLLMServer.from_topology` reads; `verirl.VLLMTopology` provides it."""
+
+    @property
+    def mode(self) -> str:
+        """``"server"`` or ``"colocate"``."""
+
+    @property
+    def is_local_server(self) -> bool:
+        """Whether this machine runs the vLLM server itself."""
+
+    @property
+    def vllm_devices(self) -> tuple[int, ...]:
+        """GPU indices (as this process numbers them) for vLLM."""
+
+    @property
+    def host(self) -> str:
+        """Address the server binds."""
+
+    @property
+    def port(self) -> int:
+        """Port the server binds."""
+
+    @property
+    def max_model_len(self) -> int:
+        """The ``--max-model-len`` flag."""
+
+    @property
+    def gpu_memory_utilization(self) -> float:
+        """The ``--gpu-memory-utilization`` flag."""
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """The ``--tensor-parallel-size`` flag."""
+
+    @property
+    def data_parallel_size(self) -> int:
+        """The ``--data-parallel-size`` flag."""
+
+
+def check_local_server(topology: ServerTopology) -> None:
+    """Raise `ConfigError` unless ``topology`` runs a vLLM server on this machine.
+
+    In colocate mode TRL runs vLLM inside the trainer; with a remote host the
+    server runs there.
+    """
+    if topology.is_local_server:
+        return
+    remote = getattr(topology, "remote_host", None)
+    if remote:
+        raise ConfigError.invalid(
+            "topology.remote_host",
+            remote,
+            f"vLLM runs on that host (mode={topology.mode!r}); no local server to start",
+        )
+    raise ConfigError.invalid(
+        "topology.mode",
+        topology.mode,
+        "only server mode runs a local vLLM server "
+        "(in colocate mode TRL runs vLLM inside the trainer)",
+    )
 
 
 def detect_gpu_count(

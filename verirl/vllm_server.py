@@ -28,43 +28,60 @@ preemption) raises ``SystemExit(143)`` in the main thread so that the ``with``
 block unwinds and the full teardown runs (the one policy of `verirl._signals`:
 a handler the program installed is kept, and is what runs).
 
-This module decides what runs and when it is ready. Spawning, the death signal
-and the process tree are `verirl._process`'s; the checks of the constructor's
-arguments are `verirl._server_fields`'s.
+This module decides what runs and drives its life cycle; each generic piece
+lives in the private module named after it: spawning, the death signal and
+the process tree in `verirl._process`, the readiness wait in
+`verirl._readiness` (over `verirl._http`'s one health GET), the child's
+environment in `verirl._child_env`, the log file in `verirl._server_log`,
+the port check and connect host in `verirl._net`, the checks of the
+constructor's arguments in `verirl._server_fields`.
 """
 
 from __future__ import annotations
 
-import atexit
-import errno
 import logging
 import os
-import shlex
-import socket
 import subprocess
-import tempfile
 import threading
-import time
 import types
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping  # noqa: F401 - Iterable: see below
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import attrs
-import requests
 
+from verirl._child_env import (
+    SCRUBBED_ENV_PREFIXES,
+    SCRUBBED_ENV_VARS,
+    map_visible_devices,
+    vllm_child_environ,
+)
 from verirl._launch import (
     INSTALL_HINT,
     LaunchPlan,
     find_trl_command,
     import_trl_serve,
     plan_launch,
-    redact_argv,
     vllm_distribution,
 )
-from verirl._poll import Backoff, poll
-from verirl._process import MARKER_VAR, ProcessTree, death_signal_preexec, spawn
+from verirl._net import check_port_free, url_host
+from verirl._process import (
+    MARKER_VAR,
+    ProcessTree,
+    Run,
+    death_signal_preexec,
+    forget_at_exit,
+    popen_in_session,
+    spawn,
+    stop_at_exit,
+)
+from verirl._readiness import (
+    ServerExitedError,
+    StartCancelledError,
+    UnprovableError,
+    wait_for_health,
+)
 from verirl._serve_args import vllm_serve_args
 from verirl._server_fields import (
     to_command,
@@ -81,18 +98,20 @@ from verirl._server_fields import (
     v_port,
     v_seconds,
 )
+from verirl._server_log import LOG_TAIL_LINES, open_server_log, read_log_tail
 from verirl._signals import SIGTERM_POLICY
-from verirl.envserver import deadline_session, request_health
 from verirl.errors import (
-    ConfigError,
-    PortInUseError,
     VLLMServerError,
     VLLMServerExited,
     VLLMStartupTimeout,
 )
+from verirl.topology import ServerTopology, check_local_server
 
 if TYPE_CHECKING:
     from typing_extensions import Self
+
+# Iterable is imported for the converters' parameter types, which attrs writes into
+# __init__'s annotations: typing.get_type_hints(VLLMServer) resolves them here.
 
 __all__ = [
     "INSTALL_HINT",
@@ -111,294 +130,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SCRUBBED_ENV_VARS = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
-"""torch.distributed variables the server must not see: it would try to join the trainer's group."""
-
-SCRUBBED_ENV_PREFIXES = ("TORCHELASTIC_",)
-"""Prefixes of launcher variables dropped from the server's environment too."""
-
-_LOG_TAIL_LINES = 40
-_LOG_TAIL_BYTES = 64 * 1024
-_REQUEST_TIMEOUT_CAP = 5.0
-_BACKOFF = Backoff(initial=0.02, factor=2.0, cap=1.0)
-
-
-# ---------------------------------------------------------------- protocols
-
-
-class ServerTopology(Protocol):
-    """What `VLLMServer.from_topology` reads; `verirl.VLLMTopology` provides it."""
-
-    @property
-    def mode(self) -> str:
-        """``"server"`` or ``"colocate"``."""
-
-    @property
-    def is_local_server(self) -> bool:
-        """Whether this machine runs the vLLM server itself."""
-
-    @property
-    def vllm_devices(self) -> tuple[int, ...]:
-        """GPU indices (as this process numbers them) for vLLM."""
-
-    @property
-    def host(self) -> str:
-        """Address the server binds."""
-
-    @property
-    def port(self) -> int:
-        """Port the server binds."""
-
-    @property
-    def max_model_len(self) -> int:
-        """The ``--max-model-len`` flag."""
-
-    @property
-    def gpu_memory_utilization(self) -> float:
-        """The ``--gpu-memory-utilization`` flag."""
-
-    @property
-    def tensor_parallel_size(self) -> int:
-        """The ``--tensor-parallel-size`` flag."""
-
-    @property
-    def data_parallel_size(self) -> int:
-        """The ``--data-parallel-size`` flag."""
-
-
-# ---------------------------------------------------------------- pure helpers
-
-
-def _is_scrubbed(name: str) -> bool:
-    return name in SCRUBBED_ENV_VARS or name.startswith(SCRUBBED_ENV_PREFIXES)
-
-
-def map_visible_devices(devices: Iterable[int], parent_visible: str | None) -> str:
-    """``CUDA_VISIBLE_DEVICES`` for the child: ``devices`` index the GPUs the parent sees.
-
-    With the parent's ``CUDA_VISIBLE_DEVICES=4,5,6,7``, ``devices=(1,)`` gives
-    ``"5"`` (torch's numbering, which `verirl.VLLMTopology` uses). Unset in the
-    parent, the indices pass through. An index past the parent's list is a
-    `ConfigError`.
-    """
-    chosen = tuple(devices)
-    if parent_visible is None:
-        return ",".join(str(device) for device in chosen)
-    visible = [entry.strip() for entry in parent_visible.split(",") if entry.strip()]
-    for device in chosen:
-        if device >= len(visible):
-            raise ConfigError.invalid(
-                "devices",
-                chosen,
-                f"GPU index {device} is beyond the {len(visible)} GPU(s) this process sees "
-                f"(CUDA_VISIBLE_DEVICES={parent_visible!r})",
-            )
-    return ",".join(visible[device] for device in chosen)
-
-
-def vllm_child_environ(
-    environ: Mapping[str, str],
-    *,
-    devices: Iterable[int],
-    env: Mapping[str, str] | None = None,
-) -> dict[str, str]:
-    """The server's environment: a scrubbed copy of ``environ``, then ``env`` on top.
-
-    Drops `SCRUBBED_ENV_VARS` and ``TORCHELASTIC_*`` (a vLLM server that sees
-    ``RANK``/``MASTER_PORT`` tries to join the trainer's process group), sets
-    ``CUDA_VISIBLE_DEVICES`` (see `map_visible_devices`) and
-    ``PYTHONUNBUFFERED=1`` (so the log file is current), then applies ``env``,
-    which may override those two but never re-adds a scrubbed variable (that
-    one is dropped with a warning). ``environ`` itself is not modified.
-    """
-    child = {name: value for name, value in environ.items() if not _is_scrubbed(name)}
-    child["CUDA_VISIBLE_DEVICES"] = map_visible_devices(
-        devices, environ.get("CUDA_VISIBLE_DEVICES")
-    )
-    child["PYTHONUNBUFFERED"] = "1"
-    for name, value in (env or {}).items():
-        if _is_scrubbed(name):
-            log.warning(
-                "not passing %s to the vLLM server: it must not join the trainer's group", name
-            )
-            continue
-        child[name] = value
-    return child
-
-
-def read_log_tail(path: Path | str, *, lines: int = _LOG_TAIL_LINES, start: int = 0) -> str:
-    """The last ``lines`` lines of the log at ``path`` from byte offset ``start`` ("" if none)."""
-    try:
-        with Path(path).open("rb") as handle:
-            size = handle.seek(0, os.SEEK_END)
-            begin = max(start, size - _LOG_TAIL_BYTES)
-            handle.seek(begin)
-            data = handle.read()
-    except OSError:
-        return ""
-    text = data.decode("utf-8", errors="replace")
-    kept = text.splitlines()
-    if begin > start and kept:  # the first line was cut by the byte window
-        kept = kept[1:]
-    return "\n".join(kept[-lines:]) + ("\n" if kept else "")
-
-
-def _connect_host(host: str) -> str:
-    """The address to reach a server bound to ``host`` (a wildcard means loopback)."""
-    if host in ("0.0.0.0", ""):  # noqa: S104 - mapping the wildcard to loopback, not binding it
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
-
-
-def _check_port_free(host: str, port: int) -> None:
-    """Raise `PortInUseError` if ``host:port`` cannot be bound.
-
-    SO_REUSEADDR is set as uvicorn sets it, so that connections lingering in
-    TIME_WAIT from a previous server do not count as "in use" while a socket
-    that is listening does.
-    """
-    try:
-        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise ConfigError.invalid("host", host, f"cannot be resolved ({exc.strerror})") from None
-    unavailable: list[str] = []
-    for family, kind, proto, _, address in dict.fromkeys(
-        (family, kind, proto, "", address) for family, kind, proto, _, address in addresses
-    ):
-        try:
-            probe = socket.socket(family, kind, proto)
-        except OSError:  # e.g. no IPv6 on this kernel
-            unavailable.append(str(address[0]))
-            continue
-        with probe:
-            if os.name == "posix":
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(address)
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    raise PortInUseError(port, host) from None
-                if exc.errno != errno.EADDRNOTAVAIL:
-                    raise VLLMServerError(
-                        f"port={port}: cannot bind {host}: {exc.strerror}"
-                    ) from exc
-                unavailable.append(str(address[0]))
-    if len(unavailable) == len(addresses):
-        raise ConfigError.invalid("host", host, "is not an address of this machine")
-
-
-# ---------------------------------------------------------------- servers of this process
-
-
-_RUNNING: set[VLLMServer] = set()
-
-
-def _stop_all_at_exit() -> None:
-    for server in list(_RUNNING):
-        try:
-            server.stop()
-        except Exception:  # noqa: PERF203 - one failing server must not keep the others running
-            log.exception("stopping %r at exit failed", server)
-
-
-def _after_fork_in_child() -> None:
-    # The child does not inherit the servers: they are the parent's.
-    _RUNNING.clear()
-
-
-atexit.register(_stop_all_at_exit)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-# ---------------------------------------------------------------- readiness
-
-
-class _ServerExitedError(Exception):
-    """Raised inside the readiness poll when the server process is gone."""
-
-
-class _UnprovableError(Exception):
-    """Raised inside the readiness poll when the owner of the answering socket cannot be told."""
-
-
-class _StartCancelledError(Exception):
-    """Raised inside the readiness poll when `VLLMServer.stop` was called meanwhile."""
-
-
-@attrs.define(eq=False)
-class _ReadinessProbe:
-    """One readiness attempt: ``None`` once *our* server answers 200, else why not.
-
-    Raises when waiting is pointless: the start was cancelled, the server
-    exited, or the owner of the answering socket cannot be told.
-    """
-
-    tree: ProcessTree
-    session: requests.Session
-    url: str
-    port: int
-    foreign_seen: bool = False
-
-    def __call__(self, time_left: float) -> str | None:
-        if self.tree.stopping.is_set():
-            raise _StartCancelledError
-        if self.tree.exited():
-            raise _ServerExitedError
-        reason = _health_check(self.session, self.url, time_left)
-        if reason is not None:
-            return reason
-        # A 200 proves nothing yet: another server may hold the port while ours loads.
-        ours = self.tree.listens_on(self.port)
-        if ours is None:
-            raise _UnprovableError
-        if ours:
-            return None
-        if not self.foreign_seen:
-            self.foreign_seen = True
-            log.warning(
-                "port %d answered by another process, not by the vLLM server pid %d "
-                "(is another server using the port?); waiting for ours",
-                self.port,
-                self.tree.pid,
-            )
-        return f"port {self.port} answered by another process"
-
-
-def _health_check(session: requests.Session, url: str, time_left: float) -> str | None:
-    """One ``GET`` of the health URL within the time left (at most 5 s): ``None`` on 200."""
-    return request_health(session, url, max(min(time_left, _REQUEST_TIMEOUT_CAP), 0.01))
-
-
-@attrs.define(eq=False)
-class _Run:
-    """One `VLLMServer.start`: what it holds and spawned, recorded as it happens.
-
-    The spawner thread sets ``popen`` the moment the child exists, so an
-    interruption at any point after the spawn still finds the child to stop.
-    """
-
-    marker: str
-    holds_sigterm: bool = False
-    popen: subprocess.Popen[bytes] | None = None
-    tree: ProcessTree | None = None
-
-    def release_sigterm(self) -> None:
-        """Release this run's hold on `SIGTERM_POLICY`, at most once."""
-        if self.holds_sigterm:
-            self.holds_sigterm = False
-            SIGTERM_POLICY.release()
+_CANCELLED = "stop() was called while the vLLM server was starting; it was stopped"
 
 
 # ---------------------------------------------------------------- the server
@@ -457,9 +189,11 @@ class VLLMServer:
     _argv: tuple[str, ...] | None = attrs.field(default=None, init=False, repr=False)
     _active_log: Path | None = attrs.field(default=None, init=False, repr=False)
     _log_offset: int = attrs.field(default=0, init=False, repr=False)
-    _run: _Run | None = attrs.field(default=None, init=False, repr=False)
+    _run: Run | None = attrs.field(default=None, init=False, repr=False)
     _owner: int = attrs.field(factory=os.getpid, init=False, repr=False)
     _lock: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
+    _starts: int = attrs.field(default=0, init=False, repr=False)
+    _cancel: threading.Event = attrs.field(factory=threading.Event, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         wanted = self.tensor_parallel_size * self.data_parallel_size
@@ -484,20 +218,7 @@ class VLLMServer:
         A topology that runs no local server (colocate mode, or vLLM on a
         remote host) is a `ConfigError`.
         """
-        if not topology.is_local_server:
-            remote = getattr(topology, "remote_host", None)
-            if remote:
-                raise ConfigError.invalid(
-                    "topology.remote_host",
-                    remote,
-                    f"vLLM runs on that host (mode={topology.mode!r}); no local server to start",
-                )
-            raise ConfigError.invalid(
-                "topology.mode",
-                topology.mode,
-                "only server mode runs a local vLLM server "
-                "(in colocate mode TRL runs vLLM inside the trainer)",
-            )
+        check_local_server(topology)
         settings: dict[str, Any] = {
             "devices": topology.vllm_devices,
             "host": topology.host,
@@ -522,7 +243,7 @@ class VLLMServer:
     @property
     def base_url(self) -> str:
         """``http://host:port`` (a wildcard host is reached over loopback)."""
-        return f"http://{_connect_host(self.host)}:{self.port}"
+        return f"http://{url_host(self.host)}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -589,7 +310,7 @@ class VLLMServer:
         """The full command line of the current (or last) launch, ``None`` before one."""
         return self._argv
 
-    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """The last ``lines`` lines this run wrote to its log ("" before a run)."""
         if self._active_log is None:
             return ""
@@ -605,9 +326,13 @@ class VLLMServer:
         interruption (an exception, Ctrl-C, SIGTERM as ``SystemExit``), at any
         point until this returns, stops the whole process tree before the
         exception propagates. `stop` may be called from another thread
-        meanwhile: the start then ends promptly with `VLLMServerError`.
+        meanwhile: the start then ends promptly with `VLLMServerError`, no
+        process left, and this server refuses to start again.
         """
-        run = _Run(marker=uuid.uuid4().hex)
+        run = Run(marker=uuid.uuid4().hex)
+        with self._lock:
+            self._refuse_if_cancelled(again=True)
+            self._starts += 1
         try:
             with self._lock:
                 tree = self._launch(run)
@@ -616,6 +341,9 @@ class VLLMServer:
         except BaseException:
             self._abandon(run)
             raise
+        finally:
+            with self._lock:
+                self._starts -= 1
 
     def stop(self) -> None:
         """Stop the server and everything it started; safe to call any number of times.
@@ -627,7 +355,17 @@ class VLLMServer:
         and waits for it (bounded) before re-raising. The server is forgotten
         only once every process of it is gone: if one may have survived, the
         next call (``__exit__``, another `stop`, or the exit hook) tries again.
+
+        Called while a `start` runs in another thread, it cancels that start
+        (which raises `VLLMServerError`) for good: this server will not start
+        again. A `stop` that returns before `start` is called cancels nothing.
         """
+        if self._starts:  # read without the lock: a start may hold it while it launches
+            self._cancel.set()
+        self._stop()
+
+    def _stop(self) -> None:
+        """`stop`, without cancelling a start: what a start's own failure path calls."""
         with self._lock:
             tree = self._tree
             if tree is None:
@@ -636,41 +374,14 @@ class VLLMServer:
             if os.getpid() != self._owner:
                 self._forget(release=False)  # a forked copy: the server is the parent's
                 return
-            started = time.monotonic()
             try:
-                status = tree.exit_status()
-                if status is not None and tree.ready:  # a crash while in use
-                    log.warning(
-                        "the vLLM server had already exited (code %s); see %s",
-                        status,
-                        self._active_log,
-                    )
-                clean = tree.shutdown(self.shutdown_timeout)
+                gone = tree.take_down(self.shutdown_timeout, self._active_log)
             except BaseException:
-                tree.kill_now()
-                if tree.gone(rescan=True):
+                if tree.gone(rescan=False):
                     self._forget()
-                else:
-                    log.error(  # noqa: TRY400 - no traceback: the exception propagates
-                        "stopping the vLLM server pid %d was interrupted and processes may "
-                        "survive; stop() will try again",
-                        tree.pid,
-                    )
                 raise
-            if not tree.gone(rescan=False):
-                log.error(
-                    "processes of the vLLM server pid %d survive; stop() will try again: %s",
-                    tree.pid,
-                    ", ".join(str(p.pid) for p in tree.survivors()) or "the server itself",
-                )
-                return
-            self._forget()
-            log.info(
-                "stopped vLLM server pid %d in %.2fs%s",
-                tree.pid,
-                time.monotonic() - started,
-                "" if clean else " (SIGKILL needed)",
-            )
+            if gone:
+                self._forget()
 
     def __enter__(self) -> Self:
         self.start()
@@ -686,10 +397,10 @@ class VLLMServer:
 
     # ------------------------------------------------------------ internals
 
-    def _launch(self, run: _Run) -> ProcessTree:
+    def _launch(self, run: Run) -> ProcessTree:
         """Check, open the log, spawn and adopt the child (under the lock); ``run`` records it."""
         if self._tree is not None and self._tree.stopping.is_set():
-            self.stop()  # an interrupted stop: finish it first
+            self._stop()  # an interrupted stop: finish it first
         previous = self._tree
         if previous is not None and previous.stopping.is_set():
             raise VLLMServerError(
@@ -702,13 +413,14 @@ class VLLMServer:
         argv = plan.argv
         environ = vllm_child_environ(os.environ, devices=self.devices, env={**plan.env, **self.env})
         environ[MARKER_VAR] = run.marker
-        _check_port_free(self.host, self.port)
+        check_port_free(self.host, self.port)
+        self._refuse_if_cancelled()  # the last moment before anything is made
         log_file = self._open_log(argv)
         try:
             run.holds_sigterm = self.handle_sigterm and SIGTERM_POLICY.acquire()
 
             def job() -> subprocess.Popen[bytes]:
-                run.popen = self._popen(argv, environ, log_file)
+                run.popen = popen_in_session(argv, environ, log_file)
                 return run.popen
 
             try:
@@ -734,14 +446,14 @@ class VLLMServer:
         )
         return tree
 
-    def _adopt(self, run: _Run, argv: tuple[str, ...] | None) -> ProcessTree:
+    def _adopt(self, run: Run, argv: tuple[str, ...] | None) -> ProcessTree:
         """Remember ``run``'s child as this server's, so that `stop` and the exit hook reach it."""
         if run.tree is not None:
             return run.tree
         if run.popen is None:  # pragma: no cover - only called once a child exists
             msg = "no child process to adopt"
             raise AssertionError(msg)
-        _RUNNING.add(self)
+        stop_at_exit(self)
         tree = ProcessTree(run.popen, run.marker)
         self._owner = os.getpid()
         if argv is not None:
@@ -751,125 +463,79 @@ class VLLMServer:
         run.tree = tree
         return tree
 
-    def _abandon(self, run: _Run) -> None:
+    def _abandon(self, run: Run) -> None:
         """After a failed or interrupted `start`: stop whatever ``run`` spawned, release SIGTERM."""
         with self._lock:
             if run.popen is not None and run.tree is None:
                 self._adopt(run, None)  # spawned but not yet remembered
             tree = run.tree
             if tree is not None and tree is self._tree and not tree.stopping.is_set():
-                self.stop()
+                self._stop()
             elif tree is None or tree is not self._tree:
                 run.release_sigterm()
+
+    def _refuse_if_cancelled(self, *, again: bool = False) -> None:
+        if not self._cancel.is_set():
+            return
+        if again:
+            raise VLLMServerError(
+                f"{_CANCELLED}; a VLLMServer whose start was cancelled cannot be started "
+                "again: make a new one"
+            )
+        raise VLLMServerError(_CANCELLED)
 
     def _forget(self, *, release: bool = True) -> None:
         """The server is gone: drop the tree and, once, this run's hold on SIGTERM."""
         run = self._run
         self._tree = None
         self._run = None
-        _RUNNING.discard(self)
+        forget_at_exit(self)
         if run is not None:
             if release:
                 run.release_sigterm()
             else:
                 run.holds_sigterm = False
 
-    def _open_log(self, argv: tuple[str, ...]) -> Any:  # noqa: ANN401 - a binary file object
-        """Open this run's log for appending, write a header, remember where the run starts.
-
-        Unbuffered, so that a write that fails (a full disk) fails here, and the
-        handle is closed before the `ConfigError` naming ``log_path`` is raised.
-        """
-        requested = self._log_path
-        try:
-            if requested is None:
-                folder = Path(tempfile.mkdtemp(prefix="verirl-vllm-"))
-                path = folder / f"vllm-serve-{self.port}.log"
-            elif requested.is_dir():
-                path = requested / f"vllm-serve-{self.port}.log"
-            else:
-                path = requested
-        except OSError as exc:
-            raise ConfigError.invalid(
-                "log_path", requested, f"no log file can be made ({exc.strerror or exc})"
-            ) from None
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            handle = path.open("ab", buffering=0)
-        except OSError as exc:
-            raise ConfigError.invalid(
-                "log_path", str(path), f"cannot be opened for appending ({exc.strerror or exc})"
-            ) from None
-        try:
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            handle.write(f"--- verirl {stamp}: {shlex.join(redact_argv(argv))}\n".encode())
-            offset = handle.tell()
-        except OSError as exc:
-            handle.close()
-            raise ConfigError.invalid(
-                "log_path", str(path), f"cannot be written ({exc.strerror or exc})"
-            ) from None
-        except BaseException:
-            handle.close()
-            raise
-        self._active_log = path
-        self._log_offset = offset
-        return handle
-
-    @staticmethod
-    def _popen(
-        argv: tuple[str, ...],
-        environ: dict[str, str],
-        log_file: Any,  # noqa: ANN401 - a file
-    ) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=environ,
-            start_new_session=True,
-            preexec_fn=death_signal_preexec(),  # noqa: PLW1509 - only prctl + getppid, no locks
-        )
+    def _open_log(self, argv: tuple[str, ...]) -> BinaryIO:
+        """Open this run's log (see `open_server_log`), remember where the run starts."""
+        opened = open_server_log(self._log_path, port=self.port, argv=argv)
+        self._active_log = opened.path
+        self._log_offset = opened.offset
+        return opened.handle
 
     def _wait_until_ready(self, tree: ProcessTree) -> None:
+        """Return once our server answers 200; else stop it and raise why not."""
         # vLLM serves /health and redirects /health/ to it; TRL 0.2x's server the other
         # way round. requests follows the redirect, so one path suits both.
         url = f"{self.base_url}/health"
-        with deadline_session() as session:
-            session.trust_env = False  # a proxy from the environment must not see our own server
-            probe = _ReadinessProbe(tree, session, url, self.port)
-
-            def nap(seconds: float) -> None:
-                tree.stopping.wait(seconds)  # wakes at once when stop() is called
-
-            try:
-                result = poll(
-                    probe,
-                    timeout=self.startup_timeout,
-                    backoff=_BACKOFF,
-                    sleep=nap,
-                    progress=self._log_progress,
-                    progress_every=self.progress_interval,
-                )
-            except _UnprovableError:
-                self.stop()
-                raise VLLMServerError(
-                    f"{url} answered 200, but whether from the vLLM server we started cannot be "
-                    "told: this system denies reading its sockets (psutil AccessDenied)"
-                ) from None
-            except (_ServerExitedError, _StartCancelledError):
-                cancelled = tree.stopping.is_set()
-                self.stop()
-                if cancelled:
-                    raise VLLMServerError(
-                        "stop() was called while the vLLM server was starting; it was stopped"
-                    ) from None
-                raise VLLMServerExited(
-                    tree.popen.returncode, self.log_tail(), str(self._active_log)
-                ) from None
+        try:
+            result = wait_for_health(
+                tree,
+                url,
+                self.port,
+                timeout=self.startup_timeout,
+                progress=self._log_progress,
+                progress_every=self.progress_interval,
+            )
+        except UnprovableError:
+            self._stop()
+            raise VLLMServerError(
+                f"{url} answered 200, but whether from the vLLM server we started cannot be "
+                "told: this system denies reading its sockets (psutil AccessDenied)"
+            ) from None
+        except (ServerExitedError, StartCancelledError):
+            cancelled = self._cancel.is_set() or tree.stopping.is_set()
+            self._stop()
+            if cancelled:
+                raise VLLMServerError(_CANCELLED) from None
+            raise VLLMServerExited(
+                tree.popen.returncode, self.log_tail(), str(self._active_log)
+            ) from None
+        if result.ready and self._cancel.is_set():  # stop() came as the server got ready
+            self._stop()
+            raise VLLMServerError(_CANCELLED)
         if not result.ready:
-            self.stop()
+            self._stop()
             raise VLLMStartupTimeout(self.startup_timeout, self.log_tail(), str(self._active_log))
         tree.ready = True
         log.info("vLLM server at %s is ready after %.1fs", self.base_url, result.elapsed)

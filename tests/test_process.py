@@ -1,0 +1,87 @@
+"""verirl._process: the death signal and the exit status read without reaping (Linux)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+import pytest
+
+from verirl._process import ProcessTree, death_signal_preexec, popen_in_session, spawn
+
+linux_only = pytest.mark.skipif(
+    sys.platform != "linux", reason="PR_SET_PDEATHSIG and os.waitid(WNOWAIT) are Linux's"
+)
+
+CHILD_OF_A_DYING_PARENT = """
+import os, sys, time
+from verirl._process import death_signal_preexec, popen_in_session
+child = popen_in_session(
+    [sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ), sys.stdout.buffer
+)
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@linux_only
+def test_the_death_signal_takes_the_child_along_when_the_parent_is_killed():
+    assert death_signal_preexec() is not None
+    parent = subprocess.Popen(
+        [sys.executable, "-c", CHILD_OF_A_DYING_PARENT], stdout=subprocess.PIPE, text=True
+    )
+    child = 0
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert psutil.pid_exists(child)
+        parent.kill()
+        parent.wait(timeout=10)
+        assert _gone(child, timeout=10), "the child outlived its SIGKILLed parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+        if child and not _gone(child, timeout=0):
+            psutil.Process(child).kill()
+
+
+@pytest.mark.skipif(sys.platform == "linux", reason="elsewhere there is no death signal")
+def test_no_death_signal_off_linux():
+    assert death_signal_preexec() is None
+
+
+@linux_only
+def test_exit_status_is_read_without_reaping(tmp_path):
+    with (tmp_path / "out.log").open("wb") as log:
+        popen = spawn(
+            lambda: popen_in_session([sys.executable, "-c", "raise SystemExit(3)"], os.environ, log)
+        )
+    tree = ProcessTree(popen, uuid.uuid4().hex)
+    deadline = time.monotonic() + 30
+    while tree.exit_status() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert tree.exit_status() == 3
+    # Not reaped: the pid (the group id too) stays ours until we reap it.
+    assert psutil.Process(popen.pid).status() == psutil.STATUS_ZOMBIE
+    assert popen.returncode is None
+    assert tree.gone(rescan=False)  # reaps
+    assert popen.returncode == 3

@@ -1,0 +1,96 @@
+"""The vLLM server's environment: the trainer's, minus what would pull it into the trainer's job.
+
+A server that inherits ``RANK``/``MASTER_PORT`` from a ``torchrun`` trainer
+tries to join the trainer's process group; one that inherits the trainer's
+``CUDA_VISIBLE_DEVICES`` sees the wrong GPUs. This module builds the child's
+environment from the parent's without ever modifying the parent's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+
+from verirl.errors import ConfigError
+
+__all__ = [
+    "SCRUBBED_ENV_PREFIXES",
+    "SCRUBBED_ENV_VARS",
+    "map_visible_devices",
+    "vllm_child_environ",
+]
+
+# Its records are the server's.
+log = logging.getLogger("verirl.vllm_server")
+
+SCRUBBED_ENV_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+"""torch.distributed variables the server must not see: it would try to join the trainer's group."""
+
+SCRUBBED_ENV_PREFIXES = ("TORCHELASTIC_",)
+"""Prefixes of launcher variables dropped from the server's environment too."""
+
+
+def _is_scrubbed(name: str) -> bool:
+    return name in SCRUBBED_ENV_VARS or name.startswith(SCRUBBED_ENV_PREFIXES)
+
+
+def map_visible_devices(devices: Iterable[int], parent_visible: str | None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for the child: ``devices`` index the GPUs the parent sees.
+
+    With the parent's ``CUDA_VISIBLE_DEVICES=4,5,6,7``, ``devices=(1,)`` gives
+    ``"5"`` (torch's numbering, which `verirl.VLLMTopology` uses). Unset in the
+    parent, the indices pass through. An index past the parent's list is a
+    `ConfigError`.
+    """
+    chosen = tuple(devices)
+    if parent_visible is None:
+        return ",".join(str(device) for device in chosen)
+    visible = [entry.strip() for entry in parent_visible.split(",") if entry.strip()]
+    for device in chosen:
+        if device >= len(visible):
+            raise ConfigError.invalid(
+                "devices",
+                chosen,
+                f"GPU index {device} is beyond the {len(visible)} GPU(s) this process sees "
+                f"(CUDA_VISIBLE_DEVICES={parent_visible!r})",
+            )
+    return ",".join(visible[device] for device in chosen)
+
+
+def vllm_child_environ(
+    environ: Mapping[str, str],
+    *,
+    devices: Iterable[int],
+    env: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The server's environment: a scrubbed copy of ``environ``, then ``env`` on top.
+
+    Drops `SCRUBBED_ENV_VARS` and ``TORCHELASTIC_*`` (a vLLM server that sees
+    ``RANK``/``MASTER_PORT`` tries to join the trainer's process group), sets
+    ``CUDA_VISIBLE_DEVICES`` (see `map_visible_devices`) and
+    ``PYTHONUNBUFFERED=1`` (so the log file is current), then applies ``env``,
+    which may override those two but never re-adds a scrubbed variable (that
+    one is dropped with a warning). ``environ`` itself is not modified.
+    """
+    child = {name: value for name, value in environ.items() if not _is_scrubbed(name)}
+    child["CUDA_VISIBLE_DEVICES"] = map_visible_devices(
+        devices, environ.get("CUDA_VISIBLE_DEVICES")
+    )
+    child["PYTHONUNBUFFERED"] = "1"
+    for name, value in (env or {}).items():
+        if _is_scrubbed(name):
+            log.warning(
+                "not passing %s to the vLLM server: it must not join the trainer's group", name
+            )
+            continue
+        child[name] = value
+    return child
