@@ -542,11 +542,13 @@ def isolated_hf_client() -> Iterator[None]:
     host (so huggingface.co is never contacted by mistake), sends no
     telemetry (which would also fetch an agent registry from huggingface.co)
     and uses no token it finds on the machine (only explicit ``token=``).
-    On exit the settings are restored and the HTTP client is reset to
-    huggingface_hub's default, closing its pooled connections.
+    On exit the settings are restored and huggingface_hub's pooled connections
+    are closed. Only huggingface_hub's public client API is used: the guarded
+    client is the one its factory makes (same event hooks, redirects and
+    timeout) with the loopback check in front, and on exit the factory makes
+    that client without the check again.
     """
-    from huggingface_hub import close_session, constants, set_client_factory  # noqa: PLC0415
-    from huggingface_hub.utils._http import default_client_factory  # noqa: PLC0415
+    from huggingface_hub import close_session, constants, get_session, set_client_factory  # noqa: PLC0415
 
     def refuse_non_loopback(request: Any) -> None:  # noqa: ANN401 - an httpx request
         host = request.url.host
@@ -554,20 +556,26 @@ def isolated_hf_client() -> Iterator[None]:
             msg = f"isolated_hf_client: refusing a request to {request.url} (not loopback)"
             raise RuntimeError(msg)
 
-    def factory() -> Any:  # noqa: ANN401 - an httpx client; httpx is not our dependency
-        client = default_client_factory()
-        client.event_hooks["request"] = [refuse_non_loopback, *client.event_hooks["request"]]
-        return client
+    close_session()
+    template = get_session()  # a client from the factory in place, to copy its settings
+
+    def client_factory(*, guarded: bool) -> Any:  # noqa: ANN401 - an httpx client factory
+        request_hooks = list(template.event_hooks["request"])
+        if guarded:
+            request_hooks.insert(0, refuse_non_loopback)
+        hooks = {"request": request_hooks, "response": list(template.event_hooks["response"])}
+        return lambda: type(template)(
+            event_hooks=hooks, follow_redirects=template.follow_redirects, timeout=template.timeout
+        )
 
     saved = (constants.HF_HUB_DISABLE_TELEMETRY, constants.HF_HUB_DISABLE_IMPLICIT_TOKEN)
     constants.HF_HUB_DISABLE_TELEMETRY = True
     constants.HF_HUB_DISABLE_IMPLICIT_TOKEN = True
-    set_client_factory(factory)
+    set_client_factory(client_factory(guarded=True))  # closes the template
     try:
         yield
     finally:
-        set_client_factory(default_client_factory)
-        close_session()
+        set_client_factory(client_factory(guarded=False))  # closes the guarded client
         constants.HF_HUB_DISABLE_TELEMETRY, constants.HF_HUB_DISABLE_IMPLICIT_TOKEN = saved
 
 

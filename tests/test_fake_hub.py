@@ -9,7 +9,7 @@ from pathlib import Path
 
 import huggingface_hub
 import pytest
-from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
+from huggingface_hub import HfApi, constants, get_session, hf_hub_download, snapshot_download
 from huggingface_hub.errors import (
     EntryNotFoundError,
     HfHubHTTPError,
@@ -236,6 +236,23 @@ def test_isolated_client_refuses_the_real_hub_and_restores_settings():
         with pytest.raises(RuntimeError, match="not loopback"):
             HfApi(endpoint="https://huggingface.co").model_info("openai-community/gpt2")
     assert saved == (constants.HF_HUB_DISABLE_TELEMETRY, constants.HF_HUB_DISABLE_IMPLICIT_TOKEN)
+
+
+def test_isolated_client_leaves_huggingface_hubs_own_client_as_it_was():
+    before = get_session()
+    hooks = (list(before.event_hooks["request"]), list(before.event_hooks["response"]))
+    with isolated_hf_client():
+        inside = get_session()
+        assert len(inside.event_hooks["request"]) == len(hooks[0]) + 1  # the loopback guard
+        with isolated_hf_client():  # nested: the outer guard survives the inner block
+            pass
+        with pytest.raises(RuntimeError, match="not loopback"):
+            get_session().get("https://huggingface.co/api/models/gpt2")
+    after = get_session()
+    assert after is not inside
+    assert inside.is_closed
+    assert (list(after.event_hooks["request"]), list(after.event_hooks["response"])) == hooks
+    assert (after.follow_redirects, after.timeout) == (before.follow_redirects, before.timeout)
 
 
 def _files_of(hub: FakeHub, folder: str, step: int) -> dict[str, bytes]:

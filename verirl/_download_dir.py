@@ -1,0 +1,380 @@
+"""A remote source's ``download_dir``: stage, verify and rename folders into place, under a lock.
+
+A folder is downloaded into a staging folder, checked file by file against
+the listing it came from, and only then renamed to ``download_dir/<folder>``:
+a download cut short never looks complete. verirl's bookkeeping there is all
+its own: a lock file per folder (concurrent fetches, threads or processes,
+take turns, and the wait has a deadline), a marker in each folder it
+downloaded (what may be replaced later), and staging/old folders made with
+`make_owned_dir` (what a killed run left that the next one may delete).
+Anything else, symlinks included, is never written to, followed or deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import attrs
+
+from verirl._checkpoint import read_trainer_state
+from verirl._fs import (
+    OWNER_MARKER,
+    flock_with_deadline,
+    lstat_kind,
+    make_owned_dir,
+    read_capped,
+    read_owner_record,
+)
+from verirl.errors import CheckpointSourceError, ConfigError
+
+__all__ = ["MARKER", "FileEntry", "RemoteFolder", "fetch_folder", "human_size"]
+
+log = logging.getLogger("verirl.checkpoints")  # the component's logger, which users filter on
+
+MARKER = ".verirl-download.json"
+"""The record verirl writes into each folder it downloaded (no repo file may be named so)."""
+_MAX_MARKER_BYTES = 16 << 20
+_STAGING_PREFIX = ".verirl-tmp-"
+_OLD_PREFIX = ".verirl-old-"
+# Where huggingface_hub keeps a local_dir download's state.
+_HF_CACHE = ".cache/huggingface"
+_KIB = 1024
+_STRAYS_SHOWN = 10
+
+
+def human_size(size: int) -> str:
+    """``size`` bytes for a log line: ``512 B``, ``293.2 KiB``, ``1.5 GiB``."""
+    if size < _KIB:
+        return f"{size} B"
+    value, unit = size / _KIB, "KiB"
+    for bigger in ("MiB", "GiB", "TiB"):
+        if value < _KIB:
+            break
+        value, unit = value / _KIB, bigger
+    return f"{value:.1f} {unit}"
+
+
+@attrs.frozen
+class FileEntry:
+    """One file of a listing: its size and its content id (LFS sha256, else the git blob id)."""
+
+    size: int
+    oid: str
+
+
+@attrs.frozen
+class RemoteFolder:
+    """A checkpoint folder as one listing of ``repo_id`` at ``commit`` described it.
+
+    ``files`` maps repo paths (``checkpoint-30/model.safetensors``) to entries;
+    ``origin`` is the source's description, for messages.
+    """
+
+    origin: str
+    repo_id: str
+    commit: str
+    name: str
+    step: int
+    files: Mapping[str, FileEntry]
+
+    @property
+    def expected(self) -> dict[str, FileEntry]:
+        """``files`` keyed by their path inside the folder."""
+        return {path.split("/", 1)[1]: entry for path, entry in self.files.items()}
+
+
+def fetch_folder(
+    root: Path,
+    remote: RemoteFolder,
+    *,
+    lock_timeout: float,
+    download: Callable[[Sequence[str], str, Path], None],
+) -> Path:
+    """Make ``root/<remote.name>`` hold ``remote``'s files and return it.
+
+    A folder already there is reused when it matches the listing, replaced
+    when verirl downloaded it (its marker, nothing else of the user's), and
+    otherwise refused with a `ConfigError`. ``download(repo_paths, commit,
+    local_dir)`` fetches the files into ``local_dir`` (as ``local_dir/<repo
+    path>``) and raises `CheckpointSourceError` when it cannot.
+    """
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        msg = f"cannot create download_dir {root}: {type(exc).__name__}: {exc.strerror}"
+        raise CheckpointSourceError(msg) from exc
+    lock = root / f".verirl-{remote.name}.lock"
+    with _locked(lock, lock_timeout, f"another download of {remote.name} into {root}"):
+        return _fetch_locked(root, remote, download)
+
+
+def _fetch_locked(
+    root: Path, remote: RemoteFolder, download: Callable[[Sequence[str], str, Path], None]
+) -> Path:
+    folder, target, expected = remote.name, root / remote.name, remote.expected
+    _remove_leftovers(root, folder)
+    kind = lstat_kind(target)
+    if kind in ("symlink", "file", "other"):
+        what = "a symlink (never followed)" if kind == "symlink" else "not a directory"
+        raise ConfigError.invalid(
+            "download_dir",
+            str(root),
+            f"holds {folder}, which is {what} and which verirl did not download; refusing "
+            "to overwrite it (use a dedicated download directory)",
+        )
+    if kind == "dir" and _reusable(root, target, folder, expected):
+        return target
+    size = sum(entry.size for entry in expected.values())
+    log.info(
+        "downloading %s (step %d) from %s at commit %s: %d files, %s, into %s",
+        folder,
+        remote.step,
+        remote.origin,
+        remote.commit[:12],
+        len(expected),
+        human_size(size),
+        target,
+    )
+    staging = make_owned_dir(
+        root,
+        f"{_STAGING_PREFIX}{folder}-",
+        {"kind": "staging", "folder": folder, "files": sorted(expected)},
+    )
+    try:
+        download(sorted(remote.files), remote.commit, staging)
+        fresh = staging / folder
+        problem = _mismatch(fresh, expected, None)
+        if problem is not None:
+            msg = f"downloaded {folder} from {remote.origin} but it is unusable: {problem}"
+            raise CheckpointSourceError(msg) from ValueError(problem)
+        _write_marker(fresh, remote)
+        _move_into_place(root, fresh, target, replace=kind == "dir")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("downloaded %s (%s) to %s", folder, human_size(size), target)
+    return target
+
+
+def _reusable(root: Path, target: Path, folder: str, expected: Mapping[str, FileEntry]) -> bool:
+    """Whether the existing ``target`` already holds ``expected``; False if it may be replaced.
+
+    Raises `ConfigError` when it differs and is not (only) verirl's to replace.
+    """
+    marker = _read_marker(target)
+    mismatch = _mismatch(target, expected, marker)
+    if mismatch is None:
+        log.info("%s already holds %s as listed; nothing to download", root, folder)
+        _warn_about_strays(target, folder, expected)
+        return True
+    if marker is None:
+        raise ConfigError.invalid(
+            "download_dir",
+            str(root),
+            f"already holds {folder}, which verirl did not download there ({mismatch}); "
+            "refusing to overwrite it (use a dedicated download directory, not the "
+            "training output_dir)",
+        )
+    strays = _strays(target, marker)
+    if strays:
+        raise ConfigError.invalid(
+            "download_dir",
+            str(root),
+            f"holds an outdated download of {folder} ({mismatch}) with files verirl did "
+            f"not download ({', '.join(strays[:_STRAYS_SHOWN])}); refusing to replace it: move "
+            "those files away or delete the folder",
+        )
+    log.info("replacing the outdated download %s (%s)", target, mismatch)
+    return False
+
+
+@contextlib.contextmanager
+def _locked(lock: Path, timeout: float, what: str) -> Iterator[None]:
+    """`flock_with_deadline`, with its failures as `CheckpointSourceError`."""
+    try:
+        with flock_with_deadline(lock, timeout):
+            yield
+            return
+    except TimeoutError as exc:
+        msg = (
+            f"gave up after waiting {timeout:g}s for {what} to finish (lock file {lock}); "
+            "raise lock_timeout, or use a separate download_dir per job"
+        )
+        raise CheckpointSourceError(msg) from exc
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            msg = f"lock file {lock} is a symlink; refusing to follow it (remove it)"
+        else:
+            msg = f"cannot lock {lock}: {type(exc).__name__}: {exc.strerror or exc}"
+        raise CheckpointSourceError(msg) from exc
+
+
+def _remove_leftovers(root: Path, folder: str) -> None:
+    """Delete ``folder``'s staging/old folders that a killed verirl left (the lock is ours now).
+
+    Only a folder `make_owned_dir` made (a real directory with verirl's
+    ownership marker, whose id is in its name) that holds nothing but what a
+    download puts there goes. Anything else with such a name is a user's: it
+    is left alone, with a warning.
+    """
+    prefixes = (f"{_STAGING_PREFIX}{folder}-", f"{_OLD_PREFIX}{folder}-")
+    try:
+        with os.scandir(root) as entries:
+            candidates = sorted(Path(e.path) for e in entries if e.name.startswith(prefixes))
+    except OSError as exc:
+        msg = f"cannot list download_dir {root}: {type(exc).__name__}: {exc.strerror}"
+        raise CheckpointSourceError(msg) from exc
+    for path in candidates:
+        prefix = next(p for p in prefixes if path.name.startswith(p))
+        why = _not_a_leftover(path, prefix, folder)
+        if why is None:
+            log.info("removing %s, left by an interrupted download", path)
+            shutil.rmtree(path, ignore_errors=True)  # never follows symlinks
+        else:
+            log.warning(
+                "leaving %s alone: it is named like a folder of an interrupted verirl download, "
+                "but %s; delete or move it yourself if you do not need it",
+                path,
+                why,
+            )
+
+
+def _not_a_leftover(path: Path, prefix: str, folder: str) -> str | None:
+    """Why ``path`` is no staging/old folder of ``folder`` verirl may delete; None if it is."""
+    record = read_owner_record(path, prefix)
+    if isinstance(record, str):
+        return record
+    listed = record.get("files")
+    if record.get("folder") != folder or not isinstance(listed, list):
+        return f"its {OWNER_MARKER} is not about {folder}"
+    files = {f"{folder}/{name}" for name in listed if isinstance(name, str)}
+    files |= {OWNER_MARKER, f"{folder}/{MARKER}"}
+    parents = {
+        "/".join(name.split("/")[:i]) for name in files for i in range(1, name.count("/") + 1)
+    }
+    try:
+        for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
+            base = Path(dirpath)
+            for name in [*dirnames, *filenames]:
+                entry = base / name
+                relative = entry.relative_to(path).as_posix()
+                kind = lstat_kind(entry)
+                in_cache = relative.startswith(f"{_HF_CACHE}/") or relative in (".cache", _HF_CACHE)
+                if kind == "dir" and (relative in parents or in_cache):
+                    continue
+                if kind == "file" and (relative in files or relative.startswith(f"{_HF_CACHE}/")):
+                    continue
+                return f"it holds {relative!r}, which no download puts there"
+    except OSError as exc:
+        return f"it cannot be read ({type(exc).__name__}: {exc.strerror})"
+    return None
+
+
+def _read_marker(folder: Path) -> Mapping[str, object] | None:
+    """The record verirl keeps in a folder it downloaded, or None (not ours, or unreadable)."""
+    try:
+        data = json.loads(read_capped(folder / MARKER, _MAX_MARKER_BYTES, follow_symlinks=False))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
+        return None
+    return data
+
+
+def _write_marker(folder: Path, remote: RemoteFolder) -> None:
+    record = {
+        "written_by": "verirl",
+        "repo_id": remote.repo_id,
+        "commit": remote.commit,
+        "files": {
+            name: {"size": e.size, "oid": e.oid} for name, e in sorted(remote.expected.items())
+        },
+    }
+    (folder / MARKER).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+
+
+def _mismatch(
+    folder: Path, expected: Mapping[str, FileEntry], marker: Mapping[str, object] | None
+) -> str | None:
+    """Why ``folder`` does not hold ``expected`` (sizes, and ids when we recorded them), or None."""
+    recorded = marker.get("files") if marker is not None else None
+    for name, entry in sorted(expected.items()):
+        path = folder / name
+        try:
+            info = path.lstat()
+        except OSError:
+            return f"{name} is missing"
+        if lstat_kind(path) != "file":
+            return f"{name} is not a regular file"
+        if info.st_size != entry.size:
+            return f"{name} has {info.st_size} bytes, the listing says {entry.size}"
+        if isinstance(recorded, dict):
+            seen = recorded.get(name)
+            if not isinstance(seen, dict) or seen.get("oid") != entry.oid:
+                return f"{name} changed on the Hub"
+    state, why = read_trainer_state(folder)
+    return why if state is None else None
+
+
+def _files_in(folder: Path) -> list[str]:
+    """Relative paths of everything but directories under ``folder``; symlinks are not followed."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        base = Path(dirpath)
+        links = [d for d in dirnames if (base / d).is_symlink()]
+        found += [(base / n).relative_to(folder).as_posix() for n in [*filenames, *links]]
+    return sorted(found)
+
+
+def _strays(folder: Path, marker: Mapping[str, object]) -> list[str]:
+    """Files in ``folder`` that its marker does not list (the user's, not the download's)."""
+    recorded = marker.get("files")
+    known = set(recorded) if isinstance(recorded, dict) else set()
+    return [name for name in _files_in(folder) if name not in known and name != MARKER]
+
+
+def _move_into_place(root: Path, fresh: Path, target: Path, *, replace: bool) -> None:
+    """Rename the verified download to ``target``; an old download of ours is removed after."""
+    try:
+        if replace:
+            # rename() replaces an empty directory: the old folder goes aside in one step.
+            # The old folder goes into a folder verirl owns first, so that a kill
+            # before the end leaves only what the next run may safely delete.
+            old = make_owned_dir(
+                root,
+                f"{_OLD_PREFIX}{target.name}-",
+                {"kind": "old", "folder": target.name, "files": _files_in(target)},
+            )
+            target.rename(old / target.name)
+            fresh.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
+        elif lstat_kind(target) is not None:
+            raise ConfigError.invalid(
+                "download_dir",
+                str(root),
+                f"{target.name} appeared there during the download; refusing to overwrite it",
+            )
+        else:
+            fresh.rename(target)  # fails rather than replace anything but an empty directory
+    except OSError as exc:
+        msg = f"cannot move the finished download into {target}: {type(exc).__name__}: {exc}"
+        raise CheckpointSourceError(msg) from exc
+
+
+def _warn_about_strays(target: Path, folder: str, files: Iterable[str]) -> None:
+    """Warn about files in ``target`` the listed commit does not have (an older download's)."""
+    expected = set(files) | {MARKER}
+    strays = [name for name in _files_in(target) if name not in expected]
+    if strays:
+        log.warning(
+            "%s holds files the Hub's %s does not (from an earlier download?): %s",
+            target,
+            folder,
+            ", ".join(strays[:_STRAYS_SHOWN]) + (" ..." if len(strays) > _STRAYS_SHOWN else ""),
+        )

@@ -1,0 +1,513 @@
+"""`HubCheckpointSource`: the checkpoint folders of a Hugging Face Hub model repo.
+
+The repo is listed once, pinned to one commit, and only the chosen folder is
+downloaded (the old helper's ``snapshot_download(allow_patterns=...)`` fetched
+every checkpoint's weights and optimizer state to use one). This module speaks
+to the Hub through huggingface_hub, imported lazily so that ``import verirl``
+stays light; what happens in ``download_dir`` is `verirl._download_dir`'s.
+The token never appears in a repr, log line or error message. Exported from
+`verirl.checkpoints` and `verirl`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import quote
+
+import attrs
+
+from verirl._checkpoint import (
+    LAST_CHECKPOINT,
+    MAX_TRAINER_STATE_BYTES,
+    TRAINER_STATE,
+    Checkpoint,
+    check_origin,
+    checkpoint_step,
+    global_step,
+    read_trainer_state,
+    user_directory,
+)
+from verirl._download_dir import MARKER, FileEntry, RemoteFolder, fetch_folder, human_size
+from verirl._secrets import check_token, redact_url, scrub, scrub_exception
+from verirl._validate import check_int, check_number, check_seconds
+from verirl._version import __version__
+from verirl.envserver import validate_http_url
+from verirl.errors import CheckpointSourceError, ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from huggingface_hub import HfApi
+
+__all__ = ["HubCheckpointSource"]
+
+log = logging.getLogger("verirl.checkpoints")  # the component's logger, which users filter on
+
+# A Hub repo id: "name" or "namespace/name", as huggingface_hub validates it.
+_REPO_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*", re.ASCII)
+_MAX_REPO_ID = 96  # the Hub's limit
+_MAX_REVISION = 255  # longer than any git ref or commit id the Hub serves
+_REVISION_BAD_CHARS = re.compile(r"[~^:?*\[\\]")
+_MAX_TIMEOUT = 24 * 3600.0
+_MAX_TREE_PAGES = 10_000  # 10 million files at the Hub's 1000 a page
+_OFFLINE_ENV_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+_TRUE_VALUES = frozenset({"1", "ON", "YES", "TRUE"})
+
+
+def _download_dir_path(value: str | os.PathLike[str]) -> Path:
+    return user_directory("download_dir", value)
+
+
+def _endpoint_rstrip(value: str | None) -> str | None:
+    return value.rstrip("/") if isinstance(value, str) else value
+
+
+@attrs.frozen
+class _Listing:
+    """What one tree listing of the repo said: the commit, and each top-level folder's files."""
+
+    commit: str
+    folders: Mapping[str, Mapping[str, FileEntry]]
+
+
+@attrs.define
+class HubCheckpointSource:
+    """The ``checkpoint-N/`` and ``last-checkpoint/`` folders of a Hugging Face Hub model repo.
+
+    `latest` resolves ``revision`` to a commit, lists the repo once, reads steps
+    from ``checkpoint-N`` folder names and, for ``last-checkpoint`` (Trainer's
+    ``hub_strategy="checkpoint"``), from its ``trainer_state.json``
+    ``global_step`` (one small download). A folder is complete when the listing
+    has its ``trainer_state.json``.
+
+    `fetch` downloads only that folder, pinned to the listed commit, into a
+    staging folder inside ``download_dir``, checks every file's size against
+    the listing, and only then renames it to ``download_dir/<folder>``: a
+    download cut short never looks complete. A folder already there is reused
+    when it matches the listing; otherwise it is replaced only if verirl
+    downloaded it (it holds verirl's marker file and nothing else of yours).
+    Anything else there, symlinks included, is never written to, followed or
+    deleted. Concurrent fetches of one folder (threads or processes) take turns
+    on a lock file in ``download_dir``; ``lock_timeout`` bounds the wait.
+
+    ``endpoint`` and ``token`` go to huggingface_hub as they are (``HF_ENDPOINT``
+    is read when huggingface_hub is imported, so ``endpoint`` is how a mirror or
+    a test server is reached); ``token=None`` lets huggingface_hub find one
+    (``HF_TOKEN``, ``hf auth login``). The token never appears in a repr, log
+    line or error message, and one with whitespace or control characters is a
+    `ConfigError`. ``HF_HUB_OFFLINE`` makes every call a `CheckpointSourceError`.
+    ``timeout`` bounds each metadata request; ``max_workers`` files are
+    downloaded at once. ``~`` in ``download_dir`` is expanded.
+    """
+
+    repo_id: str
+    download_dir: Path = attrs.field(kw_only=True, converter=_download_dir_path)
+    _token: str | None = attrs.field(
+        kw_only=True, default=None, alias="token", repr=False, eq=False, converter=check_token
+    )
+    revision: str | None = attrs.field(kw_only=True, default=None)
+    endpoint: str | None = attrs.field(kw_only=True, default=None, converter=_endpoint_rstrip)
+    timeout: float = attrs.field(kw_only=True, default=30.0)
+    max_workers: int = attrs.field(kw_only=True, default=8)
+    lock_timeout: float = attrs.field(kw_only=True, default=3600.0)
+    _listing: _Listing | None = attrs.field(init=False, default=None, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        _check_repo_id(self.repo_id)
+        _check_revision(self.revision)
+        _check_endpoint(self.endpoint)
+        check_number("timeout", self.timeout, positive=True, at_most=_MAX_TIMEOUT)
+        check_seconds("lock_timeout", self.lock_timeout)  # 0 (no waiting) up to MAX_SECONDS
+        if self.download_dir.exists() and not self.download_dir.is_dir():
+            raise ConfigError.invalid(
+                "download_dir", str(self.download_dir), "exists and is not a directory"
+            )
+        check_int("max_workers", self.max_workers, 1)
+
+    @property
+    def description(self) -> str:
+        """``hub:<repo_id>@<revision>``, plus `` via <endpoint>`` when one is set."""
+        where = f"hub:{self.repo_id}@{self.revision or 'main'}"
+        return f"{where} via {self.endpoint}" if self.endpoint else where
+
+    # ------------------------------------------------------------ protocol
+
+    def latest(self) -> Checkpoint | None:
+        """The newest complete checkpoint folder in the repo, or None; one listing."""
+        listing = self._list()
+        best: Checkpoint | None = None
+        numbered = sorted(
+            (
+                (step, folder)
+                for folder in listing.folders
+                if (step := checkpoint_step(folder)) is not None
+            ),
+            key=lambda item: (-item[0], item[1]),
+        )
+        for step, folder in numbered:
+            if f"{folder}/{TRAINER_STATE}" in listing.folders[folder]:
+                best = Checkpoint(step, folder, self.description)
+                break
+            log.warning(
+                "skipping incomplete checkpoint %s in %s: no %s (probably an interrupted upload)",
+                folder,
+                self.description,
+                TRAINER_STATE,
+            )
+        last = listing.folders.get(LAST_CHECKPOINT)
+        if last is not None:
+            if f"{LAST_CHECKPOINT}/{TRAINER_STATE}" not in last:
+                log.warning(
+                    "skipping incomplete %s in %s: no %s",
+                    LAST_CHECKPOINT,
+                    self.description,
+                    TRAINER_STATE,
+                )
+            else:
+                step = self._last_checkpoint_step(listing)
+                # On a tie the numbered folder wins: it is not rewritten by later pushes.
+                if step is not None and (best is None or step > best.step):
+                    best = Checkpoint(step, LAST_CHECKPOINT, self.description)
+        log.debug("newest complete checkpoint in %s: %s", self.description, best)
+        return best
+
+    def fetch(self, checkpoint: Checkpoint) -> Path:
+        """Download only ``checkpoint``'s folder into ``download_dir``; return its local path."""
+        check_origin(self.description, checkpoint)
+        folder = checkpoint.path
+        if folder != LAST_CHECKPOINT and checkpoint_step(folder) is None:
+            raise ConfigError.invalid("checkpoint", checkpoint, "is not a checkpoint folder name")
+        listing = self._listing if self._listing is not None else self._list()
+        files = listing.folders.get(folder, {})
+        if f"{folder}/{TRAINER_STATE}" not in files:
+            cause = FileNotFoundError(errno.ENOENT, "not in the repo listing", f"{folder}/")
+            msg = f"{folder} is not (or no longer) a complete checkpoint in {self.description}"
+            raise CheckpointSourceError(msg) from cause
+        self._refuse_offline("download from")
+        remote = RemoteFolder(
+            origin=self.description,
+            repo_id=self.repo_id,
+            commit=listing.commit,
+            name=folder,
+            step=checkpoint.step,
+            files=files,
+        )
+        return fetch_folder(
+            self.download_dir, remote, lock_timeout=self.lock_timeout, download=self._download_all
+        )
+
+    # ------------------------------------------------------------ listing
+
+    def _list(self) -> _Listing:
+        """Resolve the revision to a commit and list the repo once, recursively."""
+        self._refuse_offline("list")
+        api = self._api()
+        try:
+            info = api.model_info(self.repo_id, revision=self.revision, timeout=self.timeout)
+            commit = info.sha or self.revision or "main"
+            entries = self._tree(api.endpoint, commit)
+        except CheckpointSourceError:
+            raise
+        except Exception as exc:
+            raise self._error("list", exc) from exc
+        folders: dict[str, dict[str, FileEntry]] = {}
+        unsafe: dict[str, str] = {}
+        for entry in entries:
+            path, size = entry.get("path"), entry.get("size")
+            if entry.get("type") != "file" or not isinstance(path, str) or "/" not in path:
+                continue
+            if not _safe_repo_path(path):
+                unsafe.setdefault(path.split("/", 1)[0], path)
+                continue
+            lfs = entry.get("lfs")
+            lfs_sha = lfs.get("sha256") if isinstance(lfs, dict) else None
+            oid = str(lfs_sha or entry.get("oid") or "")
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise CheckpointSourceError(
+                    f"cannot list {self.description}: the listing gives {path} no usable size"
+                ) from ValueError(size)
+            folders.setdefault(path.split("/", 1)[0], {})[path] = FileEntry(size, oid)
+        for folder, path in unsafe.items():
+            # A download would be written wherever the path points: the folder is unusable.
+            folders.pop(folder, None)
+            log.warning(
+                "ignoring %s in %s: the listing has a file path that is not safe to download (%r)",
+                folder,
+                self.description,
+                path,
+            )
+        listing = _Listing(commit=commit, folders=folders)
+        log.debug(
+            "%s is at commit %s; %d top-level folders", self.description, commit, len(folders)
+        )
+        self._listing = listing
+        return listing
+
+    def _tree(self, endpoint: str, commit: str) -> list[dict[str, object]]:
+        """The recursive tree listing at ``commit``, every page within ``timeout``.
+
+        `HfApi.list_repo_tree` takes no timeout, so the pages are fetched here
+        with huggingface_hub's own session, headers and error mapping. A server
+        that keeps sending "next" links is cut off after `_MAX_TREE_PAGES`.
+        """
+        from huggingface_hub import get_session, hf_raise_for_status  # noqa: PLC0415
+
+        # Public and documented, but re-exported lazily, which mypy cannot see.
+        from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # noqa: PLC0415
+
+        headers = build_hf_headers(
+            token=self._token, library_name="verirl", library_version=__version__
+        )
+        url: str | None = f"{endpoint}/api/models/{self.repo_id}/tree/{quote(commit, safe='')}"
+        params: dict[str, str] | None = {"recursive": "true", "expand": "false"}
+        entries: list[dict[str, object]] = []
+        seen: set[str] = set()
+        while url is not None:
+            if url in seen or len(seen) >= _MAX_TREE_PAGES:
+                msg = f"cannot list {self.description}: the tree listing does not end"
+                raise CheckpointSourceError(msg) from ValueError(url)
+            seen.add(url)
+            response = get_session().get(url, headers=headers, params=params, timeout=self.timeout)
+            hf_raise_for_status(response)
+            page = response.json()
+            if not isinstance(page, list):
+                msg = f"cannot list {self.description}: the tree listing is not a JSON list"
+                raise CheckpointSourceError(msg) from ValueError(type(page).__name__)
+            entries += [entry for entry in page if isinstance(entry, dict)]
+            url, params = response.links.get("next", {}).get("url"), None
+        return entries
+
+    def _last_checkpoint_step(self, listing: _Listing) -> int | None:
+        """``global_step`` of ``last-checkpoint/trainer_state.json`` (a small download), or None."""
+        filename = f"{LAST_CHECKPOINT}/{TRAINER_STATE}"
+        size = listing.folders[LAST_CHECKPOINT][filename].size
+        if size > MAX_TRAINER_STATE_BYTES:
+            log.warning(
+                "skipping %s in %s: its %s is too large to be a Trainer state (%s)",
+                LAST_CHECKPOINT,
+                self.description,
+                TRAINER_STATE,
+                human_size(size),
+            )
+            return None
+        with tempfile.TemporaryDirectory(prefix="verirl-hub-") as tmp:
+            try:
+                self._download(filename, listing.commit, Path(tmp))
+            except Exception as exc:
+                raise self._error(f"read {filename} from", exc) from exc
+            state, why = read_trainer_state(Path(tmp) / LAST_CHECKPOINT)
+        if state is None:
+            log.warning("skipping %s in %s: %s", LAST_CHECKPOINT, self.description, why)
+            return None
+        step = global_step(state)
+        if step is None:
+            log.warning(
+                "skipping %s in %s: %s has no usable global_step (%r)",
+                LAST_CHECKPOINT,
+                self.description,
+                TRAINER_STATE,
+                state.get("global_step"),
+            )
+        return step
+
+    # ------------------------------------------------------------ transfers
+
+    def _download_all(self, filenames: Sequence[str], commit: str, local_dir: Path) -> None:
+        """Download ``filenames`` at ``commit`` into ``local_dir``, ``max_workers`` at once."""
+        workers = max(1, min(self.max_workers, len(filenames)))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="verirl-hub") as pool:
+            futures = [pool.submit(self._download, name, commit, local_dir) for name in filenames]
+            try:
+                for future in futures:
+                    future.result()
+            except Exception as exc:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise self._error("download from", exc) from exc
+
+    def _download(self, filename: str, commit: str, local_dir: Path) -> Path:
+        from huggingface_hub import hf_hub_download  # noqa: PLC0415
+
+        path = hf_hub_download(
+            self.repo_id,
+            filename,
+            revision=commit,
+            local_dir=local_dir,
+            # Keep everything under local_dir: huggingface_hub only reads this cache here,
+            # and the global one (~/.cache/huggingface) stays untouched.
+            cache_dir=local_dir / ".cache" / "huggingface" / "hub",
+            endpoint=self.endpoint,
+            token=self._token,
+            etag_timeout=self.timeout,
+            library_name="verirl",
+        )
+        return Path(path)
+
+    def _api(self) -> HfApi:
+        from huggingface_hub import HfApi  # noqa: PLC0415
+
+        return HfApi(
+            endpoint=self.endpoint,
+            token=self._token,
+            library_name="verirl",
+            library_version=__version__,
+        )
+
+    # ------------------------------------------------------------ errors
+
+    def _error(self, doing: str, exc: BaseException) -> CheckpointSourceError:
+        """A `CheckpointSourceError` for ``exc`` whose message names the repo, never the token.
+
+        The token is also scrubbed from ``exc`` and its chain, which becomes the cause.
+        """
+        scrub_exception(exc, self._token)
+        message = f"cannot {doing} {self.description}: {_describe_hub_error(exc)}"
+        return CheckpointSourceError(scrub(message, self._token))
+
+    def _refuse_offline(self, doing: str) -> None:
+        if _hub_offline():
+            from huggingface_hub.errors import OfflineModeIsEnabled  # noqa: PLC0415
+
+            cause = OfflineModeIsEnabled("HF_HUB_OFFLINE is set")
+            raise CheckpointSourceError(
+                f"cannot {doing} {self.description}: Hugging Face Hub offline mode is on "
+                "(HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE); unset it, or resume from a local "
+                "checkpoint"
+            ) from cause
+
+
+# ---------------------------------------------------------------- input checks
+
+
+def _check_repo_id(value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ConfigError.invalid("repo_id", value, "must be a non-empty 'namespace/name' string")
+    if (
+        len(value) > _MAX_REPO_ID
+        or not _REPO_ID.fullmatch(value)
+        or "--" in value
+        or ".." in value
+        or value.endswith((".", "-"))
+    ):
+        raise ConfigError.invalid("repo_id", value, "is not a valid Hub repo id ('namespace/name')")
+
+
+def _check_revision(value: object) -> None:
+    """A branch, tag, ``refs/pr/N`` or commit id: a name git itself would accept.
+
+    Refused before any request: control characters, whitespace, ``..`` and
+    the other path tricks ``git check-ref-format`` refuses, and names longer
+    than `_MAX_REVISION`.
+    """
+    if value is None:
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError.invalid("revision", value, "must be None or a non-empty string")
+    if len(value) > _MAX_REVISION:
+        raise ConfigError.invalid(
+            "revision", value, f"is too long ({len(value)} characters, at most {_MAX_REVISION})"
+        )
+    bad = next((ch for ch in value if ch.isspace() or not ch.isprintable()), None)
+    if bad is not None:
+        raise ConfigError.invalid(
+            "revision", value, f"must not contain whitespace or control characters ({bad!r})"
+        )
+    parts = value.split("/")
+    if (
+        _REVISION_BAD_CHARS.search(value)
+        or ".." in value
+        or "@{" in value
+        or value.endswith((".", ".lock"))
+        or any(not part or part.startswith(".") for part in parts)
+    ):
+        raise ConfigError.invalid(
+            "revision",
+            value,
+            "is not a valid branch, tag or commit name (no '..', '~^:?*[\\', '@{', empty or "
+            "'.'-led path parts, trailing '.' or '.lock')",
+        )
+
+
+def _check_endpoint(value: object) -> None:
+    """An ``http(s)://host[:port][/path]`` URL; the message never shows a password in it."""
+    if value is None:
+        return
+    if isinstance(value, str):
+        # Any "@" counts as credentials (a password may hold "#", "?" or "/"),
+        # and only the redacted form is ever shown.
+        shown = redact_url(value)
+        if shown != value:
+            raise ConfigError.invalid(
+                "endpoint", shown, "must not carry credentials; pass token= instead"
+            )
+        if "?" in value or "#" in value:
+            raise ConfigError.invalid("endpoint", shown, "must not have a ?query or #fragment")
+        if any(ch.isspace() or not ch.isprintable() for ch in value):
+            raise ConfigError.invalid(
+                "endpoint", shown, "must not contain whitespace or control characters"
+            )
+    validate_http_url("endpoint", value)
+
+
+def _safe_repo_path(path: str) -> bool:
+    """Whether ``path`` stays inside its folder when joined to a local directory."""
+    parts = path.split("/")
+    return (
+        all(part not in ("", ".", "..") for part in parts)
+        and "\\" not in path
+        and "\0" not in path
+        and parts[-1] != MARKER
+    )
+
+
+# ---------------------------------------------------------------- huggingface_hub
+
+
+def _hub_offline() -> bool:
+    """Whether HF offline mode is on, as huggingface_hub saw it at import or the env says now."""
+    if any(os.environ.get(name, "").upper() in _TRUE_VALUES for name in _OFFLINE_ENV_VARS):
+        return True
+    from huggingface_hub import constants  # noqa: PLC0415 - keep import verirl light
+
+    return bool(constants.is_offline_mode())
+
+
+def _describe_hub_error(exc: BaseException) -> str:
+    """A short reason for a huggingface_hub / httpx failure, without request headers."""
+    from huggingface_hub import errors  # noqa: PLC0415
+
+    status = _status_code(exc)
+    # Most specific first: GatedRepoError is a RepositoryNotFoundError, all are HfHubHTTPErrors.
+    known: list[tuple[type[BaseException], str]] = [
+        (errors.OfflineModeIsEnabled, "Hugging Face Hub offline mode is on (HF_HUB_OFFLINE)"),
+        (errors.GatedRepoError, f"gated repository, the token has no access (HTTP {status})"),
+        (
+            errors.RepositoryNotFoundError,
+            f"repository not found, or private and the token has no access (HTTP {status})",
+        ),
+        (errors.RevisionNotFoundError, f"revision not found (HTTP {status})"),
+        (
+            getattr(errors, "RemoteEntryNotFoundError", errors.EntryNotFoundError),
+            f"file not found (HTTP {status})",
+        ),
+        (errors.HfHubHTTPError, f"HTTP {status}"),
+    ]
+    for kind, reason in known:
+        if isinstance(exc, kind):
+            return reason
+    text = str(exc).strip()
+    first_line = text.splitlines()[0] if text else ""
+    return (f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__)[:300]
+
+
+def _status_code(exc: BaseException) -> int | None:
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    return status if isinstance(status, int) else None
