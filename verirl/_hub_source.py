@@ -36,10 +36,10 @@ from verirl._checkpoint import (
     user_directory,
 )
 from verirl._download_dir import MARKER, FileEntry, RemoteFolder, fetch_folder, human_size
+from verirl._http import validate_http_url
 from verirl._secrets import check_token, redact_url, scrub, scrub_exception
 from verirl._validate import check_int, check_number, check_seconds
 from verirl._version import __version__
-from verirl.envserver import validate_http_url
 from verirl.errors import CheckpointSourceError, ConfigError
 
 if TYPE_CHECKING:
