@@ -32,7 +32,7 @@ from verirl._validate import (
 )
 from verirl.checkpoints import RESUME_ENV_VAR
 from verirl.errors import ConfigError
-from verirl.topology import MODES
+from verirl.topology import check_mode
 
 __all__ = ["Read", "Settings", "split_args", "split_command"]
 
@@ -73,10 +73,7 @@ def _secret(name: str, raw: str) -> str:
 
 
 def _mode(name: str, raw: str) -> str:
-    mode = _text(name, raw)
-    if mode not in MODES:
-        raise ConfigError.invalid(name, mode, f"must be one of {', '.join(MODES)}")
-    return mode
+    return check_mode(name, _text(name, raw))
 
 
 def _integer(minimum: int, maximum: int) -> _Parse:

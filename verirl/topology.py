@@ -40,6 +40,7 @@ __all__ = [
     "ServerTopology",
     "VLLMTopology",
     "check_local_server",
+    "check_mode",
     "detect_gpu_count",
     "max_model_len_field",
 ]
@@ -91,10 +92,15 @@ def _max_model_len(value: object) -> int:
     return check_int("max_model_len", value, 1, MAX_LENGTH)
 
 
-def _mode(value: object) -> str:
+def check_mode(field: str, value: object) -> str:
+    """``value`` if it is one of `MODES`, else a `ConfigError` naming ``field``."""
     if value not in MODES:
-        raise ConfigError.invalid("mode", value, f"must be one of {', '.join(MODES)}")
+        raise ConfigError.invalid(field, value, f"must be one of {', '.join(MODES)}")
     return str(value)
+
+
+def _mode(value: object) -> str:
+    return check_mode("mode", value)
 
 
 def _data_parallel_size(value: object) -> int:
