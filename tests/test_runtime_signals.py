@@ -112,7 +112,10 @@ def test_started_off_the_main_thread_leaves_sigterm_alone(default_sigterm):
 
 
 SLOW_START = """
-import threading
+import signal, threading
+# The runtime's own policy is under test, not a handler the program inherited
+# (coverage's subprocess patch installs one, which the policy rightly keeps).
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
 from verirl import DistributedEnv, TrainingRuntime, VLLMTopology
 
 class SlowProbe:
