@@ -22,6 +22,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -146,6 +147,16 @@ def healthy(base_url: str, timeout: float) -> bool:
         return False
 
 
+def listening(base_url: str) -> bool:
+    """Whether a TCP connection to ``base_url``'s host and port is accepted."""
+    host, _, port = base_url.removeprefix("http://").partition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
 def wait_healthy(popen: subprocess.Popen[bytes], base_url: str) -> None:
     """Poll ``/health`` until 200 (the start of a baseline is not what is measured)."""
     deadline = time.monotonic() + ENGINE_STARTUP_TIMEOUT
@@ -183,7 +194,9 @@ class Watcher:
     def _run(self) -> None:
         while not self._stop.is_set():
             asked = time.monotonic()
-            if healthy(self.base_url, min(self.interval, 1.0) + 0.5):
+            # A bare connect() first: until the socket listens, a refused connection costs
+            # microseconds, so several fast observers do not load the machine they measure.
+            if listening(self.base_url) and healthy(self.base_url, min(self.interval, 1.0) + 0.5):
                 self.seen_at = asked
                 return
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - asked)))

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import socket
 import time
@@ -12,6 +13,7 @@ import responses
 from _support import FakeClock
 from fakes import FakeEnvServer, FakeEnvServerProbe
 from verirl import Backoff, ConfigError, EnvServerProbe, EnvServerUnavailable, HttpEnvServerProbe
+from verirl._poll import poll
 
 URL = "http://env.test:8000"
 
@@ -106,6 +108,18 @@ def test_wait_backs_off_exponentially_up_to_cap():
     probe(clock, backoff=Backoff(initial=0.02, factor=2, cap=1.0)).wait(timeout=60)
     assert clock.sleeps == pytest.approx([0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.0, 1.0])
     assert len(responses.calls) == 9
+
+
+@responses.activate
+def test_default_wait_sends_at_most_five_requests_a_second_once_backed_off():
+    """A shared reward server must not be hammered by a waiting job, nor noticed late."""
+    clock = FakeClock()
+    responses.get(URL + "/health", status=503)
+    with pytest.raises(EnvServerUnavailable):
+        probe(clock).wait(timeout=60)
+    assert clock.sleeps[:4] == pytest.approx([0.02, 0.04, 0.08, 0.16])
+    assert set(clock.sleeps[4:-1]) == {0.2}  # the last sleep is clipped to the deadline
+    assert 5 * 60 - 5 <= len(responses.calls) <= 5 * 60 + 5
 
 
 @responses.activate
@@ -278,3 +292,46 @@ def test_fake_probe_delay_beyond_timeout_fails():
     start = time.monotonic()
     fake.wait(timeout=1)
     assert time.monotonic() - start >= 0.05
+
+
+def test_poll_intervals_run_start_to_start_so_slow_answers_keep_the_schedule():
+    """An attempt that takes 0.15 s of a 0.2 s interval leaves a 0.05 s sleep, never more."""
+    clock = FakeClock()
+    started: list[float] = []
+
+    def slow_attempt(_time_left: float) -> str:
+        started.append(clock.now)
+        clock.now += 0.15
+        return "HTTP 503"
+
+    result = poll(
+        slow_attempt,
+        timeout=2.0,
+        backoff=Backoff(initial=0.2, cap=0.2),
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    assert not result.ready
+    gaps = [later - earlier for earlier, later in itertools.pairwise(started)]
+    assert gaps == pytest.approx([0.2] * len(gaps))
+    assert clock.sleeps[:-1] == pytest.approx([0.05] * (len(clock.sleeps) - 1))
+
+
+def test_poll_follows_an_attempt_slower_than_its_interval_at_once():
+    clock = FakeClock()
+    started: list[float] = []
+
+    def slower_attempt(_time_left: float) -> str:
+        started.append(clock.now)
+        clock.now += 0.5
+        return "timed out"
+
+    poll(
+        slower_attempt,
+        timeout=2.0,
+        backoff=Backoff(initial=0.2, cap=0.2),
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    assert clock.sleeps == []
+    assert started == pytest.approx([100.0, 100.5, 101.0, 101.5])

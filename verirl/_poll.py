@@ -85,7 +85,9 @@ def poll(
 
     ``attempt`` returns a short failure reason otherwise; it may raise to abort
     the poll (the exception propagates). It is always tried at least once, and
-    is told how much time is left so it can clip its own request timeout. Sleeps
+    is told how much time is left so it can clip its own request timeout. The
+    backoff's intervals run from the start of one attempt to the start of the
+    next (an attempt slower than its interval is followed at once). Sleeps
     are clipped to the deadline, so the call ends within ``timeout`` plus the
     duration of the last attempt. ``progress(elapsed, last_error)`` is called at
     most every ``progress_every`` seconds while waiting.
@@ -97,7 +99,8 @@ def poll(
     last_error: str | None = None
     for interval in backoff.intervals():
         attempts += 1
-        last_error = attempt(max(deadline - clock(), 0.0))
+        began = clock()
+        last_error = attempt(max(deadline - began, 0.0))
         now = clock()
         if last_error is None:
             return PollResult(ready=True, elapsed=now - start, attempts=attempts, last_error=None)
@@ -106,7 +109,11 @@ def poll(
         if progress is not None and now >= next_progress:
             progress(now - start, last_error)
             next_progress = now + progress_every
-        sleep(min(interval, deadline - now))
+        # Intervals run from one attempt's start to the next, so slow answers neither
+        # stretch the schedule nor raise the request rate above 1/interval.
+        nap = min(interval - (now - began), deadline - now)
+        if nap > 0:
+            sleep(nap)
     return PollResult(
         ready=False, elapsed=clock() - start, attempts=attempts, last_error=last_error
     )

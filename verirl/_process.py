@@ -371,11 +371,19 @@ class ProcessTree:
         server that binds later, so a 200 counts only with this proof.
         """
         members: list[psutil.Process] = []
+        denied = False
         with contextlib.suppress(psutil.Error):
             leader = self.leader or psutil.Process(self.pid)
+            members = [leader]
+            # The leader holds the socket in vLLM and the fake alike: asking it first spares
+            # the walk over every process on the machine that finding descendants costs.
+            try:
+                if any(_listening(c, port) for c in _tcp_connections(leader)):
+                    return True
+            except psutil.AccessDenied:
+                denied = True
             members = [leader, *leader.children(recursive=True)]
-        denied = False
-        for process in members:
+        for process in members[1:]:
             try:
                 if any(_listening(c, port) for c in _tcp_connections(process)):
                     return True

@@ -6,12 +6,23 @@ belongs to our process tree, and the wait ends early, with a reason, when
 waiting is pointless: the server exited, `stop` was called from another
 thread (the nap between attempts wakes at once), or this system will not
 tell whose the socket is.
+
+Between attempts the wait also watches the server's log for the line that
+says its HTTP server is up (uvicorn's "Application startup complete." and
+"Uvicorn running on"): on that line it probes at once and then every few
+milliseconds for a moment, instead of sleeping out a backoff of up to a
+second. The line only hastens the next probe: ready still means a 200 from
+our own process.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import attrs
 import requests
@@ -22,7 +33,12 @@ from verirl._process import ProcessTree
 
 __all__ = [
     "BACKOFF",
+    "FAST_BACKOFF",
+    "LOG_WATCH_INTERVAL",
+    "READY_LOG_LINES",
     "REQUEST_TIMEOUT_CAP",
+    "LogWatch",
+    "Nap",
     "ReadinessProbe",
     "ServerExitedError",
     "StartCancelledError",
@@ -37,8 +53,91 @@ log = logging.getLogger("verirl.vllm_server")
 REQUEST_TIMEOUT_CAP = 5.0
 """The longest one health request of the readiness wait may take."""
 
-BACKOFF = Backoff(initial=0.02, factor=2.0, cap=1.0)
-"""Between attempts: tens of milliseconds at first, at most a second later."""
+BACKOFF = Backoff(initial=0.02, factor=2.0, cap=0.25)
+"""Between attempts: tens of milliseconds at first, a quarter of a second later.
+
+Our own server, not yet listening, costs nothing to ask; the cap matters only
+when its log says nothing (a quiet ``--uvicorn-log-level``)."""
+
+
+READY_LOG_LINES = (b"Application startup complete", b"Uvicorn running on")
+"""Log lines after which the HTTP server answers (or is about to): probe at once."""
+
+LOG_WATCH_INTERVAL = 0.01
+"""How often the nap between attempts looks at the log's size."""
+
+FAST_BACKOFF = Backoff(initial=0.005, factor=2.0, cap=0.1)
+"""Between attempts once a ready line was logged: the socket may lag the line a little."""
+
+_LOG_READ_LIMIT = 1024 * 1024
+
+
+@attrs.define(eq=False)
+class LogWatch:
+    """Reads a growing log from ``offset`` on, telling when one of ``lines`` appears.
+
+    Only the bytes written since the last look are read (at most 1 MiB a
+    look); a line split across two looks is still found. A log that cannot be
+    read is simply never seen to fire.
+    """
+
+    path: Path
+    offset: int = 0
+    lines: tuple[bytes, ...] = READY_LOG_LINES
+    _carry: bytes = b""
+
+    def fired(self) -> bool:
+        """Whether one of ``lines`` was written since the last call."""
+        try:
+            size = os.stat(self.path).st_size  # noqa: PTH116 - the cheapest look
+            if size <= self.offset:
+                return False
+            with self.path.open("rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read(_LOG_READ_LIMIT)
+        except OSError:
+            return False
+        self.offset += len(data)
+        text = self._carry + data
+        if any(line in text for line in self.lines):
+            self._carry = b""
+            return True
+        keep = max(len(line) for line in self.lines) - 1  # a line cut by this look's end
+        self._carry = text[-keep:] if keep else b""
+        return False
+
+
+@attrs.define(eq=False)
+class Nap:
+    """The sleep between readiness attempts: cut short by `stop`, or by a ready log line.
+
+    Until a ready line is logged it sleeps the backoff's interval, looking at
+    the log every `LOG_WATCH_INTERVAL`; when the line appears it returns at
+    once, and from then on sleeps at most `FAST_BACKOFF`'s intervals.
+    """
+
+    stopping: threading.Event
+    watch: LogWatch | None
+    fast: Iterator[float] | None = None
+
+    def __call__(self, seconds: float) -> None:
+        if self.fast is not None:
+            self.stopping.wait(min(seconds, next(self.fast)))
+            return
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self.watch is None:
+                self.stopping.wait(left)
+                return
+            if self.stopping.wait(min(left, LOG_WATCH_INTERVAL)):
+                return
+            if self.watch.fired():
+                log.debug("the vLLM server logged that it is up; probing at once")
+                self.fast = FAST_BACKOFF.intervals()
+                return
 
 
 class ServerExitedError(Exception):
@@ -105,25 +204,26 @@ def wait_for_health(
     timeout: float,
     progress: Callable[[float, str | None], None],
     progress_every: float,
+    log_path: Path | None = None,
+    log_offset: int = 0,
 ) -> PollResult:
     """Poll ``url`` until ``tree``'s server answers 200 on ``port``, or ``timeout`` is spent.
 
-    Raises `StartCancelledError`, `ServerExitedError` or `UnprovableError`
-    when waiting is pointless. The environment's proxy settings are ignored:
+    ``log_path`` (read from ``log_offset`` on) is the server's log, watched
+    between attempts for `READY_LOG_LINES` (see `Nap`). Raises
+    `StartCancelledError`, `ServerExitedError` or `UnprovableError` when
+    waiting is pointless. The environment's proxy settings are ignored:
     a proxy must not see (or answer for) our own server.
     """
     with deadline_session() as session:
         session.trust_env = False
         probe = ReadinessProbe(tree, session, url, port)
-
-        def nap(seconds: float) -> None:
-            tree.stopping.wait(seconds)  # wakes at once when stop() is called
-
+        watch = None if log_path is None else LogWatch(log_path, log_offset)
         return poll(
             probe,
             timeout=timeout,
             backoff=BACKOFF,
-            sleep=nap,
+            sleep=Nap(tree.stopping, watch),
             progress=progress,
             progress_every=progress_every,
         )

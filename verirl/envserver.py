@@ -1,9 +1,11 @@
 """Wait for the reward environment server to answer ``GET /health``.
 
 The old helper polled every 2 s with no deadline; here a wait keeps a deadline
-on a monotonic clock and backs off from tens of milliseconds to about a second,
+on a monotonic clock and backs off from tens of milliseconds to a fifth of a second,
 so a server that comes up is noticed almost at once and a dead one fails on
 time with the reason ("HTTP 503", "connection refused", "timed out").
+The cap is 0.2 s: a shared reward server sees at most five requests a second
+from a waiting job, and one that comes up is noticed within 0.2 s.
 
 Each request is `verirl._http`'s one health GET (re-exported here, as are its
 URL check and deadline session), so three rules hold for every one:
@@ -47,6 +49,7 @@ from verirl._validate import check_number
 from verirl.errors import ConfigError, EnvServerUnavailable
 
 __all__ = [
+    "ENV_SERVER_BACKOFF",
     "MAX_REQUEST_TIMEOUT",
     "MAX_WAIT_TIMEOUT",
     "DeadlineAdapter",
@@ -62,6 +65,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+ENV_SERVER_BACKOFF = Backoff(initial=0.02, factor=2.0, cap=0.2)
+"""`HttpEnvServerProbe`'s polls: 20 ms, doubling, then every 0.2 s (at most 5 a second)."""
 
 MAX_REQUEST_TIMEOUT = 86_400.0
 """Longest ``request_timeout`` accepted (one day); sockets reject far larger ones."""
@@ -189,7 +195,7 @@ class HttpEnvServerProbe:
     _sleep: Sleep = attrs.field(
         default=time.sleep, kw_only=True, alias="sleep", validator=_callable
     )
-    backoff: Backoff = attrs.field(factory=Backoff, kw_only=True, validator=_backoff)
+    backoff: Backoff = attrs.field(default=ENV_SERVER_BACKOFF, kw_only=True, validator=_backoff)
     progress_every: float = attrs.field(default=10.0, kw_only=True, validator=_progress_every)
     _scrub: Callable[[str], str] = attrs.field(init=False)
 

@@ -516,6 +516,8 @@ class VLLMServer:
                 timeout=self.startup_timeout,
                 progress=self._log_progress,
                 progress_every=self.progress_interval,
+                log_path=self._active_log,
+                log_offset=self._log_offset,
             )
         except UnprovableError:
             self._stop()
