@@ -99,11 +99,15 @@ def _signatures(obj: object) -> list[object]:
 
 def test_every_type_a_public_signature_names_is_exported():
     """httpx's rule: a user can import whatever a signature asks for, from `verirl`."""
+    import requests
+
     if sys.version_info >= (3, 11):
         from typing import Self
     else:
         from typing_extensions import Self
 
+    # Names the modules import for type checkers only (requests: not at import time).
+    type_checking_only = {"Self": Self, "requests": requests}
     found: set[type] = set()
     for name in verirl.__all__:
         obj = getattr(verirl, name)
@@ -111,7 +115,7 @@ def test_every_type_a_public_signature_names_is_exported():
             continue
         for function in _signatures(obj):
             module = sys.modules[function.__module__]
-            hints = typing.get_type_hints(function, globalns={**vars(module), "Self": Self})
+            hints = typing.get_type_hints(function, globalns={**vars(module), **type_checking_only})
             for annotation in hints.values():
                 _verirl_types(annotation, found)
     missing = sorted(t.__qualname__ for t in found if getattr(verirl, t.__name__, None) is not t)
