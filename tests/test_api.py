@@ -183,6 +183,18 @@ def test_an_unknown_name_is_an_attribute_error():
         exec("from verirl import nope", {})  # noqa: S102 - the import statement is the test
 
 
+def test_envserver_re_exports_http_names_on_access():
+    """`verirl.envserver` re-exports `verirl._http`'s names without importing it up front."""
+    import verirl._http
+    import verirl.envserver
+
+    for name in verirl.envserver.__all__:
+        value = getattr(verirl.envserver, name)
+        assert getattr(verirl._http, name, value) is value, name
+    with pytest.raises(AttributeError, match=r"^module 'verirl.envserver' has no attribute 'x'$"):
+        verirl.envserver.x  # noqa: B018 - the attribute access is the test
+
+
 def test_version_is_a_string():
     assert isinstance(verirl.__version__, str)
     assert verirl.__version__.count(".") >= 1
