@@ -95,7 +95,16 @@ TEARDOWN_CASES: Mapping[str, Mapping[str, str]] = {
         "FAKE_VLLM_WORKER_NEW_SESSION": "1",
     },
 }
-HEAVY_MODULES = ("torch", "trl", "vllm", "transformers", "huggingface_hub")
+HEAVY_MODULES = (
+    "torch",
+    "trl",
+    "vllm",
+    "transformers",
+    "huggingface_hub",
+    "requests",
+    "urllib3",
+    "psutil",
+)
 IMPORT_GOAL = 0.030  # seconds over a bare interpreter
 
 FIGURES = {

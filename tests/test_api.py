@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import json
 import subprocess
@@ -15,7 +16,19 @@ import pytest
 import fakes
 import verirl
 
-HEAVY = ("torch", "trl", "vllm", "transformers", "huggingface_hub")
+HEAVY = (
+    "torch",
+    "trl",
+    "vllm",
+    "transformers",
+    "huggingface_hub",
+    "requests",
+    "urllib3",
+    "psutil",
+)
+"""Modules ``import verirl`` must not load: the ML stack, and what only some calls need."""
+
+ROOT = Path(verirl.__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("module", [verirl, fakes], ids=lambda m: m.__name__)
@@ -42,10 +55,14 @@ def test_all_is_complete(module):
 
 def test_all_is_exactly_the_public_names():
     """httpx's exported-members test: ``__all__`` is every public name, sorted."""
+    for name in verirl.__all__:
+        getattr(verirl, name)  # the names are imported on first access
     public = sorted(
         name
         for name, value in vars(verirl).items()
-        if not name.startswith("_") and not inspect.ismodule(value) and name != "annotations"
+        if not name.startswith("_")
+        and not inspect.ismodule(value)
+        and name not in ("annotations", "TYPE_CHECKING")
     )
     assert verirl.__all__ == sorted([*public, "__version__"])
 
@@ -57,15 +74,125 @@ def test_each_exported_name_imports_from_verirl(name):
     assert namespace[name] is getattr(verirl, name)
 
 
-def test_import_verirl_pulls_in_no_heavy_module():
-    code = (
-        "import sys, json; import verirl, verirl.cli; "
-        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
-    )
+def _fresh(code: str) -> object:
+    """Run ``code`` in a fresh interpreter; what its last line of output holds, as JSON."""
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        cwd=ROOT,
     )
-    assert json.loads(out.stdout) == []
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def _heavy_after(code: str) -> object:
+    return _fresh(
+        f"{code}\nimport sys, json\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    )
+
+
+def test_import_verirl_pulls_in_no_heavy_module():
+    assert _heavy_after("import verirl, verirl.cli") == []
+
+
+def test_import_verirl_imports_no_submodule_until_a_name_is_used():
+    """The cost of ``import verirl`` is `verirl._version`; each name loads its own module."""
+    code = (
+        "import sys, json, verirl\n"
+        "before = sorted(m for m in sys.modules if m.startswith('verirl'))\n"
+        "verirl.VLLMTopology\n"
+        "after = sorted(m for m in sys.modules if m.startswith('verirl'))\n"
+        "print(json.dumps([before, 'verirl.vllm_server' in after, 'VLLMTopology' in vars(verirl)]))"
+    )
+    assert _fresh(code) == [["verirl", "verirl._version"], False, True]
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import verirl.topology, verirl.distenv, verirl.errors",
+        "import verirl.checkpoints, verirl.envserver, verirl.runtime",
+        "import verirl; [getattr(verirl, n) for n in verirl.__all__ if n != 'VLLMServer']",
+        "import verirl.cli; verirl.cli.main(['plan', '--gpus', '2', '--json'])",
+        "import verirl.cli; verirl.cli.main(['plan', '--gpus', '1', '--model', 'm'])",
+    ],
+    ids=[
+        "topology-distenv-errors",
+        "checkpoints-envserver-runtime",
+        "names-but-VLLMServer",
+        "plan",
+        "plan-1",
+    ],
+)
+def test_light_paths_load_no_heavy_module(code):
+    """requests, urllib3, psutil and huggingface_hub load with what uses them, not before.
+
+    Of the public names only `VLLMServer` loads them (requests and psutil) at import:
+    its module is imported to start a server, which needs both.
+    """
+    assert _heavy_after(code) == []
+
+
+def test_every_name_resolves_in_a_fresh_interpreter():
+    """Each name's lazy import works on its own, not only after the test session loaded it."""
+    code = (
+        "import json, verirl\n"
+        "missing = [n for n in verirl.__all__ if getattr(verirl, n, None) is None]\n"
+        "star = {}\n"
+        "exec('from verirl import *', star)\n"
+        "print(json.dumps([missing, sorted(set(star) - {'__builtins__'}), dir(verirl)]))"
+    )
+    missing, star, listed = _fresh(code)  # type: ignore[misc]
+    assert missing == []
+    assert star == sorted(verirl.__all__)
+    assert listed == verirl.__all__
+
+
+def test_each_name_comes_from_the_module_the_type_checking_block_names():
+    """The lazy map and the imports type checkers read agree, name for name."""
+    tree = ast.parse(Path(inspect.getfile(verirl)).read_text())
+    (block,) = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If)
+        and isinstance(node.test, ast.Name)
+        and node.test.id == "TYPE_CHECKING"
+    ]
+    declared = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom)
+        assert node.module is not None
+        for alias in node.names:
+            declared[alias.asname or alias.name] = node.module
+    assert sorted([*declared, "__version__"]) == verirl.__all__
+    for name, module in declared.items():
+        assert getattr(verirl, name) is getattr(importlib.import_module(module), name), name
+
+
+def test_dir_lists_the_public_names():
+    assert set(verirl.__all__) <= set(dir(verirl))
+
+
+def test_an_unknown_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match=r"^module 'verirl' has no attribute 'nope'$"):
+        verirl.nope  # noqa: B018 - the attribute access is the test
+    assert not hasattr(verirl, "VLLMTopologyy")
+    with pytest.raises(ImportError, match="nope"):
+        exec("from verirl import nope", {})  # noqa: S102 - the import statement is the test
+
+
+def test_envserver_re_exports_http_names_on_access():
+    """`verirl.envserver` re-exports `verirl._http`'s names without importing it up front."""
+    import verirl._http
+    import verirl.envserver
+
+    for name in verirl.envserver.__all__:
+        value = getattr(verirl.envserver, name)
+        assert getattr(verirl._http, name, value) is value, name
+    with pytest.raises(AttributeError, match=r"^module 'verirl.envserver' has no attribute 'x'$"):
+        verirl.envserver.x  # noqa: B018 - the attribute access is the test
 
 
 def test_version_is_a_string():
@@ -99,11 +226,15 @@ def _signatures(obj: object) -> list[object]:
 
 def test_every_type_a_public_signature_names_is_exported():
     """httpx's rule: a user can import whatever a signature asks for, from `verirl`."""
+    import requests
+
     if sys.version_info >= (3, 11):
         from typing import Self
     else:
         from typing_extensions import Self
 
+    # Names the modules import for type checkers only (requests: not at import time).
+    type_checking_only = {"Self": Self, "requests": requests}
     found: set[type] = set()
     for name in verirl.__all__:
         obj = getattr(verirl, name)
@@ -111,7 +242,7 @@ def test_every_type_a_public_signature_names_is_exported():
             continue
         for function in _signatures(obj):
             module = sys.modules[function.__module__]
-            hints = typing.get_type_hints(function, globalns={**vars(module), "Self": Self})
+            hints = typing.get_type_hints(function, globalns={**vars(module), **type_checking_only})
             for annotation in hints.values():
                 _verirl_types(annotation, found)
     missing = sorted(t.__qualname__ for t in found if getattr(verirl, t.__name__, None) is not t)

@@ -36,7 +36,6 @@ from verirl._checkpoint import (
     user_directory,
 )
 from verirl._download_dir import MARKER, FileEntry, RemoteFolder, fetch_folder, human_size
-from verirl._http import validate_http_url
 from verirl._secrets import check_token, redact_url, scrub, scrub_exception
 from verirl._validate import check_int, check_number, check_seconds
 from verirl._version import __version__
@@ -453,6 +452,8 @@ def _check_endpoint(value: object) -> None:
             raise ConfigError.invalid(
                 "endpoint", shown, "must not contain whitespace or control characters"
             )
+    from verirl._http import validate_http_url  # noqa: PLC0415 - requests only with a Hub source
+
     validate_http_url("endpoint", value)
 
 

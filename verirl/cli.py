@@ -24,10 +24,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn
 
 from verirl import __version__
-from verirl._doctor import machine_report
+from verirl._child_env import map_visible_devices
 from verirl._settings import Settings, split_args, split_command
 from verirl._signals import SIGTERM_POLICY, exit_on_sigterm
-from verirl._supervise import run_command
 from verirl._validate import check_port, check_seconds, parse_int, parse_seconds
 from verirl.checkpoints import RESUME_ENV_VAR
 from verirl.envserver import HttpEnvServerProbe
@@ -41,7 +40,6 @@ from verirl.errors import (
 )
 from verirl.runtime import TrainingRuntime, resolver_from_settings, topology_from_settings
 from verirl.topology import MODES
-from verirl.vllm_server import map_visible_devices
 
 __all__ = ["EXIT_CODES", "GRPO_KWARGS_VARIABLE", "build_parser", "main"]
 
@@ -353,6 +351,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if any("\x00" in arg for arg in command):
         raise ConfigError.invalid("COMMAND", command, "must not contain a null byte")
     grace = check_seconds("--shutdown-timeout", args.shutdown_timeout)
+    from verirl._supervise import run_command  # noqa: PLC0415 - psutil, only for launch
+
     runtime = _runtime_from_args(args)
     with runtime as session:
         env = _training_environment(runtime, session.resume_from_checkpoint, session.server_url)
@@ -382,6 +382,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             probe = HttpEnvServerProbe(env_url, request_timeout=2.0)
         except ConfigError as exc:
             raise exc.renamed("--env-url" if from_flag else Settings.variable("env_url")) from exc
+    from verirl._doctor import machine_report  # noqa: PLC0415 - loads what it reports on
+
     rows = machine_report(vllm_port=vllm_port, probe=probe, hub_token=settings.hub_token)
     width = max(len(name) for name, _ in rows)
     text = "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)

@@ -28,25 +28,27 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import unquote
 
 import attrs
-import requests
 
-from verirl._http import (
-    TIMED_OUT,
-    DeadlineAdapter,
-    deadline_session,
-    describe_request_error,
-    is_loopback_host,
-    request_health,
-    validate_http_url,
-)
 from verirl._poll import Backoff, Clock, Sleep, poll
 from verirl._secrets import redact_url, scrub
 from verirl._validate import check_number
 from verirl.errors import ConfigError, EnvServerUnavailable
+
+if TYPE_CHECKING:  # at run time imported where used: requests is not light to import
+    import requests
+
+    from verirl._http import (
+        DeadlineAdapter,
+        deadline_session,
+        describe_request_error,
+        is_loopback_host,
+        request_health,
+        validate_http_url,
+    )
 
 __all__ = [
     "ENV_SERVER_BACKOFF",
@@ -68,6 +70,29 @@ log = logging.getLogger(__name__)
 
 ENV_SERVER_BACKOFF = Backoff(initial=0.02, factor=2.0, cap=0.2)
 """`HttpEnvServerProbe`'s polls: 20 ms, doubling, then every 0.2 s (at most 5 a second)."""
+
+_HTTP_NAMES = frozenset(
+    {
+        "DeadlineAdapter",
+        "deadline_session",
+        "describe_request_error",
+        "is_loopback_host",
+        "request_health",
+        "validate_http_url",
+    }
+)
+
+
+if not TYPE_CHECKING:  # type checkers see the imports above, and so reject a misspelt name
+
+    def __getattr__(name: str) -> object:
+        """`verirl._http`'s re-exported names, imported (with requests) on first access."""
+        if name not in _HTTP_NAMES:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from verirl import _http  # noqa: PLC0415 - keep importing this module light
+
+        return getattr(_http, name)
+
 
 MAX_REQUEST_TIMEOUT = 86_400.0
 """Longest ``request_timeout`` accepted (one day); sockets reject far larger ones."""
@@ -105,6 +130,8 @@ def check_wait_timeout(value: object) -> float:
 
 
 def _url(value: object) -> str:
+    from verirl._http import validate_http_url  # noqa: PLC0415 - requests only when used
+
     return validate_http_url("url", value)
 
 
@@ -131,7 +158,11 @@ def _health_path(_inst: object, _attribute: attrs.Attribute[str], value: object)
 
 
 def _session(_inst: object, _attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None and not isinstance(value, requests.Session):
+    if value is None:
+        return
+    import requests  # noqa: PLC0415 - only when a session is given
+
+    if not isinstance(value, requests.Session):
         raise ConfigError.invalid("session", value, "must be None or a requests.Session")
 
 
@@ -231,11 +262,15 @@ class HttpEnvServerProbe:
         if self._session is not None:
             yield self._session
             return
+        from verirl._http import deadline_session  # noqa: PLC0415
+
         with deadline_session() as session:
             yield session
 
     def _attempt(self, session: requests.Session, timeout: float) -> str | None:
         """One request; ``None`` when healthy, else the reason it is not (never raises)."""
+        from verirl._http import request_health  # noqa: PLC0415
+
         try:
             reason = request_health(session, self._health_target, timeout)
         except Exception as exc:  # noqa: BLE001 - a probe reports, it never fails its caller
@@ -264,6 +299,8 @@ class HttpEnvServerProbe:
         time, cannot hold the wait past its deadline. ``timeout`` must be
         finite (`ConfigError` otherwise); nothing else is raised.
         """
+        from verirl._http import TIMED_OUT  # noqa: PLC0415
+
         timeout = check_wait_timeout(timeout)
         log.info("waiting up to %.0fs for env server %s", timeout, self.health_url)
 

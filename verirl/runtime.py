@@ -42,7 +42,6 @@ from verirl.distenv import DistributedEnv
 from verirl.envserver import EnvServerProbe, HttpEnvServerProbe
 from verirl.errors import ConfigError, EnvServerUnavailable, VLLMServerUnavailable
 from verirl.topology import MODES, VLLMTopology, detect_gpu_count
-from verirl.vllm_server import VLLMServer
 
 __all__ = [
     "CheckpointResolving",
@@ -135,6 +134,8 @@ def _default_server_factory(
             overrides["extra_args"] = tuple(extra_args)
         if log_dir is not None:
             overrides["log_path"] = log_dir
+        from verirl.vllm_server import VLLMServer  # noqa: PLC0415 - psutil and requests, when used
+
         return VLLMServer.from_topology(topology, model=model, **overrides)
 
     return build
