@@ -72,6 +72,10 @@ BENCH_DIR = Path(__file__).resolve().parent
 # A plain run writes here (ignored by git); --update writes the committed copies in BENCH_DIR.
 OUT_DIR = BENCH_DIR / "out"
 RESULTS_NAME = "results.md"
+README = BENCH_DIR.parent / "README.md"
+# --update rewrites the README's table between these lines.
+README_TABLE_START = "<!-- bench table: written by `nox -s bench -- --update` -->"
+README_TABLE_END = "<!-- end of bench table -->"
 TIMELINE_NAME = "timeline.png"
 
 OLD_POLL_INTERVAL = 2.0  # the old helper's and trl's check_server's retry interval
@@ -857,6 +861,14 @@ concurrent with the verirl measurement):
 """
 
 
+def update_readme(readme: Path, table: str) -> None:
+    """Replace the table between `README_TABLE_START` and `README_TABLE_END` in ``readme``."""
+    text = readme.read_text(encoding="utf-8")
+    start = text.index(README_TABLE_START) + len(README_TABLE_START)
+    end = text.index(README_TABLE_END, start)
+    readme.write_text(f"{text[:start]}\n{table}\n{text[end:]}", encoding="utf-8")
+
+
 def render_results(report: Report, runs: int, elapsed: float) -> str:
     """``bench/results.md``: the table, how it was measured, on what."""
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -1022,6 +1034,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: cannot draw {timeline}: {exc} (pip install matplotlib)")
             return 1
         print(f"wrote {results.relative_to(BENCH_DIR.parent)} and {timeline.name}")
+        if args.update:
+            update_readme(README, render_table(report.rows))
+            print(f"updated the table in {README.name}")
     return 0
 
 

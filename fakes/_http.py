@@ -161,6 +161,9 @@ def _detail(status: HTTPStatus) -> Response:
 class _JSONHandler(http.server.BaseHTTPRequestHandler):
     server: JSONHTTPServer
     protocol_version = "HTTP/1.1"
+    # uvicorn, like most servers, sets TCP_NODELAY: without it a keep-alive answer written
+    # in two parts waits ~40 ms for the client's delayed ACK.
+    disable_nagle_algorithm = True
     timeout = _IDLE_TIMEOUT  # an idle or dribbling client loses its connection, not a thread
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002

@@ -36,6 +36,9 @@ __all__ = ["FakeEnvServer", "FakeEnvServerProbe"]
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: _HTTPServer
     protocol_version = "HTTP/1.1"
+    # uvicorn, like most servers, sets TCP_NODELAY: without it a keep-alive answer written
+    # in two parts waits ~40 ms for the client's delayed ACK.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002, ANN401
         """Keep test output quiet; requests are recorded on the fake instead."""

@@ -104,6 +104,9 @@ def _error(status: int, code: str | None, message: str, **headers: str) -> _Resp
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: _HTTPServer
     protocol_version = "HTTP/1.1"
+    # uvicorn, like most servers, sets TCP_NODELAY: without it a keep-alive answer written
+    # in two parts waits ~40 ms for the client's delayed ACK.
+    disable_nagle_algorithm = True
     timeout = 30  # a stuck client cannot hold a handler thread forever
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002, ANN401
