@@ -118,7 +118,7 @@ def test_default_wait_sends_at_most_five_requests_a_second_once_backed_off():
     with pytest.raises(EnvServerUnavailable):
         probe(clock).wait(timeout=60)
     assert clock.sleeps[:4] == pytest.approx([0.02, 0.04, 0.08, 0.16])
-    assert set(clock.sleeps[4:-1]) == {0.2}  # the last sleep is clipped to the deadline
+    assert clock.sleeps[4:-1] == pytest.approx([0.2] * (len(clock.sleeps) - 5))
     assert 5 * 60 - 5 <= len(responses.calls) <= 5 * 60 + 5
 
 
@@ -335,3 +335,20 @@ def test_poll_follows_an_attempt_slower_than_its_interval_at_once():
     )
     assert clock.sleeps == []
     assert started == pytest.approx([100.0, 100.5, 101.0, 101.5])
+
+
+def test_poll_schedule_does_not_drift_with_late_wake_ups():
+    """Each nap oversleeping by 10 ms does not push the next attempts later and later."""
+    clock = FakeClock()
+    started: list[float] = []
+
+    def attempt(_time_left: float) -> str:
+        started.append(clock.now)
+        return "HTTP 503"
+
+    def late_sleep(seconds: float) -> None:
+        clock.sleep(seconds + 0.01)
+
+    poll(attempt, timeout=2.0, backoff=Backoff(initial=0.2, cap=0.2), clock=clock, sleep=late_sleep)
+    due = [100.0 + 0.2 * k for k in range(len(started))]
+    assert all(0 <= s - d <= 0.0101 for s, d in zip(started, due, strict=True)), started

@@ -86,8 +86,9 @@ def poll(
     ``attempt`` returns a short failure reason otherwise; it may raise to abort
     the poll (the exception propagates). It is always tried at least once, and
     is told how much time is left so it can clip its own request timeout. The
-    backoff's intervals run from the start of one attempt to the start of the
-    next (an attempt slower than its interval is followed at once). Sleeps
+    backoff's intervals run from when one attempt was due to when the next is
+    (an attempt slower than its interval is followed at once, and the schedule
+    starts again from there). Sleeps
     are clipped to the deadline, so the call ends within ``timeout`` plus the
     duration of the last attempt. ``progress(elapsed, last_error)`` is called at
     most every ``progress_every`` seconds while waiting.
@@ -97,10 +98,10 @@ def poll(
     next_progress = start + progress_every
     attempts = 0
     last_error: str | None = None
+    slot = start  # when this attempt is due: the schedule does not drift with late wake-ups
     for interval in backoff.intervals():
         attempts += 1
-        began = clock()
-        last_error = attempt(max(deadline - began, 0.0))
+        last_error = attempt(max(deadline - clock(), 0.0))
         now = clock()
         if last_error is None:
             return PollResult(ready=True, elapsed=now - start, attempts=attempts, last_error=None)
@@ -109,9 +110,10 @@ def poll(
         if progress is not None and now >= next_progress:
             progress(now - start, last_error)
             next_progress = now + progress_every
-        # Intervals run from one attempt's start to the next, so slow answers neither
-        # stretch the schedule nor raise the request rate above 1/interval.
-        nap = min(interval - (now - began), deadline - now)
+        # Intervals run from one attempt's due time to the next, so neither slow answers
+        # nor late wake-ups stretch the schedule or raise the rate above 1/interval.
+        slot = max(slot + interval, now)
+        nap = min(slot, deadline) - now
         if nap > 0:
             sleep(nap)
     return PollResult(
