@@ -344,3 +344,46 @@ def test_serve_exit_code_on_a_signal_does_not_depend_on_when(tmp_path, stage, si
     assert not never.exists()
     if stage == "tearing down":
         assert "SIGTERM received again while tearing down; ignored" in log
+
+
+SWALLOWED = """
+import os, signal, sys, threading
+from verirl._signals import program_handler
+signal.signal(signal.SIGTERM, program_handler)  # as `python -m verirl` starts
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    threading.Event().wait(5)  # the handler runs here
+except SystemExit:
+    pass  # lost, as compile() loses it during an import with no cached bytecode
+from verirl.__main__ import run
+sys.argv = ["verirl", *sys.argv[1:]]
+sys.exit(run())
+"""
+
+
+@pytest.mark.parametrize("command", ["serve", "launch", "plan"])
+def test_a_sigterm_whose_exit_was_lost_still_exits_143(tmp_path, command, clean_env):
+    """The signal is noted: serve and launch start nothing, and any command exits 143."""
+    marker = tmp_path / "ran"
+    args = {
+        "serve": ["serve", "--gpus", "2", "--model", "m", "--vllm-command", NOWHERE],
+        "launch": [
+            "launch",
+            "--gpus",
+            "1",
+            "--",
+            sys.executable,
+            "-c",
+            f"open({str(marker)!r}, 'w')",
+        ],
+        "plan": ["plan", "--gpus", "2"],
+    }[command]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERIRL_")}
+    result = subprocess.run(
+        [sys.executable, "-c", SWALLOWED, *args],
+        capture_output=True, text=True, env=env, timeout=60, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 143, result.stderr
+    assert "starting vLLM server" not in result.stderr
+    assert not marker.exists()
+    assert "Traceback" not in result.stderr
