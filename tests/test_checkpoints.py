@@ -336,8 +336,13 @@ def test_explicit_path_must_be_an_existing_directory(tmp_path, caplog):
     with pytest.raises(CheckpointNotFoundError) as info:
         resolver.resolve(str(tmp_path / "checkpoint-9"))
     assert str(tmp_path / "checkpoint-9") in str(info.value)
-    with pytest.raises(CheckpointNotFoundError):
+    assert "so it is a path" in str(info.value)
+    assert info.value.reason is not None
+    assert info.value.reason.endswith(f"{tmp_path / 'checkpoint-9'} does not exist")
+    assert info.value.searched == (str(tmp_path / "checkpoint-9"),)
+    with pytest.raises(CheckpointNotFoundError) as info:
         resolver.resolve(str(folder / "trainer_state.json"))  # a file, not a directory
+    assert str(info.value.reason).endswith("trainer_state.json is not a directory")
     partial = make_checkpoint(tmp_path, "checkpoint-12", state=None)
     assert resolver.resolve(str(partial)) == str(partial)
     assert "does not look like a complete" in warnings_of(caplog)
@@ -347,8 +352,13 @@ def test_explicit_path_must_be_an_existing_directory(tmp_path, caplog):
 def test_no_magic_words_besides_empty(value, tmp_path, monkeypatch):
     """Only unset/empty start fresh; anything else is a path, so typos fail loudly."""
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(CheckpointNotFoundError):
+    with pytest.raises(CheckpointNotFoundError) as info:
         CheckpointResolver([FakeCheckpointSource(steps=[1])]).resolve(value)
+    # Said plainly: the word was taken as a path (relative: shown absolute), which is missing.
+    assert f"no checkpoint for {value!r}: it is not 'latest', 'last-checkpoint' or empty, so " in (
+        str(info.value)
+    )
+    assert f"{tmp_path / value} does not exist; searched: {value}" in str(info.value)
 
 
 def test_keyword_wins_over_a_directory_called_latest(tmp_path, monkeypatch):

@@ -82,7 +82,8 @@ def test_plan_with_no_gpu_count_and_none_detected_names_the_flag(value, capsys, 
         monkeypatch.setenv("VERIRL_GPU_COUNT", value)
     assert main(["plan"]) == 2
     err = capsys.readouterr().err
-    assert f"--gpus/VERIRL_GPU_COUNT={value!r}" in err
+    state = "unset" if value is None else "blank"
+    assert f"--gpus not given and VERIRL_GPU_COUNT is {state}: no GPU was detected" in err
 
 
 def test_plan_json(capsys, clean_env):

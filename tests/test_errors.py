@@ -79,3 +79,7 @@ def test_checkpoint_not_found_names_places():
     assert "local:/out" in str(err)
     assert "hub:org/repo" in str(err)
     assert "no sources" in str(CheckpointNotFoundError("latest", []))
+    assert err.reason is None
+    why = CheckpointNotFoundError("/x", ["/x"], reason="/x does not exist")
+    assert str(why) == "no checkpoint for '/x': /x does not exist; searched: /x"
+    assert (why.request, why.searched, why.reason) == ("/x", ("/x",), "/x does not exist")

@@ -122,12 +122,16 @@ def test_phase_failing_while_server_still_starts_waits_for_it_and_stops_it():
     assert server.stops == 1
 
 
-def test_server_failure_is_raised_as_is():
+def test_server_failure_is_raised_as_is(caplog):
     boom = VLLMServerExited(1, "CUDA out of memory")
     rt = runtime(server_factory=Recorder(fail_with=boom), env_probe=FakeEnvServerProbe())
-    with pytest.raises(VLLMServerExited) as info:
+    with caplog.at_level(logging.DEBUG, logger="verirl"), pytest.raises(VLLMServerExited) as info:
         rt.start()
     assert info.value is boom
+    # Raised, not also logged as an error: whoever catches it reports it once (the CLI does).
+    assert "CUDA out of memory" not in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "start-up phase 'vllm' failed at" in caplog.text
 
 
 def test_exception_in_the_block_propagates_and_stops_the_server():

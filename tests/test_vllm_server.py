@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import importlib.util
 import json
 import logging
 import math
@@ -26,6 +27,7 @@ import requests
 from _support import alive, unshared_port
 from fakes.envserver import FakeEnvServer
 from verirl._http import deadline_session
+from verirl._launch import COMMAND_HINT
 from verirl._readiness import health_check
 from verirl._serve_args import vllm_serve_args
 from verirl.errors import (
@@ -887,6 +889,27 @@ def test_default_command_without_trl_is_a_server_error(make_server, monkeypatch,
     with pytest.raises(VLLMServerError, match=re.escape(INSTALL_HINT)):
         server.start()
     assert not server.log_path.exists()
+
+
+def test_a_trl_command_that_cannot_run_names_the_program_not_a_keyword(
+    make_server, monkeypatch, tmp_path
+):
+    if importlib.util.find_spec("trl") is not None:
+        pytest.skip("trl is importable here: the launch does not run the `trl` command")
+    trl = tmp_path / "bin" / "trl"
+    trl.parent.mkdir()
+    trl.write_text("#!/nonexistent/interpreter\n")
+    trl.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    server = make_server(command=None)
+    with pytest.raises(VLLMServerError) as info:
+        server.start()
+    message = str(info.value)
+    assert message.startswith(f"cannot start {str(trl)!r} (")
+    assert INSTALL_HINT in message
+    assert message.endswith(COMMAND_HINT)
+    assert "command='" not in message
 
 
 # ---------------------------------------------------------------- configuration

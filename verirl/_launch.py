@@ -32,6 +32,7 @@ from verirl._secrets import HIDDEN, redact_text
 from verirl.errors import ConfigError, VLLMServerError
 
 __all__ = [
+    "COMMAND_HINT",
     "DEV_MODE_VAR",
     "INSTALL_HINT",
     "LaunchPlan",
@@ -49,6 +50,8 @@ log = logging.getLogger("verirl.vllm_server")
 _LOCK = threading.RLock()
 
 INSTALL_HINT = "pip install 'verirl[vllm]'"
+COMMAND_HINT = "pass command=[...]"
+"""How the messages below name the way round a missing TRL/vLLM; the CLI names its flag instead."""
 DEV_MODE_VAR = "VLLM_SERVER_DEV_MODE"
 """Without it vLLM serves no ``/server_info``, ``/reset_prefix_cache`` or weight transfer."""
 
@@ -124,7 +127,7 @@ def _import_trl_serve() -> TrlServe | None:
         raise VLLMServerError(
             f"trl is installed for {sys.executable} but its vllm-serve module cannot be "
             f"loaded ({type(exc).__name__}); reinstall it with `{INSTALL_HINT}`, "
-            "or pass command=[...]"
+            f"or {COMMAND_HINT}"
         ) from exc
 
     def parse(args: Sequence[str]) -> tuple[Any, list[str]]:
@@ -224,7 +227,7 @@ def find_trl_command(
         return (found, "vllm-serve")
     raise VLLMServerError(
         f"cannot find the `trl` command (looked beside {interpreter} and on PATH); "
-        f"install the serving extra with `{INSTALL_HINT}`, or pass command=[...]"
+        f"install the serving extra with `{INSTALL_HINT}`, or {COMMAND_HINT}"
     )
 
 
@@ -275,7 +278,7 @@ def plan_launch(
     if vllm is None:
         raise VLLMServerError(
             f"trl {trl.version} serves through vLLM's own server, but vllm is not installed "
-            f"for {executable or sys.executable}; `{INSTALL_HINT}`, or pass command=[...]"
+            f"for {executable or sys.executable}; `{INSTALL_HINT}`, or {COMMAND_HINT}"
         )
     with _LOCK:  # one parse and build at a time: the warnings filter is process-wide
         parsed, passed_on = _parse(trl, serve_args)

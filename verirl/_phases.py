@@ -101,9 +101,12 @@ class Phases:
         failed = [future for future in done if future.exception() is not None]
         if failed:
             first = min(failed, key=lambda future: self._windows[future][1][-1])
-            name, _window = self._windows[first]
+            name, window = self._windows[first]
             error = first.exception()
-            log.error("start-up phase %r failed: %s", name, error)
+            # Not an error line: the caller gets the error itself and reports it once.
+            log.info(
+                "start-up phase %r failed at %.2fs (%s)", name, window[-1], type(error).__name__
+            )
             raise error  # type: ignore[misc]
         timings = [PhaseTiming(name, *window) for name, window in self._windows.values()]
         for timing in timings:

@@ -31,7 +31,14 @@ import threading
 import types
 from collections.abc import Iterator
 
-__all__ = ["SIGTERM_POLICY", "SigtermPolicy", "exit_on_sigterm"]
+__all__ = [
+    "SIGTERM_POLICY",
+    "SigtermPolicy",
+    "exit_on_sigterm",
+    "program_handler",
+    "program_received",
+    "sigterm_pending",
+]
 
 log = logging.getLogger("verirl.signals")
 
@@ -127,6 +134,30 @@ SIGTERM_POLICY = SigtermPolicy()
 def exit_on_sigterm() -> contextlib.AbstractContextManager[bool]:
     """Hold `SIGTERM_POLICY` for a ``with`` block; yields whether this holder was counted."""
     return SIGTERM_POLICY.held()
+
+
+_PROGRAM_RECEIVED: list[int] = []
+
+
+def program_handler(signum: int, _frame: types.FrameType | None) -> None:
+    """The ``verirl`` program's own SIGTERM handler (`verirl.__main__`): exit ``128 + signum``.
+
+    It also notes the signal (`program_received`): ``compile()``, run by an
+    import with no cached bytecode (``PYTHONDONTWRITEBYTECODE``), can swallow
+    the ``SystemExit`` a handler raises, and the exit code must not depend on that.
+    """
+    _PROGRAM_RECEIVED.append(signum)
+    raise SystemExit(128 + signum)
+
+
+def program_received() -> int | None:
+    """The first signal `program_handler` received, or ``None``."""
+    return _PROGRAM_RECEIVED[0] if _PROGRAM_RECEIVED else None
+
+
+def sigterm_pending() -> bool:
+    """Whether a SIGTERM came, to the held policy or to `program_handler` (its exit may be lost)."""
+    return SIGTERM_POLICY.fired or bool(_PROGRAM_RECEIVED)
 
 
 if hasattr(os, "register_at_fork"):

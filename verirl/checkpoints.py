@@ -214,17 +214,24 @@ def _original(exc: BaseException) -> BaseException:
     return exc
 
 
+_AS_PATH = "it is not 'latest', 'last-checkpoint' or empty, so it is a path"
+
+
 def _resolve_explicit(request: str) -> str:
     expanded = expand_user(request)
     if expanded is None:  # ~nosuchuser/...
-        raise CheckpointNotFoundError(request, [f"{request} (cannot expand '~': no such user)"])
+        reason = f"{_AS_PATH}, and its '~' cannot be expanded (no such user)"
+        raise CheckpointNotFoundError(request, [request], reason=reason)
     folder = Path(expanded)
     try:
         is_dir = folder.is_dir()
-    except (OSError, ValueError):  # e.g. a name too long for the OS
-        is_dir = False
+        problem = "" if is_dir else "is not a directory" if folder.exists() else "does not exist"
+    except (OSError, ValueError) as exc:  # e.g. a name too long for the OS
+        is_dir, problem = False, f"cannot be used ({type(exc).__name__})"
     if not is_dir:
-        raise CheckpointNotFoundError(request, [os.fspath(folder)])
+        where = os.path.abspath(folder)  # noqa: PTH100 - made absolute, no symlink resolved
+        reason = f"{_AS_PATH}, and {where} {problem}"
+        raise CheckpointNotFoundError(request, [os.fspath(folder)], reason=reason)
     state, why = read_trainer_state(folder)
     if state is None:
         log.warning(

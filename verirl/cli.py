@@ -3,10 +3,27 @@
 argparse, not click: it is in the standard library, so the core keeps its
 four dependencies, and ``--help`` on every command comes for free.
 
-Exit codes: 0 success; 2 bad usage or configuration (`ConfigError`); 3 the env
-server never became healthy; 4 the vLLM server failed; 5 no checkpoint or a
-checkpoint source failed; 1 any other verirl error; ``launch`` exits with its
-command's code (128+N when the command died of signal N).
+Messages: every error is one line on stderr, printed once, naming the flag
+(or the variable, when the value came from the environment) and the value;
+a required value given neither way is asked for before anything else; a flag
+that the layout chosen by other flags would ignore is an error, not a no-op.
+``-v``/``-q``/``--json`` go before or after the command (counts add up).
+
+Exit codes (`EXIT_CODES`; the parser's epilog and the README say the same):
+
+- 0 success; 1 any other verirl error;
+- 2 bad usage or configuration (argparse's usage error, `ConfigError`);
+- 3 the env server never became healthy; 4 the vLLM server failed (it could not
+  start, exited or timed out; for ``serve``, it died while serving);
+- 5 no checkpoint where one was asked for, or a checkpoint source failed;
+- 130 on Ctrl-C (SIGINT) and 143 on SIGTERM, whenever it arrives (while
+  starting, serving or tearing down; ``python -m verirl`` and the ``verirl``
+  script handle SIGTERM from their first line, see `verirl.__main__`);
+  a second SIGTERM during the teardown is ignored, so the teardown completes;
+- ``launch`` exits with its command's code (127 when it cannot be run, 128+N
+  when it died of signal N): SIGTERM/Ctrl-C is passed on to it and it gets
+  ``--shutdown-timeout`` seconds before SIGKILL (then 137); a signal before the
+  command started gives 143/130 and the command never runs.
 """
 
 from __future__ import annotations
@@ -25,8 +42,10 @@ from typing import NoReturn
 
 from verirl import __version__
 from verirl._child_env import map_visible_devices
+from verirl._launch import COMMAND_HINT
+from verirl._secrets import HIDDEN
 from verirl._settings import Settings, split_args, split_command
-from verirl._signals import SIGTERM_POLICY, exit_on_sigterm
+from verirl._signals import SIGTERM_POLICY, exit_on_sigterm, sigterm_pending
 from verirl._validate import check_port, check_seconds, parse_int, parse_seconds
 from verirl.checkpoints import RESUME_ENV_VAR
 from verirl.envserver import HttpEnvServerProbe
@@ -129,6 +148,22 @@ _FLAGS: dict[str, tuple[str, str]] = {
 }
 
 
+_REQUIRED: dict[str, tuple[str, str, str]] = {
+    # variable → (argparse dest, flag, how to give it): values a command cannot do without
+    "VERIRL_MODEL": ("model", "--model", "pass --model NAME or set VERIRL_MODEL"),
+    "VERIRL_GPU_COUNT": ("gpus", "--gpus", "pass --gpus N or set VERIRL_GPU_COUNT"),
+}
+
+
+def _unset(variable: str, reason: str, *, state: str | None = None) -> ConfigError:
+    """A required value given neither as its flag nor by ``variable``: name both, and how."""
+    _, flag, how = _REQUIRED[variable]
+    if state is None:
+        state = "is unset" if os.environ.get(variable) is None else "is blank"
+    message = f"{flag} not given and {variable} {state}: {reason}; {how}"
+    return ConfigError(message, field=flag, value=None, reason=reason)
+
+
 def _flag_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError:
     """``exc`` naming the flag the value came from, rather than the library's field."""
     field = exc.field or ""
@@ -139,14 +174,52 @@ def _flag_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError:
     if dest and getattr(args, dest, None) is not None:
         return exc.renamed(flag)
     # A value that is missing altogether: name the flag beside its variable.
-    missing = _MISSING_FLAGS.get(field)
+    required = _REQUIRED.get(field)
     blank = exc.value is None or (isinstance(exc.value, str) and not exc.value.strip())
-    if missing is not None and blank and hasattr(args, missing[0]):
-        return exc.renamed(f"{missing[1]}/{field}")
-    return exc
+    if required is None or not blank or not hasattr(args, required[0]):
+        return exc
+    message, state = str(exc), None
+    prefix = f"{field}={exc.value!r} ("  # the library's "VERIRL_GPU_COUNT=None (unset; …): why"
+    if message.startswith(prefix):
+        inner, found, _ = message[len(prefix) :].partition("): ")
+        state = f"is {inner}" if found else None
+    reason = (exc.reason or "").removesuffix("; set it")
+    if field == "VERIRL_MODEL" or not reason:
+        reason = "the vLLM server needs a model" if field == "VERIRL_MODEL" else "required"
+    return _unset(field, reason, state=state)
 
 
-_MISSING_FLAGS = {"VERIRL_MODEL": ("model", "--model"), "VERIRL_GPU_COUNT": ("gpus", "--gpus")}
+_UNUSED_FLAGS = {"model": "--model", "vllm_command": "--vllm-command", "vllm_args": "--vllm-args",
+                 "log_dir": "--log-dir", "vllm_gpus": "--vllm-gpus",
+                 "vllm_port": "--vllm-port"}  # fmt: skip
+
+
+def _refuse_unused(args: argparse.Namespace) -> None:
+    """A flag that the layout other flags chose would ignore is an error, not a silent no-op.
+
+    Only when flags chose it (``--vllm-host``, ``--mode colocate``): a variable may be
+    set for the whole job, and auto mode on a one-GPU machine is no contradiction.
+    """
+    if getattr(args, "vllm_host", None) is not None:
+        why = "with --vllm-host, vLLM runs on another machine and nothing starts here"
+        unused: tuple[str, ...] = ("model", "vllm_command", "vllm_args", "log_dir", "vllm_gpus")
+    elif getattr(args, "mode", None) == "colocate":
+        why = "with --mode colocate, vLLM runs inside the training processes and no server starts"
+        unused = ("model", "vllm_command", "vllm_args", "log_dir", "vllm_port")
+    else:
+        unused, why = (), ""
+    for dest in unused:
+        value = getattr(args, dest, None)
+        if value is not None:
+            shown = HIDDEN if dest == "vllm_args" else value  # server flags may hold an --api-key
+            raise ConfigError.invalid(_UNUSED_FLAGS[dest], shown, f"not used: {why}")
+    hub_repo = os.environ.get(Settings.variable("hub_repo_id"), "").strip() or None
+    if getattr(args, "hub_repo", None) is None and hub_repo is None:
+        for dest, flag in (("hub_revision", "--hub-revision"), ("hub_endpoint", "--hub-endpoint")):
+            value = getattr(args, dest, None)
+            if value is not None:
+                why = "not used without a Hub repo: pass --hub-repo or set VERIRL_HUB_REPO_ID"
+                raise ConfigError.invalid(flag, value, why)
 
 
 # -- argument groups shared by several commands
@@ -158,12 +231,21 @@ def _add_topology_args(parser: argparse.ArgumentParser) -> None:
         "--gpus", type=_ascii_int, help="GPU count (default: $VERIRL_GPU_COUNT or detected)"
     )
     group.add_argument(
-        "--max-model-len", type=_ascii_int, help="vLLM max model length (default: 8192)"
+        "--max-model-len", type=_ascii_int,
+        help="vLLM max model length ($VERIRL_MAX_MODEL_LEN; default: 8192)",
+    )  # fmt: skip
+    group.add_argument("--mode", choices=MODES, help="$VERIRL_VLLM_MODE; default: auto")
+    group.add_argument(
+        "--vllm-gpus", type=_ascii_int,
+        help="GPUs given to vLLM in server mode, its tensor parallel size when colocated "
+        "($VERIRL_VLLM_GPUS; default: 1)",
+    )  # fmt: skip
+    group.add_argument(
+        "--vllm-port", type=_ascii_int, help="vLLM server port ($VERIRL_VLLM_PORT; default: 8001)"
     )
-    group.add_argument("--mode", choices=MODES, help="default: auto")
-    group.add_argument("--vllm-gpus", type=_ascii_int, help="GPUs given to vLLM in server mode")
-    group.add_argument("--vllm-port", type=_ascii_int, help="vLLM server port (default: 8001)")
-    group.add_argument("--vllm-host", help="a remote vLLM host: start nothing locally")
+    group.add_argument(
+        "--vllm-host", help="a remote vLLM host: start nothing locally ($VERIRL_VLLM_HOST)"
+    )
 
 
 def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
@@ -238,6 +320,7 @@ def _emit(args: argparse.Namespace, data: dict[str, object], text: str) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the topology and GRPOConfig kwargs for a GPU count."""
+    _refuse_unused(args)
     topology = topology_from_settings(
         gpu_count=args.gpus,
         max_model_len=args.max_model_len,
@@ -276,6 +359,7 @@ def cmd_wait_env(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     """Print the checkpoint path to resume from (nothing for a fresh start)."""
+    _refuse_unused(args)
     resolver = resolver_from_settings(
         output_dir=args.output_dir,
         hub_repo_id=args.hub_repo,
@@ -295,8 +379,22 @@ def _wait_while(alive: Callable[[], bool]) -> None:
         pause.wait(_POLL_INTERVAL)
 
 
+def _exit_if_sigterm_was_lost() -> None:
+    """Exit 143 if a SIGTERM came but its `SystemExit` never arrived.
+
+    ``compile()`` (a lazy import with no cached bytecode) can swallow the
+    exception a signal handler raises; the policy fires once, so without this
+    check such a SIGTERM would be lost for good.
+    """
+    if sigterm_pending():
+        raise SystemExit(128 + signal.SIGTERM)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the vLLM server in the foreground until Ctrl-C (130) or SIGTERM (143); 4 if it dies."""
+    # What serve cannot do without comes first: the model (the GPU count may be detected).
+    if args.model is None and not os.environ.get(Settings.variable("model"), "").strip():
+        raise _unset(Settings.variable("model"), "the vLLM server needs a model")
     runtime = _runtime_from_args(args)
     topology = runtime.topology
     if topology.remote_host is not None:
@@ -306,20 +404,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError.invalid(flag, topology.remote_host, "serve starts a local server")
     if not topology.is_local_server:
         reason = "serve needs a local server-mode topology: 2 or more GPUs, mode auto or server"
+        settings = Settings.from_environ()
         if args.mode is not None:
             raise ConfigError.invalid("--mode", args.mode, reason)
-        if Settings.from_environ().mode == "colocate":
+        if settings.mode == "colocate":
             raise ConfigError.invalid(Settings.variable("mode"), "colocate", reason)
         if args.gpus is not None:
             raise ConfigError.invalid("--gpus", args.gpus, reason)
-        raise ConfigError.invalid("--gpus/VERIRL_GPU_COUNT", topology.gpu_count, reason)
+        if settings.gpu_count is not None:
+            raise ConfigError.invalid(Settings.variable("gpu_count"), settings.gpu_count, reason)
+        count = topology.gpu_count
+        raise _unset(Settings.variable("gpu_count"), f"{count} GPU(s) detected, but {reason}")
     with runtime as session:
         server = session.server
         print(f"vLLM server ready at {session.server_url} ({runtime.topology.describe()})")
         sys.stdout.flush()
         # Ends only by the server dying: SIGTERM raises SystemExit(143) from the one policy
         # and Ctrl-C KeyboardInterrupt, both unwinding the runtime, which stops the server.
-        _wait_while(lambda: bool(getattr(server, "running", True)))
+        _wait_while(lambda: bool(getattr(server, "running", True)) and not sigterm_pending())
+        _exit_if_sigterm_was_lost()
         log_tail = getattr(server, "log_tail", None)
         tail = log_tail() if callable(log_tail) else ""
         log.error("the vLLM server exited on its own\n%s", tail.rstrip())
@@ -351,6 +454,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if any("\x00" in arg for arg in command):
         raise ConfigError.invalid("COMMAND", command, "must not contain a null byte")
     grace = check_seconds("--shutdown-timeout", args.shutdown_timeout)
+    _refuse_unused(args)
     from verirl._supervise import run_command  # noqa: PLC0415 - psutil, only for launch
 
     runtime = _runtime_from_args(args)
@@ -362,6 +466,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             env["CUDA_VISIBLE_DEVICES"] or "-",
             session.resume_from_checkpoint or "fresh start",
         )
+        _exit_if_sigterm_was_lost()  # never start the command after a SIGTERM
         code = run_command(command, env, grace)
     log.info("training command exited with %d; everything torn down", code)
     return code
@@ -401,20 +506,48 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_CONFIG, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+EPILOG = """\
+Exit codes:
+  0    success                    3    env server never healthy
+  1    any other verirl error     4    vLLM server failed (serve: it died)
+  2    bad usage or configuration 5    checkpoint not found or unreadable
+  130  Ctrl-C (SIGINT)            143  SIGTERM, whenever it arrives
+  launch: its command's code (127: cannot run it; 128+N: killed by signal N);
+  SIGTERM/Ctrl-C is passed on to the command, SIGKILL after --shutdown-timeout.
+
+-v/-q/--json go before or after COMMAND. A setting not given as a flag comes
+from its VERIRL_* variable (named in the command's --help)."""
+
+
+def _add_output_args(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    """-v/-q/--json; the top-level parser stores them under other names (they add up)."""
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, dest=f"{prefix}verbose",
+        help="more log output (debug)",
+    )  # fmt: skip
+    parser.add_argument(
+        "-q", "--quiet", action="count", default=0, dest=f"{prefix}quiet",
+        help="less log output (-q: warnings, -qq: errors only; -v and -q cancel out)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--json", action="store_true", dest=f"{prefix}json",
+        help="machine-readable output on stdout",
+    )  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for ``verirl`` and its commands."""
     common = _Parser(add_help=False)
-    common.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
-    common.add_argument("-q", "--quiet", action="count", default=0, help="less log output")
-    common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    _add_output_args(common)
 
     parser = _Parser(
         prog="verirl",
         description="Start, resume and tear down GRPO jobs (TRL + vLLM + a reward env server).",
-        epilog="Exit codes: 0 ok, 1 error, 2 bad configuration, 3 env server unavailable, "
-        "4 vLLM server failed, 5 checkpoint not found/unreadable; launch: the command's code.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"verirl {__version__}")
+    _add_output_args(parser, "top_")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     def add(
@@ -489,28 +622,56 @@ def _owning_sigterm() -> Iterator[None]:
     """Hold the one SIGTERM policy for a command that tears down (serve, launch).
 
     ``verirl`` is the program here, not a library inside one: a Python-level
-    handler inherited from the interpreter's start-up (e.g. coverage's) is set
-    aside while the command runs, so SIGTERM always tears down and exits 143,
-    and put back afterwards. An inherited ``SIG_IGN`` is kept (the parent meant it).
+    handler inherited from the interpreter's start-up (``verirl.__main__``'s,
+    or coverage's) is set aside while the command runs, so SIGTERM always tears
+    down and exits 143, and put back afterwards. The swaps go from one handler
+    to the other, never through the default, so no SIGTERM ever finds none
+    (the policy is counted first, the inherited handler comes back first). An
+    inherited ``SIG_IGN`` is kept (the parent meant it).
     """
     previous = signal.getsignal(signal.SIGTERM)
     on_main = threading.current_thread() is threading.main_thread()
     set_aside = on_main and callable(previous) and previous != SIGTERM_POLICY.handle
     if set_aside:
         log.debug("setting SIGTERM handler %r aside while the command runs", previous)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-        with exit_on_sigterm():
-            yield
-    finally:
+    with exit_on_sigterm():  # over a handler, counted without installing anything
         if set_aside:
-            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGTERM, SIGTERM_POLICY.handle)
+        try:
+            _exit_if_sigterm_was_lost()  # e.g. while verirl was importing
+            yield
+        finally:
+            if set_aside:
+                signal.signal(signal.SIGTERM, previous)
+
+
+def _message(args: argparse.Namespace, exc: VeriRLError) -> str:
+    """The one line reported for ``exc``: in the command line's words (flags, variables)."""
+    message = str(exc)
+    # The library's hints name keyword arguments; here they are flags and variables.
+    message = message.replace(
+        COMMAND_HINT, "pass --vllm-command 'PROGRAM ARGS' (or set VERIRL_VLLM_COMMAND)"
+    ).replace("use mode='colocate'", "use --mode colocate")
+    if isinstance(exc, VLLMServerError) and message.startswith("command="):
+        source = "--vllm-command" if getattr(args, "vllm_command", None) is not None else None
+        source = source or Settings.variable("vllm_command")
+        message = source + message.removeprefix("command")  # the program could not be run
+    if isinstance(exc, CheckpointNotFoundError) and not exc.searched:
+        message += (
+            "; configure one with --output-dir/VERIRL_OUTPUT_DIR (local checkpoints) or "
+            "--hub-repo/VERIRL_HUB_REPO_ID, or resume from a path"
+        )
+    return message
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    # -v/-q/--json before the command count as much as after it.
+    args.verbose += args.top_verbose
+    args.quiet += args.top_quiet
+    args.json = args.json or args.top_json
     restore_logging = _configure_logging(args.verbose - args.quiet)
     try:
         with _owning_sigterm() if args.cmd in ("serve", "launch") else contextlib.nullcontext():
@@ -518,10 +679,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except VeriRLError as exc:
         if isinstance(exc, ConfigError):
             exc = _flag_error(args, exc)
-        message = str(exc)
-        if message.startswith("command=") and getattr(args, "vllm_command", None):
-            message = "--vllm-command" + message.removeprefix("command")  # a launch failure
-        log.error("%s", message)  # noqa: TRY400 - the message is the point, not a traceback
+        log.error("%s", _message(args, exc))  # noqa: TRY400 - the message, not a traceback
         return _exit_code(exc)
     except KeyboardInterrupt:
         return 130

@@ -150,13 +150,23 @@ class VLLMServerUnavailable(_Unhealthy, VLLMServerError):
 
 
 class CheckpointNotFoundError(VeriRLError, FileNotFoundError):
-    """No (complete) checkpoint where one was asked for; names every place searched."""
+    """No (complete) checkpoint where one was asked for; names every place searched.
 
-    def __init__(self, request: str, searched: tuple[str, ...] | list[str]) -> None:
+    ``reason``, when given, says why (an explicit path that does not exist);
+    ``searched`` is empty when no source was configured.
+    """
+
+    def __init__(
+        self, request: str, searched: tuple[str, ...] | list[str], *, reason: str | None = None
+    ) -> None:
         self.request = request
         self.searched = tuple(searched)
+        self.reason = reason
         places = ", ".join(self.searched) if self.searched else "no sources configured"
-        super().__init__(f"no complete checkpoint for {request!r}; searched: {places}")
+        if reason:
+            super().__init__(f"no checkpoint for {request!r}: {reason}; searched: {places}")
+        else:
+            super().__init__(f"no complete checkpoint for {request!r}; searched: {places}")
 
 
 class CheckpointSourceError(VeriRLError):

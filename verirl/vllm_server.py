@@ -58,6 +58,7 @@ from verirl._child_env import (
     vllm_child_environ,
 )
 from verirl._launch import (
+    COMMAND_HINT,
     INSTALL_HINT,
     LaunchPlan,
     find_trl_command,
@@ -428,10 +429,12 @@ class VLLMServer:
             except OSError as exc:
                 if run.popen is not None:
                     raise
-                hint = "" if plan.kind == "command" else f"; `{INSTALL_HINT}`"
-                raise VLLMServerError(
-                    f"command={argv[0]!r}: cannot be started ({exc.strerror or exc}){hint}"
-                ) from exc
+                why = exc.strerror or exc
+                if plan.kind == "command":
+                    msg = f"command={argv[0]!r}: cannot be started ({why})"
+                else:  # the program TRL's launch found: the installation is at fault
+                    msg = f"cannot start {argv[0]!r} ({why}); `{INSTALL_HINT}`, or {COMMAND_HINT}"
+                raise VLLMServerError(msg) from exc
         finally:
             log_file.close()
         tree = self._adopt(run, argv)
