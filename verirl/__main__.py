@@ -13,14 +13,15 @@ from __future__ import annotations
 import signal
 import sys
 
-from verirl._signals import program_handler, program_received
+from verirl._signals import program_handler, program_note, program_received
 
 __all__ = ["run"]
 
 
 def run() -> int:
     """Run `verirl.cli.main` with SIGTERM and Ctrl-C turned into exit codes 143 and 130."""
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+    ours = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    if ours:
         signal.signal(signal.SIGTERM, program_handler)
     try:
         from verirl.cli import main  # noqa: PLC0415 - after the handler: importing takes time
@@ -28,6 +29,12 @@ def run() -> int:
         code = main()
     except KeyboardInterrupt:
         code = 130
+    finally:
+        if ours:  # from here on a SIGTERM is noted, never raised: the teardown must finish
+            signal.signal(signal.SIGTERM, program_note)
+    process = sys.modules.get("verirl._process")
+    if process is not None:  # what the exit hook would stop, stopped while signals are noted
+        process.stop_all_servers()
     received = program_received()  # its SystemExit may have been swallowed (see the handler)
     return code if received is None else 128 + received
 

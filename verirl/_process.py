@@ -54,6 +54,7 @@ __all__ = [
     "forget_at_exit",
     "popen_in_session",
     "spawn",
+    "stop_all_servers",
     "stop_at_exit",
 ]
 
@@ -244,7 +245,8 @@ def forget_at_exit(server: Stoppable) -> None:
     _RUNNING.discard(server)
 
 
-def _stop_all_at_exit() -> None:
+def stop_all_servers() -> None:
+    """Stop every server of this process not stopped yet (the exit hook; idempotent)."""
     for server in list(_RUNNING):
         try:
             server.stop()
@@ -257,7 +259,7 @@ def _forget_all_in_child() -> None:
     _RUNNING.clear()
 
 
-atexit.register(_stop_all_at_exit)
+atexit.register(stop_all_servers)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_all_in_child)
 

@@ -36,6 +36,7 @@ __all__ = [
     "SigtermPolicy",
     "exit_on_sigterm",
     "program_handler",
+    "program_note",
     "program_received",
     "sigterm_pending",
 ]
@@ -148,6 +149,15 @@ def program_handler(signum: int, _frame: types.FrameType | None) -> None:
     """
     _PROGRAM_RECEIVED.append(signum)
     raise SystemExit(128 + signum)
+
+
+def program_note(signum: int, _frame: types.FrameType | None) -> None:
+    """`program_handler` once the command has returned: note the signal, raise nothing.
+
+    The program is already on its way out; a ``SystemExit`` now would only cut
+    short the last teardown and print a traceback from an exit hook.
+    """
+    _PROGRAM_RECEIVED.append(signum)
 
 
 def program_received() -> int | None:
