@@ -11,6 +11,7 @@ import uuid
 import psutil
 import pytest
 
+from verirl import _process
 from verirl._process import ProcessTree, death_signal_preexec, popen_in_session, spawn
 
 linux_only = pytest.mark.skipif(
@@ -64,9 +65,15 @@ def test_the_death_signal_takes_the_child_along_when_the_parent_is_killed():
             psutil.Process(child).kill()
 
 
-@pytest.mark.skipif(sys.platform == "linux", reason="elsewhere there is no death signal")
-def test_no_death_signal_off_linux():
-    assert death_signal_preexec() is None
+@pytest.mark.parametrize("platform", ["darwin", "win32", "freebsd14"])
+def test_no_death_signal_off_linux(monkeypatch, platform):
+    """Only Linux has PR_SET_PDEATHSIG: elsewhere no preexec_fn, rather than a failing one."""
+    _process._prctl.cache_clear()  # resolved once per process, on this machine's platform
+    monkeypatch.setattr(sys, "platform", platform)
+    try:
+        assert death_signal_preexec() is None
+    finally:
+        _process._prctl.cache_clear()
 
 
 @linux_only

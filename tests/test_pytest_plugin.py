@@ -96,7 +96,8 @@ def test_the_entry_point_names_the_plugin_inside_verirl():
     """Installed, and as declared in pyproject.toml: not ``fakes.pytest_plugin`` (see above)."""
     (entry,) = [e for e in importlib.metadata.entry_points(group="pytest11") if e.name == "verirl"]
     assert entry.value == PLUGIN
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    # tomllib is 3.11+; on 3.10, tomli (which coverage[toml] of the tests extra installs).
+    tomllib = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     assert project["entry-points"]["pytest11"] == {"verirl": PLUGIN}
 
