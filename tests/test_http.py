@@ -107,8 +107,8 @@ def test_a_server_that_resets_the_connection_is_not_a_refusal(session):
 
 def test_the_probe_reports_the_same_reasons():
     with closed_port() as port, pytest.raises(EnvServerUnavailable) as refused:
-        HttpEnvServerProbe(f"http://127.0.0.1:{port}").wait(timeout=0.2)
+        HttpEnvServerProbe(f"http://127.0.0.1:{port}").wait(timeout=2.0)
     assert refused.value.last_error == "connection refused"
     with pytest.raises(EnvServerUnavailable) as unresolved:
-        HttpEnvServerProbe("http://refused.invalid:8000").wait(timeout=0.2)
+        HttpEnvServerProbe("http://refused.invalid:8000").wait(timeout=2.0)
     assert unresolved.value.last_error == "DNS lookup failed"
