@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
+import pytest
 
 from fakes.vllm import FakeVLLMServer
 from verirl import VLLMTopology, find_free_port
@@ -164,3 +165,24 @@ class Recorder:
         server = FakeVLLMServer.from_topology(topology, model="m", **self.kwargs)
         self.servers.append(server)
         return server
+
+
+def clear_verirl_env(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """No VERIRL_* setting, GPU mask or Hub token from the caller, and ``folder`` as cwd.
+
+    For CLI tests: a Hub download folder, if any, lands in ``folder``.
+    """
+    for name in list(os.environ):
+        if name.startswith("VERIRL_") or name in ("CUDA_VISIBLE_DEVICES", "HF_TOKEN"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(folder)
+
+
+def run_cli(argv: list[str]) -> object:
+    """`verirl.cli.main`'s exit code, argparse's usage error (``SystemExit``) included."""
+    from verirl.cli import main  # here, not at the top: conftest imports this module
+
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code

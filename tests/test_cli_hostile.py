@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from verirl.cli import main
+from _support import clear_verirl_env, run_cli
 
 HOSTILE = ["", " ", "\x01", "\x00", "\u0663", "1_0", "99999999999999999999", "-1", "nan", "inf",
            "http://127.0.0.1:1/y", "[::1]", "a b"]  # fmt: skip
@@ -41,17 +41,7 @@ CASES = [(command, flag) for command, (flags, _) in COMMANDS.items() for flag in
 
 @pytest.fixture
 def clean_env(monkeypatch, tmp_path):
-    for name in list(os.environ):
-        if name.startswith("VERIRL_") or name in ("CUDA_VISIBLE_DEVICES", "HF_TOKEN"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)  # a Hub download folder would land here
-
-
-def run(argv: list[str]) -> object:
-    try:
-        return main(argv)
-    except SystemExit as exc:  # argparse's usage error
-        return exc.code
+    clear_verirl_env(monkeypatch, tmp_path)
 
 
 @pytest.mark.parametrize("value", HOSTILE, ids=repr)
@@ -64,7 +54,7 @@ def test_hostile_flag_values_are_one_line_errors_naming_the_flag(
         index = base.index(flag)
         base = base[:index] + base[index + 2 :]
     tail = ["--", sys.executable, "-c", "pass"] if command == "launch" else []
-    code = run([command, *base, f"{flag}={value}", *tail])
+    code = run_cli([command, *base, f"{flag}={value}", *tail])
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert code != 1, err
@@ -92,7 +82,7 @@ def test_hostile_flag_values_are_one_line_errors_naming_the_flag(
     ],
 )  # fmt: skip
 def test_issue_samples_exit_2_naming_the_flag(argv, flag, capsys, clean_env):
-    assert run(argv) == 2
+    assert run_cli(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert flag in err
@@ -116,7 +106,7 @@ def test_values_from_variables_name_the_variable(variable, value, argv, capsys, 
         if name.startswith("VERIRL_") or name in ("CUDA_VISIBLE_DEVICES", "HF_TOKEN"):
             monkeypatch.delenv(name)
     monkeypatch.setenv(variable, value)
-    assert run(argv) == 2
+    assert run_cli(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0, err
     assert f"{variable}=" in err
@@ -124,7 +114,7 @@ def test_values_from_variables_name_the_variable(variable, value, argv, capsys, 
 
 def test_the_flag_wins_over_the_variable_and_is_named(capsys, clean_env, monkeypatch):
     monkeypatch.setenv("VERIRL_VLLM_PORT", "8123")
-    assert run(["plan", "--gpus", "2", "--vllm-port", "0"]) == 2
+    assert run_cli(["plan", "--gpus", "2", "--vllm-port", "0"]) == 2
     err = capsys.readouterr().err
     assert "--vllm-port=0" in err
     assert "VERIRL_VLLM_PORT" not in err

@@ -24,8 +24,8 @@ from typing import NamedTuple
 import psutil
 import pytest
 
+from _support import clear_verirl_env, run_cli
 from verirl import find_free_port
-from verirl.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent  # subprocesses import this checkout's verirl
 NOWHERE = "/nonexistent/verirl-test-program"
@@ -162,18 +162,8 @@ CASES = [
 
 @pytest.fixture
 def clean_env(monkeypatch, tmp_path):
-    for name in list(os.environ):
-        if name.startswith("VERIRL_") or name in ("CUDA_VISIBLE_DEVICES", "HF_TOKEN"):
-            monkeypatch.delenv(name)
+    clear_verirl_env(monkeypatch, tmp_path)
     monkeypatch.setitem(sys.modules, "torch", None)  # GPUs are counted from CUDA_VISIBLE_DEVICES
-    monkeypatch.chdir(tmp_path)  # a Hub download folder would land here
-
-
-def run(argv: list[str]) -> object:
-    try:
-        return main(argv)
-    except SystemExit as exc:  # argparse's usage error
-        return exc.code
 
 
 def error_lines(err: str) -> list[str]:
@@ -188,7 +178,7 @@ def test_message(case, tmp_path, capsys, clean_env, monkeypatch):
     (tmp_path / "file").write_text("not a checkpoint")
     for name, value in case.env.items():
         monkeypatch.setenv(name, value.replace("{tmp}", tmp))
-    code = run([arg.replace("{tmp}", tmp) for arg in case.argv])
+    code = run_cli([arg.replace("{tmp}", tmp) for arg in case.argv])
     out, err = capsys.readouterr()
     assert code == case.code, err
     lines = error_lines(err)
@@ -231,7 +221,7 @@ def test_every_reported_case_has_a_row():
 )
 def test_verbosity_before_and_after_the_command_adds_up(options, debug, tmp_path, capsys,
                                                         clean_env):  # fmt: skip
-    assert run([*options, "--output-dir", str(tmp_path), "--resume", "latest"]) == 5
+    assert run_cli([*options, "--output-dir", str(tmp_path), "--resume", "latest"]) == 5
     err = capsys.readouterr().err
     assert ("newest complete checkpoint None" in err) is debug, err  # a DEBUG line
 
@@ -242,13 +232,13 @@ def test_verbosity_before_and_after_the_command_adds_up(options, debug, tmp_path
      (["-q", "resume", "-v"], True), (["resume"], True)],
 )  # fmt: skip
 def test_quiet_before_or_after_the_command(options, info, capsys, clean_env):
-    assert run([*options, "--resume", ""]) == 0
+    assert run_cli([*options, "--resume", ""]) == 0
     assert ("starting fresh" in capsys.readouterr().err) is info  # an INFO line
 
 
 @pytest.mark.parametrize("options", [["--json", "plan"], ["plan", "--json"]])
 def test_json_before_or_after_the_command(options, capsys, clean_env):
-    assert run([*options, "--gpus", "2"]) == 0
+    assert run_cli([*options, "--gpus", "2"]) == 0
     assert json.loads(capsys.readouterr().out)["mode"] == "server"
 
 
