@@ -1,0 +1,57 @@
+"""The stop-request registry between verirl's watchdogs and a clean-stopping training loop."""
+
+from __future__ import annotations
+
+import threading
+
+from verirl._stop import StopRequests
+from verirl.errors import VLLMServerExited
+
+
+def test_a_request_without_a_listener_is_refused():
+    stops = StopRequests()
+    assert stops.request(VLLMServerExited(-9, "tail")) is False
+    assert stops.requested is None
+    assert not stops.listening
+
+
+def test_listeners_get_the_error_and_the_first_request_is_kept():
+    stops = StopRequests()
+    seen: list[BaseException] = []
+    remove = stops.listen(seen.append)
+    first, second = VLLMServerExited(-9, "a"), VLLMServerExited(1, "b")
+    assert stops.listening
+    assert stops.request(first) is True
+    assert stops.request(second) is True
+    assert seen == [first, second]
+    assert stops.requested is first
+    remove()
+    remove()  # idempotent
+    assert not stops.listening
+    stops.reset()
+    assert stops.requested is None
+
+
+def test_a_failing_listener_does_not_stop_the_others(caplog):
+    stops = StopRequests()
+    seen: list[BaseException] = []
+
+    def broken(_error: BaseException) -> None:
+        raise RuntimeError("boom")
+
+    stops.listen(broken)
+    stops.listen(seen.append)
+    error = VLLMServerExited(-9, "tail")
+    assert stops.request(error) is True
+    assert seen == [error]
+    assert "a stop listener failed" in caplog.text
+
+
+def test_requests_from_other_threads_reach_the_listener():
+    stops = StopRequests()
+    got = threading.Event()
+    stops.listen(lambda _error: got.set())
+    thread = threading.Thread(target=stops.request, args=(VLLMServerExited(-9, ""),))
+    thread.start()
+    thread.join(timeout=5)
+    assert got.wait(timeout=5)
