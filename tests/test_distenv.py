@@ -191,3 +191,67 @@ def test_environ_values_must_be_text(value):
 def test_master_port_argument_is_checked(port):
     with pytest.raises(ConfigError, match=r"^master_port="):
         DistributedEnv.single_node(environ={}, master_port=port)
+
+
+# -- several nodes: torchrun's GROUP_RANK/GROUP_WORLD_SIZE, accelerate's NODE_RANK
+
+NODE_1 = {  # torchrun --nnodes 2 --nproc-per-node 4, second node, its second rank
+    "RANK": "5",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "8",
+    "LOCAL_WORLD_SIZE": "4",
+    "GROUP_RANK": "1",
+    "GROUP_WORLD_SIZE": "2",
+    "MASTER_ADDR": "node0",
+    "MASTER_PORT": "29500",
+}
+
+
+def test_node_values_are_kept_and_read():
+    env = DistributedEnv.single_node(environ=dict(NODE_1))
+    for name, value in NODE_1.items():
+        assert env.variables[name] == value
+    assert (env.node_rank, env.local_world_size, env.is_local_main) == (1, 4, False)
+    assert "GROUP_RANK" not in env.defaulted
+    target: dict[str, str] = {}
+    env.apply(target)
+    assert target["GROUP_RANK"] == "1"
+
+
+def test_node_rank_spelling_and_single_node_default():
+    env = DistributedEnv.single_node(environ={**NODE_1, "NODE_RANK": "1"})
+    assert env.node_rank == 1
+    accelerate = {k: v for k, v in NODE_1.items() if not k.startswith("GROUP_")}
+    assert DistributedEnv.single_node(environ={**accelerate, "NODE_RANK": "1"}).node_rank == 1
+    alone = DistributedEnv.single_node(environ={})
+    assert (alone.node_rank, alone.local_world_size) == (0, 1)
+    assert "GROUP_RANK" not in alone.variables
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        ({"RANK": "1"}, "RANK", "GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK = 1 * 4 + 1 = 5"),
+        ({"GROUP_RANK": "2"}, "GROUP_RANK", "must be < GROUP_WORLD_SIZE=2"),
+        ({"NODE_RANK": "0"}, "NODE_RANK", "must equal GROUP_RANK=1"),
+        ({"GROUP_WORLD_SIZE": "9"}, "GROUP_WORLD_SIZE", "must be <= WORLD_SIZE=8"),
+        ({"GROUP_RANK": "x"}, "GROUP_RANK", "x"),
+    ],
+)
+def test_inconsistent_node_values_name_the_variable(change, field, words):
+    with pytest.raises(ConfigError) as err:
+        DistributedEnv.single_node(environ={**NODE_1, **change})
+    assert err.value.field == field
+    assert words in str(err.value)
+
+
+def test_node_rank_alone_is_checked_against_the_global_rank():
+    accelerate = {k: v for k, v in NODE_1.items() if not k.startswith("GROUP_")}
+    with pytest.raises(ConfigError, match="NODE_RANK \\* LOCAL_WORLD_SIZE"):
+        DistributedEnv.single_node(environ={**accelerate, "NODE_RANK": "0"})
+
+
+def test_nodes_with_different_rank_counts_are_not_second_guessed():
+    # 3 ranks on node 0 and 2 on node 1: ranks 3 and 4 live on node 1.
+    uneven = {**NODE_1, "RANK": "4", "WORLD_SIZE": "5", "LOCAL_WORLD_SIZE": "2"}
+    assert DistributedEnv.single_node(environ=uneven).rank == 4

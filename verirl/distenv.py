@@ -41,6 +41,9 @@ _LAUNCHER_VARS = (
     "MASTER_ADDR",
     "MASTER_PORT",
 )
+# The node's index and the node count: torchrun sets GROUP_RANK and GROUP_WORLD_SIZE,
+# accelerate and others NODE_RANK. Kept as they are, never defaulted.
+_NODE_VARS = ("GROUP_RANK", "NODE_RANK", "GROUP_WORLD_SIZE")
 
 
 def _read_int(
@@ -67,7 +70,7 @@ def _frozen_mapping(value: Mapping[str, str]) -> Mapping[str, str]:
 
 
 def _check_strings(env: Mapping[str, str]) -> None:
-    for name in (*_LAUNCHER_VARS, *_ALLOC_VARS):
+    for name in (*_LAUNCHER_VARS, *_NODE_VARS, *_ALLOC_VARS):
         if name in env and not isinstance(env[name], str):
             raise ConfigError.invalid(name, env[name], "must be a string")
 
@@ -81,6 +84,9 @@ class _Launcher:
     local_rank: int | None
     world_size: int | None
     local_world_size: int | None
+    group_rank: int | None = None
+    node_rank: int | None = None
+    group_world_size: int | None = None
 
     @classmethod
     def read(cls, env: Mapping[str, str]) -> _Launcher:
@@ -91,6 +97,9 @@ class _Launcher:
             local_rank=_read_int(env, "LOCAL_RANK", 0),
             world_size=_read_int(env, "WORLD_SIZE", 1),
             local_world_size=_read_int(env, "LOCAL_WORLD_SIZE", 1),
+            group_rank=_read_int(env, "GROUP_RANK", 0),
+            node_rank=_read_int(env, "NODE_RANK", 0),
+            group_world_size=_read_int(env, "GROUP_WORLD_SIZE", 1),
         )
         _read_int(env, "MASTER_PORT", 1, MAX_PORT)
         return launcher
@@ -100,6 +109,43 @@ class _Launcher:
         self.check_rank()
         self.check_local_rank()
         self.check_local_world_size()
+        self.check_node()
+
+    def check_node(self) -> None:
+        """The node index against the node count, the other spelling and the global rank."""
+        env, group_rank, nodes = self.env, self.group_rank, self.group_world_size
+        if group_rank is not None and self.node_rank is not None and group_rank != self.node_rank:
+            raise ConfigError.invalid(
+                "NODE_RANK",
+                env["NODE_RANK"],
+                f"must equal GROUP_RANK={group_rank} (both name the node)",
+            )
+        node = group_rank if group_rank is not None else self.node_rank
+        name = "GROUP_RANK" if group_rank is not None else "NODE_RANK"
+        if node is not None and nodes is not None and node >= nodes:
+            raise ConfigError.invalid(name, env[name], f"must be < GROUP_WORLD_SIZE={nodes}")
+        world, local_world = self.world_size, self.local_world_size
+        if nodes is not None and world is not None and nodes > world:
+            raise ConfigError.invalid(
+                "GROUP_WORLD_SIZE", env["GROUP_WORLD_SIZE"], f"must be <= WORLD_SIZE={world}"
+            )
+        if node is None or self.rank is None or self.local_rank is None or local_world is None:
+            return
+        # With the same number of ranks on every node (world = nodes x local), torchrun
+        # and accelerate number a node's ranks from node * local_world_size.
+        homogeneous = world is None or (
+            nodes * local_world == world if nodes is not None else world % local_world == 0
+        )
+        if not homogeneous:
+            return
+        expected = node * local_world + self.local_rank
+        if self.rank != expected:
+            raise ConfigError.invalid(
+                "RANK",
+                env["RANK"],
+                f"must be {name} * LOCAL_WORLD_SIZE + LOCAL_RANK = {node} * {local_world} + "
+                f"{self.local_rank} = {expected} (check the launcher's --node-rank on each node)",
+            )
 
     def check_rank(self) -> None:
         rank, world_size = self.rank, self.world_size
@@ -217,7 +263,7 @@ class DistributedEnv:
         defaults = _defaults(env, master_port, avoid)
         variables: dict[str, str] = {}
         filled: set[str] = set()
-        for name in (*defaults, "MASTER_PORT", *_ALLOC_VARS):
+        for name in (*defaults, "MASTER_PORT", *_NODE_VARS, *_ALLOC_VARS):
             if name in env:
                 variables[name] = env[name]
             elif name in defaults:
@@ -239,6 +285,19 @@ class DistributedEnv:
     def world_size(self) -> int:
         """Number of trainer processes in the job."""
         return int(self.variables["WORLD_SIZE"])
+
+    @property
+    def local_world_size(self) -> int:
+        """Number of trainer processes on this node."""
+        return int(self.variables["LOCAL_WORLD_SIZE"])
+
+    @property
+    def node_rank(self) -> int:
+        """Index of this node in the job (``GROUP_RANK`` or ``NODE_RANK``; 0 when unset)."""
+        for name in ("GROUP_RANK", "NODE_RANK"):
+            if name in self.variables:
+                return int(self.variables[name])
+        return 0
 
     @property
     def is_local_main(self) -> bool:
