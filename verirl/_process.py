@@ -104,6 +104,18 @@ def death_signal_preexec() -> Callable[[], None] | None:
     return preexec
 
 
+def set_death_signal(signum: int) -> bool:
+    """Ask the kernel to send ``signum`` to this process when its parent dies (Linux).
+
+    False where ``prctl`` is unavailable or refused. (The signal comes when the
+    parent *thread* that forked us exits; launchers fork from their main thread.)
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return False
+    return prctl(_PR_SET_PDEATHSIG, signum, 0) == 0
+
+
 # ---------------------------------------------------------------- the spawner thread
 
 

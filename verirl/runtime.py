@@ -16,10 +16,17 @@ import time
 import types
 import warnings
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import attrs
 
+from verirl._node_share import (
+    NODE_WAIT_TIMEOUT,
+    CheckpointResolving,
+    NodeSharedResolver,
+    attempt_key,
+)
 from verirl._phases import Phases, PhaseTiming
 from verirl._secrets import HIDDEN
 from verirl._settings import Read, Settings
@@ -58,6 +65,8 @@ log = logging.getLogger(__name__)
 
 START_CANCEL_TIMEOUT = 60.0
 """Seconds to wait for a server's `start` to return after `stop` cancelled it."""
+LAUNCHER_DEATH_SIGNAL = 9  # SIGKILL: a rank blocked in a collective never runs a Python handler
+"""What a rank gets when its torchrun agent dies (`TrainingRuntime.die_with_launcher`)."""
 
 
 @runtime_checkable
@@ -80,14 +89,6 @@ class ServerHandle(Protocol):
 
 ServerFactory = Callable[[VLLMTopology], ServerHandle]
 """Builds the server for a local server-mode topology."""
-
-
-class CheckpointResolving(Protocol):
-    """What the runtime needs of a `verirl.CheckpointResolver`."""
-
-    def resolve(self, request: str | None) -> str | None:
-        """The local path to resume from, or ``None`` for a fresh start."""
-        ...
 
 
 @attrs.frozen
@@ -260,6 +261,23 @@ def _requested(request: str | None) -> bool:
     return request is not None and bool(request.strip())
 
 
+def _download_dir(resolver: object) -> Path | None:
+    """The first Hub-like source's ``download_dir``: where a node's ranks meet."""
+    for source in getattr(resolver, "sources", ()):
+        folder = getattr(source, "download_dir", None)
+        if isinstance(folder, Path):
+            return folder
+    return None
+
+
+def _die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent (the launcher's agent) dies."""
+    from verirl._process import set_death_signal  # noqa: PLC0415 - psutil, only under torchrun
+
+    if set_death_signal(LAUNCHER_DEATH_SIGNAL):
+        log.debug("this rank dies with its launcher (pid %d)", os.getppid())
+
+
 @attrs.define
 class TrainingRuntime:
     """The facade: distributed env, vLLM server, env-server wait and checkpoint, together.
@@ -275,6 +293,17 @@ class TrainingRuntime:
        the checkpoint to resume from;
     4. returns a `RuntimeSession` with the GRPO kwargs, the checkpoint path,
        the server handle and per-phase timings (also logged as one line).
+
+    Under a launcher with several ranks per node (``LOCAL_WORLD_SIZE`` > 1),
+    node-wide work is done once per node, by local rank 0: it alone waits for
+    the env server (the others meet it at the trainer's first collective), and
+    with a Hub source it alone resolves and downloads the checkpoint, while
+    the other local ranks wait (up to ``checkpoint_wait_timeout`` seconds) for
+    its choice and get the same path (`verirl._node_share`). Every rank that
+    does not own the server waits for its health itself. Under torchrun
+    (``TORCHELASTIC_RUN_ID`` set) each rank also asks the kernel to SIGKILL it
+    when its agent dies (``die_with_launcher``), since torchrun starts ranks in
+    sessions of their own and a killed agent would leave them running.
 
     Any phase failing stops the server (if started) and raises that phase's
     error. From `start` to `stop` it holds the one SIGTERM policy
@@ -296,6 +325,8 @@ class TrainingRuntime:
     server_factory: ServerFactory | None = attrs.field(default=None, kw_only=True)
     env_timeout: float = attrs.field(default=600.0, kw_only=True)
     remote_server_timeout: float = attrs.field(default=900.0, kw_only=True)
+    checkpoint_wait_timeout: float = attrs.field(default=NODE_WAIT_TIMEOUT, kw_only=True)
+    die_with_launcher: bool = attrs.field(default=True, kw_only=True)
     environ: MutableMapping[str, str] | None = attrs.field(default=None, kw_only=True, repr=False)
     _deprecated_server_timeout: float | None = attrs.field(
         default=None, kw_only=True, alias="server_timeout", repr=False
@@ -318,6 +349,11 @@ class TrainingRuntime:
                 "server_timeout", self._deprecated_server_timeout, positive=True
             )
         check_seconds("remote_server_timeout", self.remote_server_timeout, positive=True)
+        check_seconds("checkpoint_wait_timeout", self.checkpoint_wait_timeout, positive=True)
+        if not isinstance(self.die_with_launcher, bool):
+            raise ConfigError.invalid(
+                "die_with_launcher", self.die_with_launcher, "must be True or False"
+            )
         if self.environ is not None:
             check_environ(self.environ, mutable=True)
         if self.model is not None:
@@ -449,11 +485,15 @@ class TrainingRuntime:
             if self._waits_for_server_elsewhere:
                 phases.submit("vllm-wait", self._wait_for_server_elsewhere)
             if self.env_probe is not None:
-                phases.submit("env", self.env_probe.wait, self.env_timeout)
+                if dist.is_local_main:
+                    phases.submit("env", self.env_probe.wait, self.env_timeout)
+                else:
+                    log.info("local rank %d leaves the env-server wait to local rank 0",
+                             dist.local_rank)  # fmt: skip
             if self.checkpoints is not None or _requested(self.resume_from):
                 # A request is never dropped: without a resolver an explicit path is still
                 # checked, and "latest" fails with "no sources configured".
-                resolver = self.checkpoints or CheckpointResolver([])
+                resolver = self._node_shared(self.checkpoints or CheckpointResolver([]), dist)
                 checkpoint = phases.submit("checkpoint", resolver.resolve, self.resume_from)
             timings += phases.wait()  # every phase, or the first failure's error
         except BaseException:
@@ -479,7 +519,25 @@ class TrainingRuntime:
         dist = self.dist_env or DistributedEnv.single_node(environ=environ)
         self.dist_env = dist
         dist.apply(environ)
+        if self.die_with_launcher and environ.get("TORCHELASTIC_RUN_ID"):
+            _die_with_parent()
         return dist
+
+    def _node_shared(
+        self, resolver: CheckpointResolving, dist: DistributedEnv
+    ) -> CheckpointResolving:
+        """``resolver``, or its one-per-node wrapper when several local ranks share a Hub cache."""
+        folder = _download_dir(resolver)
+        if folder is None or dist.local_world_size <= 1:
+            return resolver
+        environ = os.environ if self.environ is None else self.environ
+        return NodeSharedResolver(
+            resolver,
+            folder,
+            attempt_key(environ, folder=folder),
+            leader=dist.is_local_main,
+            timeout=self.checkpoint_wait_timeout,
+        )
 
     def _build_server(self) -> ServerHandle | None:
         """The server this process launches, or ``None`` when it launches none."""

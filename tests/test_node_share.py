@@ -1,0 +1,276 @@
+"""One checkpoint choice per node: local rank 0 resolves and downloads, the other ranks wait.
+
+The process tests start real rank processes (children of this test process,
+as torchrun's agent starts a node's ranks) against a loopback fake Hub.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from fakes import FakeHub
+from verirl import (
+    CheckpointNotFoundError,
+    CheckpointSourceError,
+    DistributedEnv,
+    HttpEnvServerProbe,
+    TrainingRuntime,
+    VLLMTopology,
+    find_free_port,
+)
+from verirl._node_share import NodeSharedResolver, attempt_key
+
+REPO = "org/run"
+
+RANK = textwrap.dedent(
+    """
+    import json, os, sys
+    from verirl import DistributedEnv, TrainingRuntime, VLLMTopology, resolver_from_settings
+    from verirl.errors import VeriRLError
+
+    env = dict(os.environ)
+    runtime = TrainingRuntime(
+        VLLMTopology.plan(1, max_model_len=64),
+        checkpoints=resolver_from_settings(
+            output_dir=sys.argv[1], hub_repo_id=sys.argv[2], hub_endpoint=sys.argv[3], environ={}
+        ),
+        resume_from="latest",
+        environ=env,
+        dist_env=DistributedEnv.single_node(environ=env),
+        checkpoint_wait_timeout=float(sys.argv[4]),
+    )
+    try:
+        with runtime as session:
+            print(json.dumps({"path": session.resume_from_checkpoint}))
+    except VeriRLError as exc:
+        print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+    """
+)
+
+
+def start_ranks(
+    tmp_path: Path, hub: FakeHub, ranks: range, *, local_world: int = 4, timeout: float = 60
+) -> list[subprocess.Popen[str]]:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    port = str(find_free_port())
+    procs = []
+    for local_rank in ranks:
+        env = {
+            **os.environ,
+            "RANK": str(local_rank),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(local_world),
+            "LOCAL_WORLD_SIZE": str(local_world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+        }
+        env.pop("TORCHELASTIC_RUN_ID", None)
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(script),
+                    str(tmp_path / "out"),
+                    REPO,
+                    hub.endpoint,
+                    str(timeout),
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
+    return procs
+
+
+def results(procs: list[subprocess.Popen[str]]) -> list[dict[str, str]]:
+    out = []
+    for proc in procs:
+        stdout, _ = proc.communicate(timeout=120)
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def listings(hub: FakeHub) -> int:
+    return sum("/tree/" in path for _, path in hub.requests)
+
+
+def test_four_local_ranks_list_and_download_once_and_agree(tmp_path):
+    with FakeHub() as hub:
+        hub.add_checkpoint(REPO, "checkpoint-10", 10)
+        hub.add_checkpoint(REPO, "checkpoint-20", 20, size=4096)
+        answers = results(start_ranks(tmp_path, hub, range(4)))
+        paths = {answer.get("path") for answer in answers}
+        assert len(paths) == 1, answers
+        (path,) = paths
+        assert path is not None
+        assert Path(path).name == "checkpoint-20"
+        assert hub.bytes_served == hub.folder_size(REPO, "checkpoint-20")
+        assert listings(hub) == 1  # only local rank 0 looked at the Hub
+        assert len(hub.downloads) == len({name for _, name in hub.downloads})
+
+
+def test_local_rank_0_failing_fails_every_rank_with_its_reason(tmp_path):
+    with FakeHub() as hub:
+        hub.add_checkpoint(REPO, "checkpoint-10", 10, complete=False)
+        answers = results(start_ranks(tmp_path, hub, range(3), local_world=3))
+    assert {answer["error"] for answer in answers} == {"CheckpointNotFoundError"}
+    assert len({answer["message"] for answer in answers}) == 1
+    assert "no complete checkpoint for 'latest'" in answers[0]["message"]
+
+
+def test_local_rank_0_killed_mid_download_fails_the_others_at_once(tmp_path):
+    with FakeHub() as hub:
+        hub.add_checkpoint(REPO, "checkpoint-10", 10, size=4096)
+        hold = hub.hold(REPO, "checkpoint-10/model.safetensors")
+        try:
+            procs = start_ranks(tmp_path, hub, range(3), local_world=3, timeout=600)
+            leader = procs[0]
+            assert hub.wait_for_requests("checkpoint-10/model.safetensors", 1, timeout=60)
+            leader.send_signal(signal.SIGKILL)
+            leader.communicate(timeout=30)
+            answers = results(procs[1:])
+        finally:
+            hold.release()
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.communicate()
+    for answer in answers:
+        assert answer["error"] == "CheckpointSourceError"
+        assert "local rank 0 stopped before it chose a checkpoint" in answer["message"]
+
+
+# -- in one process: the record, the deadline, the key
+
+
+class Slow:
+    """A resolver that answers once released."""
+
+    def __init__(self, answer: str | None) -> None:
+        self.answer = answer
+        self.release = threading.Event()
+        self.calls = 0
+
+    def resolve(self, _request: str | None) -> str | None:
+        self.calls += 1
+        assert self.release.wait(timeout=30)
+        return self.answer
+
+
+def test_followers_wait_for_the_leader_and_get_its_answer(tmp_path):
+    slow = Slow(str(tmp_path / "checkpoint-3"))
+    key = "k-0"
+    leader = NodeSharedResolver(slow, tmp_path, key, leader=True, timeout=30)
+    follower = NodeSharedResolver(slow, tmp_path, key, leader=False, timeout=30)
+    got: list[str | None] = []
+    thread = threading.Thread(target=lambda: got.append(follower.resolve("latest")))
+    thread.start()
+    lead = threading.Thread(target=leader.resolve, args=("latest",))
+    lead.start()
+    thread.join(timeout=0.3)
+    assert thread.is_alive()  # still waiting: the leader has not answered
+    slow.release.set()
+    lead.join(timeout=30)
+    thread.join(timeout=30)
+    assert got == [str(tmp_path / "checkpoint-3")]
+    assert slow.calls == 1
+
+
+def test_a_fresh_start_is_shared_too(tmp_path):
+    slow = Slow(None)
+    slow.release.set()
+    assert NodeSharedResolver(slow, tmp_path, "k", leader=True).resolve(None) is None
+    assert NodeSharedResolver(slow, tmp_path, "k", leader=False, timeout=5).resolve(None) is None
+    assert slow.calls == 1
+
+
+def test_a_follower_without_a_leader_gives_up_at_its_deadline(tmp_path):
+    follower = NodeSharedResolver(Slow(None), tmp_path, "nobody", leader=False, timeout=0.3)
+    with pytest.raises(CheckpointSourceError, match=r"did not choose a checkpoint within 0.3s"):
+        follower.resolve("latest")
+
+
+def test_a_garbled_record_is_an_error_naming_it(tmp_path):
+    (tmp_path / ".verirl-node-k.json").write_text("[1, 2]")
+    with pytest.raises(CheckpointSourceError, match="is not a JSON object"):
+        NodeSharedResolver(Slow(None), tmp_path, "k", leader=False, timeout=5).resolve("latest")
+
+
+def test_not_found_keeps_its_type_and_places(tmp_path):
+    class Missing:
+        def resolve(self, _request: str | None) -> str | None:
+            raise CheckpointNotFoundError("latest", ["/a", "org/run"])
+
+    with pytest.raises(CheckpointNotFoundError):
+        NodeSharedResolver(Missing(), tmp_path, "k", leader=True).resolve("latest")
+    with pytest.raises(CheckpointNotFoundError) as err:
+        NodeSharedResolver(Missing(), tmp_path, "k", leader=False, timeout=5).resolve("latest")
+    assert err.value.searched == ("/a", "org/run")
+
+
+def test_each_resolution_in_a_process_gets_a_new_key(tmp_path):
+    env = {"MASTER_ADDR": "n0", "MASTER_PORT": "29500"}
+    first, second = attempt_key(env, folder=tmp_path), attempt_key(env, folder=tmp_path)
+    assert first != second
+    assert first.rsplit("-", 1)[0] == second.rsplit("-", 1)[0]
+    other = attempt_key({**env, "TORCHELASTIC_RESTART_COUNT": "1"}, folder=tmp_path / "x")
+    assert other.rsplit("-", 1)[0] != first.rsplit("-", 1)[0]
+
+
+def test_the_key_differs_between_launchers(tmp_path):
+    code = (
+        "import sys; from pathlib import Path; from verirl._node_share import attempt_key;"
+        "print(attempt_key({}, folder=Path(sys.argv[1])))"
+    )
+
+    def key_from_a_new_parent() -> str:
+        # sh is the parent (the "launcher") of the Python that computes the key
+        shell = subprocess.run(
+            ["/bin/sh", "-c", 'exec "$0" -c "$1" "$2" & wait', sys.executable, code,
+             str(tmp_path)],
+            capture_output=True, text=True, check=True, timeout=60,
+        )  # fmt: skip
+        return shell.stdout.strip()
+
+    assert key_from_a_new_parent() != key_from_a_new_parent()
+
+
+# -- the runtime: which local ranks do node-wide work
+
+
+def runtime_for(local_rank: int, tmp_path: Path, **kwargs: object) -> TrainingRuntime:
+    env = {"RANK": str(local_rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": "2",
+           "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}  # fmt: skip
+    return TrainingRuntime(
+        VLLMTopology.plan(1, max_model_len=64),
+        environ=env,
+        dist_env=DistributedEnv.single_node(environ=env),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def test_only_local_rank_0_waits_for_the_env_server(tmp_path):
+    port = find_free_port()  # nothing listens: a rank that waited would time out
+    probe = HttpEnvServerProbe(f"http://127.0.0.1:{port}")
+    with runtime_for(1, tmp_path, env_probe=probe, env_timeout=0.5) as session:
+        assert "env" not in {timing.name for timing in session.timings}
+    with pytest.raises(Exception, match="not healthy"):
+        runtime_for(0, tmp_path, env_probe=probe, env_timeout=0.5).start()
+
+
+def test_bad_wait_and_launcher_settings_are_config_errors(tmp_path):
+    with pytest.raises(ValueError, match="checkpoint_wait_timeout"):
+        runtime_for(0, tmp_path, checkpoint_wait_timeout=0)
+    with pytest.raises(ValueError, match="die_with_launcher"):
+        runtime_for(0, tmp_path, die_with_launcher="yes")

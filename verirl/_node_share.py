@@ -1,0 +1,250 @@
+"""One checkpoint choice per node: local rank 0 resolves (and downloads), the other ranks wait.
+
+With 8 ranks on a node, each resolving ``latest`` on its own lists the Hub 8
+times, queues 8 times at the download lock, and may even pick different
+checkpoints if one is pushed meanwhile. Here local rank 0 (the *leader*)
+resolves while holding a lock file in the Hub source's ``download_dir``, then
+publishes its answer (a path, or the error it hit) in a record beside it; the
+other local ranks read that record. Files are named by an *attempt key* that
+all ranks of one node attempt share and the next attempt does not (see
+`attempt_key`), so a retry never reads its predecessor's answer.
+
+A follower gives up with `CheckpointSourceError` when the deadline passes,
+and at once when the leader has stopped without an answer (it took the lock,
+and the lock is free again: a process that dies releases its ``flock``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+import attrs
+
+from verirl._fs import flock_with_deadline, read_capped
+from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError
+
+__all__ = ["NODE_WAIT_TIMEOUT", "CheckpointResolving", "NodeSharedResolver", "attempt_key"]
+
+log = logging.getLogger("verirl.checkpoints")
+
+NODE_WAIT_TIMEOUT = 3600.0
+"""Seconds a follower waits for the leader's choice by default (a download may take that long)."""
+
+_PREFIX = ".verirl-node-"
+_STALE_AFTER = 7 * 24 * 3600.0
+_RECORD_LIMIT = 1 << 20
+_FIRST_PAUSE = 0.02
+_MAX_PAUSE = 0.5
+
+_generations: dict[str, int] = {}
+_generations_lock = threading.Lock()
+
+
+class CheckpointResolving(Protocol):
+    """What the runtime needs of a `verirl.CheckpointResolver` (and what is shared per node)."""
+
+    def resolve(self, request: str | None) -> str | None:
+        """The local path to resume from, or ``None`` for a fresh start."""
+        ...
+
+
+def _parent_identity() -> str:
+    """The parent's pid and start time: the launcher process all local ranks share."""
+    ppid = os.getppid()
+    try:
+        stat = Path(f"/proc/{ppid}/stat").read_text(encoding="ascii", errors="replace")
+        started = stat.rsplit(")", 1)[1].split()[19]  # field 22, after the command name
+    except (OSError, IndexError):
+        started = "?"
+    return f"{ppid}@{started}"
+
+
+def attempt_key(environ: Mapping[str, str], *, folder: Path) -> str:
+    """A name shared by the local ranks of one node attempt, different for the next attempt.
+
+    Made of the parent process (the launcher that started every local rank:
+    torchrun's agent, ``srun``'s step daemon, …) with its start time, the
+    launcher's run id and restart count, the rendezvous address, the node
+    index, and how many times this process resolved into ``folder`` before.
+    """
+    parts = [
+        _parent_identity(),
+        *(
+            environ.get(name, "")
+            for name in (
+                "TORCHELASTIC_RUN_ID",
+                "TORCHELASTIC_RESTART_COUNT",
+                "MASTER_ADDR",
+                "MASTER_PORT",
+                "WORLD_SIZE",
+                "GROUP_RANK",
+                "NODE_RANK",
+            )
+        ),
+    ]
+    base = hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:20]
+    where = f"{base}:{os.path.realpath(folder)}"
+    with _generations_lock:
+        generation = _generations.get(where, 0)
+        _generations[where] = generation + 1
+    return f"{base}-{generation}"
+
+
+def _error_record(exc: BaseException) -> dict[str, object]:
+    if isinstance(exc, CheckpointNotFoundError):
+        return {"error": "not-found", "request": exc.request, "searched": list(exc.searched),
+                "reason": exc.reason}  # fmt: skip
+    if isinstance(exc, ConfigError):
+        return {"error": "config", "message": str(exc), "field": exc.field}
+    if isinstance(exc, Exception):
+        return {"error": "failed", "message": f"{type(exc).__name__}: {exc}"}
+    return {"error": "interrupted", "message": type(exc).__name__}
+
+
+def _raise_from_record(record: Mapping[str, object]) -> None:
+    kind = record.get("error")
+    if kind == "not-found":
+        searched = record.get("searched")
+        reason = record.get("reason")
+        raise CheckpointNotFoundError(
+            str(record.get("request")),
+            [str(place) for place in searched] if isinstance(searched, list) else [],
+            reason=reason if isinstance(reason, str) else None,
+        )
+    message = str(record.get("message"))
+    if kind == "config":
+        field = record.get("field")
+        raise ConfigError(message, field=field if isinstance(field, str) else None)
+    if kind == "interrupted":
+        message = f"it was interrupted ({message})"
+    msg = f"local rank 0 could not choose the checkpoint: {message}"
+    raise CheckpointSourceError(msg)
+
+
+@attrs.define
+class NodeSharedResolver:
+    """Resolve once per node: the leader through ``resolver``, the others from its record."""
+
+    resolver: CheckpointResolving
+    folder: Path
+    key: str
+    leader: bool
+    timeout: float = NODE_WAIT_TIMEOUT
+
+    def _path(self, suffix: str) -> Path:
+        return self.folder / f"{_PREFIX}{self.key}{suffix}"
+
+    def resolve(self, request: str | None) -> str | None:
+        """The leader's answer for ``request`` on every local rank (or its error, re-raised)."""
+        return self._lead(request) if self.leader else self._follow()
+
+    def _lead(self, request: str | None) -> str | None:
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            msg = f"cannot create download_dir {self.folder}: {exc.strerror}"
+            raise CheckpointSourceError(msg) from exc
+        _sweep(self.folder)
+        with flock_with_deadline(self._path(".lock"), self.timeout):
+            self._write(".claim", {"pid": os.getpid()})
+            try:
+                path = self.resolver.resolve(request)
+            except BaseException as exc:
+                self._write(".json", _error_record(exc))
+                raise
+            self._write(".json", {"path": path})
+        return path
+
+    def _write(self, suffix: str, record: Mapping[str, object]) -> None:
+        final = self._path(suffix)
+        partial = final.with_name(f"{final.name}.{os.getpid()}.tmp")
+        partial.write_text(json.dumps(record), encoding="utf-8")
+        partial.replace(final)
+
+    def _read(self) -> Mapping[str, object] | None:
+        try:
+            data = json.loads(read_capped(self._path(".json"), _RECORD_LIMIT))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            msg = f"cannot read local rank 0's checkpoint choice {self._path('.json')}: {exc}"
+            raise CheckpointSourceError(msg) from exc
+        if not isinstance(data, dict):
+            msg = f"local rank 0's checkpoint choice {self._path('.json')} is not a JSON object"
+            raise CheckpointSourceError(msg)
+        return data
+
+    def _follow(self) -> str | None:
+        log.info("waiting for local rank 0's checkpoint choice (in %s)", self.folder)
+        deadline = time.monotonic() + self.timeout
+        pause = _FIRST_PAUSE
+        while True:
+            record = self._read()
+            if record is None and self._leader_gone():
+                record = self._read()  # it may have answered just before it let go
+                if record is None:
+                    msg = (
+                        "local rank 0 stopped before it chose a checkpoint (its lock in "
+                        f"{self.folder} is free and it left no answer); see its log"
+                    )
+                    raise CheckpointSourceError(msg)
+            if record is not None:
+                if "path" not in record:
+                    _raise_from_record(record)
+                path = record["path"]
+                if path is not None and not isinstance(path, str):
+                    msg = f"local rank 0's checkpoint choice is not a path: {path!r}"
+                    raise CheckpointSourceError(msg)
+                log.info("local rank 0 chose %s", path or "a fresh start")
+                return path
+            left = deadline - time.monotonic()
+            if left <= 0:
+                msg = (
+                    f"local rank 0 did not choose a checkpoint within {self.timeout:g}s "
+                    f"(nothing in {self.folder}); is it running, with the same download_dir?"
+                )
+                raise CheckpointSourceError(msg)
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, _MAX_PAUSE)
+
+    def _leader_gone(self) -> bool:
+        """The leader took the lock (its claim exists) and no longer holds it."""
+        if not self._path(".claim").exists():
+            return False
+        try:
+            fd = os.open(self._path(".lock"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return False
+            raise
+        else:
+            return True
+        finally:
+            os.close(fd)
+
+
+def _sweep(folder: Path) -> None:
+    """Delete our own node records older than a week (each attempt leaves three small files)."""
+    cutoff = time.time() - _STALE_AFTER
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            if not entry.name.startswith(_PREFIX) or not entry.is_file(follow_symlinks=False):
+                continue
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    os.unlink(entry.path)  # noqa: PTH108
