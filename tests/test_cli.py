@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -15,7 +16,7 @@ import pytest
 
 from fakes import FakeEnvServer
 from verirl import find_free_port
-from verirl.cli import main
+from verirl.cli import _public_address, main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -376,12 +377,12 @@ def test_serve_requires_a_server_topology(clean_env):
 
 
 @contextlib.contextmanager
-def verirl_serve(log_dir: Path):
+def verirl_serve(log_dir: Path, *extra: str):
     """`verirl serve` on the fake program, in a subprocess, once it says it is ready."""
     port = find_free_port()
     command = [sys.executable, "-m", "verirl", "serve", "--gpus", "2", "--model", "m",
                "--vllm-port", str(port), "--vllm-command", f"{sys.executable} -m fakes.vllm_serve",
-               "--log-dir", str(log_dir)]  # fmt: skip
+               "--log-dir", str(log_dir), *extra]  # fmt: skip
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as proc:
@@ -621,7 +622,7 @@ def test_a_handler_inherited_from_start_up_does_not_change_the_cli(tmp_path, com
         textwrap.dedent("""
         import signal, sys
         signal.signal(signal.SIGTERM, lambda *_: None)
-        from verirl.cli import main
+        from verirl.cli import _public_address, main
         sys.exit(main(sys.argv[1:]))
     """)
     )
@@ -654,3 +655,31 @@ def test_a_handler_inherited_from_start_up_does_not_change_the_cli(tmp_path, com
     _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive
     assert port_is_free(port)
+
+
+def test_serve_on_a_dedicated_node_open_to_other_machines(tmp_path, clean_env):
+    """The vLLM node of a multi-node job: every GPU serves, the bind is public, with a warning."""
+    with verirl_serve(tmp_path, "--dedicated", "--host", "0.0.0.0") as (proc, port):
+        assert proc.stdout is not None
+        hint = proc.stdout.readline()
+        assert hint == (
+            f"trainers on other nodes: --vllm-host {socket.gethostname()} --vllm-port {port} "
+            f"(http://{socket.gethostname()}:{port})\n"
+        )
+        url = f"http://127.0.0.1:{port}/get_world_size?include_dp=false"
+        with urllib.request.urlopen(url, timeout=5) as reply:  # both GPUs serve: tp 2
+            assert json.load(reply) == {"world_size": 2}
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143
+    assert "the vLLM server binds 0.0.0.0: its API has no authentication" in err
+    assert "dedicated vLLM node (nothing trains here) · vLLM on GPUs 0,1 (tp 2 × dp 1" in err
+    assert port_is_free(port)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "[::1]"])
+def test_only_a_loopback_bind_needs_no_address_for_other_machines(host):
+    assert _public_address(host) is None
+    assert _public_address("10.1.2.3") == "10.1.2.3"
+    assert _public_address("vllm-node") == "vllm-node"
+    assert _public_address("::") == socket.gethostname()

@@ -250,3 +250,45 @@ def test_detect_without_torch_or_visible_devices_is_zero_with_a_log_line(caplog,
     caplog.set_level(logging.INFO, logger="verirl.topology")
     assert detect_gpu_count(environ={}) == 0
     assert "assuming 0 GPUs" in caplog.text
+
+
+# -- a dedicated vLLM node (multi-node jobs): every GPU serves, nothing trains
+
+
+@pytest.mark.parametrize(
+    ("gpus", "kwargs", "tp", "dp", "devices"),
+    [
+        (1, {}, 1, 1, (0,)),
+        (8, {}, 8, 1, tuple(range(8))),
+        (8, {"data_parallel_size": 2}, 4, 2, tuple(range(8))),
+        (8, {"tensor_parallel_size": 2, "data_parallel_size": 2}, 2, 2, (0, 1, 2, 3)),
+        (8, {"vllm_gpus": 4}, 4, 1, (0, 1, 2, 3)),
+    ],
+)
+def test_a_dedicated_node_serves_on_its_gpus(gpus, kwargs, tp, dp, devices):
+    topo = VLLMTopology.plan(gpus, max_model_len=4096, dedicated=True, host="0.0.0.0", **kwargs)
+    assert (topo.mode, topo.training_devices, topo.vllm_devices) == ("server", (), devices)
+    assert (topo.tensor_parallel_size, topo.data_parallel_size) == (tp, dp)
+    assert topo.is_local_server
+    assert topo.server_url == f"http://127.0.0.1:{topo.port}"
+    assert "dedicated vLLM node (nothing trains here)" in topo.describe()
+    serve = topo.serve_args("m")
+    assert serve[serve.index("--tensor-parallel-size") + 1] == str(tp)
+    assert serve[serve.index("--host") + 1] == "0.0.0.0"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "words"),
+    [
+        ({"data_parallel_size": 3}, "data_parallel_size", "must divide the 8 GPU(s)"),
+        ({"vllm_gpus": 9}, "vllm_gpus", "exceeds the node's 8 GPU(s)"),
+        ({"mode": "colocate"}, "mode", "a dedicated vLLM node serves"),
+        ({"remote_host": "other"}, "remote_host", "runs the server itself"),
+        ({"dedicated": "yes"}, "dedicated", "must be True or False"),
+    ],
+)
+def test_a_dedicated_node_refuses_what_cannot_be(kwargs, field, words):
+    with pytest.raises(ConfigError) as err:
+        VLLMTopology.plan(8, max_model_len=4096, **{"dedicated": True, **kwargs})
+    assert err.value.field == field
+    assert words in str(err.value)

@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import json
 import logging
 import os
 import shlex
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -43,6 +45,7 @@ from typing import NoReturn
 from verirl import __version__
 from verirl._child_env import map_visible_devices
 from verirl._launch import COMMAND_HINT
+from verirl._net import url_host
 from verirl._secrets import HIDDEN
 from verirl._settings import Settings, split_args, split_command
 from verirl._signals import SIGTERM_POLICY, exit_on_sigterm, sigterm_pending
@@ -145,6 +148,10 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "env_url": ("env_url", "--env-url"),
     "request": ("resume", "--resume"),
     "shutdown_timeout": ("shutdown_timeout", "--shutdown-timeout"),
+    "vllm_bind_host": ("host", "--host"),
+    "vllm_tensor_parallel_size": ("tensor_parallel_size", "--tensor-parallel-size"),
+    "vllm_data_parallel_size": ("data_parallel_size", "--data-parallel-size"),
+    "vllm_dedicated": ("dedicated", "--dedicated"),
 }
 
 
@@ -301,6 +308,10 @@ def _runtime_from_args(args: argparse.Namespace) -> TrainingRuntime:
         vllm_command=command,
         vllm_args=_vllm_args(args),
         vllm_log_dir=getattr(args, "log_dir", None),
+        vllm_bind_host=getattr(args, "host", None),
+        vllm_tensor_parallel_size=getattr(args, "tensor_parallel_size", None),
+        vllm_data_parallel_size=getattr(args, "data_parallel_size", None),
+        vllm_dedicated=getattr(args, "dedicated", None),
         resume_from=getattr(args, "resume", None),
         env_timeout=getattr(args, "env_timeout", None),
     )
@@ -403,7 +414,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         raise ConfigError.invalid(flag, topology.remote_host, "serve starts a local server")
     if not topology.is_local_server:
-        reason = "serve needs a local server-mode topology: 2 or more GPUs, mode auto or server"
+        reason = (
+            "serve needs a local server-mode topology: 2 or more GPUs, mode auto or server "
+            "(or --dedicated on a node that only serves)"
+        )
         settings = Settings.from_environ()
         if args.mode is not None:
             raise ConfigError.invalid("--mode", args.mode, reason)
@@ -415,9 +429,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise ConfigError.invalid(Settings.variable("gpu_count"), settings.gpu_count, reason)
         count = topology.gpu_count
         raise _unset(Settings.variable("gpu_count"), f"{count} GPU(s) detected, but {reason}")
+    public = _public_address(topology.host)
+    if public is not None:
+        log.warning(
+            "the vLLM server binds %s: its API has no authentication, so anyone who can reach "
+            "port %d can generate and change its weights; keep it on a private network",
+            topology.host,
+            topology.port,
+        )
     with runtime as session:
         server = session.server
         print(f"vLLM server ready at {session.server_url} ({runtime.topology.describe()})")
+        if public is not None:
+            print(
+                f"trainers on other nodes: --vllm-host {public} --vllm-port {topology.port} "
+                f"(http://{url_host(public)}:{topology.port})"
+            )
         sys.stdout.flush()
         # Ends only by the server dying: SIGTERM raises SystemExit(143) from the one policy
         # and Ctrl-C KeyboardInterrupt, both unwinding the runtime, which stops the server.
@@ -429,14 +456,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_VLLM
 
 
+def _public_address(host: str) -> str | None:
+    """The address other machines reach a server bound to ``host`` at; None for loopback."""
+    bare = host.strip("[]")
+    if bare.lower() == "localhost":
+        return None
+    try:
+        address = ipaddress.ip_address(bare)
+    except ValueError:
+        return host  # a host name: what the user chose to bind is what others use
+    if address.is_loopback:
+        return None
+    if address.is_unspecified:  # 0.0.0.0 or ::, every interface: this machine's name
+        return socket.gethostname()
+    return bare
+
+
 def _training_environment(
     runtime: TrainingRuntime, resume: str | None, url: str | None
 ) -> dict[str, str]:
     env = dict(os.environ)
     topology = runtime.topology
-    env["CUDA_VISIBLE_DEVICES"] = map_visible_devices(
-        topology.training_devices, env.get("CUDA_VISIBLE_DEVICES")
-    )
+    if topology.remote_host is None:  # vLLM is elsewhere: the GPUs are the launcher's to hand out
+        env["CUDA_VISIBLE_DEVICES"] = map_visible_devices(
+            topology.training_devices, env.get("CUDA_VISIBLE_DEVICES")
+        )
     env[RESUME_ENV_VAR] = resume or ""
     env[GRPO_KWARGS_VARIABLE] = json.dumps(topology.grpo_kwargs(), sort_keys=True)
     if url is not None:
@@ -463,7 +507,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         log.info(
             "running %s on GPUs %s (resume: %s)",
             shlex.join(command),
-            env["CUDA_VISIBLE_DEVICES"] or "-",
+            env.get("CUDA_VISIBLE_DEVICES", "as launched") or "-",
             session.resume_from_checkpoint or "fresh start",
         )
         _exit_if_sigterm_was_lost()  # never start the command after a SIGTERM
@@ -572,6 +616,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("serve", cmd_serve, "Run the vLLM server your TRL expects until Ctrl-C/SIGTERM.")
     _add_topology_args(p)
     _add_server_args(p)
+    group = p.add_argument_group("serving node")
+    group.add_argument(
+        "--host",
+        help="address to bind (default: 127.0.0.1); another address, e.g. 0.0.0.0, lets "
+        "other machines in, with a warning: vLLM's API has no authentication",
+    )
+    group.add_argument(
+        "--dedicated",
+        action="store_true",
+        default=None,
+        help="this node only serves: vLLM takes every GPU (or --vllm-gpus of them), "
+        "nothing trains here (the vLLM node of a multi-node job)",
+    )
+    group.add_argument(
+        "--tensor-parallel-size", type=_ascii_int,
+        help="vLLM's tensor parallel size (default: vLLM GPUs / data parallel size)",
+    )  # fmt: skip
+    group.add_argument(
+        "--data-parallel-size", type=_ascii_int,
+        help="vLLM's data parallel size: engine replicas (default: 1)",
+    )  # fmt: skip
 
     p = add("launch", cmd_launch, "Run the whole start-up, then COMMAND, then tear down.")
     _add_topology_args(p)

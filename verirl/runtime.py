@@ -145,6 +145,11 @@ def _default_server_factory(
 _PLAN_FIELDS = {"gpu_count": "gpu_count", "max_model_len": "max_model_len", "mode": "mode",
                 "vllm_gpus": "vllm_gpus", "tensor_parallel_size": "vllm_gpus",
                 "port": "vllm_port", "remote_host": "vllm_remote_host"}  # fmt: skip
+# Arguments of from_settings with no variable (a serving node's choices, made explicitly).
+_SERVING = {"host": "vllm_bind_host",
+            "tensor_parallel_size": "vllm_tensor_parallel_size",
+            "data_parallel_size": "vllm_data_parallel_size",
+            "dedicated": "vllm_dedicated"}  # fmt: skip
 
 
 def _plan(read: Read) -> VLLMTopology:
@@ -162,11 +167,13 @@ def _plan(read: Read) -> VLLMTopology:
             visible = read.environ.get("CUDA_VISIBLE_DEVICES")
             where = f"CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else "torch"
             raise read.unset_gpu_count(f"no GPU was detected ({where}); set it")
+    given = {key: name for key, name in _SERVING.items() if read.given.get(name) is not None}
+    serving = {key: read.given[name] for key, name in given.items()}
     try:
-        with read.naming(_PLAN_FIELDS):
+        with read.naming({**_PLAN_FIELDS, **given}):
             return VLLMTopology.plan(
                 count, max_model_len=length, mode=mode, vllm_gpus=gpus, port=port,
-                remote_host=remote,
+                remote_host=remote, **serving,  # type: ignore[arg-type]
             )  # fmt: skip
     except ConfigError as exc:
         if exc.field == "gpu_count" and read.name("gpu_count") is None:  # detected
@@ -393,6 +400,10 @@ class TrainingRuntime:
         vllm_command: Sequence[str] | None = None,
         vllm_args: Sequence[str] | None = None,
         vllm_log_dir: str | None = None,
+        vllm_bind_host: str | None = None,
+        vllm_tensor_parallel_size: int | None = None,
+        vllm_data_parallel_size: int | None = None,
+        vllm_dedicated: bool | None = None,
         resume_from: str | None = None,
         env_timeout: float | None = None,
         environ: Mapping[str, str] | None = None,
@@ -404,6 +415,10 @@ class TrainingRuntime:
         defaults); a bad value from a variable is a `ConfigError` naming the
         variable. ``environ`` (default ``os.environ``) is where the variables
         and the launcher's distributed settings are read from.
+        ``vllm_bind_host``, ``vllm_tensor_parallel_size``,
+        ``vllm_data_parallel_size`` and ``vllm_dedicated`` (a node that only
+        serves: see `VLLMTopology.plan`'s ``dedicated``) have no variable: a
+        server reachable from other machines is chosen explicitly.
         """
         env = os.environ if environ is None else check_environ(environ)
         given = {"env_url": env_url, "model": model, "max_model_len": max_model_len,
@@ -411,7 +426,11 @@ class TrainingRuntime:
                  "hub_endpoint": hub_endpoint, "hub_revision": hub_revision,
                  "gpu_count": gpu_count, "mode": mode, "vllm_gpus": vllm_gpus,
                  "vllm_port": vllm_port, "vllm_remote_host": vllm_remote_host,
-                 "vllm_log_dir": vllm_log_dir, "resume_from": resume_from}  # fmt: skip
+                 "vllm_log_dir": vllm_log_dir, "resume_from": resume_from,
+                 "vllm_bind_host": vllm_bind_host,
+                 "vllm_tensor_parallel_size": vllm_tensor_parallel_size,
+                 "vllm_data_parallel_size": vllm_data_parallel_size,
+                 "vllm_dedicated": vllm_dedicated}  # fmt: skip
         read = Read(Settings.from_environ(env), given, env)
         topology = _plan(read)
         url = read.text("env_url")

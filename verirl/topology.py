@@ -152,11 +152,22 @@ class _PlanInputs:
     remote_host: str | None = attrs.field(converter=_remote_host)
     server_timeout: float = attrs.field(converter=_server_timeout)
     gpu_memory_utilization: float | None = attrs.field(converter=_memory)
+    dedicated: bool = attrs.field(default=False)
 
     def parallel_layout(self) -> tuple[int, int]:
-        """``(tensor_parallel_size, vllm_gpus)``, each derived from the other when unset."""
+        """``(tensor_parallel_size, vllm_gpus)``, each derived from the other when unset.
+
+        On a dedicated node vLLM's GPUs default to all of them.
+        """
         dp = self.data_parallel_size
         tensor_parallel = self.tensor_parallel_size
+        if tensor_parallel is None and self.vllm_gpus is None and self.dedicated:
+            if self.gpu_count % dp:
+                raise ConfigError.invalid(
+                    "data_parallel_size", dp,
+                    f"must divide the {self.gpu_count} GPU(s) of a dedicated vLLM node",
+                )  # fmt: skip
+            tensor_parallel = self.gpu_count // dp
         if tensor_parallel is None:
             if self.vllm_gpus is not None and self.vllm_gpus % dp:
                 raise ConfigError.invalid(
@@ -218,6 +229,7 @@ class VLLMTopology:
         port: int = 8001,
         remote_host: str | None = None,
         server_timeout: float = 240.0,
+        dedicated: bool = False,
     ) -> VLLMTopology:
         """Plan the layout for ``gpu_count`` local GPUs.
 
@@ -226,8 +238,14 @@ class VLLMTopology:
         i.e. one) and training on all the others; one GPU → colocate with half
         the memory and ``max_model_len`` capped at 8192. ``remote_host`` means
         vLLM runs elsewhere (multi-node): server mode, no local vLLM GPUs.
+        ``dedicated=True`` plans a node that only serves (the vLLM node of a
+        multi-node job): server mode, vLLM on the first ``vllm_gpus`` GPUs
+        (default: all of them, ``tensor_parallel_size`` = GPUs /
+        ``data_parallel_size``), nothing trains.
         Bad input raises `ConfigError` naming the field and value.
         """
+        if not isinstance(dedicated, bool):
+            raise ConfigError.invalid("dedicated", dedicated, "must be True or False")
         wanted = _PlanInputs(
             gpu_count=gpu_count,
             max_model_len=max_model_len,
@@ -240,8 +258,11 @@ class VLLMTopology:
             remote_host=remote_host,
             server_timeout=server_timeout,
             gpu_memory_utilization=gpu_memory_utilization,
+            dedicated=dedicated,
         )
         tensor_parallel, serving_gpus = wanted.parallel_layout()
+        if dedicated:
+            return cls._dedicated(wanted, tensor_parallel, serving_gpus)
         if wanted.chosen_mode() == "colocate":
             return cls._colocate(wanted, tensor_parallel)
         return cls._server(wanted, tensor_parallel, serving_gpus)
@@ -272,6 +293,35 @@ class VLLMTopology:
             gpu_memory_utilization=wanted.gpu_memory_utilization or _COLOCATE_MEMORY,
             tensor_parallel_size=tensor_parallel,
             data_parallel_size=1,
+            host=wanted.host,
+            port=wanted.port,
+            remote_host=None,
+            server_timeout=wanted.server_timeout,
+        )
+
+    @classmethod
+    def _dedicated(cls, wanted: _PlanInputs, tensor_parallel: int, vllm_gpus: int) -> VLLMTopology:
+        if wanted.mode == "colocate":
+            raise ConfigError.invalid(
+                "mode", wanted.mode, "a dedicated vLLM node serves; colocate trains beside vLLM"
+            )
+        if wanted.remote_host is not None:
+            raise ConfigError.invalid(
+                "remote_host", wanted.remote_host, "a dedicated vLLM node runs the server itself"
+            )
+        if vllm_gpus > wanted.gpu_count:
+            raise ConfigError.invalid(
+                "vllm_gpus", vllm_gpus, f"exceeds the node's {wanted.gpu_count} GPU(s)"
+            )
+        return cls(
+            mode="server",
+            gpu_count=wanted.gpu_count,
+            training_devices=(),
+            vllm_devices=tuple(range(vllm_gpus)),
+            max_model_len=wanted.max_model_len,
+            gpu_memory_utilization=wanted.gpu_memory_utilization or _SERVER_MEMORY,
+            tensor_parallel_size=tensor_parallel,
+            data_parallel_size=wanted.data_parallel_size,
             host=wanted.host,
             port=wanted.port,
             remote_host=None,
@@ -390,8 +440,13 @@ class VLLMTopology:
             return (
                 f"server: train on {gpus(self.training_devices)} · vLLM remote at {self.server_url}"
             )
+        training = (
+            f"train on {gpus(self.training_devices)}"
+            if self.training_devices
+            else ("dedicated vLLM node (nothing trains here)")
+        )
         return (
-            f"server: train on {gpus(self.training_devices)} · vLLM on {gpus(self.vllm_devices)} "
+            f"server: {training} · vLLM on {gpus(self.vllm_devices)} "
             f"(tp {self.tensor_parallel_size} × dp {self.data_parallel_size}, "
             f"memory {self.gpu_memory_utilization:.0%}, max_model_len {self.max_model_len}) "
             f"at {self.server_url}"
