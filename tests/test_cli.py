@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fakes import FakeEnvServer
+from fakes import FakeEnvServer, FakeVLLMServer
 from verirl import find_free_port
 from verirl.cli import _public_address, main
 
@@ -683,3 +683,31 @@ def test_only_a_loopback_bind_needs_no_address_for_other_machines(host):
     assert _public_address("10.1.2.3") == "10.1.2.3"
     assert _public_address("vllm-node") == "vllm-node"
     assert _public_address("::") == socket.gethostname()
+
+
+@pytest.mark.parametrize("visible", [None, "4,5,6,7"])
+def test_launch_with_a_remote_vllm_leaves_the_gpus_to_the_launcher(
+    tmp_path, clean_env, monkeypatch, visible
+):
+    """On a training node of a multi-node job the launcher (torchrun) hands out the GPUs."""
+    if visible is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    port = find_free_port()
+    out = tmp_path / "seen.json"
+    script = training_script(
+        tmp_path,
+        f"""
+        import json, os
+        json.dump({{"cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                    "url": os.environ["VERIRL_VLLM_URL"]}}, open({str(out)!r}, "w"))
+    """,
+    )
+    with FakeVLLMServer("m", port=port, serve_http=True) as remote:
+        result = run_cli(
+            "launch", "--gpus", "4", "--vllm-host", "127.0.0.1", "--vllm-port", str(port),
+            "--", sys.executable, str(script),
+        )  # fmt: skip
+        assert remote.base_url == f"http://127.0.0.1:{port}"
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text()) == {"cvd": visible, "url": f"http://127.0.0.1:{port}"}
+    assert "as launched" in result.stderr

@@ -504,10 +504,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
     runtime = _runtime_from_args(args)
     with runtime as session:
         env = _training_environment(runtime, session.resume_from_checkpoint, session.server_url)
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        gpus = f"GPUs {visible or '-'}"
+        if runtime.topology.remote_host is not None:
+            gpus = f"the GPUs as launched (CUDA_VISIBLE_DEVICES={visible or 'unset'})"
         log.info(
-            "running %s on GPUs %s (resume: %s)",
+            "running %s on %s (resume: %s)",
             shlex.join(command),
-            env.get("CUDA_VISIBLE_DEVICES", "as launched") or "-",
+            gpus,
             session.resume_from_checkpoint or "fresh start",
         )
         _exit_if_sigterm_was_lost()  # never start the command after a SIGTERM
