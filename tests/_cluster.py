@@ -123,7 +123,12 @@ class Cluster:
         }
         self.agents: list[subprocess.Popen[bytes]] = []
 
-    def start(self, steps: int) -> None:
+    def start(self, steps: int, *, under_launch: bool = False) -> None:
+        """Start both agents; ``under_launch``: each rank is ``verirl launch -- python rank.py``."""
+        script = [str(RANK_SCRIPT), "--report", str(self.report), "--steps", str(steps)]
+        if under_launch:
+            script = ["--no-python", sys.executable, "-m", "verirl", "launch", "--",
+                      sys.executable, *script]  # fmt: skip
         for node in range(NODES):
             out = self.tmp_path / f"node{node}" / "out"
             out.mkdir(parents=True)
@@ -133,8 +138,7 @@ class Cluster:
                 "--nnodes", str(NODES), "--node-rank", str(node),
                 "--nproc-per-node", str(PER_NODE),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.rdzv_port}",
-                "--rdzv-id", "verirl-multinode-test", "--max-restarts", "0",
-                str(RANK_SCRIPT), "--report", str(self.report), "--steps", str(steps),
+                "--rdzv-id", "verirl-multinode-test", "--max-restarts", "0", *script,
             ]  # fmt: skip
             env = {**self.common, "VERIRL_OUTPUT_DIR": str(out)}
             self.agents.append(
@@ -188,9 +192,11 @@ def checkpoint_hub() -> Iterator[FakeHub]:
         yield hub
 
 
-def check_shared_start(cluster: Cluster, hub: FakeHub, vllm_port: int) -> None:
+def check_shared_start(
+    cluster: Cluster, hub: FakeHub, vllm_port: int, *, under_launch: bool = False
+) -> None:
     """Run 3 all-reduce steps on 4 ranks; check what every rank got and what the Hub served."""
-    cluster.start(steps=3)
+    cluster.start(steps=3, under_launch=under_launch)
     assert cluster.wait(DEADLINE) == [0, 0], cluster.logs()
     reports = cluster.reports(NODES * PER_NODE, timeout=5)
     assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3]

@@ -274,3 +274,33 @@ def test_bad_wait_and_launcher_settings_are_config_errors(tmp_path):
         runtime_for(0, tmp_path, checkpoint_wait_timeout=0)
     with pytest.raises(ValueError, match="die_with_launcher"):
         runtime_for(0, tmp_path, die_with_launcher="yes")
+
+
+def test_under_torchrun_the_key_follows_the_agents_attempt_folder_not_the_parent(tmp_path):
+    """A wrapper per rank (a shell, ``verirl launch``) must not split a node's ranks."""
+    code = (
+        "import os, sys; from pathlib import Path; from verirl._node_share import attempt_key;"
+        "print(attempt_key(os.environ, folder=Path(sys.argv[1]), request='latest'))"
+    )
+
+    def key(error_file: str) -> str:
+        shell = subprocess.run(
+            ["/bin/sh", "-c", 'exec "$0" -c "$1" "$2" & wait', sys.executable, code,
+             str(tmp_path)],
+            capture_output=True, text=True, check=True, timeout=60,
+            env={**os.environ, "TORCHELASTIC_ERROR_FILE": error_file},
+        )  # fmt: skip
+        return shell.stdout.strip()
+
+    run = "/tmp/torchelastic_ab12/none_x9"
+    rank0, rank1 = key(f"{run}/attempt_0/0/error.json"), key(f"{run}/attempt_0/1/error.json")
+    assert rank0 == rank1
+    assert key(f"{run}/attempt_1/0/error.json") != rank0
+    assert key("/tmp/torchelastic_cd34/none_y7/attempt_0/0/error.json") != rank0
+
+
+def test_the_request_is_part_of_the_key(tmp_path):
+    env = {"TORCHELASTIC_ERROR_FILE": "/t/run/attempt_0/0/error.json"}
+    latest = attempt_key(env, folder=tmp_path, request="latest")
+    path = attempt_key(env, folder=tmp_path / "p", request="/x/checkpoint-3")
+    assert latest.rsplit("-", 1)[0] != path.rsplit("-", 1)[0]

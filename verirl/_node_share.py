@@ -70,16 +70,31 @@ def _parent_identity() -> str:
     return f"{ppid}@{started}"
 
 
-def attempt_key(environ: Mapping[str, str], *, folder: Path) -> str:
+def _launch_attempt(environ: Mapping[str, str]) -> str:
+    """What tells this node attempt from the next: torchrun's attempt folder, else the parent.
+
+    torchrun gives each rank ``TORCHELASTIC_ERROR_FILE`` =
+    ``<a new temporary folder per agent run>/attempt_<n>/<local rank>/error.json``,
+    inherited through any wrapper (a shell, ``verirl launch``). Other launchers
+    (``srun``, ``mpirun``, ``mp.spawn``) start every local rank as a child of one
+    process: its pid and start time.
+    """
+    error_file = environ.get("TORCHELASTIC_ERROR_FILE", "")
+    if error_file and error_file != os.devnull:
+        return os.path.dirname(os.path.dirname(error_file))  # noqa: PTH120
+    return _parent_identity()
+
+
+def attempt_key(environ: Mapping[str, str], *, folder: Path, request: str | None = None) -> str:
     """A name shared by the local ranks of one node attempt, different for the next attempt.
 
-    Made of the parent process (the launcher that started every local rank:
-    torchrun's agent, ``srun``'s step daemon, …) with its start time, the
-    launcher's run id and restart count, the rendezvous address, the node
-    index, and how many times this process resolved into ``folder`` before.
+    Made of the launcher's attempt (`_launch_attempt`), its run id and restart
+    count, the rendezvous address, the node index, the request, and how many
+    times this process resolved into ``folder`` before.
     """
     parts = [
-        _parent_identity(),
+        _launch_attempt(environ),
+        str(request),
         *(
             environ.get(name, "")
             for name in (

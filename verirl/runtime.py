@@ -553,7 +553,7 @@ class TrainingRuntime:
         return NodeSharedResolver(
             resolver,
             folder,
-            attempt_key(environ, folder=folder),
+            attempt_key(environ, folder=folder, request=self.resume_from),
             leader=dist.is_local_main,
             timeout=self.checkpoint_wait_timeout,
         )

@@ -70,6 +70,11 @@ def test_four_ranks_on_two_nodes_share_the_checkpoint_and_the_server(cluster, hu
     check_shared_start(cluster, hub, vllm_port)
 
 
+def test_the_same_job_with_verirl_launch_as_each_rank(cluster, hub, vllm_port):
+    """``torchrun --no-python verirl launch -- python rank.py``: launch does the node's work."""
+    check_shared_start(cluster, hub, vllm_port, under_launch=True)
+
+
 def test_killing_one_agent_tears_down_the_whole_job(cluster):
     cluster.start(steps=0)  # all-reduce until killed
     reports = cluster.reports(NODES * PER_NODE, timeout=DEADLINE)
