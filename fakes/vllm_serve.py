@@ -1813,7 +1813,15 @@ def _serve_main(args: ServeArgs, argv: Sequence[str]) -> int:
         thread = threading.Thread(
             target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
-        thread.start()
+        # The serving thread blocks SIGTERM/SIGINT, so the kernel hands them to the main
+        # thread, whose sleep they interrupt (a signal that lands on another thread, e.g.
+        # one sent while the process was stopped, would wait for the main thread's wake-up).
+        stopping = {signal.SIGTERM, signal.SIGINT}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
+        try:
+            thread.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping)
         _uvicorn("Waiting for application startup.")
         _uvicorn("Application startup complete.")
         _uvicorn(f"Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
