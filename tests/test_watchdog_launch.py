@@ -102,7 +102,8 @@ class Job:
 
     def everything(self) -> list[psutil.Process]:
         try:
-            return [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(True)]
+            launcher = psutil.Process(self.proc.pid)
+            return [launcher, *launcher.children(recursive=True)]
         except psutil.NoSuchProcess:
             return []
 
@@ -121,7 +122,7 @@ def jobs(clean_env: None) -> Iterator[list[Job]]:
 
 
 def port_is_free(port: int) -> bool:
-    import socket  # noqa: PLC0415
+    import socket
 
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
