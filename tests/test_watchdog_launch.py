@@ -228,3 +228,30 @@ def test_sigterm_to_launch_as_the_server_dies_still_stops_everything_once(
     assert "Traceback" not in stderr
     _, alive = psutil.wait_procs(processes, timeout=10)
     assert not alive, alive
+
+
+BOUND = "--vllm-unresponsive-timeout"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--gpus", "2", "--model", "m", BOUND, "-1"],
+        ["--gpus", "1", "--mode", "colocate", BOUND, "5"],  # no server to watch
+    ],
+)
+def test_a_bad_or_unused_bound_is_a_usage_error_naming_the_flag(
+    argv: list[str], clean_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from _support import run_cli
+
+    assert run_cli(["launch", *argv, "--", sys.executable, "-c", "pass"]) == 2
+    assert BOUND in capsys.readouterr().err
+
+
+def test_the_bound_from_the_variable_reaches_the_runtime(clean_env: None) -> None:
+    from verirl import TrainingRuntime
+
+    env = {"VERIRL_GPU_COUNT": "2", "VERIRL_VLLM_UNRESPONSIVE_TIMEOUT": "12.5"}
+    assert TrainingRuntime.from_settings(environ=env).vllm_unresponsive_timeout == 12.5
+    assert TrainingRuntime.from_settings(gpu_count=2).vllm_unresponsive_timeout == 60.0
