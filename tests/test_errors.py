@@ -12,6 +12,7 @@ from verirl import (
     VLLMServerError,
     VLLMServerExited,
     VLLMServerUnavailable,
+    VLLMServerUnresponsive,
     VLLMStartupTimeout,
 )
 
@@ -26,6 +27,7 @@ from verirl import (
         (VLLMServerExited, (VLLMServerError,)),
         (VLLMStartupTimeout, (VLLMServerError, TimeoutError)),
         (VLLMServerUnavailable, (VLLMServerError, TimeoutError)),
+        (VLLMServerUnresponsive, (VLLMServerExited, VLLMServerError)),
         (CheckpointNotFoundError, (VeriRLError, FileNotFoundError)),
         (CheckpointSourceError, (VeriRLError,)),
     ],
@@ -83,3 +85,15 @@ def test_checkpoint_not_found_names_places():
     why = CheckpointNotFoundError("/x", ["/x"], reason="/x does not exist")
     assert str(why) == "no checkpoint for '/x': /x does not exist; searched: /x"
     assert (why.request, why.searched, why.reason) == ("/x", ("/x",), "/x does not exist")
+
+
+def test_an_unresponsive_server_is_an_exited_one_with_where_and_why():
+    err = VLLMServerUnresponsive(
+        "http://h:1", 30.0, "timed out", log_tail="last line\n", log_path="/l.log"
+    )
+    assert isinstance(err, VLLMServerExited)
+    assert (err.url, err.elapsed, err.last_error) == ("http://h:1", 30.0, "timed out")
+    assert err.returncode is None
+    assert str(err).startswith("vLLM server http://h:1 did not answer /health for 30.0s")
+    assert "(last error: timed out); full log: /l.log" in str(err)
+    assert str(err).endswith("last line")

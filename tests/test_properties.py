@@ -769,6 +769,7 @@ def test_every_public_constructor_is_driven():
         *(name for name in verirl.__all__ if name.endswith("Error") or "Exited" in name),
         "EnvServerUnavailable",
         "VLLMServerUnavailable",
+        "VLLMServerUnresponsive",
         "VLLMStartupTimeout",
         "CheckpointSource",
         "CheckpointResolving",

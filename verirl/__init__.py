@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         VLLMServerError,
         VLLMServerExited,
         VLLMServerUnavailable,
+        VLLMServerUnresponsive,
         VLLMStartupTimeout,
     )
     from verirl.runtime import (
@@ -77,6 +78,7 @@ __all__ = [
     "VLLMServerError",
     "VLLMServerExited",
     "VLLMServerUnavailable",
+    "VLLMServerUnresponsive",
     "VLLMStartupTimeout",
     "VLLMTopology",
     "VeriRLError",
@@ -111,6 +113,7 @@ _SUBMODULES: dict[str, tuple[str, ...]] = {
         "VLLMServerError",
         "VLLMServerExited",
         "VLLMServerUnavailable",
+        "VLLMServerUnresponsive",
         "VLLMStartupTimeout",
     ),
     "verirl.runtime": (

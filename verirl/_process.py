@@ -477,6 +477,7 @@ class ProcessTree:
         try:
             self.collect()
             self.signal_all(signal.SIGTERM)
+            self.signal_all(signal.SIGCONT)  # a stopped (hung, SIGSTOPped) process acts on it then
             clean = self.wait_gone(time.monotonic() + grace)
             if not clean:
                 log.warning(

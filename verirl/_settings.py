@@ -122,6 +122,9 @@ class Settings:
     vllm_command: tuple[str, ...] | None = _setting("VERIRL_VLLM_COMMAND", _argv)
     vllm_args: tuple[str, ...] | None = _setting("VERIRL_VLLM_ARGS", _flags)
     vllm_log_dir: str | None = _setting("VERIRL_VLLM_LOG_DIR", _text, "a new temporary folder")
+    vllm_unresponsive_timeout: float | None = _setting(
+        "VERIRL_VLLM_UNRESPONSIVE_TIMEOUT", parse_seconds, "60"
+    )
     resume_from: str | None = _setting(RESUME_ENV_VAR, _text)
 
     @classmethod

@@ -19,6 +19,13 @@ the CLI:
 - **Restore on exit, nest safely.** Holders are counted; the default comes
   back when the last one releases, and only if our handler is still the one
   installed (a handler installed meanwhile by the program stays).
+- **Interrupt through it.** A watchdog thread that must end the ``with``
+  block (the vLLM server died) calls `SigtermPolicy.interrupt` with its
+  error: a SIGTERM is sent to the main thread only (``pthread_kill``, so a
+  blocking sleep or socket read there ends at once) and the handler raises
+  that error instead of ``SystemExit(143)``. It counts as the one firing: a
+  real SIGTERM afterwards is ignored like any second one. Only while our
+  handler is the one installed: verirl never takes over a program's handler.
 """
 
 from __future__ import annotations
@@ -48,10 +55,12 @@ class SigtermPolicy:
     """Reference-counted ``SIGTERM → SystemExit(143)`` while held (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the handler may run while the main thread holds it
         self._users = 0
         self._installed = False
         self._fired = False
+        self._cause: BaseException | None = None
+        self._interrupt_sent = False
 
     @property
     def active(self) -> bool:
@@ -64,7 +73,18 @@ class SigtermPolicy:
         return self._fired
 
     def handle(self, signum: int, _frame: types.FrameType | None) -> None:
-        """The handler: raise ``SystemExit(128 + signum)`` once; act as the default if unheld."""
+        """The handler: raise ``SystemExit(128 + signum)`` once; act as the default if unheld.
+
+        After `interrupt`, the SIGTERM it sent raises the interrupt's error
+        instead (or nothing, once `withdraw` took the error back).
+        """
+        with self._lock:
+            ours, cause = self._interrupt_sent, self._cause
+            self._interrupt_sent = False
+            self._cause = None
+        if ours and (cause is None or self._users == 0):
+            log.debug("an interrupt withdrawn or outlived by its holder; SIGTERM ignored")
+            return
         if self._users == 0:
             # Released off the main thread, so the handler could not be removed: be the default.
             signal.signal(signum, signal.SIG_DFL)
@@ -74,8 +94,42 @@ class SigtermPolicy:
             log.warning("SIGTERM received again while tearing down; ignored")
             return
         self._fired = True
+        if cause is not None:
+            raise cause
         log.warning("SIGTERM received: exiting so that the vLLM server is stopped first")
         raise SystemExit(128 + signum)
+
+    def interrupt(self, error: BaseException) -> bool:
+        """Raise ``error`` in the main thread, as a SIGTERM raises ``SystemExit``; from any thread.
+
+        Returns False, doing nothing, unless the policy is held, its handler is
+        the one installed, and it has not fired yet (a SIGTERM or an earlier
+        interrupt is already unwinding the main thread then).
+        """
+        with self._lock:
+            ours = signal.getsignal(signal.SIGTERM) == self.handle  # installed by us or the CLI
+            if not self._users or not ours or self._fired or self._interrupt_sent:
+                return False
+            self._cause = error
+            self._interrupt_sent = True
+        main = threading.main_thread().ident
+        if main is None:  # pragma: no cover - the main thread always has an ident
+            return False
+        signal.pthread_kill(main, signal.SIGTERM)
+        return True
+
+    def withdraw(self, error: BaseException) -> bool:
+        """Take back an `interrupt` whose SIGTERM has not been handled yet; True if it was.
+
+        The runtime calls this once it stops normally, so a watchdog firing
+        at that very moment cannot cut its teardown short: the late SIGTERM
+        is then ignored.
+        """
+        with self._lock:
+            if self._interrupt_sent and self._cause is error:
+                self._cause = None
+                return True
+            return False
 
     def acquire(self) -> bool:
         """Count a holder and install the handler if SIGTERM has the default. True if counted."""
@@ -87,6 +141,8 @@ class SigtermPolicy:
                 current = signal.getsignal(signal.SIGTERM)
                 self._installed = False
                 self._fired = False
+                self._cause = None
+                self._interrupt_sent = False
                 if current == self.handle:
                     self._installed = True
                 elif current == signal.SIG_DFL:
@@ -123,9 +179,11 @@ class SigtermPolicy:
 
     def reset_after_fork(self) -> None:
         """A forked child holds nothing; its copy of the handler acts as the default."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the handler may run while the main thread holds it
         self._users = 0
         self._fired = False
+        self._cause = None
+        self._interrupt_sent = False
 
 
 SIGTERM_POLICY = SigtermPolicy()

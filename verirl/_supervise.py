@@ -3,6 +3,12 @@
 SIGTERM (the one policy's `SystemExit`) or Ctrl-C while it runs is passed
 on to it, with a grace period before SIGKILL; a second signal SIGKILLs it at
 once. The command also gets the death signal (SIGTERM when verirl dies).
+
+The server watchdog (`verirl._watchdog`) reaches the main thread here the
+same way a SIGTERM does, as the policy's interrupt: its `VLLMServerError`
+arrives in the wait for the command, which then gets SIGTERM and the grace
+like on a preemption (so a trainer with a save-on-SIGTERM callback writes
+its checkpoint), and the error propagates (``launch`` exits 4).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import subprocess
 from collections.abc import Callable, Collection, Sequence
 
 from verirl._process import death_signal_preexec
+from verirl.errors import VLLMServerError
 
 __all__ = ["run_command"]
 
@@ -84,7 +91,8 @@ def run_command(command: Sequence[str], env: dict[str, str], grace: float) -> in
     signals are blocked while it is spawned, so one arriving then is delivered
     once the command is known; the command unblocks them, and gets SIGTERM
     from the kernel if verirl itself dies. Whatever interrupts verirl here,
-    the command never outlives this call.
+    the command never outlives this call. A `VLLMServerError` raised here (the
+    watchdog's interrupt) stops the command as SIGTERM does, then propagates.
     """
     stopping = (signal.SIGINT, signal.SIGTERM)
     child: subprocess.Popen[bytes] | None = None
@@ -100,6 +108,15 @@ def run_command(command: Sequence[str], env: dict[str, str], grace: float) -> in
             finally:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping)
             code = child.wait()
+        except VLLMServerError:
+            if child is None:
+                raise
+            log.error("stopping the training command: the vLLM server it uses failed")  # noqa: TRY400 - logged by the watchdog
+            code = _stop_command(child, signal.SIGTERM, grace)
+            log.info(
+                "the training command exited with %d after the vLLM server failed", _code(code)
+            )
+            raise
         except (SystemExit, KeyboardInterrupt) as exc:
             if child is None:
                 raise
@@ -110,4 +127,9 @@ def run_command(command: Sequence[str], env: dict[str, str], grace: float) -> in
             _kill_command(child)
             _reap(child)
         raise
+    return _code(code)
+
+
+def _code(code: int) -> int:
+    """A shell's exit code: 128+N for a command that died of signal N."""
     return 128 - code if code < 0 else code

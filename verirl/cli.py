@@ -23,7 +23,10 @@ Exit codes (`EXIT_CODES`; the parser's epilog and the README say the same):
 - ``launch`` exits with its command's code (127 when it cannot be run, 128+N
   when it died of signal N): SIGTERM/Ctrl-C is passed on to it and it gets
   ``--shutdown-timeout`` seconds before SIGKILL (then 137); a signal before the
-  command started gives 143/130 and the command never runs.
+  command started gives 143/130 and the command never runs. If the vLLM
+  server dies while the command runs (exits, or answers no ``/health`` for
+  ``--vllm-unresponsive-timeout`` seconds), the command gets SIGTERM the same
+  way and ``launch`` exits 4, whatever the command's code.
 """
 
 from __future__ import annotations
@@ -152,6 +155,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "vllm_tensor_parallel_size": ("tensor_parallel_size", "--tensor-parallel-size"),
     "vllm_data_parallel_size": ("data_parallel_size", "--data-parallel-size"),
     "vllm_dedicated": ("dedicated", "--dedicated"),
+    "vllm_unresponsive_timeout": ("vllm_unresponsive_timeout", "--vllm-unresponsive-timeout"),
 }
 
 
@@ -198,7 +202,8 @@ def _flag_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError:
 
 _UNUSED_FLAGS = {"model": "--model", "vllm_command": "--vllm-command", "vllm_args": "--vllm-args",
                  "log_dir": "--log-dir", "vllm_gpus": "--vllm-gpus",
-                 "vllm_port": "--vllm-port"}  # fmt: skip
+                 "vllm_port": "--vllm-port",
+                 "vllm_unresponsive_timeout": "--vllm-unresponsive-timeout"}  # fmt: skip
 
 
 def _refuse_unused(args: argparse.Namespace) -> None:
@@ -212,7 +217,8 @@ def _refuse_unused(args: argparse.Namespace) -> None:
         unused: tuple[str, ...] = ("model", "vllm_command", "vllm_args", "log_dir", "vllm_gpus")
     elif getattr(args, "mode", None) == "colocate":
         why = "with --mode colocate, vLLM runs inside the training processes and no server starts"
-        unused = ("model", "vllm_command", "vllm_args", "log_dir", "vllm_port")
+        unused = ("model", "vllm_command", "vllm_args", "log_dir", "vllm_port",
+                  "vllm_unresponsive_timeout")  # fmt: skip
     else:
         unused, why = (), ""
     for dest in unused:
@@ -314,6 +320,7 @@ def _runtime_from_args(args: argparse.Namespace) -> TrainingRuntime:
         vllm_dedicated=getattr(args, "dedicated", None),
         resume_from=getattr(args, "resume", None),
         env_timeout=getattr(args, "env_timeout", None),
+        vllm_unresponsive_timeout=getattr(args, "vllm_unresponsive_timeout", None),
     )
 
 
@@ -515,7 +522,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
             session.resume_from_checkpoint or "fresh start",
         )
         _exit_if_sigterm_was_lost()  # never start the command after a SIGTERM
+        # The watchdog's VLLMServerExited interrupts this: the command gets SIGTERM, then exit 4.
         code = run_command(command, env, grace)
+        runtime.stop_watchdog()  # the command has ended: a server dying now fails nothing
     log.info("training command exited with %d; everything torn down", code)
     return code
 
@@ -561,7 +570,8 @@ Exit codes:
   2    bad usage or configuration 5    checkpoint not found or unreadable
   130  Ctrl-C (SIGINT)            143  SIGTERM, whenever it arrives
   launch: its command's code (127: cannot run it; 128+N: killed by signal N);
-  SIGTERM/Ctrl-C is passed on to the command, SIGKILL after --shutdown-timeout.
+  SIGTERM/Ctrl-C is passed on to the command, SIGKILL after --shutdown-timeout;
+  4 if the vLLM server died while it ran (the command got SIGTERM the same way).
 
 -v/-q/--json go before or after COMMAND. A setting not given as a flag comes
 from its VERIRL_* variable (named in the command's --help)."""
@@ -656,6 +666,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=LAUNCH_GRACE,
         help="on SIGTERM/Ctrl-C, seconds the command gets to exit after the signal is "
         f"passed on, before SIGKILL (default: {LAUNCH_GRACE:g})",
+    )
+    p.add_argument(
+        "--vllm-unresponsive-timeout",
+        type=_ascii_seconds,
+        help="while COMMAND runs, seconds the vLLM server may go without answering /health "
+        "before it counts as dead: COMMAND gets SIGTERM and launch exits 4, as when the server "
+        "exits (0: watch its exit only; $VERIRL_VLLM_UNRESPONSIVE_TIMEOUT; default: 60)",
     )
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 

@@ -10,6 +10,8 @@ keep working::
     ├── VLLMServerError(RuntimeError)            server faults; launch command missing
     │   ├── PortInUseError                       .host .port; nothing was spawned
     │   ├── VLLMServerExited                     .returncode .log_tail
+    │   │   └── VLLMServerUnresponsive           .url .elapsed .last_error; alive but
+    │   │                                        not answering /health (watchdog)
     │   ├── VLLMStartupTimeout(TimeoutError)     .timeout .log_tail; tree already gone
     │   └── VLLMServerUnavailable(TimeoutError)  .url .elapsed .last_error; a server
     │                                            started elsewhere never answered
@@ -28,6 +30,7 @@ __all__ = [
     "VLLMServerError",
     "VLLMServerExited",
     "VLLMServerUnavailable",
+    "VLLMServerUnresponsive",
     "VLLMStartupTimeout",
     "VeriRLError",
 ]
@@ -126,6 +129,38 @@ class VLLMServerExited(VLLMServerError):
         super().__init__(
             f"vLLM server exited with code {returncode}{where}{_format_tail(log_tail)}"
         )
+
+
+class VLLMServerUnresponsive(VLLMServerExited):
+    """The server stopped answering ``/health`` for ``elapsed`` seconds while in use.
+
+    Raised (through the watchdog) like a `VLLMServerExited`, because a server
+    that answers nothing is as dead to the trainer as one that exited; verirl
+    stops it. ``returncode`` is ``None`` when it was still running (or was
+    never ours to watch: another rank's or a remote server).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        elapsed: float,
+        last_error: str | None,
+        *,
+        log_tail: str = "",
+        log_path: str | None = None,
+        returncode: int | None = None,
+    ) -> None:
+        super().__init__(returncode, log_tail, log_path)
+        self.url = url
+        self.elapsed = elapsed
+        self.last_error = last_error
+        where = f"; full log: {log_path}" if log_path else ""
+        tail = _format_tail(log_tail) if log_tail or log_path else ""
+        message = (
+            f"vLLM server {url} did not answer /health for {elapsed:.1f}s "
+            f"(last error: {last_error or 'none'}){where}{tail}"
+        )
+        self.args = (message,)
 
 
 class VLLMStartupTimeout(VLLMServerError, TimeoutError):

@@ -39,6 +39,12 @@ from verirl._validate import (
     check_seconds,
     check_text,
 )
+from verirl._watchdog import (
+    SAVE_GRACE,
+    UNRESPONSIVE_TIMEOUT,
+    ServerWatchdog,
+    interrupt_main,
+)
 from verirl.checkpoints import (
     CheckpointResolver,
     CheckpointSource,
@@ -47,7 +53,12 @@ from verirl.checkpoints import (
 )
 from verirl.distenv import DistributedEnv
 from verirl.envserver import EnvServerProbe, HttpEnvServerProbe
-from verirl.errors import ConfigError, EnvServerUnavailable, VLLMServerUnavailable
+from verirl.errors import (
+    ConfigError,
+    EnvServerUnavailable,
+    VLLMServerError,
+    VLLMServerUnavailable,
+)
 from verirl.topology import MODES, VLLMTopology, detect_gpu_count
 
 __all__ = [
@@ -320,6 +331,17 @@ class TrainingRuntime:
     a handler the program installed (a save-on-preemption callback) or
     ``SIG_IGN`` is kept and is what runs.
 
+    While the session runs, a watchdog (`verirl._watchdog`) watches the vLLM
+    server: its exit (when this process started it) and its ``/health``,
+    which must answer within ``vllm_unresponsive_timeout`` seconds (0: exit
+    only); other ranks and remote topologies watch the health the same way.
+    On death it logs an ERROR with the exit status and the server's last log
+    lines, asks a training loop listening for stop requests
+    (`PreemptionCallback`) to save and stop, and after ``vllm_failure_grace``
+    seconds (at once without a listener) interrupts the main thread with
+    `VLLMServerExited` (`VLLMServerUnresponsive` for a hung server) through
+    the SIGTERM policy, so the ``with`` block unwinds with it.
+
     ``server_timeout=`` is the deprecated name of ``remote_server_timeout``.
     """
 
@@ -334,6 +356,8 @@ class TrainingRuntime:
     remote_server_timeout: float = attrs.field(default=900.0, kw_only=True)
     checkpoint_wait_timeout: float = attrs.field(default=NODE_WAIT_TIMEOUT, kw_only=True)
     die_with_launcher: bool = attrs.field(default=True, kw_only=True)
+    vllm_unresponsive_timeout: float = attrs.field(default=UNRESPONSIVE_TIMEOUT, kw_only=True)
+    vllm_failure_grace: float = attrs.field(default=SAVE_GRACE, kw_only=True)
     environ: MutableMapping[str, str] | None = attrs.field(default=None, kw_only=True, repr=False)
     _deprecated_server_timeout: float | None = attrs.field(
         default=None, kw_only=True, alias="server_timeout", repr=False
@@ -342,9 +366,12 @@ class TrainingRuntime:
     _session: RuntimeSession | None = attrs.field(default=None, init=False, repr=False)
     _started: bool = attrs.field(default=False, init=False, repr=False)
     _holds_sigterm: bool = attrs.field(default=False, init=False, repr=False)
+    _watchdog: ServerWatchdog | None = attrs.field(default=None, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         check_seconds("env_timeout", self.env_timeout)
+        check_seconds("vllm_unresponsive_timeout", self.vllm_unresponsive_timeout)
+        check_seconds("vllm_failure_grace", self.vllm_failure_grace)
         if self._deprecated_server_timeout is not None:
             warnings.warn(
                 "TrainingRuntime(server_timeout=...) is deprecated: "
@@ -406,6 +433,7 @@ class TrainingRuntime:
         vllm_dedicated: bool | None = None,
         resume_from: str | None = None,
         env_timeout: float | None = None,
+        vllm_unresponsive_timeout: float | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> TrainingRuntime:
         """Build the real components from plain settings, falling back to environment variables.
@@ -450,6 +478,9 @@ class TrainingRuntime:
         resolver = _resolver(read)
         model = read.text("model")
         timeout = env_timeout if env_timeout is not None else read.settings.env_timeout
+        unresponsive = vllm_unresponsive_timeout
+        if unresponsive is None:
+            unresponsive = read.settings.vllm_unresponsive_timeout
         return cls(
             topology,
             model=model,
@@ -465,6 +496,9 @@ class TrainingRuntime:
                 model_field=read.name("model") or Settings.variable("model"),
             ),
             env_timeout=600.0 if timeout is None else timeout,
+            vllm_unresponsive_timeout=(
+                UNRESPONSIVE_TIMEOUT if unresponsive is None else unresponsive
+            ),
         )
 
     @property
@@ -530,6 +564,7 @@ class TrainingRuntime:
             total=time.monotonic() - origin,
         )
         log.info("%s", self._session.timeline())
+        self._watch_server()
         return self._session
 
     def _apply_dist_env(self) -> DistributedEnv:
@@ -598,17 +633,60 @@ class TrainingRuntime:
                 START_CANCEL_TIMEOUT,
             )
 
+    def _watch_server(self) -> None:
+        """Start the watchdog on our server, or on the one started elsewhere (server mode)."""
+        server = self._server
+        if server is not None:
+            url: str | None = server.base_url
+        elif self._waits_for_server_elsewhere:
+            url = self.topology.server_url
+        else:
+            return  # colocate: vLLM runs inside the trainer
+        held = self._holds_sigterm
+        self._watchdog = ServerWatchdog(
+            server,
+            url,
+            unresponsive_timeout=self.vllm_unresponsive_timeout,
+            save_grace=self.vllm_failure_grace,
+            interrupt=lambda error: interrupt_main(error, held=held),
+        )
+        self._watchdog.start()
+
+    def stop_watchdog(self) -> VLLMServerError | None:
+        """Stop watching the server (before stopping it on purpose); return the death it saw.
+
+        `stop` does this first; ``verirl launch`` calls it as soon as its
+        command has ended, so that a server dying after that cannot turn a
+        finished job into a failed one. An interrupt the watchdog sent that
+        the main thread has not handled yet is taken back.
+        """
+        watchdog = self._watchdog
+        if watchdog is None:
+            return None
+        watchdog.stop()
+        failure = watchdog.failure
+        if failure is not None:
+            SIGTERM_POLICY.withdraw(failure)
+        return failure
+
     def stop(self) -> None:
-        """Stop the server (if this runtime started one) and release the SIGTERM policy.
+        """Stop the watchdog and the server (if this runtime started one), release the policy.
 
         Idempotent: the policy is released exactly once per `start`.
         """
         server, self._server = self._server, None
         self._session = None
+        watchdog = self._watchdog
         try:
-            if server is not None:
-                server.stop()
+            try:
+                self.stop_watchdog()  # first: stopping the server must not look like its death
+            finally:
+                if server is not None:
+                    server.stop()
+            if watchdog is not None:
+                watchdog.join(1.0)  # a daemon that never acts now: no need to wait out a request
         finally:
+            self._watchdog = None
             held, self._holds_sigterm = self._holds_sigterm, False
             self._started = False
             if held:

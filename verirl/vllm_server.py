@@ -259,6 +259,12 @@ class VLLMServer:
         return tree is not None and not tree.exited()
 
     @property
+    def returncode(self) -> int | None:
+        """The server process's exit status once it exited (negative: its signal), else ``None``."""
+        tree = self._tree
+        return None if tree is None else tree.exit_status()
+
+    @property
     def log_path(self) -> Path | None:
         """The log file of the current (or last) run; the requested path before the first."""
         return self._active_log or self._log_path

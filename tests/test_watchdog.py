@@ -1,0 +1,298 @@
+"""The server watchdog in-process: `TrainingRuntime` unwinds its ``with`` block when vLLM dies.
+
+Real parts: `VLLMServer` running the fake server program (SIGKILLed as the
+OOM killer does), loopback HTTP servers for the health half, the real
+SIGTERM policy. The main thread blocks as a trainer does (an event wait, a
+socket read) and must be interrupted promptly.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import psutil
+import pytest
+
+from _support import unshared_port
+from verirl import (
+    DistributedEnv,
+    TrainingRuntime,
+    VLLMServer,
+    VLLMServerExited,
+    VLLMServerUnresponsive,
+    VLLMTopology,
+    find_free_port,
+)
+from verirl._signals import SIGTERM_POLICY, exit_on_sigterm
+from verirl._stop import STOP_REQUESTS
+from verirl._watchdog import ServerWatchdog
+
+FAKE = (sys.executable, "-m", "fakes.vllm_serve")
+
+
+def fake_server_runtime(tmp_path, **kwargs) -> TrainingRuntime:
+    """A local server-mode runtime whose server is the fake program, in a real process."""
+    env: dict[str, str] = {}
+    topology = VLLMTopology.plan(2, max_model_len=64, port=unshared_port())
+    return TrainingRuntime(
+        topology,
+        environ=env,
+        dist_env=DistributedEnv.single_node(environ=env, master_port=find_free_port()),
+        server_factory=lambda t: VLLMServer.from_topology(
+            t, model="m", command=FAKE, log_path=tmp_path
+        ),
+        **kwargs,
+    )
+
+
+class Health(BaseHTTPRequestHandler):
+    """``/health``: 200, or 503 while the server's ``failing`` counter is positive."""
+
+    def do_GET(self) -> None:
+        server = self.server
+        assert isinstance(server, HealthServer)
+        with server.lock:
+            server.requests += 1
+            failing = server.failing != 0
+            server.failing = max(server.failing - 1, 0) if server.failing != -1 else -1
+        self.send_response(503 if failing else 200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class HealthServer(HTTPServer):
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), Health)
+        self.lock = threading.Lock()
+        self.failing = 0  # -1: always
+        self.requests = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.fixture
+def health_server() -> Iterator[HealthServer]:
+    server = HealthServer()
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+@pytest.fixture
+def no_stop_state() -> Iterator[None]:
+    STOP_REQUESTS.reset()
+    yield
+    STOP_REQUESTS.reset()
+
+
+def test_a_killed_server_interrupts_a_blocking_main_thread_with_its_exit(
+    tmp_path, default_sigterm, no_stop_state
+):
+    rt = fake_server_runtime(tmp_path)
+    workers: list[psutil.Process] = []
+    killed_at: list[float] = []
+
+    def train() -> None:
+        with rt as session:
+            pid = session.server.pid  # type: ignore[union-attr]
+            workers.extend(psutil.Process(pid).children(recursive=True))
+            psutil.Process(pid).kill()
+            killed_at.append(time.monotonic())
+            threading.Event().wait(60)  # a trainer blocked on the server: the watchdog ends it
+
+    with pytest.raises(VLLMServerExited) as caught:
+        train()
+    took = time.monotonic() - killed_at[0]
+    assert took < 3, took
+    assert type(caught.value) is VLLMServerExited
+    assert caught.value.returncode == -signal.SIGKILL
+    assert "Uvicorn running" in caught.value.log_tail
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the policy was released
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive
+
+
+def test_a_blocking_socket_read_is_interrupted_too(tmp_path, default_sigterm, no_stop_state):
+    rt = fake_server_runtime(tmp_path)
+    reader, writer = socket.socketpair()
+    try:
+
+        def train() -> None:
+            with rt as session:
+                psutil.Process(session.server.pid).kill()  # type: ignore[union-attr]
+                reader.recv(1)  # never answered: a collective waiting on a peer
+
+        with pytest.raises(VLLMServerExited):
+            train()
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_a_listening_training_loop_saves_and_raises_first_and_is_not_interrupted(
+    tmp_path, default_sigterm, no_stop_state
+):
+    requested: list[BaseException] = []
+    stop = threading.Event()
+
+    def listener(error: BaseException) -> None:  # what PreemptionCallback does
+        requested.append(error)
+        stop.set()
+
+    remove = STOP_REQUESTS.listen(listener)
+    saved: list[bool] = []
+
+    def train() -> None:
+        with fake_server_runtime(tmp_path) as session:
+            psutil.Process(session.server.pid).kill()  # type: ignore[union-attr]
+            assert stop.wait(30)  # the step ends, the checkpoint is written ...
+            saved.append(True)
+            raise requested[0]  # ... and the callback raises the error it was given
+
+    try:
+        with pytest.raises(VLLMServerExited) as caught:
+            train()
+    finally:
+        remove()
+    assert saved == [True]
+    assert caught.value is requested[0]
+    assert len(requested) == 1
+    assert not SIGTERM_POLICY.fired
+
+
+def test_a_listening_loop_that_never_stops_is_interrupted_after_the_grace(
+    tmp_path, default_sigterm, no_stop_state
+):
+    requested: list[BaseException] = []
+    remove = STOP_REQUESTS.listen(requested.append)
+    try:
+        rt = fake_server_runtime(tmp_path, vllm_failure_grace=0.5)
+
+        def train() -> None:
+            with rt as session:
+                psutil.Process(session.server.pid).kill()  # type: ignore[union-attr]
+                threading.Event().wait(60)  # stuck in a collective: never reaches its step end
+
+        with pytest.raises(VLLMServerExited) as caught:
+            train()
+    finally:
+        remove()
+    assert requested == [caught.value]
+
+
+def test_a_remote_server_that_stops_answering_unwinds_another_rank(
+    health_server, default_sigterm, no_stop_state
+):
+    port = health_server.server_address[1]
+    env: dict[str, str] = {}
+    topology = VLLMTopology.plan(1, max_model_len=64, remote_host="127.0.0.1", port=port)
+    rt = TrainingRuntime(
+        topology,
+        environ=env,
+        dist_env=DistributedEnv.single_node(environ=env, master_port=find_free_port()),
+        vllm_unresponsive_timeout=1.0,
+    )
+    failing_since: list[float] = []
+
+    def train() -> None:
+        with rt:
+            with health_server.lock:
+                health_server.failing = -1
+            failing_since.append(time.monotonic())
+            threading.Event().wait(60)
+
+    with pytest.raises(VLLMServerUnresponsive) as caught:
+        train()
+    took = time.monotonic() - failing_since[0]
+    assert 1.0 <= took < 4.0, took
+    assert caught.value.returncode is None
+    assert caught.value.last_error == "HTTP 503"
+    assert caught.value.url == health_server.url
+
+
+def test_one_failed_health_request_does_not_trip_it(health_server):
+    fired: list[BaseException] = []
+    dog = ServerWatchdog(
+        None, health_server.url, unresponsive_timeout=1.0, interval=0.1, interrupt=fired.append
+    )
+    dog.start()
+    try:
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:  # ~30 requests, every fifth one failing
+            with health_server.lock:
+                if health_server.requests % 5 == 0:
+                    health_server.failing = 1
+            threading.Event().wait(0.1)
+    finally:
+        dog.stop()
+        dog.join(5)
+    assert health_server.requests >= 10
+    assert fired == []
+    assert dog.failure is None
+
+
+def test_it_never_acts_after_stop(health_server):
+    fired: list[BaseException] = []
+    dog = ServerWatchdog(
+        None, health_server.url, unresponsive_timeout=0.3, interval=0.05, interrupt=fired.append
+    )
+    dog.start()
+    dog.stop()
+    with health_server.lock:
+        health_server.failing = -1
+    dog.join(5)
+    assert fired == []
+    assert dog.failure is None
+
+
+def test_a_normal_exit_stops_the_watchdog_before_the_server(tmp_path, default_sigterm):
+    rt = fake_server_runtime(tmp_path, vllm_unresponsive_timeout=0.5)
+    with rt:
+        pass
+    # Stopping the server did not look like its death: no interrupt is pending.
+    assert not SIGTERM_POLICY.fired
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_the_policy_interrupts_only_while_its_handler_is_installed(default_sigterm):
+    error = VLLMServerExited(-9, "")
+    assert not SIGTERM_POLICY.interrupt(error)  # not held
+    with exit_on_sigterm():
+
+        def block() -> None:
+            assert SIGTERM_POLICY.interrupt(error)
+            threading.Event().wait(10)
+
+        with pytest.raises(VLLMServerExited) as caught:
+            block()
+        assert caught.value is error
+        assert not SIGTERM_POLICY.interrupt(error)  # it fired once: a second one is ignored
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with exit_on_sigterm():
+        assert not SIGTERM_POLICY.interrupt(error)  # a program's disposition is never taken over
+
+
+def test_a_withdrawn_interrupt_is_ignored_when_it_lands(default_sigterm):
+    error = VLLMServerExited(-9, "")
+    with exit_on_sigterm():
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            assert SIGTERM_POLICY.interrupt(error)
+            assert SIGTERM_POLICY.withdraw(error)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # it lands here
+        assert not SIGTERM_POLICY.fired

@@ -1,0 +1,257 @@
+"""``verirl launch`` when its vLLM server dies mid-training: SIGTERM to the command, exit 4, resume.
+
+Real processes throughout: ``python -m verirl launch`` on the fake server
+program (``python -m fakes.vllm_serve``), a training script that saves a
+checkpoint on SIGTERM (what `PreemptionCallback` does) and exits 143, and the
+server killed (SIGKILL, as the OOM killer does) or frozen (SIGSTOP: alive, but
+answering nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from _support import unshared_port
+
+DEADLINE = 5.0
+"""The issue's bound: launch exits within this many seconds of the death, plus the save."""
+
+TRAIN = """
+import json, os, signal, sys, threading, time
+out = sys.argv[1]
+resume = os.environ.get("VERIRL_RESUME_FROM_CHECKPOINT") or ""
+if resume:
+    state = json.load(open(os.path.join(resume, "trainer_state.json")))
+    open(os.path.join(out, "resumed-from"), "w").write(f"{resume} {state['global_step']}")
+    sys.exit(0)
+step = 7
+def save_and_stop(signum, frame):
+    # What PreemptionCallback does: a complete checkpoint (trainer_state.json last), then 143.
+    open(os.path.join(out, "got-sigterm"), "w").write(repr(time.monotonic()))
+    folder = os.path.join(out, f"checkpoint-{step}")
+    os.makedirs(folder)
+    open(os.path.join(folder, "model.safetensors"), "wb").write(b"weights")
+    json.dump({"global_step": step}, open(os.path.join(folder, "trainer_state.json"), "w"))
+    sys.exit(143)
+ignore = os.environ.get("TRAIN_IGNORES_SIGTERM") == "1"
+signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore else save_and_stop)
+open(os.path.join(out, "pid"), "w").write(str(os.getpid()))
+threading.Event().wait(120)
+sys.exit(0)
+"""
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("VERIRL_") or name in ("CUDA_VISIBLE_DEVICES", "HF_TOKEN"):
+            monkeypatch.delenv(name)
+
+
+class Job:
+    """One ``verirl launch`` of the training script on the fake server, in a subprocess."""
+
+    def __init__(self, tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> None:
+        self.out = tmp_path / "out"
+        self.out.mkdir(exist_ok=True)
+        script = tmp_path / "train.py"
+        script.write_text(textwrap.dedent(TRAIN))
+        self.port = unshared_port()
+        self.stderr_path = tmp_path / f"launch-{time.monotonic_ns()}.err"
+        argv = [
+            sys.executable, "-m", "verirl", "launch", "--gpus", "2", "--model", "m",
+            "--vllm-port", str(self.port),
+            "--vllm-command", f"{sys.executable} -m fakes.vllm_serve", "--log-dir", str(tmp_path),
+            "--output-dir", str(self.out), *flags,
+            "--", sys.executable, str(script), str(self.out),
+        ]  # fmt: skip
+        with self.stderr_path.open("w") as sink:  # a file: an orphan holding a pipe cannot hang us
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=subprocess.DEVNULL,
+                stderr=sink,
+                env={**os.environ, **(env or {})},
+            )
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def wait_for_training(self, timeout: float = 60) -> tuple[psutil.Process, psutil.Process]:
+        """The server and trainer processes, once the trainer runs."""
+        pid_file = self.out / "pid"
+        deadline = time.monotonic() + timeout
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert self.proc.poll() is None, self.stderr
+            assert time.monotonic() < deadline, "the training command never started"
+            psutil.wait_procs([], timeout=0.02)
+        trainer = psutil.Process(int(pid_file.read_text()))
+        (server,) = [c for c in psutil.Process(self.proc.pid).children() if c.pid != trainer.pid]
+        return server, trainer
+
+    def everything(self) -> list[psutil.Process]:
+        try:
+            launcher = psutil.Process(self.proc.pid)
+            return [launcher, *launcher.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def jobs(clean_env: None) -> Iterator[list[Job]]:
+    started: list[Job] = []
+    yield started
+    for job in started:
+        job.close()
+
+
+def port_is_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_a_killed_server_ends_the_job_with_4_after_a_checkpoint_and_the_retry_resumes(
+    tmp_path: Path, jobs: list[Job]
+) -> None:
+    job = Job(tmp_path)
+    jobs.append(job)
+    server, trainer = job.wait_for_training()
+    processes = job.everything()
+    server.kill()  # as the OOM killer does
+    killed_at = time.monotonic()
+    code = job.proc.wait(timeout=60)
+    took = time.monotonic() - killed_at
+    stderr = job.stderr
+    assert code == 4, stderr
+    assert took < DEADLINE, (took, stderr)
+    # The command got SIGTERM (and wrote a complete checkpoint) before launch exited.
+    assert float((job.out / "got-sigterm").read_text()) > killed_at
+    assert json.loads((job.out / "checkpoint-7" / "trainer_state.json").read_text()) == {
+        "global_step": 7
+    }
+    assert "exited with code -9" in stderr
+    assert "ERROR" in stderr
+    assert "Uvicorn running" in stderr  # the last lines of the server's log
+    assert "the training command exited with 143 after the vLLM server failed" in stderr
+    _, alive = psutil.wait_procs(processes, timeout=10)
+    assert not alive, alive
+    assert not trainer.is_running()
+    assert port_is_free(job.port)
+
+    # The orchestrator's retry resumes from that checkpoint (`--resume auto` after issue 15).
+    retry = Job(tmp_path, "--resume", "latest")
+    jobs.append(retry)
+    assert retry.proc.wait(timeout=60) == 0, retry.stderr
+    resumed = (job.out / "resumed-from").read_text()
+    assert resumed == f"{job.out / 'checkpoint-7'} 7"
+
+
+def test_a_server_that_stops_answering_counts_as_dead_after_the_bound(
+    tmp_path: Path, jobs: list[Job]
+) -> None:
+    bound = 2.0
+    job = Job(tmp_path, "--vllm-unresponsive-timeout", str(bound))
+    jobs.append(job)
+    server, _ = job.wait_for_training()
+    processes = job.everything()
+    server.suspend()  # SIGSTOP: alive, port open, answering nothing
+    frozen_at = time.monotonic()
+    code = job.proc.wait(timeout=60)
+    took = time.monotonic() - frozen_at
+    stderr = job.stderr
+    assert code == 4, stderr
+    assert bound <= took < bound + DEADLINE, (took, stderr)
+    assert "did not answer /health for" in stderr
+    assert (job.out / "checkpoint-7" / "trainer_state.json").exists()
+    _, alive = psutil.wait_procs(processes, timeout=10)  # the frozen server too (SIGCONT)
+    assert not alive, alive
+    assert port_is_free(job.port)
+
+
+def test_a_command_that_ignores_sigterm_is_killed_after_the_grace_and_launch_still_exits_4(
+    tmp_path: Path, jobs: list[Job]
+) -> None:
+    job = Job(tmp_path, "--shutdown-timeout", "1", env={"TRAIN_IGNORES_SIGTERM": "1"})
+    jobs.append(job)
+    server, trainer = job.wait_for_training()
+    processes = job.everything()
+    server.kill()
+    killed_at = time.monotonic()
+    code = job.proc.wait(timeout=60)
+    took = time.monotonic() - killed_at
+    stderr = job.stderr
+    assert code == 4, stderr
+    assert took < DEADLINE + 1, (took, stderr)
+    assert "outlived its 1s grace: sending SIGKILL" in stderr
+    assert "exited with 137 after the vLLM server failed" in stderr
+    _, alive = psutil.wait_procs(processes, timeout=10)
+    assert not alive, alive
+    assert not trainer.is_running()
+
+
+def test_sigterm_to_launch_as_the_server_dies_still_stops_everything_once(
+    tmp_path: Path, jobs: list[Job]
+) -> None:
+    job = Job(tmp_path)
+    jobs.append(job)
+    server, _ = job.wait_for_training()
+    processes = job.everything()
+    server.kill()
+    job.proc.send_signal(signal.SIGTERM)
+    code = job.proc.wait(timeout=60)
+    stderr = job.stderr
+    assert code in (4, 143), stderr  # whichever came first: both are retried
+    assert (job.out / "checkpoint-7" / "trainer_state.json").exists()
+    assert "Traceback" not in stderr
+    _, alive = psutil.wait_procs(processes, timeout=10)
+    assert not alive, alive
+
+
+BOUND = "--vllm-unresponsive-timeout"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--gpus", "2", "--model", "m", BOUND, "-1"],
+        ["--gpus", "1", "--mode", "colocate", BOUND, "5"],  # no server to watch
+    ],
+)
+def test_a_bad_or_unused_bound_is_a_usage_error_naming_the_flag(
+    argv: list[str], clean_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from _support import run_cli
+
+    assert run_cli(["launch", *argv, "--", sys.executable, "-c", "pass"]) == 2
+    assert BOUND in capsys.readouterr().err
+
+
+def test_the_bound_from_the_variable_reaches_the_runtime(clean_env: None) -> None:
+    from verirl import TrainingRuntime
+
+    env = {"VERIRL_GPU_COUNT": "2", "VERIRL_VLLM_UNRESPONSIVE_TIMEOUT": "12.5"}
+    assert TrainingRuntime.from_settings(environ=env).vllm_unresponsive_timeout == 12.5
+    assert TrainingRuntime.from_settings(gpu_count=2).vllm_unresponsive_timeout == 60.0
