@@ -672,7 +672,7 @@ def test_serve_on_a_dedicated_node_open_to_other_machines(tmp_path, clean_env):
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 143
-    assert "the vLLM server binds 0.0.0.0: its API has no authentication" in err
+    assert f"the vLLM server binds 0.0.0.0 port {port}: its API has no authentication" in err
     assert "dedicated vLLM node (nothing trains here) · vLLM on GPUs 0,1 (tp 2 × dp 1" in err
     assert port_is_free(port)
 

@@ -795,7 +795,9 @@ cli_text = st.one_of(
     texts.filter(lambda t: not t.startswith("-") or re.fullmatch(r"-\d+", t) is not None),
     ints.map(str),
 )
-NUMERIC_FLAGS = ("--gpus", "--max-model-len", "--vllm-gpus", "--vllm-port")
+NUMERIC_FLAGS = ("--gpus", "--max-model-len", "--vllm-gpus", "--vllm-port",
+                 "--tensor-parallel-size", "--data-parallel-size")  # fmt: skip
+SERVE_ONLY = ("--host", "--tensor-parallel-size", "--data-parallel-size")
 # Short waits only (a closed port is waited on until the timeout); "inf" would hang.
 cli_seconds = st.one_of(
     st.floats(min_value=-1, max_value=0.05).map(lambda x: f"{x:.4f}"),
@@ -907,9 +909,10 @@ def cli_sandbox(sandbox, monkeypatch, closed_port):
 def test_every_cli_command_is_driven():
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    # serve runs a server until a signal: its flags are the topology and server flags of launch.
+    # serve runs a server until a signal: its flags are the topology and server flags of launch,
+    # driven there, and the serving node's own, driven by test_cli_serve with no server able to run.
     assert set(sub.choices) == {"plan", "wait-env", "resume", "doctor", "launch", "serve"}
-    assert set(command_flags("serve")) <= set(command_flags("launch"))
+    assert set(command_flags("serve")) - set(SERVE_ONLY) <= set(command_flags("launch"))
 
 
 @PROPERTY
@@ -983,6 +986,27 @@ def test_cli_launch(cli_sandbox, capsys, sandbox, data):
     argv = ["launch", *(x for pair in pairs for x in pair), "--", "true"]
     code, _out, err = run_cli(capsys, argv)
     check_cli("launch", code, err, pairs, {})
+
+
+@PROPERTY
+@given(data=st.data(), dedicated=st.booleans())
+def test_cli_serve(cli_sandbox, capsys, sandbox, data, dedicated):
+    """The serving node's flags (and --gpus): no server can start, so serve ends at once."""
+    flags = [*SERVE_ONLY, "--gpus"]
+    pairs = data.draw(
+        st.lists(
+            st.sampled_from(flags).flatmap(
+                lambda f: st.tuples(st.just(f), flag_values(f, cli_sandbox))
+            ),
+            max_size=3,
+        )
+    )
+    pairs.append(("--vllm-command", data.draw(_vllm_commands(sandbox))))
+    argv = ["serve", "--model", "m", *(["--dedicated"] if dedicated else []),
+            *(x for pair in pairs for x in pair)]  # fmt: skip
+    code, _out, err = run_cli(capsys, argv)
+    assert code in (2, 4), err
+    check_cli("serve", code, err, pairs, {})
 
 
 # ---------------------------------------------------------------- fixed examples

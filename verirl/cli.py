@@ -152,6 +152,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "request": ("resume", "--resume"),
     "shutdown_timeout": ("shutdown_timeout", "--shutdown-timeout"),
     "vllm_bind_host": ("host", "--host"),
+    "host": ("host", "--host"),
     "vllm_tensor_parallel_size": ("tensor_parallel_size", "--tensor-parallel-size"),
     "vllm_data_parallel_size": ("data_parallel_size", "--data-parallel-size"),
     "vllm_dedicated": ("dedicated", "--dedicated"),
@@ -439,9 +440,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     public = _public_address(topology.host)
     if public is not None:
         log.warning(
-            "the vLLM server binds %s: its API has no authentication, so anyone who can reach "
-            "port %d can generate and change its weights; keep it on a private network",
-            topology.host,
+            "the vLLM server binds %s port %d: its API has no authentication, so anyone who "
+            "can reach it can generate and change its weights; keep it on a private network",
+            f"[{topology.host}]" if ":" in topology.host else topology.host,
             topology.port,
         )
     with runtime as session:
