@@ -101,7 +101,7 @@ CASES = [
          (f"--vllm-command={NOWHERE!r}: cannot be started",)),
     # 4. resume: a path that does not exist, 'latest' with no source
     Case("resume-none", ["resume", "--resume", "none"], {}, 5,
-         (("no checkpoint for 'none': it is not 'latest', 'last-checkpoint' or empty, so it is "
+         (("no checkpoint for 'none': it is not 'latest', 'last-checkpoint', 'auto' or empty, so it is "
           "a path, and {tmp}/none does not exist; searched: none"),),
          never=("complete checkpoint",)),
     Case("resume-missing-path", ["resume", "--resume", "/nonexistent/verirl-ckpt"], {}, 5,
