@@ -152,7 +152,10 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
             return
         stopped = self._stopping or self._agree(args)  # a SIGTERM after the last step's end
         signalled, error = self._signalled, self._error
-        self.close()
+        exits = stopped and error is None and self._exit_code is not None
+        # Exiting after a SIGTERM: ours stays (it ignores any further SIGTERM, e.g. torchrun's
+        # to the other ranks) until the process is gone, rather than the default's sudden death.
+        self._deactivate(keep_handler=exits and self._previous == signal.SIG_DFL)
         if not stopped:
             return
         if self._stopped_at is None:
@@ -176,6 +179,11 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         and the process goes on (otherwise SIGTERM would wait for a step end
         that never comes).
         """
+        self._deactivate(keep_handler=False)
+
+    # -- internals
+
+    def _deactivate(self, *, keep_handler: bool) -> None:
         self._active = False
         with _ACTIVE_LOCK:
             if self in _ACTIVE:
@@ -183,9 +191,10 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         remove, self._remove_listener = self._remove_listener, None
         if remove is not None:
             remove()
-        self._uninstall()
-
-    # -- internals
+        if keep_handler:
+            self._requested.set()  # the handler now only logs and ignores
+        else:
+            self._uninstall()
 
     def _reset(self) -> None:
         self._requested.clear()

@@ -4,7 +4,8 @@ Run by `verirl launch` (or torchrun) in the drill and the bench. It writes
 one JSON line per event to ``--events`` (begin, each step end, pause, end,
 with the rank), and at step ``--pause-at`` it waits for the stop request
 (SIGTERM) to arrive, so the signal lands mid-run at a known step: an
-event, not a sleep. ``--no-callback`` runs Trainer alone (the baseline).
+event, not a sleep. Only rank 0 pauses: under torchrun the test signals
+rank 0 alone, and the other ranks must stop at the same step by agreement. ``--no-callback`` runs Trainer alone (the baseline).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Events(TrainerCallback):  # type: ignore[misc]
         self.path = path
         self.pause_at = pause_at
         self.preemption = preemption
+        self.then_pause = 0.0
 
     def write(self, state: object, **fields: object) -> None:
         rank = int(os.environ.get("RANK", "0"))
@@ -51,8 +53,8 @@ class Events(TrainerCallback):  # type: ignore[misc]
 
     def on_step_end(self, args, state, control, **_):  # noqa: ANN001, ANN201, ARG002
         self.write(state, event="step", step=state.global_step)
-        if state.global_step != self.pause_at:
-            return
+        if state.global_step != self.pause_at or not state.is_world_process_zero:
+            return  # only rank 0 pauses (and is signalled): the others must follow it
         self.write(state, event="paused", step=state.global_step)
         deadline = time.monotonic() + PAUSE_LIMIT
         tick = threading.Event()
@@ -60,9 +62,13 @@ class Events(TrainerCallback):  # type: ignore[misc]
             if self.preemption is not None and self.preemption.stop_requested:
                 break
             tick.wait(0.02)  # SIGTERM's handler (or its default action) runs in between
+        self.write(state, event="unpaused", step=state.global_step)
+        if self.then_pause:  # a second signal lands while the checkpoint is being written
+            tick.wait(self.then_pause)
 
     def on_train_end(self, args, state, control, **_):  # noqa: ANN001, ANN201, ARG002
-        self.write(state, event="end", step=state.global_step)
+        signalled = self.preemption is not None and self.preemption.stop_requested
+        self.write(state, event="end", step=state.global_step, signalled=signalled)
 
 
 def main() -> None:
@@ -75,10 +81,13 @@ def main() -> None:
     parser.add_argument("--pause-at", type=int, default=-1)
     parser.add_argument("--no-callback", action="store_true")
     parser.add_argument("--exit-code", type=int, default=143)
+    parser.add_argument("--then-pause", type=float, default=0.0)
     args = parser.parse_args()
 
     preemption = None if args.no_callback else PreemptionCallback(exit_code=args.exit_code)
-    callbacks: list[object] = [Events(args.events, args.pause_at, preemption)]
+    recorder = Events(args.events, args.pause_at, preemption)
+    recorder.then_pause = args.then_pause
+    callbacks: list[object] = [recorder]
     if preemption is not None:
         callbacks.append(preemption)
     config = GRPOConfig(
