@@ -116,7 +116,11 @@ def main() -> None:
         callbacks=callbacks,
     )
     resume = os.environ.get("VERIRL_RESUME_FROM_CHECKPOINT") or None
-    trainer.train(resume_from_checkpoint=resume)
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except SystemExit as exc:  # PreemptionCallback's exit, recorded for the test
+        recorder.write(trainer.state, event="exit", code=exc.code)
+        raise
 
 
 if __name__ == "__main__":
