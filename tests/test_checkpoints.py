@@ -355,8 +355,9 @@ def test_no_magic_words_besides_empty(value, tmp_path, monkeypatch):
     with pytest.raises(CheckpointNotFoundError) as info:
         CheckpointResolver([FakeCheckpointSource(steps=[1])]).resolve(value)
     # Said plainly: the word was taken as a path (relative: shown absolute), which is missing.
-    assert f"no checkpoint for {value!r}: it is not 'latest', 'last-checkpoint', 'auto' or empty, so " in (
-        str(info.value)
+    assert (
+        f"no checkpoint for {value!r}: it is not 'latest', 'last-checkpoint', 'auto' or empty, so "
+        in (str(info.value))
     )
     assert f"{tmp_path / value} does not exist; searched: {value}" in str(info.value)
 

@@ -101,8 +101,8 @@ CASES = [
          (f"--vllm-command={NOWHERE!r}: cannot be started",)),
     # 4. resume: a path that does not exist, 'latest' with no source
     Case("resume-none", ["resume", "--resume", "none"], {}, 5,
-         (("no checkpoint for 'none': it is not 'latest', 'last-checkpoint', 'auto' or empty, so it is "
-          "a path, and {tmp}/none does not exist; searched: none"),),
+         (("no checkpoint for 'none': it is not 'latest', 'last-checkpoint', 'auto' or empty, so "
+          "it is a path, and {tmp}/none does not exist; searched: none"),),
          never=("complete checkpoint",)),
     Case("resume-missing-path", ["resume", "--resume", "/nonexistent/verirl-ckpt"], {}, 5,
          (("so it is a path, and /nonexistent/verirl-ckpt does not exist; "

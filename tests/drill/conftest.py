@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))
-from tiny_model import build_tiny_model  # noqa: E402
+from tiny_model import build_tiny_model
 
 
 def pytest_configure(config: pytest.Config) -> None:

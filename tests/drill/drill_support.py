@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -50,7 +51,9 @@ def events(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def wait_for_event(path: Path, process: subprocess.Popen[bytes], **match: object) -> dict[str, object]:
+def wait_for_event(
+    path: Path, process: subprocess.Popen[bytes], **match: object
+) -> dict[str, object]:
     """The first event matching ``match``; fails if the process ends first or time runs out."""
     deadline = time.monotonic() + RUN_LIMIT
     tick = threading.Event()
@@ -83,10 +86,8 @@ def kill_tree(pid: int) -> None:
     except psutil.NoSuchProcess:
         return
     for proc in tree:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             proc.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:  # noqa: PERF203
-            pass
     psutil.wait_procs(tree, timeout=10)
 
 

@@ -5,7 +5,8 @@ one JSON line per event to ``--events`` (begin, each step end, pause, end,
 with the rank), and at step ``--pause-at`` it waits for the stop request
 (SIGTERM) to arrive, so the signal lands mid-run at a known step: an
 event, not a sleep. Only rank 0 pauses: under torchrun the test signals
-rank 0 alone, and the other ranks must stop at the same step by agreement. ``--no-callback`` runs Trainer alone (the baseline).
+rank 0 alone, and the other ranks must stop at the same step by agreement.
+``--no-callback`` runs Trainer alone (the baseline).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Events(TrainerCallback):  # type: ignore[misc]
         self.preemption = preemption
         self.then_pause = 0.0
 
-    def write(self, state: object, **fields: object) -> None:
+    def write(self, state: object, **fields: object) -> None:  # noqa: ARG002 - the hooks' state
         rank = int(os.environ.get("RANK", "0"))
         record = {"pid": os.getpid(), "rank": rank, **fields}
         with self.path.open("a") as out:
@@ -47,11 +48,11 @@ class Events(TrainerCallback):  # type: ignore[misc]
             out.flush()
             os.fsync(out.fileno())
 
-    def on_train_begin(self, args, state, control, **_):  # noqa: ANN001, ANN201, ARG002
+    def on_train_begin(self, args, state, control, **_):  # noqa: ARG002
         resume = os.environ.get("VERIRL_RESUME_FROM_CHECKPOINT") or None
         self.write(state, event="begin", step=state.global_step, resume=resume)
 
-    def on_step_end(self, args, state, control, **_):  # noqa: ANN001, ANN201, ARG002
+    def on_step_end(self, args, state, control, **_):  # noqa: ARG002
         self.write(state, event="step", step=state.global_step)
         if state.global_step != self.pause_at or not state.is_world_process_zero:
             return  # only rank 0 pauses (and is signalled): the others must follow it
@@ -66,7 +67,7 @@ class Events(TrainerCallback):  # type: ignore[misc]
         if self.then_pause:  # a second signal lands while the checkpoint is being written
             tick.wait(self.then_pause)
 
-    def on_train_end(self, args, state, control, **_):  # noqa: ANN001, ANN201, ARG002
+    def on_train_end(self, args, state, control, **_):  # noqa: ARG002
         signalled = self.preemption is not None and self.preemption.stop_requested
         self.write(state, event="end", step=state.global_step, signalled=signalled)
 

@@ -30,7 +30,9 @@ STEPS = 6
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
-    return {os.fspath(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    return {
+        os.fspath(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+    }
 
 
 def test_the_same_command_starts_fresh_saves_on_sigterm_and_resumes(tiny_model, tmp_path):
@@ -54,7 +56,13 @@ def test_the_same_command_starts_fresh_saves_on_sigterm_and_resumes(tiny_model, 
     assert not trainer.is_running()
     begin, *_, end = events(log)
     assert begin["resume"] is None
-    assert end == {"pid": paused["pid"], "rank": 0, "event": "end", "step": PAUSE, "signalled": True}
+    assert end == {
+        "pid": paused["pid"],
+        "rank": 0,
+        "event": "end",
+        "step": PAUSE,
+        "signalled": True,
+    }
     assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{PAUSE}"]
     assert newest_complete(out) == PAUSE  # complete: trainer_state.json written
 
@@ -69,7 +77,7 @@ def test_the_same_command_starts_fresh_saves_on_sigterm_and_resumes(tiny_model, 
     text = second.stderr.decode(errors="replace")
     assert second.returncode == 0, text[-3000:]
     assert f"skipping incomplete checkpoint {torn}" in text
-    retry = [e for e in events(log) if e["pid"] not in (paused["pid"],)]
+    retry = [e for e in events(log) if e["pid"] != paused["pid"]]
     assert retry[0]["event"] == "begin"
     assert retry[0]["resume"] == str(out / f"checkpoint-{PAUSE}")
     assert retry[0]["step"] == PAUSE
