@@ -121,8 +121,8 @@ CASES = [
     Case("launch-latest-no-source", ["launch", "--gpus", "1", "--resume", "latest", "--", "true"],
          {}, 5, (f"searched: no sources configured; configure one with {CONFIGURE_A_SOURCE}",)),
     Case("resume-auto-no-source", ["resume", "--resume", "auto"], {}, 2,
-         ("--resume='auto': 'auto' needs somewhere to look, and no checkpoint source is "
-          f"configured (configure one with {CONFIGURE_A_SOURCE})",)),
+         (("--resume='auto': 'auto' needs somewhere to look, and no checkpoint source is "
+           f"configured (configure one with {CONFIGURE_A_SOURCE})"),)),
     Case("resume-auto-no-source-from-variable", ["resume"],
          {"VERIRL_RESUME_FROM_CHECKPOINT": "auto"}, 2,
          ("VERIRL_RESUME_FROM_CHECKPOINT='auto': 'auto' needs somewhere to look",),
