@@ -54,8 +54,9 @@ def test_the_same_command_starts_fresh_saves_on_sigterm_and_resumes(tiny_model, 
     assert first.returncode == 143, text[-3000:]
     assert "'auto': no complete checkpoint yet, starting fresh; searched: local:" in text
     assert not trainer.is_running()
-    begin, *_, end = events(log)
+    begin, *_, end, exited = events(log)
     assert begin["resume"] is None
+    assert exited["code"] == 143
     assert end == {
         "pid": paused["pid"],
         "rank": 0,
@@ -82,7 +83,7 @@ def test_the_same_command_starts_fresh_saves_on_sigterm_and_resumes(tiny_model, 
     assert retry[0]["resume"] == str(out / f"checkpoint-{PAUSE}")
     assert retry[0]["step"] == PAUSE
     assert [e["step"] for e in retry if e["event"] == "step"] == list(range(PAUSE + 1, STEPS + 1))
-    assert retry[-1]["event"] == "end"
+    assert retry[-1]["event"] == "end"  # finished: no exit event, a normal return
     assert retry[-1]["step"] == STEPS
     assert _snapshot(torn) == before  # ignored and left exactly as it was
     assert newest_complete(out) == STEPS
