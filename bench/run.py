@@ -17,6 +17,8 @@ GPU and no network, and reports medians over ``--runs`` repetitions and their ra
    and `verirl.TrainingRuntime` start-up; otherwise "not measured" rows;
 7. time from the vLLM server's death to the job's exit: ``verirl launch`` (the watchdog)
    vs the old helper, which never notices (``bench/watchdog.py``).
+8. steps lost per preemption, a real GRPOTrainer on CPU with
+   `verirl.preemption.PreemptionCallback` vs Trainer alone (bench/preemption.py).
 
 It prints one markdown table, writes it to ``bench/out/results.md`` (an ignored
 folder, so a plain run leaves the tree clean) with the date, Python version and core
@@ -53,6 +55,7 @@ import attrs
 import psutil
 import requests
 
+import preemption
 import real_engine
 import watchdog
 from fakes import FakeCheckpointSource, FakeEnvServer, FakeEnvServerProbe
@@ -123,6 +126,7 @@ FIGURES = {
     "5": "5 import cost",
     "6": "6 real engine",
     "7": "7 death to exit",
+    "8": "8 preemption",
 }
 
 log = logging.getLogger("bench")
@@ -1014,6 +1018,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "7": lambda: watchdog.bench_watchdog(
                     lambda *cells: report.rows.append(Row(*cells)), runs, scratch
                 ),
+                "8": lambda: report.rows.append(Row("8 preemption", *preemption.measure(scratch))),
             }
             for key, job in jobs.items():
                 if key in wanted:

@@ -23,12 +23,14 @@ from _support import SESSION_VAR, describe, kill_all, leftovers, session_process
 
 # tests/compat needs the real trl (and torch); only `nox -s compat` installs them.
 # tests/engine needs trl and a real vLLM engine (CPU build); only `nox -s vllm` installs them.
+# tests/drill needs trl (real GRPOTrainer runs on CPU); only `nox -s drill` installs it.
 # tests/multinode needs torch (gloo) and runs torchrun; only `nox -s multinode` installs it.
 collect_ignore = [
     folder
     for folder, variable in (
         ("compat", "VERIRL_COMPAT"),
         ("engine", "VERIRL_VLLM"),
+        ("drill", "VERIRL_DRILL"),
         ("multinode", "VERIRL_MULTINODE"),
     )
     if not os.environ.get(variable)

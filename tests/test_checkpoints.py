@@ -355,8 +355,9 @@ def test_no_magic_words_besides_empty(value, tmp_path, monkeypatch):
     with pytest.raises(CheckpointNotFoundError) as info:
         CheckpointResolver([FakeCheckpointSource(steps=[1])]).resolve(value)
     # Said plainly: the word was taken as a path (relative: shown absolute), which is missing.
-    assert f"no checkpoint for {value!r}: it is not 'latest', 'last-checkpoint' or empty, so " in (
-        str(info.value)
+    assert (
+        f"no checkpoint for {value!r}: it is not 'latest', 'last-checkpoint', 'auto' or empty, so "
+        in (str(info.value))
     )
     assert f"{tmp_path / value} does not exist; searched: {value}" in str(info.value)
 
@@ -1514,3 +1515,68 @@ def test_a_listing_with_unsafe_paths_makes_that_folder_unusable(hub, tmp_path, c
     with pytest.raises(CheckpointSourceError, match="checkpoint-40 is not"):
         source.fetch(Checkpoint(40, "checkpoint-40", source.description))
     assert not (tmp_path / "escaped.txt").exists()
+
+
+# -- 'auto': the same request for the first attempt and every retry
+
+
+@pytest.mark.parametrize("request_", ["auto", " auto\n"])
+def test_auto_is_the_newest_checkpoint_when_there_is_one(request_):
+    a = FakeCheckpointSource(steps=[10], description="a", root="/a")
+    b = FakeCheckpointSource(steps=[30], description="b", root="/b")
+    assert CheckpointResolver([a, b]).resolve(request_) == "/b/checkpoint-30"
+    assert b.fetched == [b.checkpoint(30)]
+
+
+def test_auto_with_no_checkpoint_anywhere_is_a_fresh_start_logged_with_the_places(caplog):
+    sources = [
+        FakeCheckpointSource(description="local:/x/out"),
+        FakeCheckpointSource(description="hub:o/r@main"),
+    ]
+    assert CheckpointResolver(sources).resolve("auto") is None
+    assert (
+        "'auto': no complete checkpoint yet, starting fresh; searched: local:/x/out, hub:o/r@main"
+        in warnings_of(caplog)
+    )
+
+
+def test_auto_skips_an_incomplete_checkpoint_and_leaves_it(tmp_path):
+    make_checkpoint(tmp_path, "checkpoint-1")
+    torn = tmp_path / "checkpoint-2"
+    torn.mkdir()
+    (torn / "model.safetensors").write_bytes(b"half")
+    resolver = CheckpointResolver([LocalCheckpointSource(tmp_path)])
+    assert resolver.resolve("auto") == str(tmp_path / "checkpoint-1")
+    assert [p.name for p in torn.iterdir()] == ["model.safetensors"]
+    assert (torn / "model.safetensors").read_bytes() == b"half"
+
+
+def test_auto_with_a_failing_source_and_nothing_elsewhere_is_an_error_not_a_fresh_start():
+    """The Hub down is not "no checkpoint": a fresh start would throw the run away."""
+    cause = ConnectionRefusedError(111, "refused")
+    wrapped = CheckpointSourceError("cannot list hub:o/r@main: refused")
+    wrapped.__cause__ = cause
+    sources = [
+        FakeCheckpointSource(description="local"),
+        FakeCheckpointSource(description="hub", error=wrapped),
+    ]
+    with pytest.raises(CheckpointSourceError) as info:
+        CheckpointResolver(sources).resolve("auto")
+    assert info.value.__cause__ is cause
+    assert "no checkpoint for 'auto'" in str(info.value)
+
+
+def test_auto_with_a_failing_source_uses_another_sources_checkpoint(caplog):
+    broken = FakeCheckpointSource(description="broken", error=CheckpointSourceError("hub down"))
+    ok = FakeCheckpointSource(steps=[5], description="ok")
+    assert CheckpointResolver([broken, ok]).resolve("auto") == "/fake/checkpoint-5"
+    assert "broken" in warnings_of(caplog)
+
+
+def test_auto_with_no_source_is_a_config_error_naming_the_request_or_the_variable():
+    with pytest.raises(ConfigError, match=r"^request='auto': 'auto' needs somewhere to look"):
+        CheckpointResolver([]).resolve("auto")
+    with pytest.raises(ConfigError) as info:
+        CheckpointResolver([]).resolve_from_env({"VERIRL_RESUME_FROM_CHECKPOINT": "auto"})
+    assert info.value.field == "VERIRL_RESUME_FROM_CHECKPOINT"
+    assert str(info.value).startswith("VERIRL_RESUME_FROM_CHECKPOINT='auto': ")

@@ -532,7 +532,14 @@ def test_launch_signal_before_the_command_starts_never_runs_it(tmp_path, sig, co
     assert "Traceback" not in stderr
 
 
-def test_launch_kills_a_command_that_ignores_sigterm_after_the_grace(tmp_path, clean_env):
+@pytest.mark.parametrize(
+    ("grace_args", "grace_env"),
+    [(["--shutdown-timeout", "1"], {}), ([], {"VERIRL_SHUTDOWN_TIMEOUT": "1"})],
+    ids=["flag", "variable"],
+)
+def test_launch_kills_a_command_that_ignores_sigterm_after_the_grace(
+    tmp_path, clean_env, grace_args, grace_env
+):
     pid_file = tmp_path / "pid"
     script = training_script(
         tmp_path,
@@ -544,9 +551,9 @@ def test_launch_kills_a_command_that_ignores_sigterm_after_the_grace(tmp_path, c
     """,
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--shutdown-timeout", "1",
+        [sys.executable, "-m", "verirl", "launch", "--gpus", "1", *grace_args,
          "--", sys.executable, str(script)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **grace_env},
     )  # fmt: skip
     try:
         wait_for(lambda: pid_file.exists() and pid_file.read_text(), proc, "the command")
@@ -560,7 +567,7 @@ def test_launch_kills_a_command_that_ignores_sigterm_after_the_grace(tmp_path, c
     assert proc.returncode == 128 + signal.SIGKILL, stderr
     _, alive = psutil.wait_procs([trainer], timeout=10)
     assert not alive
-    assert "forwarding signal" in stderr
+    assert "SIGKILL in 1s" in stderr
     assert "SIGKILL" in stderr
 
 
@@ -711,3 +718,17 @@ def test_launch_with_a_remote_vllm_leaves_the_gpus_to_the_launcher(
     assert result.returncode == 0, result.stderr
     assert json.loads(out.read_text()) == {"cvd": visible, "url": f"http://127.0.0.1:{port}"}
     assert "as launched" in result.stderr
+
+
+def test_the_launch_grace_is_25_seconds_unless_a_flag_or_variable_says_otherwise(monkeypatch):
+    """Under the 30 s Kubernetes and Modal give a preempted container."""
+    from verirl.cli import _launch_grace, build_parser
+
+    monkeypatch.delenv("VERIRL_SHUTDOWN_TIMEOUT", raising=False)
+    parse = build_parser().parse_args
+    assert _launch_grace(parse(["launch", "--", "true"])) == 25.0
+    monkeypatch.setenv("VERIRL_SHUTDOWN_TIMEOUT", "12.5")
+    assert _launch_grace(parse(["launch", "--", "true"])) == 12.5
+    assert _launch_grace(parse(["launch", "--shutdown-timeout", "3", "--", "true"])) == 3.0
+    monkeypatch.setenv("VERIRL_SHUTDOWN_TIMEOUT", " ")
+    assert _launch_grace(parse(["launch", "--", "true"])) == 25.0

@@ -101,8 +101,8 @@ CASES = [
          (f"--vllm-command={NOWHERE!r}: cannot be started",)),
     # 4. resume: a path that does not exist, 'latest' with no source
     Case("resume-none", ["resume", "--resume", "none"], {}, 5,
-         (("no checkpoint for 'none': it is not 'latest', 'last-checkpoint' or empty, so it is "
-          "a path, and {tmp}/none does not exist; searched: none"),),
+         (("no checkpoint for 'none': it is not 'latest', 'last-checkpoint', 'auto' or empty, so "
+          "it is a path, and {tmp}/none does not exist; searched: none"),),
          never=("complete checkpoint",)),
     Case("resume-missing-path", ["resume", "--resume", "/nonexistent/verirl-ckpt"], {}, 5,
          (("so it is a path, and /nonexistent/verirl-ckpt does not exist; "
@@ -120,6 +120,23 @@ CASES = [
          never=("configure one",)),
     Case("launch-latest-no-source", ["launch", "--gpus", "1", "--resume", "latest", "--", "true"],
          {}, 5, (f"searched: no sources configured; configure one with {CONFIGURE_A_SOURCE}",)),
+    Case("resume-auto-no-source", ["resume", "--resume", "auto"], {}, 2,
+         (("--resume='auto': 'auto' needs somewhere to look, and no checkpoint source is "
+           f"configured (configure one with {CONFIGURE_A_SOURCE})"),)),
+    Case("resume-auto-no-source-from-variable", ["resume"],
+         {"VERIRL_RESUME_FROM_CHECKPOINT": "auto"}, 2,
+         ("VERIRL_RESUME_FROM_CHECKPOINT='auto': 'auto' needs somewhere to look",),
+         never=("--resume",)),
+    Case("resume-auto-empty-source", ["resume", "--resume", "auto", "--output-dir", "{tmp}/new"],
+         {}, 0, ()),
+    Case("launch-auto-no-source", ["launch", "--gpus", "1", "--resume", "auto", "--", "true"],
+         {}, 2, ("--resume='auto': 'auto' needs somewhere to look",)),
+    Case("launch-auto-no-source-from-variable", ["launch", "--gpus", "1", "--", "true"],
+         {"VERIRL_RESUME_FROM_CHECKPOINT": "auto"}, 2,
+         ("VERIRL_RESUME_FROM_CHECKPOINT='auto': 'auto' needs somewhere to look",)),
+    Case("launch-shutdown-timeout-variable", ["launch", "--gpus", "1", "--", "true"],
+         {"VERIRL_SHUTDOWN_TIMEOUT": "soon"}, 2,
+         ("VERIRL_SHUTDOWN_TIMEOUT='soon': must be a number of seconds in ASCII digits",)),
     # 6. values that would be ignored are rejected, naming the flag
     Case("doctor-port-0", ["doctor", "--vllm-port", "0"], {}, 2, ("--vllm-port=0: must be >= 1",)),
     Case("plan-colocate-port",

@@ -131,6 +131,18 @@ class SigtermPolicy:
                 return True
             return False
 
+    def note_fired(self) -> None:
+        """A SIGTERM was handled by the program's handler, which now unwinds: fire no more.
+
+        `verirl.preemption.PreemptionCallback` takes SIGTERM over from this
+        policy while training runs and gives it back before exiting 143; a
+        second SIGTERM during the teardown that follows is then ignored, as if
+        this policy had fired.
+        """
+        with self._lock:
+            if self._users:
+                self._fired = True
+
     def acquire(self) -> bool:
         """Count a holder and install the handler if SIGTERM has the default. True if counted."""
         if threading.current_thread() is not threading.main_thread():

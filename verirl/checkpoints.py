@@ -38,6 +38,7 @@ from verirl._local_source import LocalCheckpointSource
 from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError
 
 __all__ = [
+    "AUTO",
     "LAST_CHECKPOINT",
     "MAX_TRAINER_STATE_BYTES",
     "RESUME_ENV_VAR",
@@ -57,6 +58,12 @@ RESUME_ENV_VAR = "VERIRL_RESUME_FROM_CHECKPOINT"
 """The environment variable `CheckpointResolver.resolve_from_env` reads."""
 
 _LATEST_REQUESTS = frozenset({"latest", LAST_CHECKPOINT})
+AUTO = "auto"
+"""The request for "the newest complete checkpoint if there is one, else a fresh start"."""
+NO_SOURCE_FOR_AUTO = (
+    "'auto' needs somewhere to look, and no checkpoint source is configured "
+    "(give an output directory or a Hub repo)"
+)
 
 
 def describe_source(source: object) -> str:
@@ -127,8 +134,11 @@ class CheckpointResolver:
         ``None`` or blank: None (fresh start). ``"latest"`` or ``"last-checkpoint"``:
         the newest complete checkpoint over all sources, fetched, as a local
         path; `CheckpointNotFoundError` when there is none, `CheckpointSourceError`
-        when there is none and a source failed. Anything else: an existing
-        directory, returned with ``~`` expanded (`CheckpointNotFoundError` otherwise).
+        when there is none and a source failed. ``"auto"``: the same, but none
+        found is a fresh start (``None``, logged at WARNING with the places
+        searched); a failing source is still an error, and no sources at all is
+        a `ConfigError`. Anything else: an existing directory, returned with
+        ``~`` expanded (`CheckpointNotFoundError` otherwise).
         """
         given: object = request
         if isinstance(given, os.PathLike):
@@ -143,7 +153,11 @@ class CheckpointResolver:
             return None
         request = request.strip()
         if request in _LATEST_REQUESTS:
-            return self._resolve_latest(request)
+            return self._resolve_latest(request, strict=True)
+        if request == AUTO:
+            if not self._sources:
+                raise ConfigError.invalid("request", request, NO_SOURCE_FOR_AUTO)
+            return self._resolve_latest(request, strict=False)
         return _resolve_explicit(request)
 
     def resolve_from_env(self, environ: Mapping[str, str] | None = None) -> str | None:
@@ -155,9 +169,18 @@ class CheckpointResolver:
         if value is not None and not isinstance(value, str):
             raise ConfigError.invalid(RESUME_ENV_VAR, value, "must be a string")
         log.debug("%s=%r", RESUME_ENV_VAR, value)
-        return self.resolve(value)
+        try:
+            return self.resolve(value)
+        except ConfigError as exc:
+            raise (exc.renamed(RESUME_ENV_VAR) if exc.field == "request" else exc) from None
 
-    def _resolve_latest(self, request: str) -> str:
+    def _resolve_latest(self, request: str, *, strict: bool) -> str | None:
+        """The newest complete checkpoint, fetched; none found: an error if ``strict``, else None.
+
+        A source that could not be read is never taken for an empty one: when
+        no other source has a checkpoint, that is `CheckpointSourceError` even
+        for ``auto`` (a fresh start would silently throw the run away).
+        """
         found_all: list[tuple[Checkpoint, CheckpointSource]] = []
         failures: list[tuple[CheckpointSource, Exception]] = []
         for source in self._sources:
@@ -178,6 +201,13 @@ class CheckpointResolver:
                     f"source(s) could not be read ({reasons}); searched: {', '.join(searched)}"
                 )
                 raise CheckpointSourceError(msg) from _original(failures[0][1])
+            if not strict:
+                log.warning(
+                    "%r: no complete checkpoint yet, starting fresh; searched: %s",
+                    request,
+                    ", ".join(searched),
+                )
+                return None
             raise CheckpointNotFoundError(request, searched)
         for failed, error in failures:
             log.warning(
@@ -214,7 +244,7 @@ def _original(exc: BaseException) -> BaseException:
     return exc
 
 
-_AS_PATH = "it is not 'latest', 'last-checkpoint' or empty, so it is a path"
+_AS_PATH = "it is not 'latest', 'last-checkpoint', 'auto' or empty, so it is a path"
 
 
 def _resolve_explicit(request: str) -> str:

@@ -73,8 +73,14 @@ log = logging.getLogger("verirl")
 GRPO_KWARGS_VARIABLE = "VERIRL_GRPO_KWARGS"
 VLLM_URL_VARIABLE = "VERIRL_VLLM_URL"
 
-LAUNCH_GRACE = 30.0
-"""Seconds ``launch`` gives its command after passing SIGTERM/SIGINT on, before SIGKILL."""
+LAUNCH_GRACE = 25.0
+"""Seconds ``launch`` gives its command after passing SIGTERM/SIGINT on, before SIGKILL.
+
+Under the 30 s that Kubernetes (``terminationGracePeriodSeconds``' default)
+and Modal give a preempted container: the command's last checkpoint must be
+written, and verirl's own teardown done, before the platform's SIGKILL.
+"""
+SHUTDOWN_TIMEOUT_VARIABLE = "VERIRL_SHUTDOWN_TIMEOUT"
 
 _POLL_INTERVAL = 0.5
 
@@ -270,7 +276,9 @@ def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--hub-revision", help="Hub revision ($VERIRL_HUB_REVISION)")
     group.add_argument(
         "--resume",
-        help=f"'latest', a path, or empty for a fresh start (default: ${RESUME_ENV_VAR})",
+        help="'auto' (the newest complete checkpoint, else a fresh start: the same command for "
+        "the first attempt and every retry), 'latest' (one must exist), a path, or empty for "
+        f"a fresh start (default: ${RESUME_ENV_VAR})",
     )
 
 
@@ -386,7 +394,12 @@ def cmd_resume(args: argparse.Namespace) -> int:
         hub_revision=args.hub_revision,
     )
     request = args.resume if args.resume is not None else Settings.from_environ().resume_from
-    path = resolver.resolve(request)
+    try:
+        path = resolver.resolve(request)
+    except ConfigError as exc:  # 'auto' with nowhere to look
+        if exc.field != "request" or args.resume is not None:
+            raise
+        raise exc.renamed(RESUME_ENV_VAR) from None
     _emit(args, {"resume_from_checkpoint": path}, path or "")
     return EXIT_OK
 
@@ -496,6 +509,16 @@ def _training_environment(
     return env
 
 
+def _launch_grace(args: argparse.Namespace) -> float:
+    """``--shutdown-timeout``, else ``VERIRL_SHUTDOWN_TIMEOUT``, else `LAUNCH_GRACE`."""
+    if args.shutdown_timeout is not None:
+        return check_seconds("--shutdown-timeout", args.shutdown_timeout)
+    raw = os.environ.get(SHUTDOWN_TIMEOUT_VARIABLE, "")
+    if not raw.strip():
+        return LAUNCH_GRACE
+    return parse_seconds(SHUTDOWN_TIMEOUT_VARIABLE, raw)
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
     """The whole lifecycle around a training command."""
     command = list(args.command)
@@ -505,7 +528,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise ConfigError.invalid("COMMAND", command, "give the training command after --")
     if any("\x00" in arg for arg in command):
         raise ConfigError.invalid("COMMAND", command, "must not contain a null byte")
-    grace = check_seconds("--shutdown-timeout", args.shutdown_timeout)
+    grace = _launch_grace(args)
     _refuse_unused(args)
     from verirl._supervise import run_command  # noqa: PLC0415 - psutil, only for launch
 
@@ -664,9 +687,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--shutdown-timeout",
         type=_ascii_seconds,
-        default=LAUNCH_GRACE,
         help="on SIGTERM/Ctrl-C, seconds the command gets to exit after the signal is "
-        f"passed on, before SIGKILL (default: {LAUNCH_GRACE:g})",
+        f"passed on, before SIGKILL (${SHUTDOWN_TIMEOUT_VARIABLE}; default: {LAUNCH_GRACE:g}, "
+        "under the 30 s Kubernetes and Modal give)",
     )
     p.add_argument(
         "--vllm-unresponsive-timeout",
@@ -739,16 +762,21 @@ def _message(args: argparse.Namespace, exc: VeriRLError) -> str:
     message = message.replace(
         COMMAND_HINT, "pass --vllm-command 'PROGRAM ARGS' (or set VERIRL_VLLM_COMMAND)"
     ).replace("use mode='colocate'", "use --mode colocate")
+    message = message.replace(
+        "(give an output directory or a Hub repo)", f"(configure one with {_CONFIGURE_A_SOURCE})"
+    )
     if isinstance(exc, VLLMServerError) and message.startswith("command="):
         source = "--vllm-command" if getattr(args, "vllm_command", None) is not None else None
         source = source or Settings.variable("vllm_command")
         message = source + message.removeprefix("command")  # the program could not be run
     if isinstance(exc, CheckpointNotFoundError) and not exc.searched:
-        message += (
-            "; configure one with --output-dir/VERIRL_OUTPUT_DIR (local checkpoints) or "
-            "--hub-repo/VERIRL_HUB_REPO_ID, or resume from a path"
-        )
+        message += f"; configure one with {_CONFIGURE_A_SOURCE}, or resume from a path"
     return message
+
+
+_CONFIGURE_A_SOURCE = (
+    "--output-dir/VERIRL_OUTPUT_DIR (local checkpoints) or --hub-repo/VERIRL_HUB_REPO_ID"
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

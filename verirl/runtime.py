@@ -46,6 +46,8 @@ from verirl._watchdog import (
     interrupt_main,
 )
 from verirl.checkpoints import (
+    AUTO,
+    NO_SOURCE_FOR_AUTO,
     CheckpointResolver,
     CheckpointSource,
     HubCheckpointSource,
@@ -296,6 +298,17 @@ def _die_with_parent() -> None:
         log.debug("this rank dies with its launcher (pid %d)", os.getppid())
 
 
+def _is_auto(request: str | None) -> bool:
+    return isinstance(request, str) and request.strip() == AUTO
+
+
+def _has_sources(resolver: CheckpointResolving | None) -> bool:
+    """Whether ``resolver`` may find something: a resolver of ours with no sources cannot."""
+    if resolver is None:
+        return False
+    return not isinstance(resolver, CheckpointResolver) or bool(resolver.sources)
+
+
 @attrs.define
 class TrainingRuntime:
     """The facade: distributed env, vLLM server, env-server wait and checkpoint, together.
@@ -394,8 +407,12 @@ class TrainingRuntime:
             check_text("model", self.model, "a non-empty model id or path")
         if self.resume_from is not None and not isinstance(self.resume_from, str):
             raise ConfigError.invalid(
-                "resume_from", self.resume_from, "must be a string ('latest' or a path) or None"
+                "resume_from",
+                self.resume_from,
+                "must be a string ('latest', 'auto' or a path) or None",
             )
+        if _is_auto(self.resume_from) and not _has_sources(self.checkpoints):
+            raise ConfigError.invalid("resume_from", self.resume_from, NO_SOURCE_FOR_AUTO)
 
     @property
     def server_timeout(self) -> float:
@@ -476,6 +493,9 @@ class TrainingRuntime:
             raise ConfigError.invalid(name, log_dir, "must be an existing directory")
         request = read.text("resume_from")
         resolver = _resolver(read)
+        if _is_auto(request) and not resolver.sources:
+            name = read.name("resume_from") or "resume_from"
+            raise ConfigError.invalid(name, request, NO_SOURCE_FOR_AUTO)
         model = read.text("model")
         timeout = env_timeout if env_timeout is not None else read.settings.env_timeout
         unresponsive = vllm_unresponsive_timeout

@@ -1,0 +1,128 @@
+"""The drill's training script: a real GRPOTrainer on CPU, tiny model, no vLLM.
+
+Run by `verirl launch` (or torchrun) in the drill and the bench. It writes
+one JSON line per event to ``--events`` (begin, each step end, pause, end,
+with the rank), and at step ``--pause-at`` it waits for the stop request
+(SIGTERM) to arrive, so the signal lands mid-run at a known step: an
+event, not a sleep. Only rank 0 pauses: under torchrun the test signals
+rank 0 alone, and the other ranks must stop at the same step by agreement.
+``--no-callback`` runs Trainer alone (the baseline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+from datasets import Dataset
+from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from verirl.preemption import PreemptionCallback
+
+PAUSE_LIMIT = 120.0  # seconds to wait at --pause-at for the signal, then go on
+
+
+def _reward(completions: list[object], **_: object) -> list[float]:
+    return [float(len(str(completion))) for completion in completions]
+
+
+class Events(TrainerCallback):  # type: ignore[misc]
+    """Writes the run's events; listed before PreemptionCallback, so its hooks run first."""
+
+    def __init__(self, path: Path, pause_at: int, preemption: PreemptionCallback | None) -> None:
+        self.path = path
+        self.pause_at = pause_at
+        self.preemption = preemption
+        self.then_pause = 0.0
+
+    def write(self, state: object, **fields: object) -> None:  # noqa: ARG002 - the hooks' state
+        rank = int(os.environ.get("RANK", "0"))
+        record = {"pid": os.getpid(), "rank": rank, **fields}
+        with self.path.open("a") as out:
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+
+    def on_train_begin(self, args, state, control, **_):  # noqa: ARG002
+        resume = os.environ.get("VERIRL_RESUME_FROM_CHECKPOINT") or None
+        self.write(state, event="begin", step=state.global_step, resume=resume)
+
+    def on_step_end(self, args, state, control, **_):  # noqa: ARG002
+        self.write(state, event="step", step=state.global_step)
+        if state.global_step != self.pause_at or not state.is_world_process_zero:
+            return  # only rank 0 pauses (and is signalled): the others must follow it
+        self.write(state, event="paused", step=state.global_step)
+        deadline = time.monotonic() + PAUSE_LIMIT
+        tick = threading.Event()
+        while time.monotonic() < deadline:
+            if self.preemption is not None and self.preemption.stop_requested:
+                break
+            tick.wait(0.02)  # SIGTERM's handler (or its default action) runs in between
+        self.write(state, event="unpaused", step=state.global_step)
+        if self.then_pause:  # a second signal lands while the checkpoint is being written
+            tick.wait(self.then_pause)
+
+    def on_train_end(self, args, state, control, **_):  # noqa: ARG002
+        signalled = self.preemption is not None and self.preemption.stop_requested
+        self.write(state, event="end", step=state.global_step, signalled=signalled)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--events", required=True, type=Path)
+    parser.add_argument("--max-steps", type=int, default=6)
+    parser.add_argument("--save-steps", type=int, default=1000)
+    parser.add_argument("--pause-at", type=int, default=-1)
+    parser.add_argument("--no-callback", action="store_true")
+    parser.add_argument("--exit-code", type=int, default=143)
+    parser.add_argument("--then-pause", type=float, default=0.0)
+    args = parser.parse_args()
+
+    preemption = None if args.no_callback else PreemptionCallback(exit_code=args.exit_code)
+    recorder = Events(args.events, args.pause_at, preemption)
+    recorder.then_pause = args.then_pause
+    callbacks: list[object] = [recorder]
+    if preemption is not None:
+        callbacks.append(preemption)
+    config = GRPOConfig(
+        output_dir=args.output_dir,
+        use_cpu=True,
+        bf16=False,
+        max_steps=args.max_steps,
+        save_strategy="steps",
+        save_steps=args.save_steps,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=4,
+        learning_rate=1e-4,
+        logging_steps=1,
+        report_to="none",
+        seed=0,
+        dataloader_num_workers=0,
+        ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
+    )
+    prompts = ["module adder(input a", "the quick brown fox", "assign y =", "jumps over"] * 16
+    trainer = GRPOTrainer(
+        model=args.model,
+        reward_funcs=_reward,
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        callbacks=callbacks,
+    )
+    resume = os.environ.get("VERIRL_RESUME_FROM_CHECKPOINT") or None
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except SystemExit as exc:  # PreemptionCallback's exit, recorded for the test
+        recorder.write(trainer.state, event="exit", code=exc.code)
+        raise
+
+
+if __name__ == "__main__":
+    main()
