@@ -23,7 +23,14 @@ from typing import Any
 import psutil
 import pytest
 import requests
-from engine_support import ENGINE_ENV, engine_server, fake_server, names, process_tree
+from engine_support import (
+    ENGINE_ENV,
+    ENGINE_STARTUP_TIMEOUT,
+    engine_server,
+    fake_server,
+    names,
+    process_tree,
+)
 from tiny_model import MAX_MODEL_LEN, SERVE_ARGS
 from trl.generation.vllm_client import VLLMClient
 
@@ -348,5 +355,54 @@ def test_verirl_launch_end_to_end_with_the_real_server(tiny_model, tmp_path):
     result = json.loads(line.removeprefix("RESULT "))
     assert [len(ids) for ids in result["ids"]] == [6]
     assert result["kwargs"]["vllm_server_port"] == port
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{port}/health", timeout=5)
+
+
+WAITER = """
+import os, signal, sys, threading
+from pathlib import Path
+marker = Path(sys.argv[1])
+got = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: got.set())
+marker.write_text("running")
+got.wait(300)
+marker.write_text("sigterm" if got.is_set() else "timeout")
+sys.exit(143)
+"""
+
+
+def test_launch_exits_4_within_seconds_when_the_engine_core_dies(tiny_model, tmp_path):
+    """The real engine's EngineCore killed (an OOM): the command gets SIGTERM, launch exits 4."""
+    port = unshared_port()
+    script, marker = tmp_path / "wait.py", tmp_path / "marker"
+    script.write_text(WAITER, encoding="utf-8")
+    argv = [
+        sys.executable, "-m", "verirl", "launch", "--gpus", "2", "--model", str(tiny_model),
+        "--max-model-len", str(MAX_MODEL_LEN), "--vllm-port", str(port),
+        "--vllm-args", " ".join(SERVE_ARGS), "--log-dir", str(tmp_path),
+        "--", sys.executable, str(script), str(marker),
+    ]  # fmt: skip
+    launch = subprocess.Popen(argv, env={**os.environ, **ENGINE_ENV}, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + ENGINE_STARTUP_TIMEOUT
+        while not marker.exists() and launch.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marker.exists(), "the command never started"
+        tree = list(psutil.Process(launch.pid).children(recursive=True))
+        (core,) = [p for p in tree if "EngineCore" in " ".join([p.name(), *p.cmdline()])]
+        killed = time.monotonic()
+        core.kill()
+        _, stderr = launch.communicate(timeout=120)
+        elapsed = time.monotonic() - killed
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+            launch.communicate()
+    text = stderr.decode(errors="replace")
+    assert launch.returncode == 4, text[-4000:]
+    assert marker.read_text() == "sigterm"  # the command was told first
+    assert elapsed < 15, (elapsed, text[-2000:])  # the watchdog, the command's exit, teardown
+    assert still_alive(tree, timeout=10) == []
     with pytest.raises(requests.ConnectionError):
         requests.get(f"http://127.0.0.1:{port}/health", timeout=5)
