@@ -1580,3 +1580,25 @@ def test_auto_with_no_source_is_a_config_error_naming_the_request_or_the_variabl
         CheckpointResolver([]).resolve_from_env({"VERIRL_RESUME_FROM_CHECKPOINT": "auto"})
     assert info.value.field == "VERIRL_RESUME_FROM_CHECKPOINT"
     assert str(info.value).startswith("VERIRL_RESUME_FROM_CHECKPOINT='auto': ")
+
+
+def test_auto_takes_a_hub_repo_that_does_not_exist_yet_for_an_empty_one(hub, tmp_path, caplog):
+    """The first attempt of a job whose Trainer creates the repo when it first pushes."""
+    missing = _break("404", hub, tmp_path)
+    resolver = CheckpointResolver([LocalCheckpointSource(tmp_path / "out"), missing])
+    assert resolver.resolve("auto") is None
+    warned = warnings_of(caplog)
+    assert f"'auto': hub:org/missing@main via {hub.endpoint} does not exist yet" in warned
+    assert "starting fresh" in warned
+    with pytest.raises(CheckpointSourceError, match="repository not found"):
+        resolver.resolve("latest")  # latest stays strict
+
+
+@pytest.mark.parametrize("kind", ["401 no token", "401 wrong token", "unreachable"])
+def test_auto_never_takes_an_unreadable_hub_repo_for_an_empty_one(hub, tmp_path, kind):
+    """Without a token the Hub answers 401 for a private repo and a missing one alike."""
+    source = _break(kind, hub, tmp_path)
+    resolver = CheckpointResolver([LocalCheckpointSource(tmp_path / "out"), source])
+    with pytest.raises(CheckpointSourceError) as info:
+        resolver.resolve("auto")
+    assert not info.value.repo_missing

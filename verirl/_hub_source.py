@@ -368,7 +368,7 @@ class HubCheckpointSource:
         """
         scrub_exception(exc, self._token)
         message = f"cannot {doing} {self.description}: {_describe_hub_error(exc)}"
-        return CheckpointSourceError(scrub(message, self._token))
+        return CheckpointSourceError(scrub(message, self._token), repo_missing=_repo_missing(exc))
 
     def _refuse_offline(self, doing: str) -> None:
         if _hub_offline():
@@ -506,6 +506,21 @@ def _describe_hub_error(exc: BaseException) -> str:
     text = str(exc).strip()
     first_line = text.splitlines()[0] if text else ""
     return (f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__)[:300]
+
+
+def _repo_missing(exc: BaseException) -> bool:
+    """The Hub said the repository does not exist: a 404, not a gated repo, not a 401.
+
+    Without a token the Hub answers 401 for a private repository and for a
+    missing one alike, so only a 404 counts.
+    """
+    from huggingface_hub import errors  # noqa: PLC0415
+
+    return (
+        isinstance(exc, errors.RepositoryNotFoundError)
+        and not isinstance(exc, errors.GatedRepoError)
+        and _status_code(exc) == 404  # noqa: PLR2004
+    )
 
 
 def _status_code(exc: BaseException) -> int | None:

@@ -179,7 +179,9 @@ class CheckpointResolver:
 
         A source that could not be read is never taken for an empty one: when
         no other source has a checkpoint, that is `CheckpointSourceError` even
-        for ``auto`` (a fresh start would silently throw the run away).
+        for ``auto`` (a fresh start would silently throw the run away). The one
+        exception, for ``auto`` only: a Hub repository that does not exist
+        (404; the first attempt of a job that creates it when it first pushes).
         """
         found_all: list[tuple[Checkpoint, CheckpointSource]] = []
         failures: list[tuple[CheckpointSource, Exception]] = []
@@ -193,6 +195,7 @@ class CheckpointResolver:
             if found is not None:
                 found_all.append((found, source))
         searched = [describe_source(source) for source in self._sources]
+        failures = _drop_missing_repos(request, failures, strict=strict)
         if not found_all:
             if failures:
                 reasons = "; ".join(str(exc) for _, exc in failures)
@@ -235,6 +238,26 @@ class CheckpointResolver:
             log.info("resuming from %s (step %d)", path, checkpoint.step)
             return os.fspath(path)
         raise fetch_errors[0]
+
+
+def _drop_missing_repos(
+    request: str, failures: list[tuple[CheckpointSource, Exception]], *, strict: bool
+) -> list[tuple[CheckpointSource, Exception]]:
+    """For ``auto``, ``failures`` without repositories that do not exist yet (logged)."""
+    if strict:
+        return failures
+    kept = []
+    for source, exc in failures:
+        if isinstance(exc, CheckpointSourceError) and exc.repo_missing:
+            log.warning(
+                "%r: %s does not exist yet (%s); nothing was pushed there to resume from",
+                request,
+                describe_source(source),
+                exc,
+            )
+        else:
+            kept.append((source, exc))
+    return kept
 
 
 def _original(exc: BaseException) -> BaseException:

@@ -205,4 +205,13 @@ class CheckpointNotFoundError(VeriRLError, FileNotFoundError):
 
 
 class CheckpointSourceError(VeriRLError):
-    """A checkpoint source could not be read; ``__cause__`` holds the original error."""
+    """A checkpoint source could not be read; ``__cause__`` holds the original error.
+
+    ``repo_missing`` is True when the source said its repository does not
+    exist (HTTP 404 to a request that carried a token): what ``auto`` may take
+    for "no checkpoint pushed yet" on a first attempt.
+    """
+
+    def __init__(self, *args: object, repo_missing: bool = False) -> None:
+        super().__init__(*args)
+        self.repo_missing = repo_missing
