@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import socket
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -186,3 +187,15 @@ def run_cli(argv: list[str]) -> object:
         return main(argv)
     except SystemExit as exc:
         return exc.code
+
+
+def nothing_listens(port: int) -> bool:
+    """Nothing listens on 127.0.0.1:``port`` (TIME_WAIT leftovers of closed connections do not
+    count); the tests' own check, independent of verirl's `verirl._net.port_is_free`."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

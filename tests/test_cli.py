@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from _support import nothing_listens
 from fakes import FakeEnvServer, FakeVLLMServer
 from verirl import find_free_port
 from verirl.cli import _public_address, main
@@ -355,21 +356,10 @@ def test_launch_with_the_fake_vllm_server_end_to_end(tmp_path, clean_env):
     assert result.returncode == 0, result.stderr
     seen = json.loads(out.read_text())
     assert seen == {"status": 200, "url": f"http://127.0.0.1:{port}", "cvd": "0,1"}
-    assert port_is_free(port)  # the server is gone
+    assert nothing_listens(port)  # the server is gone
     log = (tmp_path / f"vllm-serve-{port}.log").read_text()
     assert "Uvicorn running" in log
     assert "RuntimeWarning" not in log  # `import fakes` must not preload the program module
-
-
-def port_is_free(port: int) -> bool:
-    """Nothing listens on ``port`` (TIME_WAIT leftovers of closed connections do not count)."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def test_serve_requires_a_server_topology(clean_env):
@@ -405,7 +395,7 @@ def test_serve_runs_until_a_signal_then_tears_down(tmp_path, sig, code, clean_en
     assert proc.returncode == code
     _, alive = psutil.wait_procs(children, timeout=5)
     assert not alive
-    assert port_is_free(port)
+    assert nothing_listens(port)
     log = (tmp_path / f"vllm-serve-{port}.log").read_text()
     assert "Uvicorn running" in log
     assert "RuntimeWarning" not in log  # `import fakes` must not preload the program module
@@ -416,7 +406,7 @@ def test_serve_exits_4_when_its_server_dies(tmp_path, clean_env):
         (server,) = psutil.Process(proc.pid).children()
         server.kill()
     assert proc.returncode == 4
-    assert port_is_free(port)
+    assert nothing_listens(port)
 
 
 def test_training_command_dies_with_a_sigkilled_launch(tmp_path, clean_env):
@@ -661,7 +651,7 @@ def test_a_handler_inherited_from_start_up_does_not_change_the_cli(tmp_path, com
     assert proc.returncode == 143, stderr
     _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive
-    assert port_is_free(port)
+    assert nothing_listens(port)
 
 
 def test_serve_on_a_dedicated_node_open_to_other_machines(tmp_path, clean_env):
@@ -681,7 +671,7 @@ def test_serve_on_a_dedicated_node_open_to_other_machines(tmp_path, clean_env):
     assert proc.returncode == 143
     assert f"the vLLM server binds 0.0.0.0 port {port}: its API has no authentication" in err
     assert "dedicated vLLM node (nothing trains here) · vLLM on GPUs 0,1 (tp 2 × dp 1" in err
-    assert port_is_free(port)
+    assert nothing_listens(port)
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "[::1]"])

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _support import unshared_port
+from _support import nothing_listens, unshared_port
 
 DEADLINE = 5.0
 """The issue's bound: launch exits within this many seconds of the death, plus the save."""
@@ -121,18 +121,6 @@ def jobs(clean_env: None) -> Iterator[list[Job]]:
         job.close()
 
 
-def port_is_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def test_a_killed_server_ends_the_job_with_4_after_a_checkpoint_and_the_retry_resumes(
     tmp_path: Path, jobs: list[Job]
 ) -> None:
@@ -159,7 +147,7 @@ def test_a_killed_server_ends_the_job_with_4_after_a_checkpoint_and_the_retry_re
     _, alive = psutil.wait_procs(processes, timeout=10)
     assert not alive, alive
     assert not trainer.is_running()
-    assert port_is_free(job.port)
+    assert nothing_listens(job.port)
 
     # The orchestrator's retry resumes from that checkpoint (`--resume auto` after issue 15).
     retry = Job(tmp_path, "--resume", "latest")
@@ -188,7 +176,7 @@ def test_a_server_that_stops_answering_counts_as_dead_after_the_bound(
     assert (job.out / "checkpoint-7" / "trainer_state.json").exists()
     _, alive = psutil.wait_procs(processes, timeout=10)  # the frozen server too (SIGCONT)
     assert not alive, alive
-    assert port_is_free(job.port)
+    assert nothing_listens(job.port)
 
 
 def test_a_command_that_ignores_sigterm_is_killed_after_the_grace_and_launch_still_exits_4(

@@ -313,20 +313,7 @@ class VLLMTopology:
             raise ConfigError.invalid(
                 "vllm_gpus", vllm_gpus, f"exceeds the node's {wanted.gpu_count} GPU(s)"
             )
-        return cls(
-            mode="server",
-            gpu_count=wanted.gpu_count,
-            training_devices=(),
-            vllm_devices=tuple(range(vllm_gpus)),
-            max_model_len=wanted.max_model_len,
-            gpu_memory_utilization=wanted.gpu_memory_utilization or _SERVER_MEMORY,
-            tensor_parallel_size=tensor_parallel,
-            data_parallel_size=wanted.data_parallel_size,
-            host=wanted.host,
-            port=wanted.port,
-            remote_host=None,
-            server_timeout=wanted.server_timeout,
-        )
+        return cls._server_mode(wanted, tensor_parallel, (), tuple(range(vllm_gpus)))
 
     @classmethod
     def _server(cls, wanted: _PlanInputs, tensor_parallel: int, vllm_gpus: int) -> VLLMTopology:
@@ -342,6 +329,16 @@ class VLLMTopology:
                     "(at least one must train); use mode='colocate' or fewer vLLM GPUs",
                 )
             training, serving = all_gpus[:-vllm_gpus], all_gpus[-vllm_gpus:]
+        return cls._server_mode(wanted, tensor_parallel, training, serving)
+
+    @classmethod
+    def _server_mode(
+        cls,
+        wanted: _PlanInputs,
+        tensor_parallel: int,
+        training: tuple[int, ...],
+        serving: tuple[int, ...],
+    ) -> VLLMTopology:
         return cls(
             mode="server",
             gpu_count=wanted.gpu_count,
