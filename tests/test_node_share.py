@@ -304,3 +304,15 @@ def test_the_request_is_part_of_the_key(tmp_path):
     latest = attempt_key(env, folder=tmp_path, request="latest")
     path = attempt_key(env, folder=tmp_path / "p", request="/x/checkpoint-3")
     assert latest.rsplit("-", 1)[0] != path.rsplit("-", 1)[0]
+
+
+def test_a_fresh_start_on_a_node_writes_nothing_into_the_download_folder(tmp_path):
+    from verirl import resolver_from_settings
+
+    resolver = resolver_from_settings(
+        output_dir=str(tmp_path / "out"), hub_repo_id="org/run", environ={}
+    )
+    for local_rank in (0, 1):
+        with runtime_for(local_rank, tmp_path, checkpoints=resolver) as session:
+            assert session.resume_from_checkpoint is None
+    assert not (tmp_path / "out").exists()

@@ -602,8 +602,8 @@ class TrainingRuntime:
     ) -> CheckpointResolving:
         """``resolver``, or its one-per-node wrapper when several local ranks share a Hub cache."""
         folder = _download_dir(resolver)
-        if folder is None or dist.local_world_size <= 1:
-            return resolver
+        if folder is None or dist.local_world_size <= 1 or not _requested(self.resume_from):
+            return resolver  # a fresh start asks nothing of the Hub: nothing to share
         environ = os.environ if self.environ is None else self.environ
         return NodeSharedResolver(
             resolver,
