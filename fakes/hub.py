@@ -12,7 +12,8 @@ the Hub's 404s (``X-Error-Code: RepoNotFound``, ``RevisionNotFound``,
 ``EntryNotFound``); `FakeHub.protect` makes a repo answer 401 to requests
 without its token. It also takes pushes, as Trainer makes them with
 ``push_to_hub=True``: ``POST /api/repos/create`` (an empty repo holds
-``.gitattributes``, as on the Hub; 409 if it exists), ``POST
+``.gitattributes``, as on the Hub; 409 if it exists), ``POST /api/validate-yaml``
+(a README's metadata: always valid), ``POST
 /api/models/{repo}/preupload/{rev}`` (every file "regular", so the client
 sends it inline: no LFS or Xet) and ``POST /api/models/{repo}/commit/{rev}``
 (the client's NDJSON: files added in base64, files and folders deleted). Faults a real mirror or network shows can be injected per
@@ -450,6 +451,8 @@ class FakeHub:
         segments = [unquote(s) for s in parts.path.split("/")[1:]]
         if method == "POST" and segments == ["api", "repos", "create"]:
             return self._create_repo(authorization, body)
+        if method == "POST" and segments == ["api", "validate-yaml"]:
+            return _json(200, {"errors": [], "warnings": []})  # a README's metadata: any is fine
         if segments[:2] == ["api", "models"]:
             repo_id, rest = "/".join(segments[2:4]), segments[4:]
         elif len(segments) >= 5 and segments[2] == "resolve":  # noqa: PLR2004

@@ -354,6 +354,9 @@ def test_a_trainer_push_creates_the_repo_and_commits_the_checkpoint(hub, tmp_pat
     assert hub.sha(REPO) == before
     client.delete_folder("last-checkpoint", repo_id=REPO)
     assert sorted(hub.files(REPO)) == [".gitattributes"]
+    client.upload_file(path_or_fileobj=b"---\nlicense: mit\n---\n", path_in_repo="README.md",
+                       repo_id=REPO)  # fmt: skip
+    client.delete_file("README.md", repo_id=REPO)
     client.upload_file(path_or_fileobj=b"x", path_in_repo="a/b.txt", repo_id=REPO)
     client.delete_file("a/b.txt", repo_id=REPO)
     assert sorted(hub.files(REPO)) == [".gitattributes"]
