@@ -130,8 +130,10 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=NEWEST)
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on the library, the fakes and the examples."""
-    session.install("-e", ".[tests]", "mypy>=1.13", "types-requests", "types-psutil", "pytest")
+    """mypy --strict on the library, the fakes and the examples (modal: examples/modal_app.py)."""
+    session.install(
+        "-e", ".[tests]", "mypy>=1.13", "types-requests", "types-psutil", "pytest", "modal"
+    )  # fmt: skip
     session.run("mypy")
 
 

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import grpo_train  # noqa: E402 - the training itself: one recipe for every platform
+import grpo_train  # the training itself: one recipe for every platform
 
 
 def main() -> None:

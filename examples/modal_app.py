@@ -56,7 +56,7 @@ def load_prompts(name: str) -> Any:  # noqa: ANN401 - a datasets.Dataset
 
 
 def commit_volume_on_save() -> Any:  # noqa: ANN401 - a transformers.TrainerCallback
-    """A callback that commits the Volume after each checkpoint, so the retry's container sees it."""
+    """A callback committing the Volume after each checkpoint, so the retry's container sees it."""
     from transformers import TrainerCallback  # noqa: PLC0415 - inside the container only
 
     class CommitVolume(TrainerCallback):  # type: ignore[misc]  # transformers is untyped here

@@ -16,7 +16,8 @@ without its token. It also takes pushes, as Trainer makes them with
 (a README's metadata: always valid), ``POST
 /api/models/{repo}/preupload/{rev}`` (every file "regular", so the client
 sends it inline: no LFS or Xet) and ``POST /api/models/{repo}/commit/{rev}``
-(the client's NDJSON: files added in base64, files and folders deleted). Faults a real mirror or network shows can be injected per
+(the client's NDJSON: files added in base64, files and folders deleted).
+Faults a real mirror or network shows can be injected per
 file: `FakeHub.serve_instead` (a wrong body with headers that match it),
 `FakeHub.fail_downloads` (an error status for the body) and `FakeHub.hold`
 (the body waits until released, to catch a download in the middle). It counts

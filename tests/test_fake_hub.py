@@ -322,9 +322,9 @@ def test_hold_listing_and_close_releases_every_hold(tmp_path):
     assert not hub.wait_for_requests("/nothing/", 1, timeout=0)
 
 
-def _post(hub: FakeHub, path: str, body: bytes, token: str | None = "hf_x") -> tuple[int, bytes]:
-    """A raw POST (what huggingface_hub would never send), answered as (status, body)."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+def _post(hub: FakeHub, path: str, body: bytes) -> tuple[int, bytes]:
+    """A raw POST with a token (what huggingface_hub would never send): (status, body)."""
+    headers = {"Authorization": "Bearer hf_x"}
     reply = get_session().post(f"{hub.endpoint}{path}", content=body, headers=headers)
     return reply.status_code, reply.content
 

@@ -88,9 +88,9 @@ def install_recorder(recorder: Recorder, pause_at: int) -> None:
                 if type(callback).__name__ == "PreemptionCallback"
             ]  # fmt: skip
             events.preemption = found[0] if found else None
-            recorder.write(event="trainer", preemption_callback=bool(found),
-                           config={key: getattr(self.args, key) for key in
-                                   ("output_dir", "max_steps", "save_steps", "use_vllm")})  # fmt: skip
+            fields = ("output_dir", "max_steps", "save_steps", "use_vllm")
+            config = {key: getattr(self.args, key) for key in fields}
+            recorder.write(event="trainer", preemption_callback=bool(found), config=config)
 
         def train(self, resume_from_checkpoint: Any = None, **kwargs: Any) -> Any:
             recorder.write(event="train", resume=resume_from_checkpoint)

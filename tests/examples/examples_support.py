@@ -140,7 +140,9 @@ def vllm_servers(pid: int) -> list[psutil.Process]:
         child for child in psutil.Process(pid).children(recursive=True)
         if "fakes.vllm_serve" in " ".join(child.cmdline())
     ]  # fmt: skip
-    found = {proc.pid: proc for server in servers for proc in (server, *server.children(True))}
+    found = {
+        proc.pid: proc for server in servers for proc in (server, *server.children(recursive=True))
+    }
     return list(found.values())
 
 

@@ -1,4 +1,4 @@
-"""examples/modal_app.py with the real Modal client: its definitions, and a preemption as Modal does it.
+"""examples/modal_app.py with the real Modal client: its definitions, a preemption as Modal does.
 
 No cloud: the client works offline for definitions and for ``.local()``,
 which runs the function's body in the calling process, as a container runs
@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import modal
 import psutil
@@ -48,7 +47,7 @@ KILLED_BY_SIGINT = (-signal.SIGINT, 128 + signal.SIGINT)
 
 
 def test_modal_run_finds_the_function_and_its_spec_offline():
-    """What ``modal run examples/modal_app.py`` resolves, and the function's spec, with no network."""
+    """What ``modal run examples/modal_app.py`` resolves, and the function's spec; no network."""
     ref = parse_import_ref(str(EXAMPLES / "modal_app.py"), command="run")
     runnable, commands, _ = import_and_filter(ref, base_cmd="modal run")
     assert [command.names for command in commands] == [["train", "app.train"]]
@@ -114,4 +113,3 @@ def test_sigint_saves_at_the_step_and_the_next_attempt_resumes(tiny_model, promp
     assert only(log, pid, event="returned")  # done: Modal does not run it again
     assert newest_complete(out) == STEPS
     print(f"attempt 2: resumed at {PAUSE}, done in {time.monotonic() - started:.1f}s")  # noqa: T201
-
