@@ -199,9 +199,7 @@ def test_only_incomplete_checkpoints_is_none(tmp_path, caplog):
 
 
 @pytest.mark.parametrize("marker_kind", ["file", "empty file", "directory", "dangling link"])
-def test_a_folder_with_the_jit_sentinel_is_incomplete_and_left_alone(
-    tmp_path, caplog, marker_kind
-):
+def test_a_folder_with_the_jit_sentinel_is_incomplete_and_left_alone(tmp_path, caplog, marker_kind):
     """transformers' JIT save writes trainer_state.json, then removes the sentinel: killed
     between the two, the state parses but the folder must not be resumed from."""
     make_checkpoint(tmp_path, "checkpoint-10")
@@ -518,7 +516,7 @@ def test_hub_skips_an_upload_that_holds_the_jit_sentinel(hub, tmp_path, caplog, 
     assert source.latest().step == 20
     assert hub.downloads == []  # not even last-checkpoint's state is probed
     assert f"{INCOMPLETE_MARKER} is present" in warnings_of(caplog)
-    with pytest.raises(CheckpointSourceError, match="not .*a complete checkpoint"):
+    with pytest.raises(CheckpointSourceError, match=r"not .*a complete checkpoint"):
         source.fetch(Checkpoint(30, folder, source.description))
     assert not (tmp_path / "hub-download" / folder).exists()
 
