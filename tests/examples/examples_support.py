@@ -12,11 +12,15 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
 from _support import still_alive, unshared_port
 from verirl.checkpoints import LocalCheckpointSource
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -82,6 +86,11 @@ def events(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def other_pid(path: Path, pid: int) -> int:
+    """The pid of the attempt that wrote events in ``path`` and is not ``pid``."""
+    return next(int(str(event["pid"])) for event in events(path) if event["pid"] != pid)
+
+
 def only(path: Path, pid: int, **match: object) -> list[dict[str, object]]:
     """The events of process ``pid`` matching ``match``."""
     return [
@@ -90,35 +99,57 @@ def only(path: Path, pid: int, **match: object) -> list[dict[str, object]]:
     ]  # fmt: skip
 
 
-def wait_for_event(
-    path: Path, process: subprocess.Popen[bytes], **match: object
-) -> dict[str, object]:
-    """The first event matching ``match``; fails if the process ends first or time runs out."""
-    deadline = time.monotonic() + RUN_LIMIT
-    tick = threading.Event()
-    while time.monotonic() < deadline:
-        for event in events(path):
-            if all(event.get(key) == value for key, value in match.items()):
-                return event
-        if process.poll() is not None:
-            msg = f"the run exited with {process.returncode} before the event {match}"
-            raise AssertionError(msg)
-        tick.wait(0.05)
-    msg = f"no event {match} within {RUN_LIMIT}s"
-    raise AssertionError(msg)
+class Attempt:
+    """One attempt of an example, started at once; its tree is killed on leaving a ``with``.
+
+    Its output goes to a file, not a pipe: nobody reads a pipe while the test
+    waits for an event, and a full one would stall the example.
+    """
+
+    def __init__(self, command: list[str], env: dict[str, str], output: Path) -> None:
+        self.output = output
+        with output.open("wb") as sink:
+            self.process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        self.pid = self.process.pid
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.process.poll() is None:
+            kill_tree(self.pid)
+        self.process.wait()
+
+    @property
+    def text(self) -> str:
+        """Everything it printed so far."""
+        return self.output.read_text(errors="replace")
+
+    def wait_for(self, log: Path, **match: object) -> dict[str, object]:
+        """The first event in ``log`` matching ``match``; fails if it ends first or times out."""
+        deadline = time.monotonic() + RUN_LIMIT
+        tick = threading.Event()
+        while time.monotonic() < deadline:
+            for event in events(log):
+                if all(event.get(key) == value for key, value in match.items()):
+                    return event
+            if self.process.poll() is not None:
+                msg = f"exited with {self.process.returncode} before the event {match}:\n"
+                raise AssertionError(msg + tail(self.text))
+            tick.wait(0.05)
+        msg = f"no event {match} within {RUN_LIMIT}s:\n"
+        raise AssertionError(msg + tail(self.text))
+
+    def wait(self) -> int:
+        """Its exit status, within the limit."""
+        return self.process.wait(timeout=RUN_LIMIT)
 
 
-def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run(command: list[str], env: dict[str, str], output: Path) -> Attempt:
     """One attempt, to its end (its process tree killed if it overstays)."""
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    try:
-        output, _ = process.communicate(timeout=RUN_LIMIT)
-    finally:
-        if process.poll() is None:
-            kill_tree(process.pid)
-            process.communicate()
-    return subprocess.CompletedProcess(command, process.returncode, output, None)
+    with Attempt(command, env, output) as attempt:
+        attempt.wait()
+    return attempt
 
 
 def kill_tree(pid: int) -> None:
@@ -157,6 +188,6 @@ def newest_complete(out: Path) -> int | None:
     return None if found is None else found.step
 
 
-def tail(text: str | None, lines: int = 60) -> str:
+def tail(text: str, lines: int = 60) -> str:
     """The last lines of an attempt's output, for a failure message."""
-    return "\n".join((text or "").splitlines()[-lines:])
+    return "\n".join(text.splitlines()[-lines:])

@@ -11,24 +11,21 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import time
 
 import psutil
 from examples_support import (
     CPU_GRPO_CONFIG,
-    RUN_LIMIT,
+    Attempt,
     container,
     events,
     example_env,
     gone,
-    kill_tree,
     newest_complete,
     only,
     run,
     tail,
     vllm_servers,
-    wait_for_event,
 )
 
 STEPS, PAUSE = 4, 2
@@ -48,19 +45,15 @@ def test_first_attempt_starts_fresh_a_sigterm_saves_and_the_retry_resumes(
     env = example_env(tmp_path)
 
     # Attempt 1: nothing to resume; preempted (SIGTERM) at step PAUSE.
-    first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        paused = wait_for_event(log, first, event="paused")
+    with Attempt(command, env, tmp_path / "attempt-1.log") as first:
+        paused = first.wait_for(log, event="paused", step=PAUSE)
         job = [psutil.Process(int(paused["pid"])), *vllm_servers(first.pid)]
         sent = time.monotonic()
-        first.send_signal(signal.SIGTERM)
-        output, _ = first.communicate(timeout=RUN_LIMIT)
+        first.process.send_signal(signal.SIGTERM)
+        code = first.wait()
         took = time.monotonic() - sent
-    finally:
-        if first.poll() is None:
-            kill_tree(first.pid)
-    text = output.decode(errors="replace")
-    assert first.returncode == 143, tail(text)
+    text = first.text
+    assert code == 143, tail(text)
     (train,) = only(log, first.pid, event="train")
     assert train["resume"] is None  # auto, and nothing yet: a fresh start, not an error
     assert "'auto': no complete checkpoint yet, starting fresh" in text
@@ -71,8 +64,8 @@ def test_first_attempt_starts_fresh_a_sigterm_saves_and_the_retry_resumes(
     print(f"attempt 1: SIGTERM to exit {took:.1f}s")  # noqa: T201
 
     # Attempt 2: the same command resumes at step PAUSE and finishes.
-    second = run(command, env)
-    assert second.returncode == 0, tail(second.stdout)
+    second = run(command, env, tmp_path / "attempt-2.log")
+    assert second.process.returncode == 0, tail(second.text)
     (retry,) = [e for e in events(log) if e["event"] == "train" and e["pid"] != first.pid]
     assert retry["resume"] == str(out / f"checkpoint-{PAUSE}")
     (begin,) = only(log, int(retry["pid"]), event="begin")

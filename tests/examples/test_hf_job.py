@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 
 import psutil
 from examples_support import (
     CPU_GRPO_CONFIG,
-    RUN_LIMIT,
+    Attempt,
     container,
-    events,
     example_env,
     gone,
-    kill_tree,
     only,
+    other_pid,
     run,
     tail,
     vllm_servers,
-    wait_for_event,
 )
 
 from fakes.hub import FakeHub
@@ -63,19 +60,14 @@ def test_a_missing_repo_starts_fresh_and_the_retry_resumes_from_the_hub(
         )
 
         # Attempt 1: a fresh disk and no repo; preempted at step PAUSE.
-        first_out = tmp_path / "attempt-1" / "out"
-        first = subprocess.Popen(command, env={**env, "VERIRL_OUTPUT_DIR": str(first_out)},
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-        try:
-            paused = wait_for_event(log, first, event="paused", step=PAUSE)
+        first_env = {**env, "VERIRL_OUTPUT_DIR": str(tmp_path / "attempt-1" / "out")}
+        with Attempt(command, first_env, tmp_path / "attempt-1.log") as first:
+            paused = first.wait_for(log, event="paused", step=PAUSE)
             job = [psutil.Process(int(paused["pid"])), *vllm_servers(first.pid)]
-            first.send_signal(signal.SIGTERM)
-            output, _ = first.communicate(timeout=RUN_LIMIT)
-        finally:
-            if first.poll() is None:
-                kill_tree(first.pid)
-        text = output.decode(errors="replace")
-        assert first.returncode == 143, tail(text)
+            first.process.send_signal(signal.SIGTERM)
+            code = first.wait()
+        text = first.text
+        assert code == 143, tail(text)
         assert "does not exist yet" in text, tail(text)
         (train,) = only(log, first.pid, event="train")
         assert train["resume"] is None
@@ -84,9 +76,10 @@ def test_a_missing_repo_starts_fresh_and_the_retry_resumes_from_the_hub(
 
         # Attempt 2: another fresh disk; the checkpoint comes from the Hub.
         second_out = tmp_path / "attempt-2" / "out"
-        second = run(command, {**env, "VERIRL_OUTPUT_DIR": str(second_out)})
-        assert second.returncode == 0, tail(second.stdout)
-        pid = next(int(e["pid"]) for e in events(log) if e["pid"] != first.pid)  # type: ignore[call-overload]
+        second_env = {**env, "VERIRL_OUTPUT_DIR": str(second_out)}
+        second = run(command, second_env, tmp_path / "attempt-2.log")
+        assert second.process.returncode == 0, tail(second.text)
+        pid = other_pid(log, first.pid)
         (retry,) = only(log, pid, event="train")
         assert retry["resume"] == str(second_out / "verirl-hub-download" / "last-checkpoint")
         (begin,) = only(log, pid, event="begin")
@@ -96,6 +89,6 @@ def test_a_missing_repo_starts_fresh_and_the_retry_resumes_from_the_hub(
 
 def test_without_a_hub_repo_it_refuses_to_start(tmp_path):
     log = tmp_path / "events.jsonl"
-    result = run(container(log, "script", "hf_job.py"), example_env(tmp_path))
-    assert result.returncode == 1
-    assert "set VERIRL_HUB_REPO_ID" in result.stdout
+    result = run(container(log, "script", "hf_job.py"), example_env(tmp_path), tmp_path / "out.log")
+    assert result.process.returncode == 1
+    assert "set VERIRL_HUB_REPO_ID" in result.text

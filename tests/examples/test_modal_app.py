@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -26,18 +25,16 @@ import psutil
 from examples_support import (
     CPU_GRPO_CONFIG,
     EXAMPLES,
-    RUN_LIMIT,
+    Attempt,
     container,
-    events,
     example_env,
     gone,
-    kill_tree,
     newest_complete,
     only,
+    other_pid,
     run,
     tail,
     vllm_servers,
-    wait_for_event,
 )
 from modal.cli.import_refs import import_and_filter, parse_import_ref
 
@@ -75,19 +72,15 @@ def test_sigint_saves_at_the_step_and_the_next_attempt_resumes(tiny_model, promp
     )
 
     # Attempt 1: an empty Volume; preempted at step PAUSE.
-    first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        paused = wait_for_event(log, first, event="paused", step=PAUSE)
+    with Attempt(command, env, tmp_path / "attempt-1.log") as first:
+        paused = first.wait_for(log, event="paused", step=PAUSE)
         job = [psutil.Process(int(paused["pid"])), *vllm_servers(first.pid)]
         sent = time.monotonic()
         os.kill(first.pid, signal.SIGINT)  # as Modal delivers it
-        output, _ = first.communicate(timeout=RUN_LIMIT)
+        code = first.wait()
         took = time.monotonic() - sent
-    finally:
-        if first.poll() is None:
-            kill_tree(first.pid)
-    text = output.decode(errors="replace")
-    assert first.returncode in KILLED_BY_SIGINT, tail(text)
+    text = first.text
+    assert code in KILLED_BY_SIGINT, tail(text)
     (train,) = only(log, first.pid, event="train")
     assert train["resume"] is None  # auto with nothing saved yet: a fresh start, not an error
     (raised,) = only(log, first.pid, event="raised")
@@ -99,13 +92,13 @@ def test_sigint_saves_at_the_step_and_the_next_attempt_resumes(tiny_model, promp
     assert len(job) > 1, "the fake vLLM server did not run under the example"
     assert gone(job), tail(text)  # the container, the vLLM server and its workers
     assert took < GRACE, f"{took:.1f}s from SIGINT to exit: Modal SIGKILLs after ~{GRACE:.0f}s"
-    print(f"\nattempt 1: SIGINT at step {PAUSE}, exit {first.returncode} after {took:.1f}s")  # noqa: T201
+    print(f"\nattempt 1: SIGINT at step {PAUSE}, exit {code} after {took:.1f}s")  # noqa: T201
 
     # Attempt 2: Modal runs the input again, same environment: resumes at PAUSE, finishes.
     started = time.monotonic()
-    second = run(command, env)
-    assert second.returncode == 0, tail(second.stdout)
-    pid = next(int(e["pid"]) for e in events(log) if e["pid"] != first.pid)  # type: ignore[call-overload]
+    second = run(command, env, tmp_path / "attempt-2.log")
+    assert second.process.returncode == 0, tail(second.text)
+    pid = other_pid(log, first.pid)
     (retry,) = only(log, pid, event="train")
     assert retry["resume"] == str(out / f"checkpoint-{PAUSE}")
     (begin,) = only(log, pid, event="begin")
