@@ -1,8 +1,9 @@
 r"""A Hugging Face Jobs entry point: examples/grpo_train.py, resuming from the Hub.
 
-Submit it, and after a preemption submit the very same command again::
+Submit it with attempts, so that a preempted or failed run is run again with
+the very same command (up to 3 runs in all)::
 
-    hf jobs run --flavor a100x4 --secrets HF_TOKEN \\
+    hf jobs run --flavor a100x4 --attempts 3 --secrets HF_TOKEN \\
         -e VERIRL_HUB_REPO_ID=me/grpo-run -e VERIRL_MODEL=Qwen/Qwen3-0.6B \\
         <image> python examples/hf_job.py --max-steps 500
 
