@@ -17,7 +17,8 @@ How the process ends after the save (``exit_code``, default: by the signal):
 
 - SIGTERM: ``SystemExit(143)``; another signal N: ``SystemExit(128 + N)``;
 - SIGINT: the ``KeyboardInterrupt`` Python would have raised, only later, so
-  the process exits 130 as Ctrl-C makes it, and Modal's runtime reads it as
+  the process ends as Ctrl-C ends it (Python re-raises SIGINT on its way out: a
+  shell shows 130, ``Popen.returncode`` is -2), and Modal's runtime reads it as
   the preemption (it retries the input; a function that returned would count
   as done);
 - ``exit_code=N``: ``SystemExit(N)`` for every signal; ``exit_code=None``:

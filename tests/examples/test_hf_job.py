@@ -81,10 +81,12 @@ def test_a_missing_repo_starts_fresh_and_the_retry_resumes_from_the_hub(
         assert second.process.returncode == 0, tail(second.text)
         pid = other_pid(log, first.pid)
         (retry,) = only(log, pid, event="train")
-        assert retry["resume"] == str(second_out / "verirl-hub-download" / "last-checkpoint")
+        assert retry["resume"] == str(second_out / "_verirl-hub-download" / "last-checkpoint")
         (begin,) = only(log, pid, event="begin")
         assert begin["step"] == PAUSE
         assert pushed_step(hub) == STEPS
+        # The retry pushed its own checkpoints, not the copy it had downloaded from the Hub.
+        assert not [name for name in hub.files(REPO) if "verirl-hub-download" in name]
 
 
 def test_without_a_hub_repo_it_refuses_to_start(tmp_path):

@@ -90,7 +90,7 @@ def test_a_first_attempt_with_nothing_to_resume_starts_fresh_on_every_rank(
         assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3]
         assert [r["resume_from_checkpoint"] for r in reports] == [None] * (NODES * PER_NODE)
         assert cluster.logs().count("does not exist yet") == NODES  # local rank 0 of each node
-        downloaded = tmp_path.glob("node*/out/verirl-hub-download/*checkpoint*")
+        downloaded = tmp_path.glob("node*/out/_verirl-hub-download/*checkpoint*")
         assert not list(downloaded), "nothing to download, nothing downloaded"
 
 
