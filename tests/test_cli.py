@@ -331,7 +331,7 @@ def test_launch_forwards_signals_to_the_command(tmp_path, sig, clean_env):
             proc.wait()
     assert proc.returncode == 42, stderr
     assert got.read_text() == str(int(sig))
-    assert "forwarding signal" in stderr
+    assert f"passed {sig.name} on to the training command" in stderr
 
 
 def test_launch_with_the_fake_vllm_server_end_to_end(tmp_path, clean_env):

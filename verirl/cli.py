@@ -21,8 +21,10 @@ Exit codes (`EXIT_CODES`; the parser's epilog and the README say the same):
   script handle SIGTERM from their first line, see `verirl.__main__`);
   a second SIGTERM during the teardown is ignored, so the teardown completes;
 - ``launch`` exits with its command's code (127 when it cannot be run, 128+N
-  when it died of signal N): SIGTERM/Ctrl-C is passed on to it and it gets
-  ``--shutdown-timeout`` seconds before SIGKILL (then 137); a signal before the
+  when it died of signal N): the command runs in a process group of its own
+  (so it cannot read a terminal's stdin), each SIGTERM/Ctrl-C is passed on to
+  that group once, and it gets ``--shutdown-timeout`` seconds before SIGKILL
+  (then 137; a second signal SIGKILLs at once); a signal before the
   command started gives 143/130 and the command never runs. If the vLLM
   server dies while the command runs (exits, or answers no ``/health`` for
   ``--vllm-unresponsive-timeout`` seconds), the command gets SIGTERM the same
@@ -594,7 +596,8 @@ Exit codes:
   2    bad usage or configuration 5    checkpoint not found or unreadable
   130  Ctrl-C (SIGINT)            143  SIGTERM, whenever it arrives
   launch: its command's code (127: cannot run it; 128+N: killed by signal N);
-  SIGTERM/Ctrl-C is passed on to the command, SIGKILL after --shutdown-timeout;
+  SIGTERM/Ctrl-C is passed on once to the command's process group (which cannot
+  read the terminal's stdin), SIGKILL after --shutdown-timeout or a 2nd signal;
   4 if the vLLM server died while it ran (the command got SIGTERM the same way).
 
 -v/-q/--json go before or after COMMAND. A setting not given as a flag comes
@@ -688,7 +691,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--shutdown-timeout",
         type=_ascii_seconds,
         help="on SIGTERM/Ctrl-C, seconds the command gets to exit after the signal is "
-        f"passed on, before SIGKILL (${SHUTDOWN_TIMEOUT_VARIABLE}; default: {LAUNCH_GRACE:g}, "
+        "passed on (once, to its process group), before SIGKILL; a second signal SIGKILLs "
+        f"at once (${SHUTDOWN_TIMEOUT_VARIABLE}; default: {LAUNCH_GRACE:g}, "
         "under the 30 s Kubernetes and Modal give)",
     )
     p.add_argument(
