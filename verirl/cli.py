@@ -120,12 +120,17 @@ def _ascii_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
 
 
-def _ascii_seconds(text: str) -> float:
+def _ascii_seconds(text: str, *, positive: bool = False) -> float:
     """Seconds as an ASCII decimal number, finite (no ``nan``/``inf``), see `MAX_SECONDS`."""
     try:
-        return parse_seconds("value", text)
+        return parse_seconds("value", text, positive=positive)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(f"invalid seconds {text!r}: {exc.reason}") from None
+
+
+def _ascii_positive_seconds(text: str) -> float:
+    """`_ascii_seconds` above zero: a deadline of no time would fail every start."""
+    return _ascii_seconds(text, positive=True)
 
 
 _FLAGS: dict[str, tuple[str, str]] = {
@@ -165,6 +170,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "vllm_data_parallel_size": ("data_parallel_size", "--data-parallel-size"),
     "vllm_dedicated": ("dedicated", "--dedicated"),
     "vllm_unresponsive_timeout": ("vllm_unresponsive_timeout", "--vllm-unresponsive-timeout"),
+    "vllm_startup_timeout": ("vllm_startup_timeout", "--vllm-startup-timeout"),
 }
 
 
@@ -212,6 +218,7 @@ def _flag_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError:
 _UNUSED_FLAGS = {"model": "--model", "vllm_command": "--vllm-command", "vllm_args": "--vllm-args",
                  "log_dir": "--log-dir", "vllm_gpus": "--vllm-gpus",
                  "vllm_port": "--vllm-port",
+                 "vllm_startup_timeout": "--vllm-startup-timeout",
                  "vllm_unresponsive_timeout": "--vllm-unresponsive-timeout"}  # fmt: skip
 
 
@@ -227,7 +234,7 @@ def _refuse_unused(args: argparse.Namespace) -> None:
     elif getattr(args, "mode", None) == "colocate":
         why = "with --mode colocate, vLLM runs inside the training processes and no server starts"
         unused = ("model", "vllm_command", "vllm_args", "log_dir", "vllm_port",
-                  "vllm_unresponsive_timeout")  # fmt: skip
+                  "vllm_startup_timeout", "vllm_unresponsive_timeout")  # fmt: skip
     else:
         unused, why = (), ""
     for dest in unused:
@@ -302,6 +309,15 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
         help="folder for the server's log, vllm-serve-PORT.log, appended to "
         "($VERIRL_VLLM_LOG_DIR; default: a new temporary folder, kept and logged)",
     )
+    group.add_argument(
+        "--vllm-startup-timeout",
+        type=_ascii_positive_seconds,
+        metavar="S",
+        help="seconds the vLLM server may take to answer /health before it is stopped "
+        "(exit 4): a first start downloads the weights, loads them and captures "
+        "CUDA graphs (600 s was too short for a 70B model); with --vllm-host, how long to "
+        "wait for the server started there ($VERIRL_VLLM_STARTUP_TIMEOUT; default: 900)",
+    )
 
 
 def _runtime_from_args(args: argparse.Namespace) -> TrainingRuntime:
@@ -331,6 +347,7 @@ def _runtime_from_args(args: argparse.Namespace) -> TrainingRuntime:
         vllm_dedicated=getattr(args, "dedicated", None),
         resume_from=getattr(args, "resume", None),
         env_timeout=getattr(args, "env_timeout", None),
+        vllm_startup_timeout=getattr(args, "vllm_startup_timeout", None),
         vllm_unresponsive_timeout=getattr(args, "vllm_unresponsive_timeout", None),
     )
 
