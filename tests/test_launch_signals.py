@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 from _support import clear_verirl_env, still_alive
+from verirl._supervise import _stop_command
 
 DEADLINE = 30.0
 """Seconds any one awaited event may take (a loaded CI machine starts Pythons slowly)."""
@@ -206,3 +207,29 @@ def test_a_second_sigint_in_the_grace_kills_the_whole_command_at_once(
     assert "interrupted again" in launch.stderr
     assert not still_alive(launch.command, timeout=10), launch.stderr  # sh and python
     assert launch.signals() == ["SIGINT"], launch.stderr
+
+
+def test_what_stays_in_the_group_after_the_grace_is_sigkilled(
+    tmp_path: Path, launches: list[Launch]
+) -> None:
+    """sh dies of SIGTERM at once; its python saves for longer than the grace: SIGKILL."""
+    launch = Launch(tmp_path, wrapped=True, flags=("--shutdown-timeout", "1"))
+    launches.append(launch)
+    launch.wait_until_running()
+    launch.proc.send_signal(signal.SIGTERM)
+    code = launch.proc.wait(timeout=DEADLINE)  # the recorder is never released
+    assert code == 143, launch.stderr  # sh's own code: it died of SIGTERM
+    assert "outlived its 1s grace: sending SIGKILL" in launch.stderr
+    assert not still_alive(launch.command, timeout=10), launch.stderr
+    assert launch.signals() == ["SIGTERM"], launch.stderr
+
+
+def test_a_command_that_left_its_process_group_is_still_signalled() -> None:
+    # Started without a group of its own: no process group has its pid as id.
+    with subprocess.Popen(
+        [sys.executable, "-c", "import threading; threading.Event().wait(60)"]
+    ) as child:
+        assert _stop_command(child, signal.SIGTERM, grace=DEADLINE) == -signal.SIGTERM
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert done.wait(timeout=DEADLINE) == 0
+    assert _stop_command(done, signal.SIGTERM, grace=DEADLINE) == 0  # ended already: no signal
