@@ -233,3 +233,19 @@ def test_a_command_that_left_its_process_group_is_still_signalled() -> None:
     done = subprocess.Popen([sys.executable, "-c", "pass"])
     assert done.wait(timeout=DEADLINE) == 0
     assert _stop_command(done, signal.SIGTERM, grace=DEADLINE) == 0  # ended already: no signal
+
+
+def test_a_second_sigterm_in_the_grace_is_ignored_and_not_passed_on(
+    tmp_path: Path, launches: list[Launch]
+) -> None:
+    """The one SIGTERM policy: a second SIGTERM lets the save in progress finish."""
+    launch = Launch(tmp_path, flags=("--shutdown-timeout", "300"))
+    launches.append(launch)
+    launch.wait_until_running()
+    launch.proc.send_signal(signal.SIGTERM)
+    launch.wait_until_passed_on()
+    launch.proc.send_signal(signal.SIGTERM)
+    launch.wait_for(lambda: "SIGTERM received again" in launch.stderr, "the second SIGTERM")
+    code = launch.release()
+    assert code == 143, launch.stderr
+    assert launch.signals() == ["SIGTERM"], launch.stderr

@@ -15,8 +15,10 @@ launch only.
 **Grace, then SIGKILL.** After passing a signal on, launch waits up to
 ``grace`` seconds for the command, and for what was in its group then (a
 shell that dies of SIGTERM at once must not end the wait while its python
-still saves), then SIGKILLs the group. A second signal SIGKILLs the group at
-once. The command also gets the death signal (SIGTERM when verirl dies).
+still saves), then SIGKILLs the group. A Ctrl-C after the first signal
+SIGKILLs the group at once, and so does a SIGTERM after a Ctrl-C; a second
+SIGTERM is ignored (the one SIGTERM policy fires once), so a save in progress
+completes. The command also gets the death signal (SIGTERM when verirl dies).
 
 The server watchdog (`verirl._watchdog`) reaches the main thread here the
 same way a SIGTERM does, as the policy's interrupt: its `VLLMServerError`

@@ -24,7 +24,8 @@ Exit codes (`EXIT_CODES`; the parser's epilog and the README say the same):
   when it died of signal N): the command runs in a process group of its own
   (so it cannot read a terminal's stdin), each SIGTERM/Ctrl-C is passed on to
   that group once, and it gets ``--shutdown-timeout`` seconds before SIGKILL
-  (then 137; a second signal SIGKILLs at once); a signal before the
+  (then 137; a Ctrl-C after the first signal SIGKILLs at once, a second
+  SIGTERM is ignored); a signal before the
   command started gives 143/130 and the command never runs. If the vLLM
   server dies while the command runs (exits, or answers no ``/health`` for
   ``--vllm-unresponsive-timeout`` seconds), the command gets SIGTERM the same
@@ -614,7 +615,7 @@ Exit codes:
   130  Ctrl-C (SIGINT)            143  SIGTERM, whenever it arrives
   launch: its command's code (127: cannot run it; 128+N: killed by signal N);
   SIGTERM/Ctrl-C is passed on once to the command's process group (which cannot
-  read the terminal's stdin), SIGKILL after --shutdown-timeout or a 2nd signal;
+  read the terminal's stdin); SIGKILL after --shutdown-timeout or a 2nd Ctrl-C;
   4 if the vLLM server died while it ran (the command got SIGTERM the same way).
 
 -v/-q/--json go before or after COMMAND. A setting not given as a flag comes
@@ -708,7 +709,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--shutdown-timeout",
         type=_ascii_seconds,
         help="on SIGTERM/Ctrl-C, seconds the command gets to exit after the signal is "
-        "passed on (once, to its process group), before SIGKILL; a second signal SIGKILLs "
+        "passed on (once, to its process group), before SIGKILL; a Ctrl-C after it SIGKILLs "
         f"at once (${SHUTDOWN_TIMEOUT_VARIABLE}; default: {LAUNCH_GRACE:g}, "
         "under the 30 s Kubernetes and Modal give)",
     )
