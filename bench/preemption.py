@@ -1,11 +1,14 @@
-"""Figure 7: steps lost per preemption, Trainer alone vs with `PreemptionCallback`.
+"""Figure 8: steps lost per preemption, Trainer alone vs with `PreemptionCallback`.
 
-Both runs are the drill's real GRPOTrainer (CPU, tiny random model, no
-vLLM; tests/drill/grpo_script.py) with ``save_steps=SAVE_STEPS``, SIGTERMed
-once step ``PAUSE`` has ended (the script holds that step end until the
-signal arrived, so the step is exact). Steps lost = steps done at the
-SIGTERM minus the step of the newest complete checkpoint left behind: what
-the retry redoes. Needs trl (``nox -s bench`` and ``nox -s drill`` install it).
+Every run is the drill's real GRPOTrainer (CPU, tiny random model, no vLLM;
+tests/drill/grpo_script.py) with ``save_steps=SAVE_STEPS``, signalled once
+step ``PAUSE`` has ended (the script holds that step end until the signal
+arrived, so the step is exact), with SIGTERM (Kubernetes, SLURM, ``verirl
+launch``) and with SIGINT (Modal, Ctrl-C), one row each. Steps lost = steps
+done at the signal minus the step of the newest complete checkpoint left
+behind: what the retry redoes; "exit after" is the time from the signal to
+the process's end (the save included). Needs trl (``nox -s bench`` and
+``nox -s drill`` install it).
 """
 
 from __future__ import annotations
@@ -32,17 +35,22 @@ PAUSE = 7  # 3 steps after the last regular save, as an unlucky preemption would
 STEPS = 10
 LIMIT = 300.0  # seconds for one run
 MODULES = ("trl", "transformers", "datasets")
-CASE = f"steps lost per preemption (save_steps={SAVE_STEPS}, SIGTERM after step {PAUSE})"
 GOAL = "0 steps lost"
+
+
+def case(signum: signal.Signals) -> str:
+    """The row's case: which signal, when."""
+    return f"steps lost per preemption (save_steps={SAVE_STEPS}, {signum.name} after step {PAUSE})"
 
 
 @attrs.frozen
 class Lost:
-    """One run: the exit code, the newest complete checkpoint's step and the steps lost."""
+    """One run: the exit code, the newest complete checkpoint's step, steps lost, time to exit."""
 
     code: int
     kept: int | None
     lost: int
+    exit_after: float
 
 
 def missing() -> list[str]:
@@ -61,8 +69,8 @@ def _wait_for_pause(events: Path, run: subprocess.Popen[bytes]) -> None:
     raise RuntimeError(msg)
 
 
-def preempt(model: Path, folder: Path, *, callback: bool) -> Lost:
-    """Run the script, SIGTERM it after step `PAUSE`, and count what a retry would redo."""
+def preempt(model: Path, folder: Path, *, callback: bool, signum: signal.Signals) -> Lost:
+    """Run the script, signal it after step `PAUSE`, and count what a retry would redo."""
     out, events = folder / "out", folder / "events.jsonl"
     argv = [sys.executable, str(SCRIPT), "--model", str(model), "--output-dir", str(out),
             "--events", str(events), "--max-steps", str(STEPS), "--pause-at", str(PAUSE),
@@ -72,8 +80,10 @@ def preempt(model: Path, folder: Path, *, callback: bool) -> Lost:
     run = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for_pause(events, run)
-        run.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        run.send_signal(signum)
         code = run.wait(timeout=LIMIT)
+        exit_after = time.monotonic() - signalled
     finally:
         if run.poll() is None:
             run.kill()
@@ -82,7 +92,7 @@ def preempt(model: Path, folder: Path, *, callback: bool) -> Lost:
     done = max(record["step"] for record in records if record["event"] == "step")
     found = LocalCheckpointSource(out).latest()
     kept = None if found is None else found.step
-    return Lost(128 - code if code < 0 else code, kept, done - (kept or 0))
+    return Lost(128 - code if code < 0 else code, kept, done - (kept or 0), exit_after)
 
 
 def build_model(folder: Path) -> Path:
@@ -95,16 +105,28 @@ def build_model(folder: Path) -> Path:
     return Path(build_tiny_model(folder))
 
 
-def measure(scratch: Path) -> tuple[str, str, str, str, str, bool | None]:
-    """One table row: (case, verirl, baseline, ratio, goal, met)."""
+def measure(scratch: Path) -> list[tuple[str, str, str, str, str, bool | None]]:
+    """The table rows, SIGTERM then SIGINT: (case, verirl, baseline, ratio, goal, met)."""
+    signals = (signal.SIGTERM, signal.SIGINT)
     absent = missing()
     if absent:
-        return (CASE, f"not measured (no {', '.join(absent)})", "—", "—", GOAL, None)
+        why = f"not measured (no {', '.join(absent)})"
+        return [(case(signum), why, "—", "—", GOAL, None) for signum in signals]
     model = build_model(scratch / "model")
-    alone = preempt(model, scratch / "alone", callback=False)
-    saved = preempt(model, scratch / "callback", callback=True)
-    new = f"{saved.lost} (checkpoint-{saved.kept} written at the SIGTERM, exit {saved.code})"
-    old = f"{alone.lost} (newest checkpoint-{alone.kept}, killed: exit {alone.code})"
-    average = (SAVE_STEPS - 1) / 2
-    old += f"; {average:g} on average with save_steps={SAVE_STEPS}"
-    return (CASE, new, old, "—", GOAL, saved.lost == 0)
+    rows: list[tuple[str, str, str, str, str, bool | None]] = []
+    for signum in signals:
+        where = scratch / signum.name
+        alone = preempt(model, where / "alone", callback=False, signum=signum)
+        saved = preempt(model, where / "callback", callback=True, signum=signum)
+        new = (
+            f"{saved.lost} (checkpoint-{saved.kept} written at the {signum.name}, "
+            f"exit {saved.code} {saved.exit_after:.2f}s after it)"
+        )
+        old = (
+            f"{alone.lost} (newest checkpoint-{alone.kept}, killed: exit {alone.code} "
+            f"{alone.exit_after:.2f}s after it)"
+        )
+        average = (SAVE_STEPS - 1) / 2
+        old += f"; {average:g} on average with save_steps={SAVE_STEPS}"
+        rows.append((case(signum), new, old, "—", GOAL, saved.lost == 0))
+    return rows

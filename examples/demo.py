@@ -53,7 +53,7 @@ def main() -> int:
             "--output-dir", str(output_dir),
             "--hub-repo", REPO,
             "--hub-endpoint", hub.endpoint,
-            "--resume", "latest",
+            "--resume", "auto",
             "--",
             sys.executable, str(HERE / "train_fake.py"), "--output-dir", str(output_dir),
         ]  # fmt: skip

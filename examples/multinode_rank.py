@@ -2,11 +2,13 @@
 
 Everything comes from the environment, the same on every node (the README's
 "Multi-node" section): ``VERIRL_VLLM_HOST``/``VERIRL_VLLM_PORT`` name the vLLM
-node, ``VERIRL_ENV_SERVER_URL`` the reward env server, ``VERIRL_OUTPUT_DIR``,
-``VERIRL_HUB_REPO_ID`` and ``VERIRL_RESUME_FROM_CHECKPOINT=latest`` the
-checkpoint. `TrainingRuntime` starts nothing here (vLLM is remote): every rank
-waits for the vLLM server's health, local rank 0 alone waits for the env server
-and resolves/downloads the checkpoint for its node.
+node, ``VERIRL_ENV_SERVER_URL`` the reward env server, ``VERIRL_OUTPUT_DIR`` and
+``VERIRL_HUB_REPO_ID`` where checkpoints are. `TrainingRuntime` starts nothing
+here (vLLM is remote): every rank waits for the vLLM server's health, local
+rank 0 alone waits for the env server and resolves/downloads the checkpoint
+for its node. It resumes with ``auto`` (``VERIRL_RESUME_FROM_CHECKPOINT``
+unset): the newest complete checkpoint, else a fresh start, so the first
+attempt and every retry run the same command.
 
 Where a real script builds ``GRPOTrainer(args=GRPOConfig(**session.grpo_kwargs,
 resume_from_checkpoint=…))``, this one proves the job is wired: a gloo
@@ -38,7 +40,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="all_reduce steps; 0: until killed")
     args = parser.parse_args()
 
-    with TrainingRuntime.from_settings() as session:
+    resume = os.environ.get("VERIRL_RESUME_FROM_CHECKPOINT", "auto")
+    with TrainingRuntime.from_settings(resume_from=resume) as session:
         dist.init_process_group("gloo", timeout=dt.timedelta(seconds=120))
         rank, world = dist.get_rank(), dist.get_world_size()
         if session.server_url is None:

@@ -10,7 +10,14 @@ optionally recursive tree listing) and ``HEAD``/``GET /{repo}/resolve/{rev}/{pat
 the client downloads over plain HTTP). Unknown repos, revisions and files get
 the Hub's 404s (``X-Error-Code: RepoNotFound``, ``RevisionNotFound``,
 ``EntryNotFound``); `FakeHub.protect` makes a repo answer 401 to requests
-without its token. Faults a real mirror or network shows can be injected per
+without its token. It also takes pushes, as Trainer makes them with
+``push_to_hub=True``: ``POST /api/repos/create`` (an empty repo holds
+``.gitattributes``, as on the Hub; 409 if it exists), ``POST /api/validate-yaml``
+(a README's metadata: always valid), ``POST
+/api/models/{repo}/preupload/{rev}`` (every file "regular", so the client
+sends it inline: no LFS or Xet) and ``POST /api/models/{repo}/commit/{rev}``
+(the client's NDJSON: files added in base64, files and folders deleted).
+Faults a real mirror or network shows can be injected per
 file: `FakeHub.serve_instead` (a wrong body with headers that match it),
 `FakeHub.fail_downloads` (an error status for the body) and `FakeHub.hold`
 (the body waits until released, to catch a download in the middle). It counts
@@ -28,6 +35,7 @@ only when it is imported.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import http.server
@@ -60,6 +68,8 @@ def _git_blob_sha(data: bytes) -> str:
 
 _LISTING = "\0tree"  # the key of a held tree listing; no file path contains NUL
 _HOLD_LIMIT = 60.0  # a held body is served anyway after this long, so no test can hang on it
+_MAX_BODY = 256 * 1024 * 1024  # a push bigger than this is refused (413), not read into memory
+_GITATTRIBUTES = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"  # what a new repo holds
 
 
 @attrs.define
@@ -119,8 +129,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         self._serve("HEAD")
 
-    def _serve(self, method: str) -> None:
-        response = self.server.hub._handle(method, self.path, self.headers.get("Authorization"))  # noqa: SLF001
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > _MAX_BODY:
+            self.close_connection = True
+            self._send(_error(413, None, f"body over {_MAX_BODY} bytes"), "POST")
+            return
+        self._serve("POST", self.rfile.read(length))
+
+    def _serve(self, method: str, body: bytes = b"") -> None:
+        response = self.server.hub._handle(  # noqa: SLF001
+            method, self.path, self.headers.get("Authorization"), body
+        )
+        self._send(response, method)
+
+    def _send(self, response: _Response, method: str) -> None:
         self.send_response(response.status)
         for name, value in response.headers.items():
             self.send_header(name, value)
@@ -128,7 +151,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if method == "GET" and response.hold is not None:
             response.hold.wait_released()
         self.end_headers()
-        if method == "GET":
+        if method != "HEAD":
             self.wfile.write(response.body)
             if response.counts_as_download is not None:
                 self.server.hub._count_download(response.counts_as_download, len(response.body))  # noqa: SLF001
@@ -264,13 +287,26 @@ class FakeHub:
         if not path or path.startswith("/") or path.endswith("/"):
             msg = f"path={path!r}: must be a relative file path"
             raise ValueError(msg)
+        return self._commit_files(repo_id, revision, {path: bytes(data)})
+
+    def _commit_files(
+        self,
+        repo_id: str,
+        revision: str,
+        added: Mapping[str, bytes],
+        deleted: tuple[str, ...] = (),
+    ) -> str:
+        """Make one commit on ``revision``: ``added`` files, then ``deleted`` files and folders."""
         with self._lock:
             parent = self._branches.get((repo_id, revision))
             files = dict(self._commits[repo_id, parent].files) if parent else {}
-            files[path] = bytes(data)
-            sha = hashlib.sha1(
-                f"{parent}\0{path}\0{_git_blob_sha(data)}".encode(), usedforsecurity=False
-            ).hexdigest()
+            files.update(added)
+            for gone in deleted:
+                folder = gone.rstrip("/") + "/"
+                files = {p: d for p, d in files.items() if p != gone and not p.startswith(folder)}
+            change = "\0".join(f"{p}\0{_git_blob_sha(d)}" for p, d in sorted(added.items()))
+            change += "\0-" + "\0".join(deleted)
+            sha = hashlib.sha1(f"{parent}\0{change}".encode(), usedforsecurity=False).hexdigest()
             self._commits[repo_id, sha] = _Commit(sha, files)
             self._branches[repo_id, revision] = sha
         return sha
@@ -406,12 +442,18 @@ class FakeHub:
 
     # ------------------------------------------------------------ HTTP
 
-    def _handle(self, method: str, raw_path: str, authorization: str | None) -> _Response:
+    def _handle(
+        self, method: str, raw_path: str, authorization: str | None, body: bytes = b""
+    ) -> _Response:
         parts = urlsplit(raw_path)
         with self._lock:
             self._requests.append((method, parts.path))
             self._lock.notify_all()
         segments = [unquote(s) for s in parts.path.split("/")[1:]]
+        if method == "POST" and segments == ["api", "repos", "create"]:
+            return self._create_repo(authorization, body)
+        if method == "POST" and segments == ["api", "validate-yaml"]:
+            return _json(200, {"errors": [], "warnings": []})  # a README's metadata: any is fine
         if segments[:2] == ["api", "models"]:
             repo_id, rest = "/".join(segments[2:4]), segments[4:]
         elif len(segments) >= 5 and segments[2] == "resolve":  # noqa: PLR2004
@@ -421,6 +463,8 @@ class FakeHub:
         denied = self._denied(repo_id, authorization)
         if denied is not None:
             return denied
+        if method == "POST" and len(rest) >= 2 and rest[0] in ("preupload", "commit"):  # noqa: PLR2004
+            return self._push(rest[0], repo_id, "/".join(rest[1:]), body)
         return self._route(method, parts.path, repo_id, rest, parse_qs(parts.query))
 
     def _route(
@@ -529,6 +573,55 @@ class FakeHub:
             "Accept-Ranges": "none",
         }
         return _Response(200, headers, data, counts_as_download=(repo_id, filename), hold=hold)
+
+    def _create_repo(self, authorization: str | None, body: bytes) -> _Response:
+        if not (authorization or "").startswith("Bearer "):
+            return _error(401, None, "Invalid username or password.")
+        try:
+            payload = json.loads(body)
+            repo_id = f"{payload['organization']}/{payload['name']}"
+        except (ValueError, KeyError, TypeError):
+            return _error(400, None, "a JSON body with 'name' and 'organization' is required")
+        url = f"{self.endpoint}/{repo_id}"
+        with self._lock:
+            token = self._tokens.get(repo_id)
+            exists = any(repo == repo_id for repo, _ in self._branches)
+        if token is not None and authorization != f"Bearer {token}":
+            return _error(401, None, "Invalid credentials in Authorization header")
+        if exists:
+            return _json(409, {"error": "You already created this model repo", "url": url})
+        self._commit_files(repo_id, "main", {".gitattributes": _GITATTRIBUTES})
+        return _json(200, {"url": url, "name": repo_id, "id": repo_id})
+
+    def _push(self, kind: str, repo_id: str, revision: str, body: bytes) -> _Response:
+        commit = self._commit(repo_id, revision)
+        if commit is None:
+            return _error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+        try:
+            if kind == "preupload":
+                files = [
+                    {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False,
+                     "oid": _git_blob_sha(commit.files[f["path"]])
+                     if f["path"] in commit.files else None}
+                    for f in json.loads(body)["files"]
+                ]  # fmt: skip
+                return _json(200, {"files": files, "commitOid": commit.sha})
+            added: dict[str, bytes] = {}
+            deleted: list[str] = []
+            for line in body.splitlines():
+                item = json.loads(line)
+                value = item["value"]
+                if item["key"] == "file" and value.get("encoding") == "base64":
+                    added[value["path"]] = base64.b64decode(value["content"], validate=True)
+                elif item["key"] in ("deletedFile", "deletedFolder"):
+                    deleted.append(value["path"])
+                elif item["key"] != "header":
+                    return _error(400, None, f"the fake Hub takes no {item['key']!r} operation")
+        except (ValueError, KeyError, TypeError) as exc:
+            return _error(400, None, f"malformed {kind} request: {exc}")
+        sha = self._commit_files(repo_id, revision, added, tuple(deleted))
+        url = f"{self.endpoint}/{repo_id}/commit/{sha}"
+        return _json(200, {"success": True, "commitOid": sha, "commitUrl": url})
 
 
 def _payload(seed: str, size: int) -> bytes:

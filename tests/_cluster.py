@@ -117,7 +117,7 @@ class Cluster:
             "VERIRL_ENV_SERVER_URL": env_server.url,
             "VERIRL_HUB_REPO_ID": REPO,
             "VERIRL_HUB_ENDPOINT": hub.endpoint,
-            "VERIRL_RESUME_FROM_CHECKPOINT": "latest",
+            "VERIRL_RESUME_FROM_CHECKPOINT": "auto",  # the same on the first attempt and retries
             "PYTHONUNBUFFERED": "1",
             "HF_HUB_OFFLINE": "0",  # the engine session sets it; the fake Hub is local
         }

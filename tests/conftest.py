@@ -25,6 +25,7 @@ from _support import SESSION_VAR, describe, kill_all, leftovers, session_process
 # tests/engine needs trl and a real vLLM engine (CPU build); only `nox -s vllm` installs them.
 # tests/drill needs trl (real GRPOTrainer runs on CPU); only `nox -s drill` installs it.
 # tests/multinode needs torch (gloo) and runs torchrun; only `nox -s multinode` installs it.
+# tests/examples needs trl (GRPOTrainer runs on CPU) and modal; `nox -s examples` installs them.
 collect_ignore = [
     folder
     for folder, variable in (
@@ -32,6 +33,7 @@ collect_ignore = [
         ("engine", "VERIRL_VLLM"),
         ("drill", "VERIRL_DRILL"),
         ("multinode", "VERIRL_MULTINODE"),
+        ("examples", "VERIRL_EXAMPLES"),
     )
     if not os.environ.get(variable)
 ]

@@ -47,7 +47,8 @@ def test_all_is_complete(module):
         if node.module.startswith(module.__name__)
         for alias in node.names
     }
-    public = {name for name in imported if not name.startswith("_")}
+    optional = set(getattr(module, "_OPTIONAL", ()))  # reachable, not in __all__ (see verirl)
+    public = {name for name in imported if not name.startswith("_")} - optional
     assert public <= set(module.__all__)
     for name in module.__all__:
         assert hasattr(module, name), name
@@ -166,9 +167,36 @@ def test_each_name_comes_from_the_module_the_type_checking_block_names():
         assert node.module is not None
         for alias in node.names:
             declared[alias.asname or alias.name] = node.module
+    for name, module in verirl._OPTIONAL.items():
+        assert declared.pop(name) == module
     assert sorted([*declared, "__version__"]) == verirl.__all__
     for name, module in declared.items():
         assert getattr(verirl, name) is getattr(importlib.import_module(module), name), name
+
+
+def test_preemption_callback_is_reachable_but_needs_no_ml_stack_for_import_star():
+    """`verirl.PreemptionCallback` loads transformers on first use; ``import *`` never does."""
+    code = (
+        "import json, sys, verirl\n"
+        "star = {}\n"
+        "exec('from verirl import *', star)\n"
+        "try:\n"
+        "    found = verirl.PreemptionCallback.__module__\n"
+        "except ImportError as exc:\n"
+        "    found = str(exc)\n"
+        "print(json.dumps(['PreemptionCallback' in star, found]))"
+    )
+    in_star, found = _fresh(code)  # type: ignore[misc]
+    assert in_star is False
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        assert (
+            found
+            == "verirl.PreemptionCallback needs transformers: pip install trl (which installs it)"
+        )
+    else:
+        assert found == "verirl.preemption"
 
 
 def test_dir_lists_the_public_names():

@@ -24,6 +24,7 @@ from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled, Reposit
 from fakes.checkpoints import FakeCheckpointSource
 from fakes.hub import FakeHub, serve_fake_hub
 from verirl.checkpoints import (
+    INCOMPLETE_MARKER,
     RESUME_ENV_VAR,
     Checkpoint,
     CheckpointResolver,
@@ -195,6 +196,33 @@ def test_only_incomplete_checkpoints_is_none(tmp_path, caplog):
     assert LocalCheckpointSource(tmp_path).latest() is None
     assert (tmp_path / "checkpoint-10" / "model.safetensors").exists()
     assert "checkpoint-10" in warnings_of(caplog)
+
+
+@pytest.mark.parametrize("marker_kind", ["file", "empty file", "directory", "dangling link"])
+def test_a_folder_with_the_jit_sentinel_is_incomplete_and_left_alone(tmp_path, caplog, marker_kind):
+    """transformers' JIT save writes trainer_state.json, then removes the sentinel: killed
+    between the two, the state parses but the folder must not be resumed from."""
+    make_checkpoint(tmp_path, "checkpoint-10")
+    newest = make_checkpoint(tmp_path, "checkpoint-20")
+    marker = newest / INCOMPLETE_MARKER
+    if marker_kind == "file":
+        marker.write_text("Checkpoint started at step 20 and in progress...")
+    elif marker_kind == "empty file":
+        marker.write_bytes(b"")
+    elif marker_kind == "directory":
+        marker.mkdir()
+    else:
+        marker.symlink_to(tmp_path / "nowhere")
+    before = snapshot(newest)
+    assert read_trainer_state(newest)[0] is None
+    assert LocalCheckpointSource(tmp_path).latest().step == 10
+    assert snapshot(newest) == before
+    warned = warnings_of(caplog)
+    assert "checkpoint-20" in warned
+    assert f"{INCOMPLETE_MARKER} is present" in warned
+    assert CheckpointResolver([LocalCheckpointSource(tmp_path)]).resolve("auto") == str(
+        tmp_path / "checkpoint-10"
+    )
 
 
 def test_missing_root_has_no_checkpoints(tmp_path):
@@ -476,6 +504,21 @@ def test_hub_skips_an_incomplete_upload(hub, tmp_path, caplog):
     source = hub_source(hub, tmp_path)
     assert source.latest().step == 20
     assert "checkpoint-30" in warnings_of(caplog)
+
+
+@pytest.mark.parametrize("folder", ["checkpoint-30", "last-checkpoint"])
+def test_hub_skips_an_upload_that_holds_the_jit_sentinel(hub, tmp_path, caplog, folder):
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    hub.add_checkpoint(REPO, folder, 30)
+    hub.add_file(REPO, f"{folder}/{INCOMPLETE_MARKER}", b"in progress...")
+    hub.reset_counters()
+    source = hub_source(hub, tmp_path)
+    assert source.latest().step == 20
+    assert hub.downloads == []  # not even last-checkpoint's state is probed
+    assert f"{INCOMPLETE_MARKER} is present" in warnings_of(caplog)
+    with pytest.raises(CheckpointSourceError, match=r"not .*a complete checkpoint"):
+        source.fetch(Checkpoint(30, folder, source.description))
+    assert not (tmp_path / "hub-download" / folder).exists()
 
 
 def test_hub_empty_repo_has_none(hub, tmp_path):

@@ -320,3 +320,68 @@ def test_hold_listing_and_close_releases_every_hold(tmp_path):
     thread.join(30)  # close() released the held listing, so the client is not stuck
     assert not thread.is_alive()
     assert not hub.wait_for_requests("/nothing/", 1, timeout=0)
+
+
+def _post(hub: FakeHub, path: str, body: bytes) -> tuple[int, bytes]:
+    """A raw POST with a token (what huggingface_hub would never send): (status, body)."""
+    headers = {"Authorization": "Bearer hf_x"}
+    reply = get_session().post(f"{hub.endpoint}{path}", content=body, headers=headers)
+    return reply.status_code, reply.content
+
+
+def test_a_trainer_push_creates_the_repo_and_commits_the_checkpoint(hub, tmp_path):
+    """What Trainer does with push_to_hub=True, hub_strategy="checkpoint", through HfApi."""
+    folder = tmp_path / "checkpoint-3"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(bytes(range(256)) * 400)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 3}))
+    client = api(hub, token="hf_x")
+    url = client.create_repo(REPO, exist_ok=True)
+    assert url.repo_id == REPO
+    assert hub.files(REPO) == {".gitattributes": hub.files(REPO)[".gitattributes"]}  # empty
+    assert client.create_repo(REPO, exist_ok=True).repo_id == REPO  # 409, taken as "exists"
+    with pytest.raises(HfHubHTTPError) as conflict:
+        client.create_repo(REPO)
+    assert conflict.value.response.status_code == 409
+    info = client.upload_folder(repo_id=REPO, folder_path=folder, path_in_repo="last-checkpoint")
+    assert info.oid == hub.sha(REPO)
+    files = hub.files(REPO)
+    assert files["last-checkpoint/model.safetensors"] == bytes(range(256)) * 400
+    assert json.loads(files["last-checkpoint/trainer_state.json"]) == {"global_step": 3}
+    # Unchanged files are not sent again (the preupload answers their oid).
+    before = hub.sha(REPO)
+    client.upload_folder(repo_id=REPO, folder_path=folder, path_in_repo="last-checkpoint")
+    assert hub.sha(REPO) == before
+    client.delete_folder("last-checkpoint", repo_id=REPO)
+    assert sorted(hub.files(REPO)) == [".gitattributes"]
+    client.upload_file(path_or_fileobj=b"---\nlicense: mit\n---\n", path_in_repo="README.md",
+                       repo_id=REPO)  # fmt: skip
+    client.delete_file("README.md", repo_id=REPO)
+    client.upload_file(path_or_fileobj=b"x", path_in_repo="a/b.txt", repo_id=REPO)
+    client.delete_file("a/b.txt", repo_id=REPO)
+    assert sorted(hub.files(REPO)) == [".gitattributes"]
+
+
+def test_pushes_want_a_token_an_existing_repo_and_well_formed_bodies(hub):
+    with pytest.raises(HfHubHTTPError) as anonymous:
+        api(hub).create_repo(REPO)
+    assert anonymous.value.response.status_code == 401
+    hub.protect("org/private", "hf_right")
+    with pytest.raises(HfHubHTTPError) as wrong:
+        api(hub, token="hf_wrong").create_repo("org/private")
+    assert wrong.value.response.status_code == 401
+    with pytest.raises(RepositoryNotFoundError):
+        api(hub, token="hf_x").upload_file(path_or_fileobj=b"x", path_in_repo="a", repo_id=REPO)
+    assert _post(hub, "/api/repos/create", b"not json")[0] == 400
+    api(hub, token="hf_x").create_repo(REPO)
+    assert _post(hub, f"/api/models/{REPO}/commit/nope", b"")[0] == 404
+    assert _post(hub, f"/api/models/{REPO}/preupload/main", b"{}")[0] == 400
+    lfs = json.dumps({"key": "lfsFile", "value": {"path": "a", "algo": "sha256", "oid": "0"}})
+    status, body = _post(hub, f"/api/models/{REPO}/commit/main", lfs.encode())
+    assert (status, json.loads(body)["error"]) == (400, "the fake Hub takes no 'lfsFile' operation")
+    host, port = hub.endpoint.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /api/repos/create HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999999"
+                     b"\r\nConnection: close\r\n\r\n")  # fmt: skip
+        reply = sock.makefile("rb").read()
+    assert reply.startswith(b"HTTP/1.1 413")

@@ -232,6 +232,27 @@ def test_sigterm_during_the_block_becomes_system_exit_and_tears_down(default_sig
     assert signal.getsignal(signal.SIGTERM) is previous
 
 
+def test_sigint_during_the_block_tears_down_as_sigterm_does(default_sigterm):
+    """Modal's preemption (SIGINT, a KeyboardInterrupt in the main thread), used in-process."""
+    factory = Recorder()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    rt = runtime(server_factory=factory)
+
+    def body() -> None:
+        with rt:
+            os.kill(os.getpid(), signal.SIGINT)
+            threading.Event().wait(5)  # the handler raises before this returns
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            body()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert factory.servers[0].stops == 1
+    assert rt.session is None
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the policy was released
+
+
 def test_default_factory_needs_a_model():
     rt = TrainingRuntime(
         VLLMTopology.plan(2, max_model_len=64, port=find_free_port()),

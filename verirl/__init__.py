@@ -6,6 +6,10 @@ The names below are imported on first use (PEP 562), so ``import verirl`` costs
 next to nothing: ``verirl.VLLMTopology`` loads `verirl.topology` and nothing
 else, and requests, urllib3, psutil and huggingface_hub load only with what
 needs them. Type checkers and IDEs read the ``TYPE_CHECKING`` block.
+
+``verirl.PreemptionCallback`` is a transformers ``TrainerCallback``: it is
+reachable here on first use like the others, but not listed in ``__all__``, so
+that ``from verirl import *`` never needs the ML stack.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy rea
 if TYPE_CHECKING:
     from verirl._launch import LaunchPlan
     from verirl._poll import Backoff
+    from verirl._settings import Settings
     from verirl.checkpoints import (
         Checkpoint,
         CheckpointResolver,
@@ -38,6 +43,7 @@ if TYPE_CHECKING:
         VLLMServerUnresponsive,
         VLLMStartupTimeout,
     )
+    from verirl.preemption import PreemptionCallback as PreemptionCallback
     from verirl.runtime import (
         CheckpointResolving,
         PhaseTiming,
@@ -73,6 +79,7 @@ __all__ = [
     "ServerFactory",
     "ServerHandle",
     "ServerTopology",
+    "Settings",
     "TrainingRuntime",
     "VLLMServer",
     "VLLMServerError",
@@ -94,6 +101,7 @@ __all__ = [
 _SUBMODULES: dict[str, tuple[str, ...]] = {
     "verirl._launch": ("LaunchPlan",),
     "verirl._poll": ("Backoff",),
+    "verirl._settings": ("Settings",),
     "verirl.checkpoints": (
         "Checkpoint",
         "CheckpointResolver",
@@ -129,7 +137,10 @@ _SUBMODULES: dict[str, tuple[str, ...]] = {
     "verirl.topology": ("ServerTopology", "VLLMTopology", "detect_gpu_count"),
     "verirl.vllm_server": ("VLLMServer",),
 }
+# Names that need an optional dependency (transformers): resolved the same way, not in __all__.
+_OPTIONAL: dict[str, str] = {"PreemptionCallback": "verirl.preemption"}
 _MODULE_OF = {name: module for module, names in _SUBMODULES.items() for name in names}
+_MODULE_OF.update(_OPTIONAL)
 
 
 if not TYPE_CHECKING:  # type checkers see the imports above, and so reject a misspelt name
@@ -141,7 +152,14 @@ if not TYPE_CHECKING:  # type checkers see the imports above, and so reject a mi
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         from importlib import import_module  # noqa: PLC0415 - not at start-up: only when needed
 
-        value = getattr(import_module(module), name)
+        try:
+            imported = import_module(module)
+        except ModuleNotFoundError as exc:
+            if name not in _OPTIONAL:
+                raise
+            msg = f"verirl.{name} needs {exc.name}: pip install trl (which installs it)"
+            raise ImportError(msg, name=exc.name) from exc
+        value = getattr(imported, name)
         globals()[name] = value
         return value
 

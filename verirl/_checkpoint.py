@@ -1,7 +1,10 @@
 """What a checkpoint is: the `Checkpoint` value, the `CheckpointSource` protocol, completeness.
 
 Trainer writes ``trainer_state.json`` last, so a ``checkpoint-N`` folder
-without a readable one is the leftover of a job killed while saving.
+without a readable one is the leftover of a job killed while saving; one that
+still holds ``checkpoint-is-incomplete.txt`` (`INCOMPLETE_MARKER`, the sentinel
+transformers' JIT checkpoint and `verirl.preemption.PreemptionCallback` keep
+there while they save) was killed after that file but before the save ended.
 `read_trainer_state` is the one test of completeness every source uses; the
 sources (`verirl._local_source`, `verirl._hub_source`) and the resolver
 (`verirl.checkpoints`) build on this module and on nothing of each other's.
@@ -23,6 +26,7 @@ from verirl._validate import check_int
 from verirl.errors import ConfigError
 
 __all__ = [
+    "INCOMPLETE_MARKER",
     "LAST_CHECKPOINT",
     "MAX_TRAINER_STATE_BYTES",
     "TRAINER_STATE",
@@ -31,12 +35,15 @@ __all__ = [
     "check_origin",
     "checkpoint_step",
     "global_step",
+    "incomplete_marker_reason",
     "read_trainer_state",
     "user_directory",
 ]
 
 TRAINER_STATE = "trainer_state.json"
 LAST_CHECKPOINT = "last-checkpoint"
+INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"
+"""transformers' JIT-checkpoint sentinel: present while a save is in progress, removed after."""
 MAX_TRAINER_STATE_BYTES = 64 << 20
 """A ``trainer_state.json`` larger than this is not read (Trainer's are kilobytes to megabytes)."""
 # ASCII digits only: str.isdigit and \d also accept e.g. Arabic-Indic digits.
@@ -55,8 +62,16 @@ def read_trainer_state(  # noqa: PLR0911 - one return per way the file can be un
     """Read ``folder/trainer_state.json``: ``(state, "")``, or ``(None, why it is unusable)``.
 
     A checkpoint is complete exactly when this returns a state: Trainer writes
-    the file last, so its absence (or a torn write) marks an interrupted save.
+    the file last, so its absence (or a torn write) marks an interrupted save,
+    and so does `INCOMPLETE_MARKER` beside it (a save that wrote the state but
+    was killed before it ended: transformers removes the marker last).
     """
+    try:
+        marked = os.path.lexists(Path(folder) / INCOMPLETE_MARKER)
+    except (OSError, ValueError):
+        marked = False
+    if marked:
+        return None, incomplete_marker_reason()
     path = Path(folder) / TRAINER_STATE
     try:
         # Never a FIFO or device (it would hang), never more than the cap.
@@ -76,6 +91,11 @@ def read_trainer_state(  # noqa: PLR0911 - one return per way the file can be un
     if not isinstance(state, dict):
         return None, f"{TRAINER_STATE} is not a JSON object"
     return state, ""
+
+
+def incomplete_marker_reason() -> str:
+    """Why a folder holding `INCOMPLETE_MARKER` is not a complete checkpoint."""
+    return f"{INCOMPLETE_MARKER} is present (the save that wrote it never finished)"
 
 
 def global_step(state: Mapping[str, object]) -> int | None:

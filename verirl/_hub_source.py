@@ -25,6 +25,7 @@ from urllib.parse import quote
 import attrs
 
 from verirl._checkpoint import (
+    INCOMPLETE_MARKER,
     LAST_CHECKPOINT,
     MAX_TRAINER_STATE_BYTES,
     TRAINER_STATE,
@@ -32,6 +33,7 @@ from verirl._checkpoint import (
     check_origin,
     checkpoint_step,
     global_step,
+    incomplete_marker_reason,
     read_trainer_state,
     user_directory,
 )
@@ -152,23 +154,19 @@ class HubCheckpointSource:
             key=lambda item: (-item[0], item[1]),
         )
         for step, folder in numbered:
-            if f"{folder}/{TRAINER_STATE}" in listing.folders[folder]:
+            why = _listed_incomplete(folder, listing.folders[folder])
+            if why is None:
                 best = Checkpoint(step, folder, self.description)
                 break
             log.warning(
-                "skipping incomplete checkpoint %s in %s: no %s (probably an interrupted upload)",
-                folder,
-                self.description,
-                TRAINER_STATE,
+                "skipping incomplete checkpoint %s in %s: %s", folder, self.description, why
             )
         last = listing.folders.get(LAST_CHECKPOINT)
         if last is not None:
-            if f"{LAST_CHECKPOINT}/{TRAINER_STATE}" not in last:
+            why = _listed_incomplete(LAST_CHECKPOINT, last)
+            if why is not None:
                 log.warning(
-                    "skipping incomplete %s in %s: no %s",
-                    LAST_CHECKPOINT,
-                    self.description,
-                    TRAINER_STATE,
+                    "skipping incomplete %s in %s: %s", LAST_CHECKPOINT, self.description, why
                 )
             else:
                 step = self._last_checkpoint_step(listing)
@@ -186,7 +184,7 @@ class HubCheckpointSource:
             raise ConfigError.invalid("checkpoint", checkpoint, "is not a checkpoint folder name")
         listing = self._listing if self._listing is not None else self._list()
         files = listing.folders.get(folder, {})
-        if f"{folder}/{TRAINER_STATE}" not in files:
+        if _listed_incomplete(folder, files) is not None:
             cause = FileNotFoundError(errno.ENOENT, "not in the repo listing", f"{folder}/")
             msg = f"{folder} is not (or no longer) a complete checkpoint in {self.description}"
             raise CheckpointSourceError(msg) from cause
@@ -455,6 +453,19 @@ def _check_endpoint(value: object) -> None:
     from verirl._http import validate_http_url  # noqa: PLC0415 - requests only with a Hub source
 
     validate_http_url("endpoint", value)
+
+
+def _listed_incomplete(folder: str, files: Mapping[str, object]) -> str | None:
+    """Why the listed ``folder`` is not a complete checkpoint, or None when it is.
+
+    The same rule as `read_trainer_state`, on names: a ``trainer_state.json``,
+    and no `INCOMPLETE_MARKER` (an upload of a folder whose save never ended).
+    """
+    if f"{folder}/{INCOMPLETE_MARKER}" in files:
+        return incomplete_marker_reason()
+    if f"{folder}/{TRAINER_STATE}" not in files:
+        return f"no {TRAINER_STATE} (probably an interrupted upload)"
+    return None
 
 
 def _safe_repo_path(path: str) -> bool:

@@ -25,6 +25,7 @@ from pathlib import Path
 import attrs
 
 from verirl._checkpoint import (
+    INCOMPLETE_MARKER,
     LAST_CHECKPOINT,
     MAX_TRAINER_STATE_BYTES,
     TRAINER_STATE,
@@ -39,6 +40,7 @@ from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, Config
 
 __all__ = [
     "AUTO",
+    "INCOMPLETE_MARKER",
     "LAST_CHECKPOINT",
     "MAX_TRAINER_STATE_BYTES",
     "RESUME_ENV_VAR",

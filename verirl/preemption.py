@@ -1,96 +1,201 @@
-"""`PreemptionCallback`: on SIGTERM, finish the step, save a checkpoint, stop, exit 143.
+"""`PreemptionCallback`: on a preemption signal, finish the step, save a checkpoint, stop, exit.
 
-transformers' Trainer ignores SIGTERM: a preempted job dies where it stands
-and loses every step since its last save (up to ``save_steps - 1``). With
-``callbacks=[PreemptionCallback()]`` the step in flight finishes, Trainer
-writes a complete checkpoint at that step and stops, and the process exits
-with 143 so the orchestrator sees a preemption and retries; the retry
-(``verirl launch --resume auto``) resumes at that very step.
+transformers' Trainer ignores preemption: a preempted job dies where it
+stands and loses every step since its last save (up to ``save_steps - 1``).
+With ``callbacks=[PreemptionCallback()]`` the step in flight finishes,
+Trainer writes a complete checkpoint at that step and stops, and the process
+ends the way the platform reads as "preempted, retry me"; the retry
+(``verirl launch --resume auto``, ``TrainingRuntime`` with ``auto``) resumes at
+that very step.
+
+Which signal depends on the platform: Kubernetes, SLURM (``--signal``) and
+``verirl launch`` send SIGTERM; Modal sends **SIGINT** (a ``KeyboardInterrupt``
+in the function body's main thread) and SIGKILLs 30 s later; a person at a
+terminal presses Ctrl-C. Both are handled by default (``signals=``).
+
+How the process ends after the save (``exit_code``, default: by the signal):
+
+- SIGTERM: ``SystemExit(143)``; another signal N: ``SystemExit(128 + N)``;
+- SIGINT: the ``KeyboardInterrupt`` Python would have raised, only later, so
+  the process ends as Ctrl-C ends it (Python re-raises SIGINT on its way out: a
+  shell shows 130, ``Popen.returncode`` is -2), and Modal's runtime reads it as
+  the preemption (it retries the input; a function that returned would count
+  as done);
+- ``exit_code=N``: ``SystemExit(N)`` for every signal; ``exit_code=None``:
+  ``train()`` returns (check `stopped_at`).
+
+A second signal while stopping: a second **SIGINT** means "out now" (a person
+pressing Ctrl-C twice): ``KeyboardInterrupt`` at once, wherever the main
+thread is, the save included. The checkpoint folder being written carries
+transformers' ``checkpoint-is-incomplete.txt`` sentinel from before the save
+until Trainer's ``on_save`` (after ``trainer_state.json``), so a save cut
+short, by that or by a SIGKILL, never counts as complete. Any other second
+signal is ignored, so that the save completes.
 
 This module imports transformers (the callback subclasses its
-``TrainerCallback``), so it is not re-exported from `verirl`, whose import
-stays free of it: ``from verirl.preemption import PreemptionCallback``.
+``TrainerCallback``), so `verirl` imports it only on first use of
+``verirl.PreemptionCallback``; ``import verirl`` stays free of it.
 
 Rules, on top of the one SIGTERM policy (`verirl._signals`):
 
-- The handler is installed at ``on_train_begin`` over the default
-  disposition or over verirl's own policy handler (a `TrainingRuntime` or
-  `VLLMServer` started earlier), never over a handler the program set, nor
-  ``SIG_IGN``; it is put back at ``on_train_end``. In a thread other than the
-  main one no handler can be installed: only stop requests work there.
+- Each handler is installed at ``on_train_begin`` over the default
+  disposition (for SIGINT also Python's ``default_int_handler``), over
+  verirl's own policy handler (a `TrainingRuntime` or `VLLMServer` started
+  earlier) or over transformers' JIT-checkpoint handler
+  (``enable_jit_checkpoint=True``, which this callback replaces, saying so
+  once in the log), never over a handler the program set, nor ``SIG_IGN``;
+  it is put back at ``on_train_end``. In a thread other than the main one no
+  handler can be installed: only stop requests work there.
 - A stop request (`verirl._stop.STOP_REQUESTS`, e.g. the vLLM server
   exiting) stops training the same way; the request's error is raised after
   the save instead of the exit.
 - Every rank stops at the same step: the flag is agreed across ranks (an
   all-reduce of one integer) at each step end, or ranks would deadlock.
-- A second SIGTERM while stopping is ignored, so the save completes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
 import types
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Final
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from verirl._checkpoint import read_trainer_state
+from verirl._checkpoint import INCOMPLETE_MARKER, read_trainer_state
 from verirl._signals import SIGTERM_POLICY
 from verirl._stop import STOP_REQUESTS
 from verirl._validate import check_int
+from verirl.errors import ConfigError
 
-__all__ = ["PREEMPTION_EXIT_CODE", "PreemptionCallback"]
+__all__ = ["BY_SIGNAL", "PREEMPTION_EXIT_CODE", "PREEMPTION_SIGNALS", "PreemptionCallback"]
 
 log = logging.getLogger(__name__)
 
 PREEMPTION_EXIT_CODE = 143
 """128 + SIGTERM: what orchestrators read as "terminated", so they retry rather than finish."""
+PREEMPTION_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+"""The signals handled by default: Kubernetes/SLURM/``verirl launch`` (SIGTERM), Modal (SIGINT)."""
+
+
+class _BySignal:
+    """The type of `BY_SIGNAL`."""
+
+    def __repr__(self) -> str:
+        return "BY_SIGNAL"
+
+
+BY_SIGNAL: Final = _BySignal()
+"""``exit_code``'s default: end as the signal would have (143 for SIGTERM, 130 for SIGINT)."""
 
 _Handler = Callable[[int, types.FrameType | None], Any] | int | signal.Handlers | None
+_UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
+_JIT_MODULE = "transformers.trainer_jit_checkpoint"
 
 _ACTIVE_LOCK = threading.Lock()
 _ACTIVE: list[PreemptionCallback] = []  # at most one: the callback now in charge
 
 
-class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers is untyped here
-    """Save a checkpoint at the step where SIGTERM (or a stop request) came, then exit.
+def _check_signals(value: object) -> tuple[signal.Signals, ...]:
+    """``signals=``: distinct catchable signals (ints or `signal.Signals`), else `ConfigError`."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ConfigError.invalid("signals", value, "must be a sequence of signals")
+    found: list[signal.Signals] = []
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise ConfigError.invalid("signals", value, f"{item!r} is not a signal number")
+        try:
+            signum = signal.Signals(item)
+        except ValueError:
+            raise ConfigError.invalid("signals", value, f"{item!r} is not a signal") from None
+        if signum in _UNCATCHABLE:
+            raise ConfigError.invalid("signals", value, f"{signum.name} cannot be caught")
+        if signum not in found:
+            found.append(signum)
+    return tuple(found)
 
-    ``exit_code`` (default 143) is the status the process exits with after a
-    SIGTERM stop; ``None`` returns from ``trainer.train()`` instead (check
-    `stopped_at`). Only one callback acts at a time: a newer one, from a
-    second ``train()`` or a second trainer, takes over from the older.
+
+def _name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _is_default(signum: int, handler: _Handler) -> bool:
+    """Whether ``handler`` is what the process would have without anyone's choice."""
+    if handler == signal.SIG_DFL:
+        return True
+    return signum == signal.SIGINT and handler is signal.default_int_handler
+
+
+def _jit_manager(handler: _Handler) -> object | None:
+    """The JIT-checkpoint manager of transformers when ``handler`` is its handler, else None."""
+    owner: object = getattr(handler, "__self__", None)
+    if owner is not None and type(owner).__module__ == _JIT_MODULE:
+        return owner
+    return None
+
+
+class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers is untyped here
+    """Save a checkpoint at the step where a preemption signal (or a stop request) came, then exit.
+
+    ``signals`` (default SIGTERM and SIGINT) are the signals that mean
+    preemption; ``exit_code`` how the process ends after the save: by default
+    as the signal would have (``SystemExit(143)`` for SIGTERM,
+    ``KeyboardInterrupt``, exit 130, for SIGINT), an int for
+    ``SystemExit(exit_code)`` whatever the signal, ``None`` to return from
+    ``trainer.train()`` (check `stopped_at`). Only one callback acts at a
+    time: a newer one, from a second ``train()`` or a second trainer, takes
+    over from the older.
     """
 
-    def __init__(self, *, exit_code: int | None = PREEMPTION_EXIT_CODE) -> None:
-        if exit_code is not None:
+    def __init__(
+        self,
+        *,
+        signals: Iterable[int] = PREEMPTION_SIGNALS,
+        exit_code: int | _BySignal | None = BY_SIGNAL,
+    ) -> None:
+        if exit_code is not None and exit_code is not BY_SIGNAL:
             check_int("exit_code", exit_code, 1, 255)
+        self._signals = _check_signals(signals)
         self._exit_code = exit_code
         self._lock = threading.Lock()
         self._requested = threading.Event()
         self._error: BaseException | None = None
-        self._signalled = False
+        self._signalled: int | None = None  # the first preemption signal of this train()
         self._stopping = False
         self._stopped_at: int | None = None
         self._active = False
-        self._previous: _Handler = None
-        self._installed = False
+        self._previous: dict[int, _Handler] = {}  # signal -> the handler ours replaced
+        self._jit_set_aside = False
+        self._marker: Path | None = None  # the sentinel this callback wrote before its save
         self._remove_listener: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
-        return f"PreemptionCallback(exit_code={self._exit_code!r})"
+        names = ", ".join(signum.name for signum in self._signals)
+        return f"PreemptionCallback(signals=({names}), exit_code={self._exit_code!r})"
+
+    @property
+    def signals(self) -> tuple[signal.Signals, ...]:
+        """The signals this callback treats as a preemption."""
+        return self._signals
 
     @property
     def exit_code(self) -> int | None:
-        """The status the process exits with after a SIGTERM stop (``None``: no exit)."""
+        """The status after a SIGTERM stop (``None``: no exit); see the class for other signals."""
+        if isinstance(self._exit_code, _BySignal):
+            return PREEMPTION_EXIT_CODE
         return self._exit_code
 
     @property
     def stop_requested(self) -> bool:
-        """Whether SIGTERM or a stop request came during this ``train()`` (on this rank)."""
+        """Whether a preemption signal or a stop request came in this ``train()`` (this rank)."""
         return self._requested.is_set()
 
     @property
@@ -107,7 +212,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         control: TrainerControl,  # noqa: ARG002
         **_: object,
     ) -> None:
-        """Take charge: listen for stop requests and install the SIGTERM handler."""
+        """Take charge: listen for stop requests and install the signal handlers."""
         with _ACTIVE_LOCK:
             older = [callback for callback in _ACTIVE if callback is not self]
             _ACTIVE[:] = []
@@ -131,11 +236,15 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
             control.should_save = True
             control.should_training_stop = True
             control.should_evaluate = False  # time the grace period does not have
+            self._mark_incomplete(args, state.global_step)
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: object
     ) -> None:
-        """A stop that came during a regular save: the checkpoint just written is the one."""
+        """After Trainer's save: the checkpoint is complete (or, mid-save, the one to stop at)."""
+        if self._marker is not None:
+            self._unmark()
+            return
         if self._active and not self._stopping and self._agree(args):
             self._stop(state.global_step, "the checkpoint just saved is at this step; stopping")
             control.should_training_stop = True
@@ -147,15 +256,16 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         control: TrainerControl,  # noqa: ARG002 - Trainer passes it by name
         **_: object,
     ) -> None:
-        """Give SIGTERM back; after a stop, raise the stop request's error or exit 143."""
+        """Give the signals back; after a stop, raise the request's error, or end as configured."""
         if not self._active:
             return
-        stopped = self._stopping or self._agree(args)  # a SIGTERM after the last step's end
+        stopped = self._stopping or self._agree(args)  # a signal after the last step's end
         signalled, error = self._signalled, self._error
-        exits = stopped and error is None and self._exit_code is not None
-        # Exiting after a SIGTERM: ours stays (it ignores any further SIGTERM, e.g. torchrun's
-        # to the other ranks) until the process is gone, rather than the default's sudden death.
-        self._deactivate(keep_handler=exits and self._previous == signal.SIG_DFL)
+        ending = stopped and error is None and self._exit_code is not None
+        # Ending after a SIGTERM: ours stays (it ignores any further SIGTERM, e.g. torchrun's to
+        # the other ranks) until the process is gone, rather than the default's sudden death.
+        # SIGINT goes back at once: a second Ctrl-C during the teardown means "out now".
+        self._deactivate(keep={signal.SIGTERM} if ending else set())
         if not stopped:
             return
         if self._stopped_at is None:
@@ -167,23 +277,33 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
             raise error
         if self._exit_code is None:
             return
-        if signalled:
+        if signalled is not None:
             SIGTERM_POLICY.note_fired()  # a second SIGTERM during verirl's teardown is ignored
-        log.warning("exiting with %d so that the orchestrator retries the job", self._exit_code)
-        raise SystemExit(self._exit_code)
+        if isinstance(self._exit_code, int):
+            code = self._exit_code
+        elif signalled == signal.SIGINT:
+            log.warning(
+                "raising KeyboardInterrupt (exit 130), as SIGINT would have, so that the "
+                "platform retries the job"
+            )
+            raise KeyboardInterrupt
+        else:
+            code = PREEMPTION_EXIT_CODE if signalled is None else 128 + signalled
+        log.warning("exiting with %d so that the orchestrator retries the job", code)
+        raise SystemExit(code)
 
     def close(self) -> None:
-        """Stop listening and put the previous SIGTERM handler back; idempotent.
+        """Stop listening and put the previous signal handlers back; idempotent.
 
         Called by ``on_train_end``; call it yourself only if ``train()`` raised
-        and the process goes on (otherwise SIGTERM would wait for a step end
+        and the process goes on (otherwise a signal would wait for a step end
         that never comes).
         """
-        self._deactivate(keep_handler=False)
+        self._deactivate(keep=set())
 
     # -- internals
 
-    def _deactivate(self, *, keep_handler: bool) -> None:
+    def _deactivate(self, *, keep: set[int]) -> None:
         self._active = False
         with _ACTIVE_LOCK:
             if self in _ACTIVE:
@@ -191,58 +311,107 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         remove, self._remove_listener = self._remove_listener, None
         if remove is not None:
             remove()
-        if keep_handler:
-            self._requested.set()  # the handler now only logs and ignores
-        else:
-            self._uninstall()
+        kept = self._uninstall(keep)
+        if kept:
+            self._requested.set()  # the handlers left in place now only log and ignore
 
     def _reset(self) -> None:
         self._requested.clear()
         self._error = None
-        self._signalled = False
+        self._signalled = None
         self._stopping = False
         self._stopped_at = None
+        self._marker = None
 
     def _install(self) -> None:
+        if not self._signals:
+            return
         if threading.current_thread() is not threading.main_thread():
             log.warning(
-                "training runs outside the main thread: SIGTERM is left as it is (Python runs "
-                "signal handlers in the main thread only); verirl's stop requests still apply"
+                "training runs outside the main thread: %s left as they are (Python runs signal "
+                "handlers in the main thread only); verirl's stop requests still apply",
+                "/".join(signum.name for signum in self._signals),
             )
             return
-        current = signal.getsignal(signal.SIGTERM)
-        if current not in (signal.SIG_DFL, SIGTERM_POLICY.handle):
-            log.warning(
-                "SIGTERM already has a handler the program set (%r): left in place, so a SIGTERM "
-                "will not save a checkpoint; verirl's stop requests still apply",
-                current,
+        for signum in self._signals:
+            current = signal.getsignal(signum)
+            jit = _jit_manager(current) if signum == signal.SIGTERM else None
+            ours = signum == signal.SIGTERM and current == SIGTERM_POLICY.handle
+            if not (_is_default(signum, current) or ours or jit is not None):
+                log.warning(
+                    "%s already has a handler the program set (%r): left in place, so %s will "
+                    "not save a checkpoint; verirl's stop requests still apply",
+                    signum.name,
+                    current,
+                    signum.name,
+                )
+                continue
+            try:
+                signal.signal(signum, self._on_signal)
+            except ValueError:  # not the main interpreter
+                log.warning("cannot install a %s handler here; left as it is", signum.name)
+                continue
+            self._previous[signum] = current
+            if jit is not None:
+                self._jit_set_aside = True
+                log.info(
+                    "SIGTERM: PreemptionCallback takes over from transformers' JIT checkpoint "
+                    "(enable_jit_checkpoint=True), which will not run: the step in flight "
+                    "finishes and every rank saves at the same step"
+                )
+            log.debug(
+                "%s now saves a checkpoint at the next step end (was %r)", signum.name, current
             )
-            return
-        try:
-            signal.signal(signal.SIGTERM, self._on_sigterm)
-        except ValueError:  # not the main interpreter
-            log.warning("cannot install a SIGTERM handler here; SIGTERM is left as it is")
-            return
-        self._previous, self._installed = current, True
-        log.debug("SIGTERM now saves a checkpoint at the next step end (was %r)", current)
 
-    def _uninstall(self) -> None:
-        if not self._installed or threading.current_thread() is not threading.main_thread():
-            return
-        self._installed = False
-        if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
-            signal.signal(signal.SIGTERM, self._previous)
+    def _uninstall(self, keep: set[int]) -> bool:
+        """Put back each handler ours replaced, except those in ``keep``; True if any kept."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        kept = False
+        for signum, previous in list(self._previous.items()):
+            current = signal.getsignal(signum)
+            # Kept only over a default (or the JIT handler, which put its default back itself).
+            replaceable = _is_default(signum, previous) or _jit_manager(previous) is not None
+            if (
+                signum in keep
+                and replaceable
+                and (current in (self._on_signal, previous) or _is_default(signum, current))
+            ):
+                if current != self._on_signal:
+                    signal.signal(signum, self._on_signal)
+                kept = True
+                continue
+            del self._previous[signum]
+            if current == self._on_signal:
+                signal.signal(signum, previous)
+        return kept
 
-    def _on_sigterm(self, signum: int, _frame: types.FrameType | None) -> None:
+    def _on_signal(self, signum: int, _frame: types.FrameType | None) -> None:
+        name = _name(signum)
+        if self._signalled is not None:
+            if signum == signal.SIGINT:
+                log.warning(
+                    "SIGINT again while stopping: stopping now, without waiting for the "
+                    "checkpoint (a save cut short stays marked %s)",
+                    INCOMPLETE_MARKER,
+                )
+                self._active = False
+                self._uninstall(set())
+                raise KeyboardInterrupt
+            log.warning("%s again while stopping: ignored, so that the save completes", name)
+            return
+        self._signalled = signum
         if self._requested.is_set():
-            log.warning(
-                "signal %d again while stopping: ignored, so that the save completes", signum
-            )
+            log.warning("%s while already stopping: the save goes on", name)
             return
-        self._signalled = True
         self._requested.set()
+        who = (
+            " (PreemptionCallback handles it; transformers' JIT checkpoint is set aside)"
+            if self._jit_set_aside and signum == signal.SIGTERM
+            else ""
+        )
         log.warning(
-            "signal %d: finishing the step in flight, then saving a checkpoint and stopping", signum
+            "%s%s: finishing the step in flight, then saving a checkpoint and stopping", name, who
         )
 
     def _on_request(self, error: BaseException) -> None:
@@ -269,6 +438,31 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         self._stopping = True
         self._stopped_at = step
         log.warning("stop at step %d: %s", step, what)
+
+    def _mark_incomplete(self, args: TrainingArguments, step: int) -> None:
+        """Put the sentinel in the folder Trainer is about to save to, on the saving process.
+
+        Until `on_save` removes it, the folder counts as incomplete, so a save
+        cut short (a second Ctrl-C, the platform's SIGKILL) is never resumed from.
+        """
+        if not getattr(args, "should_save", True):
+            return
+        marker = Path(args.output_dir or ".") / f"checkpoint-{step}" / INCOMPLETE_MARKER
+        try:
+            if marker.exists():
+                return  # someone else's (a JIT save in progress): not ours to remove
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(f"verirl: checkpoint of step {step} being saved\n", encoding="utf-8")
+        except OSError as exc:
+            log.warning("cannot mark %s as being saved (%s): going on", marker.parent, exc)
+            return
+        self._marker = marker
+
+    def _unmark(self) -> None:
+        marker, self._marker = self._marker, None
+        if marker is not None:
+            with contextlib.suppress(FileNotFoundError):
+                marker.unlink()
 
 
 def _report(output_dir: str | None, step: int) -> None:

@@ -76,6 +76,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+HUB_DOWNLOAD_FOLDER = "_verirl-hub-download"
+"""Where, in the output directory, a Hub checkpoint is downloaded to.
+
+The leading ``_``: Trainer's Hub pushes upload ``output_dir`` except ``_*`` and
+``checkpoint-*``, so a resumed job does not push the copy it downloaded back.
+"""
 START_CANCEL_TIMEOUT = 60.0
 """Seconds to wait for a server's `start` to return after `stop` cancelled it."""
 VLLM_STARTUP_TIMEOUT = 900.0
@@ -237,7 +243,7 @@ def _resolver(read: Read) -> CheckpointResolver:
         with read.naming(fields):
             hub = HubCheckpointSource(
                 repo,
-                download_dir=os.path.join(folder or ".", "verirl-hub-download"),  # noqa: PTH118
+                download_dir=os.path.join(folder or ".", HUB_DOWNLOAD_FOLDER),  # noqa: PTH118
                 token=read.text("hub_token"),
                 revision=read.text("hub_revision"),
                 endpoint=read.text("hub_endpoint"),

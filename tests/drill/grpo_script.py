@@ -6,7 +6,12 @@ with the rank), and at step ``--pause-at`` it waits for the stop request
 (SIGTERM) to arrive, so the signal lands mid-run at a known step: an
 event, not a sleep. Only rank 0 pauses: under torchrun the test signals
 rank 0 alone, and the other ranks must stop at the same step by agreement.
-``--no-callback`` runs Trainer alone (the baseline).
+``--no-callback`` runs Trainer alone (the baseline); ``--jit`` turns on
+transformers' own ``enable_jit_checkpoint``. ``--hold-save S`` holds a save S
+seconds before ``trainer_state.json`` (event "saving"), so that a second signal
+lands mid-save; ``--hold-jit-save`` holds a JIT save forever after
+``trainer_state.json``, before transformers removes its sentinel (event
+"saved-state"), so that a SIGKILL lands between the two.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from verirl.preemption import PreemptionCallback
+from verirl.checkpoints import INCOMPLETE_MARKER
+from verirl.preemption import BY_SIGNAL, PreemptionCallback
 
 PAUSE_LIMIT = 120.0  # seconds to wait at --pause-at for the signal, then go on
 
@@ -72,6 +78,27 @@ class Events(TrainerCallback):  # type: ignore[misc]
         self.write(state, event="end", step=state.global_step, signalled=signalled)
 
 
+class HoldingTrainer(GRPOTrainer):  # type: ignore[misc]
+    """GRPOTrainer whose saves can be held at a known point (see the module docstring)."""
+
+    recorder: Events
+    hold_save = 0.0
+    hold_jit_save = False
+
+    def _save_rng_state(self, output_dir):
+        super()._save_rng_state(output_dir)
+        if self.hold_save:  # the folder has weights and optimizer, not yet trainer_state.json
+            self.recorder.write(self.state, event="saving", step=self.state.global_step)
+            threading.Event().wait(self.hold_save)  # a second SIGINT raises out of here
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        folder = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
+        if self.hold_jit_save and (folder / INCOMPLETE_MARKER).exists():
+            self.recorder.write(self.state, event="saved-state", step=self.state.global_step)
+            threading.Event().wait(PAUSE_LIMIT)  # the test SIGKILLs us here
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
@@ -81,11 +108,17 @@ def main() -> None:
     parser.add_argument("--save-steps", type=int, default=1000)
     parser.add_argument("--pause-at", type=int, default=-1)
     parser.add_argument("--no-callback", action="store_true")
-    parser.add_argument("--exit-code", type=int, default=143)
+    parser.add_argument("--exit-code", default="by-signal")
     parser.add_argument("--then-pause", type=float, default=0.0)
+    parser.add_argument("--jit", action="store_true")
+    parser.add_argument("--hold-save", type=float, default=0.0)
+    parser.add_argument("--hold-jit-save", action="store_true")
     args = parser.parse_args()
 
-    preemption = None if args.no_callback else PreemptionCallback(exit_code=args.exit_code)
+    exit_code = {"by-signal": BY_SIGNAL, "none": None}.get(args.exit_code, args.exit_code)
+    if isinstance(exit_code, str):
+        exit_code = int(exit_code)
+    preemption = None if args.no_callback else PreemptionCallback(exit_code=exit_code)
     recorder = Events(args.events, args.pause_at, preemption)
     recorder.then_pause = args.then_pause
     callbacks: list[object] = [recorder]
@@ -107,20 +140,27 @@ def main() -> None:
         seed=0,
         dataloader_num_workers=0,
         ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
+        enable_jit_checkpoint=args.jit,
     )
     prompts = ["module adder(input a", "the quick brown fox", "assign y =", "jumps over"] * 16
-    trainer = GRPOTrainer(
+    trainer = HoldingTrainer(
         model=args.model,
         reward_funcs=_reward,
         args=config,
         train_dataset=Dataset.from_dict({"prompt": prompts}),
         callbacks=callbacks,
     )
+    trainer.recorder = recorder
+    trainer.hold_save = args.hold_save
+    trainer.hold_jit_save = args.hold_jit_save
     resume = os.environ.get("VERIRL_RESUME_FROM_CHECKPOINT") or None
     try:
         trainer.train(resume_from_checkpoint=resume)
     except SystemExit as exc:  # PreemptionCallback's exit, recorded for the test
         recorder.write(trainer.state, event="exit", code=exc.code)
+        raise
+    except KeyboardInterrupt:  # its exit after a SIGINT (or a second SIGINT's, at once)
+        recorder.write(trainer.state, event="exit", code="KeyboardInterrupt")
         raise
 
 

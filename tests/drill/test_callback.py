@@ -1,7 +1,7 @@
 """`PreemptionCallback` in-process, driven through Trainer's own event objects.
 
 Real `TrainingArguments`, `TrainerState` and `TrainerControl`, the events
-called in Trainer's order; SIGTERM is a real signal to this process.
+called in Trainer's order; SIGTERM and SIGINT are real signals to this process.
 """
 
 from __future__ import annotations
@@ -9,20 +9,46 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from pathlib import Path
 
 import pytest
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from verirl._signals import SIGTERM_POLICY
 from verirl._stop import STOP_REQUESTS
+from verirl.checkpoints import INCOMPLETE_MARKER, LocalCheckpointSource
 from verirl.errors import ConfigError, VLLMServerExited
 from verirl.preemption import PreemptionCallback
 
 
 @pytest.fixture
-def trainer_objects(tmp_path, default_sigterm):
+def default_sigint():
+    """Python's own SIGINT handler (KeyboardInterrupt), put back afterwards whatever happened."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture
+def trainer_objects(tmp_path, default_sigterm, default_sigint):
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
     return args, TrainerState(), TrainerControl()
+
+
+def _handlers():
+    return signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+
+
+_DEFAULTS = (signal.SIG_DFL, signal.default_int_handler)
+
+
+def _save(callback, args, state, control, *, complete=True):
+    """What Trainer does after a step end that asked for a save: write the folder, on_save."""
+    folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "trainer_state.json").write_text(f'{{"global_step": {state.global_step}}}')
+    if complete:
+        callback.on_save(args, state, control)
 
 
 def _step(callback, args, state, control):
@@ -123,3 +149,170 @@ def test_a_newer_callback_takes_over_and_the_older_does_nothing(trainer_objects)
 def test_a_bad_exit_code_is_a_config_error_naming_it(code):
     with pytest.raises(ConfigError, match=r"^exit_code="):
         PreemptionCallback(exit_code=code)
+
+
+def test_sigint_finishes_the_step_saves_stops_and_raises_keyboard_interrupt(trainer_objects):
+    """Modal's preemption: SIGINT. The KeyboardInterrupt comes after the save, not mid-step."""
+    args, state, control = trainer_objects
+    callback = PreemptionCallback()
+    callback.on_train_begin(args, state, control)
+    assert _handlers() == (callback._on_signal, callback._on_signal)
+    _step(callback, args, state, control)
+    os.kill(os.getpid(), signal.SIGINT)  # no KeyboardInterrupt here: only a flag
+    assert callback.stop_requested
+    _step(callback, args, state, control)
+    assert (control.should_save, control.should_training_stop) == (True, True)
+    assert callback.stopped_at == 2
+    _save(callback, args, state, control)
+    with pytest.raises(KeyboardInterrupt):
+        callback.on_train_end(args, state, control)
+    assert LocalCheckpointSource(args.output_dir).latest().step == 2
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C: out now
+    assert not STOP_REQUESTS.listening
+
+
+def test_the_checkpoint_being_saved_counts_as_incomplete_until_on_save(trainer_objects):
+    args, state, control = trainer_objects
+    callback = PreemptionCallback()
+    callback.on_train_begin(args, state, control)
+    os.kill(os.getpid(), signal.SIGINT)
+    _step(callback, args, state, control)
+    marker = Path(args.output_dir) / "checkpoint-1" / INCOMPLETE_MARKER
+    assert marker.exists()
+    _save(callback, args, state, control, complete=False)  # cut short before on_save
+    assert LocalCheckpointSource(args.output_dir).latest() is None  # the state parses: marker
+    callback.on_save(args, state, control)
+    assert not marker.exists()
+    assert LocalCheckpointSource(args.output_dir).latest().step == 1
+    with pytest.raises(KeyboardInterrupt):
+        callback.on_train_end(args, state, control)
+
+
+def test_a_marker_someone_else_wrote_is_left_to_them(trainer_objects):
+    args, state, control = trainer_objects
+    theirs = Path(args.output_dir) / "checkpoint-1" / INCOMPLETE_MARKER
+    theirs.parent.mkdir(parents=True)
+    theirs.write_text("a JIT save in progress")
+    callback = PreemptionCallback(exit_code=None)
+    callback.on_train_begin(args, state, control)
+    os.kill(os.getpid(), signal.SIGTERM)
+    _step(callback, args, state, control)
+    _save(callback, args, state, control)
+    callback.on_train_end(args, state, control)
+    assert theirs.exists()
+
+
+def test_a_second_sigint_while_stopping_raises_at_once_and_gives_the_handlers_back(
+    trainer_objects,
+):
+    args, state, control = trainer_objects
+    callback = PreemptionCallback()
+    callback.on_train_begin(args, state, control)
+    os.kill(os.getpid(), signal.SIGINT)
+    _step(callback, args, state, control)  # the stop: the save is about to begin
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)  # a person pressing Ctrl-C twice wants out
+    assert _handlers() == _DEFAULTS
+    _save(callback, args, state, control, complete=False)  # the half-written folder
+    assert (Path(args.output_dir) / "checkpoint-1" / INCOMPLETE_MARKER).exists()
+    assert LocalCheckpointSource(args.output_dir).latest() is None
+
+
+@pytest.mark.parametrize(("first", "second"), [(signal.SIGINT, signal.SIGTERM),
+                                               (signal.SIGTERM, signal.SIGTERM)])  # fmt: skip
+def test_a_second_sigterm_while_stopping_is_ignored(trainer_objects, caplog, first, second):
+    args, state, control = trainer_objects
+    callback = PreemptionCallback(exit_code=None)
+    callback.on_train_begin(args, state, control)
+    os.kill(os.getpid(), first)
+    _step(callback, args, state, control)
+    os.kill(os.getpid(), second)  # neither raises nor kills
+    assert "again while stopping: ignored" in caplog.text
+    _save(callback, args, state, control)
+    callback.on_train_end(args, state, control)
+    assert callback.stopped_at == 1
+    assert _handlers() == _DEFAULTS
+
+
+def test_signals_chooses_which_signals_mean_preemption(trainer_objects):
+    args, state, control = trainer_objects
+    callback = PreemptionCallback(signals=[signal.SIGTERM])
+    assert callback.signals == (signal.SIGTERM,)
+    callback.on_train_begin(args, state, control)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)  # Python's own: at once
+    assert not callback.stop_requested
+    callback.close()
+    assert _handlers() == _DEFAULTS
+
+
+def test_another_signal_exits_with_128_plus_its_number(trainer_objects):
+    """SLURM's --signal=USR1@60, say: the exit code tells which signal it was."""
+    args, state, control = trainer_objects
+    previous = signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    try:
+        callback = PreemptionCallback(signals=(signal.SIGUSR1,))
+        callback.on_train_begin(args, state, control)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        _step(callback, args, state, control)
+        _save(callback, args, state, control)
+        with pytest.raises(SystemExit) as info:
+            callback.on_train_end(args, state, control)
+        assert info.value.code == 128 + signal.SIGUSR1
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+@pytest.mark.parametrize(("exit_code", "raised"), [(75, SystemExit), (None, None)])
+def test_an_explicit_exit_code_applies_to_sigint_too(trainer_objects, exit_code, raised):
+    args, state, control = trainer_objects
+    callback = PreemptionCallback(exit_code=exit_code)
+    callback.on_train_begin(args, state, control)
+    os.kill(os.getpid(), signal.SIGINT)
+    _step(callback, args, state, control)
+    _save(callback, args, state, control)
+    if raised is None:
+        callback.on_train_end(args, state, control)
+    else:
+        with pytest.raises(raised) as info:
+            callback.on_train_end(args, state, control)
+        assert info.value.code == exit_code
+    assert callback.stopped_at == 1
+    if raised is None:
+        assert _handlers() == _DEFAULTS
+    else:  # on the way out, a further SIGTERM (torchrun's, say) is ignored; Ctrl-C is not
+        assert _handlers() == (callback._on_signal, signal.default_int_handler)
+
+
+def test_a_sigint_handler_the_program_set_is_kept(trainer_objects, caplog):
+    args, state, control = trainer_objects
+    seen: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, _frame: seen.append(signum))
+    callback = PreemptionCallback()
+    callback.on_train_begin(args, state, control)
+    assert signal.getsignal(signal.SIGTERM) == callback._on_signal
+    os.kill(os.getpid(), signal.SIGINT)
+    assert seen == [signal.SIGINT]
+    assert not callback.stop_requested
+    assert "SIGINT already has a handler the program set" in caplog.text
+    callback.close()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+@pytest.mark.parametrize(
+    "signals",
+    ["SIGTERM", [signal.SIGKILL], [signal.SIGSTOP], [0], [True], [15.0], [10**6], 15, None],
+)
+def test_bad_signals_are_a_config_error_naming_them(signals):
+    with pytest.raises(ConfigError, match=r"^signals="):
+        PreemptionCallback(signals=signals)
+
+
+def test_the_repr_names_the_signals_and_the_exit():
+    assert repr(PreemptionCallback()) == (
+        "PreemptionCallback(signals=(SIGTERM, SIGINT), exit_code=BY_SIGNAL)"
+    )
+    assert PreemptionCallback().exit_code == 143
+    assert PreemptionCallback(exit_code=None).exit_code is None

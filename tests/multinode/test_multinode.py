@@ -75,6 +75,25 @@ def test_the_same_job_with_verirl_launch_as_each_rank(cluster, hub, vllm_port):
     check_shared_start(cluster, hub, vllm_port, under_launch=True)
 
 
+def test_a_first_attempt_with_nothing_to_resume_starts_fresh_on_every_rank(
+    tmp_path, env_server, vllm_port
+):
+    """``auto`` with no repo on the Hub yet and empty disks: every rank starts fresh, no error."""
+    with FakeHub() as empty:
+        cluster = Cluster(tmp_path, empty, env_server, vllm_port)
+        try:
+            cluster.start(steps=3)
+            assert cluster.wait(DEADLINE) == [0, 0], cluster.logs()
+        finally:
+            cluster.close()
+        reports = cluster.reports(NODES * PER_NODE, timeout=5)
+        assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3]
+        assert [r["resume_from_checkpoint"] for r in reports] == [None] * (NODES * PER_NODE)
+        assert cluster.logs().count("does not exist yet") == NODES  # local rank 0 of each node
+        downloaded = tmp_path.glob("node*/out/_verirl-hub-download/*checkpoint*")
+        assert not list(downloaded), "nothing to download, nothing downloaded"
+
+
 def test_killing_one_agent_tears_down_the_whole_job(cluster):
     cluster.start(steps=0)  # all-reduce until killed
     reports = cluster.reports(NODES * PER_NODE, timeout=DEADLINE)
