@@ -227,6 +227,9 @@ def test_doctor_reports_without_leaking_the_token(capsys, clean_env, monkeypatch
     assert data["vLLM launch"].startswith("cannot start: cannot find the `trl` command")
     assert "`pip install trl vllm`" in data["vLLM launch"]
     assert "verirl[" not in data["vLLM launch"]  # no such package on PyPI
+    assert data["vLLM launch"].endswith(
+        "or pass --vllm-command 'PROGRAM ARGS' (or set VERIRL_VLLM_COMMAND)"
+    )
     assert "hf_supersecret" not in out
     monkeypatch.delenv("HF_TOKEN")
     assert main(["doctor", "--env-url", url]) == 0

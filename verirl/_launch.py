@@ -32,6 +32,7 @@ from verirl._secrets import HIDDEN, redact_text
 from verirl.errors import ConfigError, VLLMServerError
 
 __all__ = [
+    "CLI_COMMAND_HINT",
     "COMMAND_HINT",
     "DEV_MODE_VAR",
     "INSTALL_HINT",
@@ -58,6 +59,8 @@ vLLM's own server, so both are needed; TRL 0.2x runs ``trl vllm-serve``.
 """
 COMMAND_HINT = "pass command=[...]"
 """How the messages below name the way round a missing TRL/vLLM; the CLI names its flag instead."""
+CLI_COMMAND_HINT = "pass --vllm-command 'PROGRAM ARGS' (or set VERIRL_VLLM_COMMAND)"
+"""`COMMAND_HINT` in the command line's words (``verirl launch``/``serve``/``doctor``)."""
 DEV_MODE_VAR = "VLLM_SERVER_DEV_MODE"
 """Without it vLLM serves no ``/server_info``, ``/reset_prefix_cache`` or weight transfer."""
 

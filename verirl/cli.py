@@ -50,7 +50,7 @@ from typing import NoReturn
 
 from verirl import __version__
 from verirl._child_env import map_visible_devices
-from verirl._launch import COMMAND_HINT
+from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT
 from verirl._net import url_host
 from verirl._secrets import HIDDEN
 from verirl._settings import Settings, split_args, split_command
@@ -781,9 +781,9 @@ def _message(args: argparse.Namespace, exc: VeriRLError) -> str:
     """The one line reported for ``exc``: in the command line's words (flags, variables)."""
     message = str(exc)
     # The library's hints name keyword arguments; here they are flags and variables.
-    message = message.replace(
-        COMMAND_HINT, "pass --vllm-command 'PROGRAM ARGS' (or set VERIRL_VLLM_COMMAND)"
-    ).replace("use mode='colocate'", "use --mode colocate")
+    message = message.replace(COMMAND_HINT, CLI_COMMAND_HINT).replace(
+        "use mode='colocate'", "use --mode colocate"
+    )
     message = message.replace(
         "(give an output directory or a Hub repo)", f"(configure one with {_CONFIGURE_A_SOURCE})"
     )
