@@ -25,17 +25,18 @@ COMMANDS: dict[str, tuple[list[str], list[str]]] = {
     "resume": (["--output-dir", "--hub-repo", "--hub-endpoint", "--hub-revision", "--resume"],
                []),
     "serve": (["--gpus", "--max-model-len", "--mode", "--vllm-gpus", "--vllm-port", "--vllm-host",
-               "--model", "--vllm-command", "--log-dir"],
+               "--model", "--vllm-command", "--log-dir", "--vllm-startup-timeout"],
               ["--gpus", "2", "--model", "m", "--vllm-command", NOWHERE]),
     # launch --vllm-host is left to plan and serve: a valid remote host is waited for
     "launch": (["--gpus", "--max-model-len", "--mode", "--vllm-gpus", "--vllm-port",
                 "--model", "--vllm-command", "--log-dir", "--output-dir",
                 "--hub-repo", "--hub-endpoint", "--hub-revision", "--resume", "--env-url",
-                "--env-timeout", "--shutdown-timeout"], ["--gpus", "1", "--env-timeout", "0"]),
+                "--env-timeout", "--shutdown-timeout", "--vllm-startup-timeout"],
+               ["--gpus", "1", "--env-timeout", "0"]),
     "doctor": (["--env-url", "--vllm-port"], []),
 }  # fmt: skip
 NUMERIC = {"--gpus", "--max-model-len", "--vllm-gpus", "--vllm-port", "--timeout",
-           "--env-timeout", "--shutdown-timeout"}  # fmt: skip
+           "--env-timeout", "--shutdown-timeout", "--vllm-startup-timeout"}  # fmt: skip
 CASES = [(command, flag) for command, (flags, _) in COMMANDS.items() for flag in flags]
 
 
@@ -79,6 +80,12 @@ def test_hostile_flag_values_are_one_line_errors_naming_the_flag(
         (["launch", "--gpus", "1", "--shutdown-timeout", "-1", "--", "true"],
          "--shutdown-timeout"),
         (["wait-env", "http://127.0.0.1:1", "--timeout", "1e300"], "--timeout"),
+        *[([command, "--gpus", "2", "--model", "m", "--vllm-startup-timeout", value, *tail],
+           "--vllm-startup-timeout")
+          for command, tail in (("serve", []), ("launch", ["--", "true"]))
+          for value in ("0", "-1", "nan", "inf", "soon", "1e30")],
+        (["launch", "--gpus", "1", "--mode", "colocate", "--vllm-startup-timeout", "5", "--",
+          "true"], "--vllm-startup-timeout"),
     ],
 )  # fmt: skip
 def test_issue_samples_exit_2_naming_the_flag(argv, flag, capsys, clean_env):
@@ -86,6 +93,7 @@ def test_issue_samples_exit_2_naming_the_flag(argv, flag, capsys, clean_env):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert flag in err
+    assert argv[argv.index(flag) + 1] in err  # and the value
     assert "Traceback" not in err
 
 
@@ -99,8 +107,11 @@ def test_issue_samples_exit_2_naming_the_flag(argv, flag, capsys, clean_env):
         ("VERIRL_VLLM_HOST", "http://x", ["plan", "--gpus", "2"]),
         ("VERIRL_VLLM_COMMAND", "'x", ["serve", "--gpus", "2", "--model", "m"]),
         ("VERIRL_ENV_SERVER_URL", "env:8000", ["doctor"]),
+        *[("VERIRL_VLLM_STARTUP_TIMEOUT", value, [command, "--gpus", "2", "--model", "m", *tail])
+          for command, tail in (("serve", []), ("launch", ["--", "true"]))
+          for value in ("0", "-1", "nan", "inf", "soon")],
     ],
-)
+)  # fmt: skip
 def test_values_from_variables_name_the_variable(variable, value, argv, capsys, monkeypatch):
     for name in list(os.environ):
         if name.startswith("VERIRL_") or name in ("CUDA_VISIBLE_DEVICES", "HF_TOKEN"):
@@ -109,7 +120,7 @@ def test_values_from_variables_name_the_variable(variable, value, argv, capsys, 
     assert run_cli(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0, err
-    assert f"{variable}=" in err
+    assert f"{variable}={value!r}" in err
 
 
 def test_the_flag_wins_over_the_variable_and_is_named(capsys, clean_env, monkeypatch):

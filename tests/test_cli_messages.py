@@ -89,8 +89,9 @@ CASES = [
          ("--model not given and VERIRL_MODEL is unset",)),
     # 3. the launch program: once, naming --vllm-command and VERIRL_VLLM_COMMAND
     Case("launch-no-trl", [*LAUNCH_2, "--", "true"], {"PATH": "{tmp}"}, 4,
-         ("cannot find the `trl` command", "pip install 'verirl[vllm]'",
-          "pass --vllm-command 'PROGRAM ARGS' (or set VERIRL_VLLM_COMMAND)")),
+         ("cannot find the `trl` command", "install TRL and vLLM with `pip install trl vllm`",
+          "pass --vllm-command 'PROGRAM ARGS' (or set VERIRL_VLLM_COMMAND)"),
+         never=("verirl[",)),  # no such package on PyPI
     Case("launch-command-missing", [*LAUNCH_2, "--vllm-command", NOWHERE, "--", "true"], {}, 4,
          (f"--vllm-command={NOWHERE!r}: cannot be started (No such file or directory)",)),
     Case("launch-command-missing-from-variable", [*LAUNCH_2, "--", "true"],

@@ -120,6 +120,11 @@ def test_trl_1x_without_vllm_says_how_to_install_before_anything_runs():
     assert "trl 1.16.0" in str(caught.value)
 
 
+def test_the_install_hint_names_only_packages_published_on_pypi():
+    # verirl's own `vllm` extra is not on PyPI: `pip install 'verirl[vllm]'` fails there.
+    assert INSTALL_HINT == "pip install trl vllm"
+
+
 def test_trl_without_build_command_runs_trl_vllm_serve(tmp_path):
     trl = tmp_path / "bin" / "trl"
     trl.parent.mkdir()

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from verirl import ConfigError, TrainingRuntime, VLLMTopology
+from verirl import ConfigError, TrainingRuntime, VLLMServer, VLLMTopology
 from verirl.runtime import resolver_from_settings, topology_from_settings
 
 INTEGER_VARIABLES = ["VERIRL_GPU_COUNT", "VERIRL_MAX_MODEL_LEN", "VERIRL_VLLM_GPUS",
@@ -121,3 +121,58 @@ def test_blank_variables_are_unset():
     rt = TrainingRuntime.from_settings(environ=environ)
     assert rt.topology.port == 8001
     assert rt.env_timeout == 600.0
+
+
+# -- the vLLM start-up bound: the local server's startup_timeout and the wait for a remote one
+
+
+def _startup_bounds(runtime: TrainingRuntime) -> tuple[float, float]:
+    """The built (never started) server's ``startup_timeout`` and ``remote_server_timeout``."""
+    assert runtime.server_factory is not None
+    server = runtime.server_factory(runtime.topology)
+    assert isinstance(server, VLLMServer)
+    return server.startup_timeout, runtime.remote_server_timeout
+
+
+@pytest.mark.parametrize(
+    ("argument", "variable", "expected"),
+    [(None, None, 900.0), (1800, None, 1800.0), (None, "2400.5", 2400.5), (30.0, "2400", 30.0),
+     (None, "  ", 900.0)],
+)  # fmt: skip
+def test_vllm_startup_timeout_reaches_the_server_and_the_remote_wait(argument, variable, expected):
+    environ = {"VERIRL_GPU_COUNT": "2", "VERIRL_MODEL": "m"}
+    if variable is not None:
+        environ["VERIRL_VLLM_STARTUP_TIMEOUT"] = variable
+    runtime = TrainingRuntime.from_settings(vllm_startup_timeout=argument, environ=environ)
+    assert _startup_bounds(runtime) == (expected, expected)
+
+
+def test_vllm_startup_timeout_bounds_the_wait_for_a_remote_server():
+    runtime = TrainingRuntime.from_settings(
+        gpu_count=2, vllm_remote_host="vllm-node", vllm_startup_timeout=42, environ={}
+    )
+    assert not runtime.starts_server
+    assert runtime.remote_server_timeout == 42.0
+
+
+def test_vllm_servers_own_default_stays_600_seconds():
+    assert VLLMServer("m").startup_timeout == 600.0
+    assert TrainingRuntime(VLLMTopology.plan(2, max_model_len=64)).remote_server_timeout == 900.0
+
+
+@pytest.mark.parametrize("value", [0, 0.0, -1, math.nan, math.inf, -math.inf, 1e30, 10**400,
+                                   "900", True, None.__class__])  # fmt: skip
+def test_vllm_startup_timeout_argument_must_be_positive_and_finite(value):
+    with pytest.raises(ConfigError, match=r"^vllm_startup_timeout=") as info:
+        TrainingRuntime.from_settings(gpu_count=2, vllm_startup_timeout=value, environ={})
+    assert info.value.field == "vllm_startup_timeout"
+
+
+@pytest.mark.parametrize("value", ["0", "0.0", "-1", "nan", "inf", "-inf", "1e30", "soon", "1_0",
+                                   "\u0663", "\x00"])  # fmt: skip
+def test_vllm_startup_timeout_variable_must_be_positive_and_finite(value):
+    environ = {"VERIRL_GPU_COUNT": "2", "VERIRL_VLLM_STARTUP_TIMEOUT": value}
+    with pytest.raises(ConfigError, match=r"^VERIRL_VLLM_STARTUP_TIMEOUT=") as info:
+        TrainingRuntime.from_settings(environ=environ)
+    assert info.value.field == "VERIRL_VLLM_STARTUP_TIMEOUT"
+    assert repr(value) in str(info.value)

@@ -12,7 +12,7 @@ import os
 import platform
 import sys
 
-from verirl._launch import vllm_distribution
+from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT, vllm_distribution
 from verirl._net import port_is_free
 from verirl._version import __version__
 from verirl.distenv import DistributedEnv
@@ -40,8 +40,8 @@ def _launch_row() -> str:
     """What `VLLMServer` would run here, and why, or why it cannot."""
     try:
         plan = VLLMServer("MODEL").launch_plan()
-    except VeriRLError as exc:
-        return f"cannot start: {exc}"
+    except VeriRLError as exc:  # in the command line's words: doctor is a command
+        return f"cannot start: {str(exc).replace(COMMAND_HINT, CLI_COMMAND_HINT)}"
     return f"{plan.kind}: {plan.reason}"
 
 

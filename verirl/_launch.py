@@ -32,6 +32,7 @@ from verirl._secrets import HIDDEN, redact_text
 from verirl.errors import ConfigError, VLLMServerError
 
 __all__ = [
+    "CLI_COMMAND_HINT",
     "COMMAND_HINT",
     "DEV_MODE_VAR",
     "INSTALL_HINT",
@@ -49,9 +50,17 @@ __all__ = [
 log = logging.getLogger("verirl.vllm_server")
 _LOCK = threading.RLock()
 
-INSTALL_HINT = "pip install 'verirl[vllm]'"
+INSTALL_HINT = "pip install trl vllm"
+"""How the messages below say to install the server: the public packages themselves.
+
+verirl's own ``vllm`` extra is not on PyPI, so ``pip install 'verirl[vllm]'``
+fails (or would install another project's package). TRL 1.x serves through
+vLLM's own server, so both are needed; TRL 0.2x runs ``trl vllm-serve``.
+"""
 COMMAND_HINT = "pass command=[...]"
 """How the messages below name the way round a missing TRL/vLLM; the CLI names its flag instead."""
+CLI_COMMAND_HINT = "pass --vllm-command 'PROGRAM ARGS' (or set VERIRL_VLLM_COMMAND)"
+"""`COMMAND_HINT` in the command line's words (``verirl launch``/``serve``/``doctor``)."""
 DEV_MODE_VAR = "VLLM_SERVER_DEV_MODE"
 """Without it vLLM serves no ``/server_info``, ``/reset_prefix_cache`` or weight transfer."""
 
@@ -126,8 +135,8 @@ def _import_trl_serve() -> TrlServe | None:
     except Exception as exc:
         raise VLLMServerError(
             f"trl is installed for {sys.executable} but its vllm-serve module cannot be "
-            f"loaded ({type(exc).__name__}); reinstall it with `{INSTALL_HINT}`, "
-            f"or {COMMAND_HINT}"
+            f"loaded ({type(exc).__name__}); reinstall TRL and vLLM "
+            f"(`{INSTALL_HINT} --force-reinstall`), or {COMMAND_HINT}"
         ) from exc
 
     def parse(args: Sequence[str]) -> tuple[Any, list[str]]:
@@ -227,7 +236,7 @@ def find_trl_command(
         return (found, "vllm-serve")
     raise VLLMServerError(
         f"cannot find the `trl` command (looked beside {interpreter} and on PATH); "
-        f"install the serving extra with `{INSTALL_HINT}`, or {COMMAND_HINT}"
+        f"install TRL and vLLM with `{INSTALL_HINT}`, or {COMMAND_HINT}"
     )
 
 
@@ -278,7 +287,8 @@ def plan_launch(
     if vllm is None:
         raise VLLMServerError(
             f"trl {trl.version} serves through vLLM's own server, but vllm is not installed "
-            f"for {executable or sys.executable}; `{INSTALL_HINT}`, or {COMMAND_HINT}"
+            f"for {executable or sys.executable}; install it with `{INSTALL_HINT}`, "
+            f"or {COMMAND_HINT}"
         )
     with _LOCK:  # one parse and build at a time: the warnings filter is process-wide
         parsed, passed_on = _parse(trl, serve_args)

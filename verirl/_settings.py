@@ -87,6 +87,10 @@ def _argv(name: str, raw: str) -> tuple[str, ...]:
     return argv
 
 
+def _positive_seconds(name: str, raw: str) -> float:
+    return parse_seconds(name, raw, positive=True)
+
+
 def _flags(name: str, raw: str) -> tuple[str, ...]:
     return tuple(split_args(name, raw))
 
@@ -122,6 +126,9 @@ class Settings:
     vllm_command: tuple[str, ...] | None = _setting("VERIRL_VLLM_COMMAND", _argv)
     vllm_args: tuple[str, ...] | None = _setting("VERIRL_VLLM_ARGS", _flags)
     vllm_log_dir: str | None = _setting("VERIRL_VLLM_LOG_DIR", _text, "a new temporary folder")
+    vllm_startup_timeout: float | None = _setting(
+        "VERIRL_VLLM_STARTUP_TIMEOUT", _positive_seconds, "900"
+    )
     vllm_unresponsive_timeout: float | None = _setting(
         "VERIRL_VLLM_UNRESPONSIVE_TIMEOUT", parse_seconds, "60"
     )

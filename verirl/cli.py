@@ -21,8 +21,11 @@ Exit codes (`EXIT_CODES`; the parser's epilog and the README say the same):
   script handle SIGTERM from their first line, see `verirl.__main__`);
   a second SIGTERM during the teardown is ignored, so the teardown completes;
 - ``launch`` exits with its command's code (127 when it cannot be run, 128+N
-  when it died of signal N): SIGTERM/Ctrl-C is passed on to it and it gets
-  ``--shutdown-timeout`` seconds before SIGKILL (then 137); a signal before the
+  when it died of signal N): the command runs in a process group of its own
+  (so it cannot read a terminal's stdin), each SIGTERM/Ctrl-C is passed on to
+  that group once, and it gets ``--shutdown-timeout`` seconds before SIGKILL
+  (then 137; a Ctrl-C after the first signal SIGKILLs at once, a second
+  SIGTERM is ignored); a signal before the
   command started gives 143/130 and the command never runs. If the vLLM
   server dies while the command runs (exits, or answers no ``/health`` for
   ``--vllm-unresponsive-timeout`` seconds), the command gets SIGTERM the same
@@ -47,7 +50,7 @@ from typing import NoReturn
 
 from verirl import __version__
 from verirl._child_env import map_visible_devices
-from verirl._launch import COMMAND_HINT
+from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT
 from verirl._net import url_host
 from verirl._secrets import HIDDEN
 from verirl._settings import Settings, split_args, split_command
@@ -118,12 +121,17 @@ def _ascii_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
 
 
-def _ascii_seconds(text: str) -> float:
+def _ascii_seconds(text: str, *, positive: bool = False) -> float:
     """Seconds as an ASCII decimal number, finite (no ``nan``/``inf``), see `MAX_SECONDS`."""
     try:
-        return parse_seconds("value", text)
+        return parse_seconds("value", text, positive=positive)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(f"invalid seconds {text!r}: {exc.reason}") from None
+
+
+def _ascii_positive_seconds(text: str) -> float:
+    """`_ascii_seconds` above zero: a deadline of no time would fail every start."""
+    return _ascii_seconds(text, positive=True)
 
 
 _FLAGS: dict[str, tuple[str, str]] = {
@@ -163,6 +171,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "vllm_data_parallel_size": ("data_parallel_size", "--data-parallel-size"),
     "vllm_dedicated": ("dedicated", "--dedicated"),
     "vllm_unresponsive_timeout": ("vllm_unresponsive_timeout", "--vllm-unresponsive-timeout"),
+    "vllm_startup_timeout": ("vllm_startup_timeout", "--vllm-startup-timeout"),
 }
 
 
@@ -210,6 +219,7 @@ def _flag_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError:
 _UNUSED_FLAGS = {"model": "--model", "vllm_command": "--vllm-command", "vllm_args": "--vllm-args",
                  "log_dir": "--log-dir", "vllm_gpus": "--vllm-gpus",
                  "vllm_port": "--vllm-port",
+                 "vllm_startup_timeout": "--vllm-startup-timeout",
                  "vllm_unresponsive_timeout": "--vllm-unresponsive-timeout"}  # fmt: skip
 
 
@@ -225,7 +235,7 @@ def _refuse_unused(args: argparse.Namespace) -> None:
     elif getattr(args, "mode", None) == "colocate":
         why = "with --mode colocate, vLLM runs inside the training processes and no server starts"
         unused = ("model", "vllm_command", "vllm_args", "log_dir", "vllm_port",
-                  "vllm_unresponsive_timeout")  # fmt: skip
+                  "vllm_startup_timeout", "vllm_unresponsive_timeout")  # fmt: skip
     else:
         unused, why = (), ""
     for dest in unused:
@@ -300,6 +310,15 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
         help="folder for the server's log, vllm-serve-PORT.log, appended to "
         "($VERIRL_VLLM_LOG_DIR; default: a new temporary folder, kept and logged)",
     )
+    group.add_argument(
+        "--vllm-startup-timeout",
+        type=_ascii_positive_seconds,
+        metavar="S",
+        help="seconds the vLLM server may take to answer /health before it is stopped "
+        "(exit 4): a first start downloads the weights, loads them and captures "
+        "CUDA graphs (600 s was too short for a 70B model); with --vllm-host, how long to "
+        "wait for the server started there ($VERIRL_VLLM_STARTUP_TIMEOUT; default: 900)",
+    )
 
 
 def _runtime_from_args(args: argparse.Namespace) -> TrainingRuntime:
@@ -329,6 +348,7 @@ def _runtime_from_args(args: argparse.Namespace) -> TrainingRuntime:
         vllm_dedicated=getattr(args, "dedicated", None),
         resume_from=getattr(args, "resume", None),
         env_timeout=getattr(args, "env_timeout", None),
+        vllm_startup_timeout=getattr(args, "vllm_startup_timeout", None),
         vllm_unresponsive_timeout=getattr(args, "vllm_unresponsive_timeout", None),
     )
 
@@ -594,7 +614,8 @@ Exit codes:
   2    bad usage or configuration 5    checkpoint not found or unreadable
   130  Ctrl-C (SIGINT)            143  SIGTERM, whenever it arrives
   launch: its command's code (127: cannot run it; 128+N: killed by signal N);
-  SIGTERM/Ctrl-C is passed on to the command, SIGKILL after --shutdown-timeout;
+  SIGTERM/Ctrl-C is passed on once to the command's process group (which cannot
+  read the terminal's stdin); SIGKILL after --shutdown-timeout or a 2nd Ctrl-C;
   4 if the vLLM server died while it ran (the command got SIGTERM the same way).
 
 -v/-q/--json go before or after COMMAND. A setting not given as a flag comes
@@ -688,7 +709,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--shutdown-timeout",
         type=_ascii_seconds,
         help="on SIGTERM/Ctrl-C, seconds the command gets to exit after the signal is "
-        f"passed on, before SIGKILL (${SHUTDOWN_TIMEOUT_VARIABLE}; default: {LAUNCH_GRACE:g}, "
+        "passed on (once, to its process group), before SIGKILL; a Ctrl-C after it SIGKILLs "
+        f"at once (${SHUTDOWN_TIMEOUT_VARIABLE}; default: {LAUNCH_GRACE:g}, "
         "under the 30 s Kubernetes and Modal give)",
     )
     p.add_argument(
@@ -759,9 +781,9 @@ def _message(args: argparse.Namespace, exc: VeriRLError) -> str:
     """The one line reported for ``exc``: in the command line's words (flags, variables)."""
     message = str(exc)
     # The library's hints name keyword arguments; here they are flags and variables.
-    message = message.replace(
-        COMMAND_HINT, "pass --vllm-command 'PROGRAM ARGS' (or set VERIRL_VLLM_COMMAND)"
-    ).replace("use mode='colocate'", "use --mode colocate")
+    message = message.replace(COMMAND_HINT, CLI_COMMAND_HINT).replace(
+        "use mode='colocate'", "use --mode colocate"
+    )
     message = message.replace(
         "(give an output directory or a Hub repo)", f"(configure one with {_CONFIGURE_A_SOURCE})"
     )

@@ -84,6 +84,15 @@ The leading ``_``: Trainer's Hub pushes upload ``output_dir`` except ``_*`` and
 """
 START_CANCEL_TIMEOUT = 60.0
 """Seconds to wait for a server's `start` to return after `stop` cancelled it."""
+VLLM_STARTUP_TIMEOUT = 900.0
+"""Seconds a vLLM server may take to become healthy, by default (``vllm_startup_timeout``).
+
+A first start downloads the weights, loads them onto the GPUs and captures
+CUDA graphs: 600 s (`verirl.VLLMServer`'s own default) was too short for a 70B
+model. It also bounds the wait for a server started elsewhere
+(`TrainingRuntime.remote_server_timeout`: local rank 0's, or a vLLM node's),
+which includes that server's own start.
+"""
 LAUNCHER_DEATH_SIGNAL = 9  # SIGKILL: a rank blocked in a collective never runs a Python handler
 """What a rank gets when its torchrun agent dies (`TrainingRuntime.die_with_launcher`)."""
 
@@ -141,8 +150,9 @@ def _default_server_factory(
     extra_args: Sequence[str] = (),
     log_dir: str | None = None,
     model_field: str = "model",
+    startup_timeout: float | None = None,
 ) -> ServerFactory:
-    """`VLLMServer.from_topology`, with ``command``, ``extra_args`` and ``log_dir`` when given."""
+    """`VLLMServer.from_topology`, with each of the other arguments that is given."""
 
     def build(topology: VLLMTopology) -> ServerHandle:
         if model is None:
@@ -154,6 +164,8 @@ def _default_server_factory(
             overrides["extra_args"] = tuple(extra_args)
         if log_dir is not None:
             overrides["log_path"] = log_dir
+        if startup_timeout is not None:
+            overrides["startup_timeout"] = startup_timeout
         from verirl.vllm_server import VLLMServer  # noqa: PLC0415 - psutil and requests, when used
 
         return VLLMServer.from_topology(topology, model=model, **overrides)
@@ -372,7 +384,7 @@ class TrainingRuntime:
     dist_env: DistributedEnv | None = attrs.field(default=None, kw_only=True)
     server_factory: ServerFactory | None = attrs.field(default=None, kw_only=True)
     env_timeout: float = attrs.field(default=600.0, kw_only=True)
-    remote_server_timeout: float = attrs.field(default=900.0, kw_only=True)
+    remote_server_timeout: float = attrs.field(default=VLLM_STARTUP_TIMEOUT, kw_only=True)
     checkpoint_wait_timeout: float = attrs.field(default=NODE_WAIT_TIMEOUT, kw_only=True)
     die_with_launcher: bool = attrs.field(default=True, kw_only=True)
     vllm_unresponsive_timeout: float = attrs.field(default=UNRESPONSIVE_TIMEOUT, kw_only=True)
@@ -456,6 +468,7 @@ class TrainingRuntime:
         vllm_dedicated: bool | None = None,
         resume_from: str | None = None,
         env_timeout: float | None = None,
+        vllm_startup_timeout: float | None = None,
         vllm_unresponsive_timeout: float | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> TrainingRuntime:
@@ -470,6 +483,9 @@ class TrainingRuntime:
         ``vllm_data_parallel_size`` and ``vllm_dedicated`` (a node that only
         serves: see `VLLMTopology.plan`'s ``dedicated``) have no variable: a
         server reachable from other machines is chosen explicitly.
+        ``vllm_startup_timeout`` (default `VLLM_STARTUP_TIMEOUT`, 900 s) is both
+        the local server's ``startup_timeout`` and ``remote_server_timeout``,
+        the wait for a server started elsewhere.
         """
         env = os.environ if environ is None else check_environ(environ)
         given = {"env_url": env_url, "model": model, "max_model_len": max_model_len,
@@ -507,6 +523,10 @@ class TrainingRuntime:
         unresponsive = vllm_unresponsive_timeout
         if unresponsive is None:
             unresponsive = read.settings.vllm_unresponsive_timeout
+        if vllm_startup_timeout is not None:
+            startup = check_seconds("vllm_startup_timeout", vllm_startup_timeout, positive=True)
+        else:
+            startup = read.settings.vllm_startup_timeout or VLLM_STARTUP_TIMEOUT
         return cls(
             topology,
             model=model,
@@ -520,8 +540,10 @@ class TrainingRuntime:
                 extra_args=args,
                 log_dir=log_dir,
                 model_field=read.name("model") or Settings.variable("model"),
+                startup_timeout=startup,
             ),
             env_timeout=600.0 if timeout is None else timeout,
+            remote_server_timeout=startup,
             vllm_unresponsive_timeout=(
                 UNRESPONSIVE_TIMEOUT if unresponsive is None else unresponsive
             ),

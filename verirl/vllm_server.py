@@ -439,7 +439,10 @@ class VLLMServer:
                 if plan.kind == "command":
                     msg = f"command={argv[0]!r}: cannot be started ({why})"
                 else:  # the program TRL's launch found: the installation is at fault
-                    msg = f"cannot start {argv[0]!r} ({why}); `{INSTALL_HINT}`, or {COMMAND_HINT}"
+                    msg = (
+                        f"cannot start {argv[0]!r} ({why}); reinstall TRL and vLLM "
+                        f"(`{INSTALL_HINT} --force-reinstall`), or {COMMAND_HINT}"
+                    )
                 raise VLLMServerError(msg) from exc
         finally:
             log_file.close()

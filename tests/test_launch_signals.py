@@ -1,0 +1,251 @@
+"""``verirl launch`` passes each SIGINT/SIGTERM on to its command exactly once.
+
+A second SIGINT means "out now, skip the checkpoint" to `PreemptionCallback`,
+so a Ctrl-C (the terminal signals launch's whole process group) or a platform's
+preemption (Modal: SIGINT, Kubernetes: SIGTERM, to launch alone) must reach
+the training command once, and reach every process of a ``sh -c`` wrapper as
+it would from a terminal. Real processes throughout: ``python -m verirl
+launch`` runs a command that appends every signal it gets to a file, and exits
+``128 + N`` for the first one once the test releases it (SIGUSR1), so that a
+duplicate sent after the first one still finds it alive and is counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from _support import clear_verirl_env, still_alive
+from verirl._supervise import _stop_command
+
+DEADLINE = 30.0
+"""Seconds any one awaited event may take (a loaded CI machine starts Pythons slowly)."""
+
+RECORDER = """
+import os, signal, sys
+record, ready = sys.argv[1], sys.argv[2]
+first = []
+release_r, release_w = os.pipe()
+
+def note(signum, _frame):
+    with open(record, "a") as sink:
+        sink.write(signal.Signals(signum).name + "\\n")
+    first.append(signum)
+
+def release(_signum, _frame):
+    os.write(release_w, b"x")
+
+signal.signal(signal.SIGINT, note)
+signal.signal(signal.SIGTERM, note)
+signal.signal(signal.SIGUSR1, release)
+with open(ready + ".tmp", "w") as sink:
+    sink.write(f"{os.getpid()} {os.getppid()} {os.getpgrp()}")
+os.replace(ready + ".tmp", ready)
+os.read(release_r, 1)  # a signal interrupts it, runs its handler, and the read goes on
+sys.exit(128 + first[0] if first else 0)
+"""
+
+
+class Launch:
+    """``verirl launch`` of the recorder in a session of its own, as a terminal job would be."""
+
+    def __init__(self, tmp_path: Path, *, wrapped: bool = False, flags: tuple[str, ...] = ()):
+        script = tmp_path / "recorder.py"
+        script.write_text(textwrap.dedent(RECORDER))
+        self.record = tmp_path / "signals"
+        self.ready = tmp_path / "ready"
+        self.stderr_path = tmp_path / "launch.err"
+        command = [sys.executable, str(script), str(self.record), str(self.ready)]
+        if wrapped:  # sh stays between launch and python (a last command would be exec'd)
+            command = ["sh", "-c", f"{shlex.join(command)}; exit $?"]
+        argv = [sys.executable, "-m", "verirl", "launch", "--gpus", "1", *flags, "--", *command]
+        with self.stderr_path.open("w") as sink:  # a file: an orphan holding a pipe cannot hang us
+            self.proc = subprocess.Popen(
+                argv, stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True
+            )
+        self.command: list[psutil.Process] = []
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def signals(self) -> list[str]:
+        return self.record.read_text().split() if self.record.exists() else []
+
+    def wait_for(self, condition: Callable[[], object], what: str) -> None:
+        deadline = time.monotonic() + DEADLINE
+        while not condition():
+            assert self.proc.poll() is None, (what, self.proc.returncode, self.stderr)
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: {self.stderr}"
+            psutil.wait_procs([], timeout=0.02)
+
+    def wait_until_running(self) -> tuple[int, int, int]:
+        """The recorder's pid, parent pid and process group, once it has its handlers."""
+        self.wait_for(self.ready.exists, "the command")
+        pid, ppid, pgid = map(int, self.ready.read_text().split())
+        self.command = [psutil.Process(pid)]
+        if ppid != self.proc.pid:
+            self.command.append(psutil.Process(ppid))  # the sh wrapper
+        return pid, ppid, pgid
+
+    def wait_until_passed_on(self) -> None:
+        """The recorder got a signal, and launch has logged passing it on (SIGKILL in ...)."""
+        self.wait_for(self.signals, "the signal to reach the command")
+        self.wait_for(lambda: "SIGKILL in" in self.stderr, "launch to pass the signal on")
+
+    def release(self) -> int:
+        """Let the recorder exit; launch's exit code."""
+        self.command[0].send_signal(signal.SIGUSR1)
+        return self.proc.wait(timeout=DEADLINE)
+
+    def close(self) -> None:
+        for process in self.command:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        still_alive(self.command, timeout=10)
+
+
+@pytest.fixture
+def launches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Launch]]:
+    clear_verirl_env(monkeypatch, tmp_path)
+    started: list[Launch] = []
+    yield started
+    for launch in started:
+        launch.close()
+
+
+def _send(launch: Launch, sig: signal.Signals, target: str) -> None:
+    if target == "group":  # what a terminal's Ctrl-C does: every process of launch's group
+        os.killpg(launch.proc.pid, sig)
+    else:  # kill -INT <pid>, as Modal and Kubernetes signal a container's main process
+        launch.proc.send_signal(sig)
+
+
+@pytest.mark.parametrize("target", ["group", "pid"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_the_command_gets_each_signal_exactly_once(
+    tmp_path: Path, launches: list[Launch], sig: signal.Signals, target: str
+) -> None:
+    launch = Launch(tmp_path)
+    launches.append(launch)
+    pid, ppid, pgid = launch.wait_until_running()
+    session = os.getsid(pid)
+    _send(launch, sig, target)
+    launch.wait_until_passed_on()
+    code = launch.release()
+    assert launch.signals() == [sig.name], launch.stderr
+    assert code == 128 + sig, launch.stderr
+    assert "Traceback" not in launch.stderr
+    assert ppid == launch.proc.pid
+    assert pgid == pid != launch.proc.pid  # a group of its own (launch leads its session's)
+    assert session == launch.proc.pid  # in launch's session: the terminal stays its terminal
+
+
+@pytest.mark.parametrize("target", ["group", "pid"])
+def test_a_shell_wrappers_python_gets_the_signal_exactly_once(
+    tmp_path: Path, launches: list[Launch], target: str
+) -> None:
+    launch = Launch(tmp_path, wrapped=True)
+    launches.append(launch)
+    _, ppid, _ = launch.wait_until_running()
+    assert ppid != launch.proc.pid  # sh is in between
+    _send(launch, signal.SIGINT, target)
+    launch.wait_until_passed_on()
+    code = launch.release()
+    assert launch.signals() == ["SIGINT"], launch.stderr
+    assert code == 130, launch.stderr
+    assert not still_alive(launch.command, timeout=10)
+
+
+def test_a_shell_wrapper_that_dies_of_sigterm_still_lets_its_python_finish_within_the_grace(
+    tmp_path: Path, launches: list[Launch]
+) -> None:
+    """Kubernetes' SIGTERM kills a plain ``sh`` at once: launch waits for its python too."""
+    launch = Launch(tmp_path, wrapped=True)
+    launches.append(launch)
+    launch.wait_until_running()
+    shell = launch.command[1]
+    launch.proc.send_signal(signal.SIGTERM)
+    launch.wait_until_passed_on()
+    assert not still_alive([shell], timeout=DEADLINE)  # sh (no trap) died of it
+    assert launch.proc.poll() is None, launch.stderr  # launch waits for the python saving
+    code = launch.release()
+    assert launch.signals() == ["SIGTERM"], launch.stderr
+    assert code == 143, launch.stderr
+    assert not still_alive(launch.command, timeout=10)
+
+
+@pytest.mark.parametrize("target", ["group", "pid"])
+def test_a_second_sigint_in_the_grace_kills_the_whole_command_at_once(
+    tmp_path: Path, launches: list[Launch], target: str
+) -> None:
+    launch = Launch(tmp_path, wrapped=True, flags=("--shutdown-timeout", "300"))
+    launches.append(launch)
+    launch.wait_until_running()
+    _send(launch, signal.SIGINT, target)
+    launch.wait_until_passed_on()
+    _send(launch, signal.SIGINT, target)  # the recorder is still "saving": not released
+    second = time.monotonic()
+    code = launch.proc.wait(timeout=DEADLINE)
+    assert time.monotonic() - second < 10, launch.stderr  # not the 300 s grace
+    assert code == 128 + signal.SIGKILL, launch.stderr
+    assert "interrupted again" in launch.stderr
+    assert not still_alive(launch.command, timeout=10), launch.stderr  # sh and python
+    assert launch.signals() == ["SIGINT"], launch.stderr
+
+
+def test_what_stays_in_the_group_after_the_grace_is_sigkilled(
+    tmp_path: Path, launches: list[Launch]
+) -> None:
+    """sh dies of SIGTERM at once; its python saves for longer than the grace: SIGKILL."""
+    launch = Launch(tmp_path, wrapped=True, flags=("--shutdown-timeout", "1"))
+    launches.append(launch)
+    launch.wait_until_running()
+    launch.proc.send_signal(signal.SIGTERM)
+    code = launch.proc.wait(timeout=DEADLINE)  # the recorder is never released
+    assert code == 143, launch.stderr  # sh's own code: it died of SIGTERM
+    assert "outlived its 1s grace: sending SIGKILL" in launch.stderr
+    assert not still_alive(launch.command, timeout=10), launch.stderr
+    assert launch.signals() == ["SIGTERM"], launch.stderr
+
+
+def test_a_command_that_left_its_process_group_is_still_signalled() -> None:
+    # Started without a group of its own: no process group has its pid as id.
+    with subprocess.Popen(
+        [sys.executable, "-c", "import threading; threading.Event().wait(60)"]
+    ) as child:
+        assert _stop_command(child, signal.SIGTERM, grace=DEADLINE) == -signal.SIGTERM
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert done.wait(timeout=DEADLINE) == 0
+    assert _stop_command(done, signal.SIGTERM, grace=DEADLINE) == 0  # ended already: no signal
+
+
+def test_a_second_sigterm_in_the_grace_is_ignored_and_not_passed_on(
+    tmp_path: Path, launches: list[Launch]
+) -> None:
+    """The one SIGTERM policy: a second SIGTERM lets the save in progress finish."""
+    launch = Launch(tmp_path, flags=("--shutdown-timeout", "300"))
+    launches.append(launch)
+    launch.wait_until_running()
+    launch.proc.send_signal(signal.SIGTERM)
+    launch.wait_until_passed_on()
+    launch.proc.send_signal(signal.SIGTERM)
+    launch.wait_for(lambda: "SIGTERM received again" in launch.stderr, "the second SIGTERM")
+    code = launch.release()
+    assert code == 143, launch.stderr
+    assert launch.signals() == ["SIGTERM"], launch.stderr
