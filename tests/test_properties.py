@@ -48,6 +48,7 @@ from verirl import (
     HttpEnvServerProbe,
     HubCheckpointSource,
     LocalCheckpointSource,
+    Settings,
     TrainingRuntime,
     VeriRLError,
     VLLMServer,
@@ -749,6 +750,38 @@ def test_resolver_from_settings(sandbox, kwargs, environ):
         assert_no_secret(repr(resolver))
 
 
+def _any_setting_value(name: str) -> st.SearchStrategy[str]:
+    if name == "HF_TOKEN":
+        return st.builds(lambda t: SECRET + t, texts)
+    return st.one_of(texts, ints.map(str), floats.map(str), urls)
+
+
+every_setting_environ = st.lists(
+    st.sampled_from(sorted(Settings.variables().values())), unique=True, max_size=10
+).flatmap(lambda names: st.fixed_dictionaries({n: _any_setting_value(n) for n in names}))
+
+
+@PROPERTY
+@given(environ=every_setting_environ)
+def test_settings_from_environ(sandbox, environ):
+    """Every declared variable, any text: typed settings or a ConfigError naming the variable."""
+    settings_ = attempt(
+        lambda: Settings.from_environ(environ), environ, secret_fields=("HF_TOKEN",)
+    )
+    if settings_ is _FAILED:
+        return
+    assert_no_secret(repr(settings_))
+    for field, variable in Settings.variables().items():
+        value = getattr(settings_, field)
+        if not environ.get(variable, "").strip():
+            assert value is None, f"{variable} unset or blank gave {field}={value!r}"
+        elif isinstance(value, float):
+            assert math.isfinite(value), f"{variable}={environ[variable]!r} -> {value!r}"
+            assert value >= 0, f"{variable}={environ[variable]!r} -> {value!r}"
+        elif isinstance(value, int):
+            assert canonical_int(environ[variable].strip()), f"{variable}={environ[variable]!r}"
+
+
 def test_every_public_constructor_is_driven():
     """A new public class or classmethod needs a property here too."""
     driven = {
@@ -758,6 +791,7 @@ def test_every_public_constructor_is_driven():
         "HttpEnvServerProbe",
         "HubCheckpointSource",
         "LocalCheckpointSource",
+        "Settings",
         "TrainingRuntime",
         "VLLMServer",
         "VLLMTopology",
