@@ -113,7 +113,7 @@ def measure(scratch: Path) -> list[tuple[str, str, str, str, str, bool | None]]:
         why = f"not measured (no {', '.join(absent)})"
         return [(case(signum), why, "—", "—", GOAL, None) for signum in signals]
     model = build_model(scratch / "model")
-    rows = []
+    rows: list[tuple[str, str, str, str, str, bool | None]] = []
     for signum in signals:
         where = scratch / signum.name
         alone = preempt(model, where / "alone", callback=False, signum=signum)
