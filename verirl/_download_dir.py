@@ -8,6 +8,8 @@ take turns, and the wait has a deadline), a marker in each folder it
 downloaded (what may be replaced later), and staging/old folders made with
 `make_owned_dir` (what a killed run left that the next one may delete).
 Anything else, symlinks included, is never written to, followed or deleted.
+What cannot be read there (an I/O error, a marker that is a directory) is a
+`CheckpointSourceError`, never taken for "nothing there" or "not ours".
 """
 
 from __future__ import annotations
@@ -23,16 +25,17 @@ from pathlib import Path
 
 import attrs
 
-from verirl._checkpoint import read_trainer_state
+from verirl._checkpoint import read_trainer_state, unreadable
 from verirl._fs import (
     OWNER_MARKER,
     flock_with_deadline,
     lstat_kind,
     make_owned_dir,
+    printable,
     read_capped,
     read_owner_record,
 )
-from verirl.errors import CheckpointSourceError, ConfigError
+from verirl.errors import CheckpointSourceError, ConfigError, VeriRLError
 
 __all__ = ["MARKER", "FileEntry", "RemoteFolder", "fetch_folder", "human_size"]
 
@@ -50,15 +53,17 @@ _STRAYS_SHOWN = 10
 
 
 def human_size(size: int) -> str:
-    """``size`` bytes for a log line: ``512 B``, ``293.2 KiB``, ``1.5 GiB``."""
+    """``size`` bytes for a log line: ``512 B``, ``293.2 KiB``, ``1.5 GiB``; any int will do."""
     if size < _KIB:
         return f"{size} B"
-    value, unit = size / _KIB, "KiB"
+    unit, scale = "KiB", _KIB
     for bigger in ("MiB", "GiB", "TiB"):
-        if value < _KIB:
+        if size < scale * _KIB:
             break
-        value, unit = value / _KIB, bigger
-    return f"{value:.1f} {unit}"
+        unit, scale = bigger, scale * _KIB
+    # In integers: a size too large for a float (a hostile listing's) never becomes one.
+    tenths = (size * 10 + scale // 2) // scale
+    return f"{tenths // 10}.{tenths % 10} {unit}"
 
 
 @attrs.frozen
@@ -108,11 +113,18 @@ def fetch_folder(
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        msg = f"cannot create download_dir {root}: {type(exc).__name__}: {exc.strerror}"
+        msg = f"cannot create download_dir {printable(root)}: {type(exc).__name__}: {exc.strerror}"
         raise CheckpointSourceError(msg) from exc
     lock = root / f".verirl-{remote.name}.lock"
-    with _locked(lock, lock_timeout, f"another download of {remote.name} into {root}"):
-        return _fetch_locked(root, remote, download)
+    with _locked(lock, lock_timeout, f"another download of {remote.name} into {printable(root)}"):
+        try:
+            return _fetch_locked(root, remote, download)
+        except VeriRLError:
+            raise
+        except OSError as exc:  # what the download folder answered, whatever the step
+            why = printable(exc.strerror or str(exc))
+            msg = f"cannot use download_dir {printable(root)}: {type(exc).__name__}: {why}"
+            raise CheckpointSourceError(msg) from exc
 
 
 def _fetch_locked(
@@ -140,7 +152,7 @@ def _fetch_locked(
         remote.commit[:12],
         len(expected),
         human_size(size),
-        target,
+        printable(target),
     )
     staging = make_owned_dir(
         root,
@@ -158,7 +170,7 @@ def _fetch_locked(
         _move_into_place(root, fresh, target, replace=kind == "dir")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    log.info("downloaded %s (%s) to %s", folder, human_size(size), target)
+    log.info("downloaded %s (%s) to %s", folder, human_size(size), printable(target))
     return target
 
 
@@ -170,7 +182,7 @@ def _reusable(root: Path, target: Path, folder: str, expected: Mapping[str, File
     marker = _read_marker(target)
     mismatch = _mismatch(target, expected, marker)
     if mismatch is None:
-        log.info("%s already holds %s as listed; nothing to download", root, folder)
+        log.info("%s already holds %s as listed; nothing to download", printable(root), folder)
         _warn_about_strays(target, folder, expected)
         return True
     if marker is None:
@@ -187,10 +199,10 @@ def _reusable(root: Path, target: Path, folder: str, expected: Mapping[str, File
             "download_dir",
             str(root),
             f"holds an outdated download of {folder} ({mismatch}) with files verirl did "
-            f"not download ({', '.join(strays[:_STRAYS_SHOWN])}); refusing to replace it: move "
-            "those files away or delete the folder",
+            f"not download ({', '.join(map(printable, strays[:_STRAYS_SHOWN]))}); refusing to "
+            "replace it: move those files away or delete the folder",
         )
-    log.info("replacing the outdated download %s (%s)", target, mismatch)
+    log.info("replacing the outdated download %s (%s)", printable(target), mismatch)
     return False
 
 
@@ -203,15 +215,17 @@ def _locked(lock: Path, timeout: float, what: str) -> Iterator[None]:
             return
     except TimeoutError as exc:
         msg = (
-            f"gave up after waiting {timeout:g}s for {what} to finish (lock file {lock}); "
+            f"gave up after waiting {timeout:g}s for {what} to finish (lock file "
+            f"{printable(lock)}); "
             "raise lock_timeout, or use a separate download_dir per job"
         )
         raise CheckpointSourceError(msg) from exc
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            msg = f"lock file {lock} is a symlink; refusing to follow it (remove it)"
+            msg = f"lock file {printable(lock)} is a symlink; refusing to follow it (remove it)"
         else:
-            msg = f"cannot lock {lock}: {type(exc).__name__}: {exc.strerror or exc}"
+            why = printable(exc.strerror or str(exc))
+            msg = f"cannot lock {printable(lock)}: {type(exc).__name__}: {why}"
         raise CheckpointSourceError(msg) from exc
 
 
@@ -228,19 +242,19 @@ def _remove_leftovers(root: Path, folder: str) -> None:
         with os.scandir(root) as entries:
             candidates = sorted(Path(e.path) for e in entries if e.name.startswith(prefixes))
     except OSError as exc:
-        msg = f"cannot list download_dir {root}: {type(exc).__name__}: {exc.strerror}"
+        msg = f"cannot list download_dir {printable(root)}: {type(exc).__name__}: {exc.strerror}"
         raise CheckpointSourceError(msg) from exc
     for path in candidates:
         prefix = next(p for p in prefixes if path.name.startswith(p))
         why = _not_a_leftover(path, prefix, folder)
         if why is None:
-            log.info("removing %s, left by an interrupted download", path)
+            log.info("removing %s, left by an interrupted download", printable(path))
             shutil.rmtree(path, ignore_errors=True)  # never follows symlinks
         else:
             log.warning(
                 "leaving %s alone: it is named like a folder of an interrupted verirl download, "
                 "but %s; delete or move it yourself if you do not need it",
-                path,
+                printable(path),
                 why,
             )
 
@@ -259,7 +273,7 @@ def _not_a_leftover(path: Path, prefix: str, folder: str) -> str | None:
         "/".join(name.split("/")[:i]) for name in files for i in range(1, name.count("/") + 1)
     }
     try:
-        for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
+        for dirpath, dirnames, filenames in os.walk(path, onerror=_raise, followlinks=False):
             base = Path(dirpath)
             for name in [*dirnames, *filenames]:
                 entry = base / name
@@ -270,18 +284,30 @@ def _not_a_leftover(path: Path, prefix: str, folder: str) -> str | None:
                     continue
                 if kind == "file" and (relative in files or relative.startswith(f"{_HF_CACHE}/")):
                     continue
-                return f"it holds {relative!r}, which no download puts there"
+                return f"it holds {printable(relative)!r}, which no download puts there"
     except OSError as exc:
         return f"it cannot be read ({type(exc).__name__}: {exc.strerror})"
     return None
 
 
 def _read_marker(folder: Path) -> Mapping[str, object] | None:
-    """The record verirl keeps in a folder it downloaded, or None (not ours, or unreadable)."""
+    """The record verirl keeps in a folder it downloaded, or None (not ours).
+
+    No marker, a symlink in its place (never followed: a marker verirl writes
+    is a regular file), or content that is not verirl's record: None. A
+    marker that is there but cannot be read (an I/O error, a directory or a
+    FIFO in its place): `CheckpointSourceError`, since whether the folder may
+    be replaced cannot be told.
+    """
+    path = folder / MARKER
     try:
-        data = json.loads(read_capped(folder / MARKER, _MAX_MARKER_BYTES, follow_symlinks=False))
-    except (OSError, ValueError, RecursionError):
+        if lstat_kind(path) in (None, "symlink"):
+            return None
+        data = json.loads(read_capped(path, _MAX_MARKER_BYTES, follow_symlinks=False))
+    except (ValueError, RecursionError):
         return None
+    except OSError as exc:
+        raise unreadable(path, exc) from exc
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
         return None
     return data
@@ -296,39 +322,69 @@ def _write_marker(folder: Path, remote: RemoteFolder) -> None:
             name: {"size": e.size, "oid": e.oid} for name, e in sorted(remote.expected.items())
         },
     }
-    (folder / MARKER).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    # A new file, never through a symlink (the folder is verirl's fresh download).
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(folder / MARKER, flags, 0o644), "w", encoding="utf-8") as out:
+        out.write(json.dumps(record, indent=1) + "\n")
 
 
 def _mismatch(
     folder: Path, expected: Mapping[str, FileEntry], marker: Mapping[str, object] | None
 ) -> str | None:
-    """Why ``folder`` does not hold ``expected`` (sizes, and ids when we recorded them), or None."""
+    """Why ``folder`` does not hold ``expected`` (sizes, and ids when we recorded them), or None.
+
+    Nothing is followed: a symlink where a file or a folder on the way to one
+    belongs is a mismatch. What cannot be read is a `CheckpointSourceError`.
+    """
     recorded = marker.get("files") if marker is not None else None
     for name, entry in sorted(expected.items()):
         path = folder / name
         try:
+            kinds = [lstat_kind(folder / parent) for parent in _parents(name)]
             info = path.lstat()
-        except OSError:
-            return f"{name} is missing"
+        except (FileNotFoundError, NotADirectoryError):
+            return f"{printable(name)} is missing"
+        except OSError as exc:
+            raise unreadable(path, exc) from exc
+        if any(kind != "dir" for kind in kinds):
+            return f"a folder on the way to {printable(name)} is not a directory"
         if lstat_kind(path) != "file":
-            return f"{name} is not a regular file"
+            return f"{printable(name)} is not a regular file"
         if info.st_size != entry.size:
-            return f"{name} has {info.st_size} bytes, the listing says {entry.size}"
+            return f"{printable(name)} has {info.st_size} bytes, the listing says {entry.size}"
         if isinstance(recorded, dict):
             seen = recorded.get(name)
             if not isinstance(seen, dict) or seen.get("oid") != entry.oid:
-                return f"{name} changed on the Hub"
+                return f"{printable(name)} changed on the Hub"
     state, why = read_trainer_state(folder)
     return why if state is None else None
 
 
+def _parents(name: str) -> list[str]:
+    """The folders on the way to ``name`` (``a/b/c`` -> ``a``, ``a/b``)."""
+    parts = name.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _raise(exc: OSError) -> None:
+    """`os.walk`'s ``onerror``: a folder that cannot be listed is never skipped quietly."""
+    raise exc
+
+
 def _files_in(folder: Path) -> list[str]:
-    """Relative paths of everything but directories under ``folder``; symlinks are not followed."""
+    """Relative paths of everything but directories under ``folder``; symlinks are not followed.
+
+    A subfolder that cannot be listed is a `CheckpointSourceError`: what it
+    holds could be the user's, and would be taken for nothing.
+    """
     found = []
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
-        base = Path(dirpath)
-        links = [d for d in dirnames if (base / d).is_symlink()]
-        found += [(base / n).relative_to(folder).as_posix() for n in [*filenames, *links]]
+    try:
+        for dirpath, dirnames, filenames in os.walk(folder, onerror=_raise, followlinks=False):
+            base = Path(dirpath)
+            links = [d for d in dirnames if (base / d).is_symlink()]
+            found += [(base / n).relative_to(folder).as_posix() for n in [*filenames, *links]]
+    except OSError as exc:
+        raise unreadable(exc.filename or folder, exc) from exc
     return sorted(found)
 
 
@@ -363,7 +419,9 @@ def _move_into_place(root: Path, fresh: Path, target: Path, *, replace: bool) ->
         else:
             fresh.rename(target)  # fails rather than replace anything but an empty directory
     except OSError as exc:
-        msg = f"cannot move the finished download into {target}: {type(exc).__name__}: {exc}"
+        why = printable(exc.strerror or str(exc))
+        where = printable(target)
+        msg = f"cannot move the finished download into {where}: {type(exc).__name__}: {why}"
         raise CheckpointSourceError(msg) from exc
 
 
@@ -374,7 +432,8 @@ def _warn_about_strays(target: Path, folder: str, files: Iterable[str]) -> None:
     if strays:
         log.warning(
             "%s holds files the Hub's %s does not (from an earlier download?): %s",
-            target,
+            printable(target),
             folder,
-            ", ".join(strays[:_STRAYS_SHOWN]) + (" ..." if len(strays) > _STRAYS_SHOWN else ""),
+            ", ".join(printable(name) for name in strays[:_STRAYS_SHOWN])
+            + (" ..." if len(strays) > _STRAYS_SHOWN else ""),
         )

@@ -33,8 +33,10 @@ __all__ = [
     "flock_with_deadline",
     "lstat_kind",
     "make_owned_dir",
+    "printable",
     "read_capped",
     "read_owner_record",
+    "same_file",
 ]
 
 OWNER_MARKER = ".verirl-owner.json"
@@ -64,6 +66,26 @@ def expand_user(text: str) -> str | None:
     return None if expanded.startswith("~") else expanded
 
 
+def printable(value: str | os.PathLike[str]) -> str:
+    r"""``value`` as any UTF-8 log line, message or terminal can show it.
+
+    A name the OS hands over as bytes that are not UTF-8 arrives
+    surrogate-escaped (``os.fsdecode(b"\xff") == "\udcff"``), which a UTF-8
+    stream refuses to write: those bytes are shown as ``\xff`` (other lone
+    surrogates, from JSON, as ``\ud800``). Text that encodes is returned as it
+    is. Only for showing: the path itself is what is opened, passed and returned.
+    """
+    text = os.fspath(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            return os.fsencode(text).decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:  # a surrogate that is no escaped byte
+            return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def lstat_kind(path: Path) -> str | None:
     """``"dir"``, ``"file"``, ``"symlink"`` or ``"other"`` for ``path`` itself; None if absent."""
     try:
@@ -85,7 +107,7 @@ def read_capped(path: Path, limit: int, *, follow_symlinks: bool = True) -> byte
     ``limit``; other `OSError` as `os.open` raises them.
     """
     if not stat.S_ISREG((path.stat() if follow_symlinks else path.lstat()).st_mode):
-        raise FileRefusedError(f"{path.name} is not a regular file")
+        raise FileRefusedError(f"{printable(path.name)} is not a regular file")
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
     if not follow_symlinks:
         flags |= os.O_NOFOLLOW
@@ -93,50 +115,85 @@ def read_capped(path: Path, limit: int, *, follow_symlinks: bool = True) -> byte
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise FileRefusedError(f"{path.name} is not a regular file")
+            raise FileRefusedError(f"{printable(path.name)} is not a regular file")
         if info.st_size > limit:
-            raise FileRefusedError(f"{path.name} is too large ({info.st_size} bytes > {limit})")
+            raise FileRefusedError(
+                f"{printable(path.name)} is too large ({info.st_size} bytes > {limit})"
+            )
         chunks: list[bytes] = []
         total = 0
         while chunk := os.read(fd, min(_CHUNK, limit + 1 - total)):
             chunks.append(chunk)
             total += len(chunk)
             if total > limit:  # it grew while being read
-                raise FileRefusedError(f"{path.name} is too large (> {limit} bytes)")
+                raise FileRefusedError(f"{printable(path.name)} is too large (> {limit} bytes)")
         return b"".join(chunks)
     finally:
         os.close(fd)
 
 
 @contextlib.contextmanager
-def flock_with_deadline(path: Path, timeout: float) -> Iterator[None]:
+def flock_with_deadline(path: Path, timeout: float) -> Iterator[os.stat_result]:
     """Hold an exclusive ``flock`` on ``path`` (created if missing, never through a symlink).
 
-    Raises `TimeoutError` when the lock is still held by someone else after
-    ``timeout`` seconds, `FileRefusedError` when ``path`` is not a regular file
-    and `OSError` (``ELOOP``) when it is a symlink. The lock goes with the
-    descriptor: a process that dies releases it.
+    Yields the locked file's `os.stat_result` (its ``st_dev``/``st_ino`` tell
+    another process which file the holder locked). Raises `TimeoutError` when
+    the lock is still held by someone else after ``timeout`` seconds,
+    `FileRefusedError` when ``path`` is not a regular file and `OSError`
+    (``ELOOP``) when it is a symlink. A lock file that is replaced or removed
+    while this waits is not trusted: the lock is taken on the file that is at
+    ``path`` once it is held, so a waiter never ends up holding a file that
+    the next comer no longer sees. The lock goes with the descriptor: a
+    process that dies releases it.
     """
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-    fd = os.open(path, flags, 0o644)
+    fd, info = _acquire(path, timeout)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise FileRefusedError(f"{path.name} is not a regular file")
-        deadline = time.monotonic() + timeout
-        pause = _FIRST_LOCK_POLL
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"{path} is still locked after {timeout:g}s") from None
-                time.sleep(min(pause, left))
-                pause = min(pause * 2, _MAX_LOCK_POLL)
-        yield
+        yield info
     finally:
         os.close(fd)
+
+
+def _acquire(path: Path, timeout: float) -> tuple[int, os.stat_result]:
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    deadline = time.monotonic() + timeout
+    pause = _FIRST_LOCK_POLL
+    while True:
+        fd = os.open(path, flags, 0o644)
+        try:
+            info = _lock_if_free(fd, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        if info is not None:
+            return fd, info
+        os.close(fd)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{printable(path)} is still locked after {timeout:g}s")
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, _MAX_LOCK_POLL)
+
+
+def _lock_if_free(fd: int, path: Path) -> os.stat_result | None:
+    """Lock ``fd`` (opened at ``path``) if no one holds it and ``path`` is still that file."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise FileRefusedError(f"{printable(path.name)} is not a regular file")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return None
+    # Replaced or removed while we waited: what we hold locks nothing, try again.
+    return info if same_file(path, info) else None
+
+
+def same_file(path: Path, info: os.stat_result) -> bool:
+    """Whether ``path`` itself (not followed) is the file ``info`` describes."""
+    try:
+        now = path.lstat()
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino)
 
 
 def make_owned_dir(parent: Path, prefix: str, record: Mapping[str, object]) -> Path:
@@ -163,7 +220,7 @@ def make_owned_dir(parent: Path, prefix: str, record: Mapping[str, object]) -> P
             shutil.rmtree(path, ignore_errors=True)
             raise
         return path
-    raise FileExistsError(f"no free name for a new {prefix}* directory in {parent}")
+    raise FileExistsError(f"no free name for a new {prefix}* directory in {printable(parent)}")
 
 
 def read_owner_record(path: Path, prefix: str) -> Mapping[str, object] | str:

@@ -30,11 +30,13 @@ from verirl._checkpoint import (
     MAX_TRAINER_STATE_BYTES,
     TRAINER_STATE,
     Checkpoint,
+    absurd_step_reason,
     check_origin,
     checkpoint_step,
     global_step,
     incomplete_marker_reason,
     read_trainer_state,
+    shorten,
     user_directory,
 )
 from verirl._download_dir import MARKER, FileEntry, RemoteFolder, fetch_folder, human_size
@@ -59,6 +61,9 @@ _MAX_REVISION = 255  # longer than any git ref or commit id the Hub serves
 _REVISION_BAD_CHARS = re.compile(r"[~^:?*\[\\]")
 _MAX_TIMEOUT = 24 * 3600.0
 _MAX_TREE_PAGES = 10_000  # 10 million files at the Hub's 1000 a page
+_MAX_FILE_SIZE = 1 << 50  # a PiB: a listed size beyond it is not a file anyone uploaded
+# A commit id as the Hub gives it (git SHA-1, or SHA-256 for a repo that uses it).
+_COMMIT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}", re.ASCII)
 _OFFLINE_ENV_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 _TRUE_VALUES = frozenset({"1", "ON", "YES", "TRUE"})
 
@@ -153,6 +158,10 @@ class HubCheckpointSource:
             ),
             key=lambda item: (-item[0], item[1]),
         )
+        for folder in listing.folders:
+            reason = absurd_step_reason(folder)
+            if reason is not None:
+                log.warning("ignoring %s in %s: %s", shorten(folder), self.description, reason)
         for step, folder in numbered:
             why = _listed_incomplete(folder, listing.folders[folder])
             if why is None:
@@ -204,42 +213,53 @@ class HubCheckpointSource:
     # ------------------------------------------------------------ listing
 
     def _list(self) -> _Listing:
-        """Resolve the revision to a commit and list the repo once, recursively."""
+        """Resolve the revision to a commit and list the repo once, recursively.
+
+        What the listing says is checked before anything is downloaded: a
+        commit id that is not one is an error; a folder holding a path that
+        would land outside it, or a file without a plausible size, is ignored
+        with a warning (a download of it could not be verified).
+        """
         self._refuse_offline("list")
         api = self._api()
         try:
             info = api.model_info(self.repo_id, revision=self.revision, timeout=self.timeout)
-            commit = info.sha or self.revision or "main"
+            commit = _commit_id(info.sha, self.revision)
             entries = self._tree(api.endpoint, commit)
         except CheckpointSourceError:
             raise
         except Exception as exc:
             raise self._error("list", exc) from exc
         folders: dict[str, dict[str, FileEntry]] = {}
-        unsafe: dict[str, str] = {}
+        unusable: dict[str, str] = {}
         for entry in entries:
             path, size = entry.get("path"), entry.get("size")
             if entry.get("type") != "file" or not isinstance(path, str) or "/" not in path:
                 continue
+            folder = path.split("/", 1)[0]
             if not _safe_repo_path(path):
-                unsafe.setdefault(path.split("/", 1)[0], path)
+                unusable.setdefault(
+                    folder, f"a file path that is not safe to download ({shorten(repr(path))})"
+                )
+                continue
+            if (
+                isinstance(size, bool)
+                or not isinstance(size, int)
+                or not 0 <= size <= _MAX_FILE_SIZE
+            ):
+                unusable.setdefault(
+                    folder, f"{shorten(path)} has no usable size ({shorten(repr(size))})"
+                )
                 continue
             lfs = entry.get("lfs")
             lfs_sha = lfs.get("sha256") if isinstance(lfs, dict) else None
             oid = str(lfs_sha or entry.get("oid") or "")
-            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-                raise CheckpointSourceError(
-                    f"cannot list {self.description}: the listing gives {path} no usable size"
-                ) from ValueError(size)
-            folders.setdefault(path.split("/", 1)[0], {})[path] = FileEntry(size, oid)
-        for folder, path in unsafe.items():
-            # A download would be written wherever the path points: the folder is unusable.
+            folders.setdefault(folder, {})[path] = FileEntry(size, oid)
+        for folder, why in unusable.items():
+            # A download would be written wherever the path points, or could not be checked.
             folders.pop(folder, None)
             log.warning(
-                "ignoring %s in %s: the listing has a file path that is not safe to download (%r)",
-                folder,
-                self.description,
-                path,
+                "ignoring %s in %s: the listing has %s", shorten(folder), self.description, why
             )
         listing = _Listing(commit=commit, folders=folders)
         log.debug(
@@ -298,20 +318,21 @@ class HubCheckpointSource:
         with tempfile.TemporaryDirectory(prefix="verirl-hub-") as tmp:
             try:
                 self._download(filename, listing.commit, Path(tmp))
+                # Unreadable once downloaded (an I/O error): an error, not "no checkpoint".
+                state, why = read_trainer_state(Path(tmp) / LAST_CHECKPOINT)
             except Exception as exc:
                 raise self._error(f"read {filename} from", exc) from exc
-            state, why = read_trainer_state(Path(tmp) / LAST_CHECKPOINT)
         if state is None:
             log.warning("skipping %s in %s: %s", LAST_CHECKPOINT, self.description, why)
             return None
         step = global_step(state)
         if step is None:
             log.warning(
-                "skipping %s in %s: %s has no usable global_step (%r)",
+                "skipping %s in %s: %s has no usable global_step (%s)",
                 LAST_CHECKPOINT,
                 self.description,
                 TRAINER_STATE,
-                state.get("global_step"),
+                shorten(repr(state.get("global_step"))),
             )
         return step
 
@@ -471,12 +492,30 @@ def _listed_incomplete(folder: str, files: Mapping[str, object]) -> str | None:
 def _safe_repo_path(path: str) -> bool:
     """Whether ``path`` stays inside its folder when joined to a local directory."""
     parts = path.split("/")
+    try:
+        path.encode("utf-8")  # a lone surrogate from JSON names no file the OS can make
+    except UnicodeEncodeError:
+        return False
     return (
         all(part not in ("", ".", "..") for part in parts)
         and "\\" not in path
         and "\0" not in path
         and parts[-1] != MARKER
     )
+
+
+def _commit_id(sha: object, revision: str | None) -> str:
+    """The commit the Hub resolved the revision to; anything else there is a `ValueError`.
+
+    It names the download's cache entries and goes into verirl's marker file,
+    so only a real commit id will do (no path tricks from a hostile mirror).
+    """
+    if sha is None or sha == "":  # a mirror that does not say: pin to what was asked
+        return revision or "main"
+    if not isinstance(sha, str) or not _COMMIT_ID.fullmatch(sha):
+        msg = f"the Hub answered with a commit id that is not one: {shorten(repr(sha))}"
+        raise ValueError(msg)
+    return sha
 
 
 # ---------------------------------------------------------------- huggingface_hub

@@ -1,7 +1,9 @@
 """`LocalCheckpointSource`: the ``checkpoint-N`` directories Trainer saved under its ``output_dir``.
 
 Local checkpoints are read in place and never modified: an incomplete one
-(an interrupted save) is skipped with a warning and left for the user.
+(an interrupted save) is skipped with a warning and left for the user; one
+that cannot be read (or a root that exists but cannot be listed) is a
+`CheckpointSourceError`, never taken for "no checkpoint".
 Exported from `verirl.checkpoints` and `verirl`.
 """
 
@@ -16,11 +18,15 @@ import attrs
 
 from verirl._checkpoint import (
     Checkpoint,
+    absurd_step_reason,
     check_origin,
     checkpoint_step,
     read_trainer_state,
+    shorten,
+    unreadable,
     user_directory,
 )
+from verirl._fs import printable
 from verirl.errors import CheckpointSourceError, ConfigError
 
 __all__ = ["LocalCheckpointSource"]
@@ -37,10 +43,13 @@ class LocalCheckpointSource:
     """The ``checkpoint-N`` directories under ``root`` (Trainer's ``output_dir``).
 
     Names must match ``checkpoint-<digits>`` exactly: files, ``tmp-checkpoint-*``
-    (Trainer's staging folders) and anything else are ignored. A missing
+    (Trainer's staging folders) and anything else are ignored, and so are
+    steps beyond `verirl._checkpoint.MAX_STEP` (with a warning). A missing
     ``root`` holds no checkpoints (a first run); a ``root`` that is a file is a
     `ConfigError`. Incomplete checkpoints are skipped with a warning and are
-    never modified or deleted.
+    never modified or deleted. What cannot be read (the root, a ``checkpoint-N``
+    symlink that leads nowhere, a ``trainer_state.json`` that is a directory or
+    gives an I/O error) is a `CheckpointSourceError`.
     """
 
     root: Path = attrs.field(converter=_root_path)
@@ -51,11 +60,15 @@ class LocalCheckpointSource:
 
     @property
     def description(self) -> str:
-        """``local:<root>``."""
-        return f"local:{self.root}"
+        r"""``local:<root>`` (bytes that are not UTF-8 shown as ``\xff``)."""
+        return f"local:{printable(self.root)}"
 
     def latest(self) -> Checkpoint | None:
-        """The complete ``checkpoint-N`` with the highest N, or None."""
+        """The complete ``checkpoint-N`` with the highest N, or None.
+
+        Raises `CheckpointSourceError` for a folder newer than the one chosen
+        that cannot be read: it may be the newest checkpoint.
+        """
         for step, name in self._numbered_dirs():
             folder = self.root / name
             state, why = read_trainer_state(folder)
@@ -63,7 +76,7 @@ class LocalCheckpointSource:
                 log.warning(
                     "skipping incomplete checkpoint %s: %s (probably interrupted while saving; "
                     "left as it is)",
-                    folder,
+                    printable(folder),
                     why,
                 )
                 continue
@@ -82,31 +95,72 @@ class LocalCheckpointSource:
             cause = FileNotFoundError(
                 errno.ENOENT, "checkpoint directory vanished", checkpoint.path
             )
-            msg = f"{checkpoint.path} from {self.description} is no longer a directory"
+            msg = f"{printable(checkpoint.path)} from {self.description} is no longer a directory"
             raise CheckpointSourceError(msg) from cause
         return folder
 
     def _numbered_dirs(self) -> list[tuple[int, str]]:
         """``(step, name)`` of each ``checkpoint-N`` directory, newest first."""
+        found = []
         try:
             with os.scandir(self.root) as entries:
-                found = []
                 for entry in entries:
                     step = checkpoint_step(entry.name)
-                    if step is not None and _is_dir(entry):
+                    if step is None:
+                        self._warn_if_absurd(entry.name)
+                    elif _is_dir(entry):
                         found.append((step, entry.name))
-        except FileNotFoundError:
-            log.debug("%s does not exist yet: no local checkpoints", self.root)
+        except FileNotFoundError as exc:
+            broken = _broken_link_on_the_way(self.root)
+            if broken is not None:
+                dangling = FileNotFoundError(errno.ENOENT, "a symlink to nothing", broken)
+                raise unreadable(broken, dangling) from exc
+            log.debug("%s does not exist yet: no local checkpoints", printable(self.root))
             return []
+        except CheckpointSourceError:
+            raise
         except OSError as exc:
-            msg = f"cannot list {self.description}: {type(exc).__name__}: {exc}"
+            why = printable(exc.strerror or str(exc))
+            msg = f"cannot list {self.description}: {type(exc).__name__}: {why}"
             raise CheckpointSourceError(msg) from exc
         # On equal steps (checkpoint-7, checkpoint-007) the name decides.
         return sorted(found, key=lambda item: (-item[0], item[1]))
 
+    def _warn_if_absurd(self, name: str) -> None:
+        reason = absurd_step_reason(name)
+        if reason is not None:
+            log.warning("ignoring %s in %s: %s", shorten(name), self.description, reason)
+
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:
+    """Whether ``entry`` is a directory, following a symlink; a link that leads nowhere raises.
+
+    A dangling ``checkpoint-N`` symlink (a volume not mounted) or a loop may
+    hide the newest checkpoint: `CheckpointSourceError`, not "no checkpoint".
+    """
     try:
-        return entry.is_dir()  # follows symlinks: a linked checkpoint counts
-    except OSError:
-        return False
+        if entry.is_dir():  # follows symlinks: a linked checkpoint counts
+            return True
+        if entry.is_symlink():
+            # A link to a file is fine (not a checkpoint); to nothing, or in a loop, is not.
+            Path(entry.path).stat()
+    except FileNotFoundError as exc:
+        if not os.path.lexists(entry.path):
+            return False  # removed while we looked
+        dangling = FileNotFoundError(errno.ENOENT, "a symlink to nothing", entry.path)
+        raise unreadable(entry.path, dangling) from exc
+    except OSError as exc:
+        raise unreadable(entry.path, exc) from exc
+    return False
+
+
+def _broken_link_on_the_way(root: Path) -> str | None:
+    """The symlink that leads nowhere on the way to a missing ``root``, or None if none does.
+
+    A missing root is a first run, unless it is missing because a symlink
+    (``output_dir`` on a volume that is not mounted) points nowhere.
+    """
+    for path in (root, *root.absolute().parents):
+        if os.path.lexists(path):
+            return None if os.path.exists(path) else os.fspath(path)  # noqa: PTH110
+    return None

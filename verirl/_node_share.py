@@ -11,7 +11,10 @@ all ranks of one node attempt share and the next attempt does not (see
 
 A follower gives up with `CheckpointSourceError` when the deadline passes,
 and at once when the leader has stopped without an answer (it took the lock,
-and the lock is free again: a process that dies releases its ``flock``).
+and the lock is free again: a process that dies releases its ``flock``). The
+files are read and written as untrusted: never through a symlink, a record
+that cannot be read or is not verirl's is an error, and a lock file replaced
+under the leader is never taken for a leader that stopped.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import hashlib
 import json
 import logging
 import os
+import secrets
+import stat
 import threading
 import time
 from collections.abc import Mapping
@@ -31,7 +36,8 @@ from typing import Protocol
 
 import attrs
 
-from verirl._fs import flock_with_deadline, read_capped
+from verirl._checkpoint import shorten
+from verirl._fs import flock_with_deadline, printable, read_capped
 from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError
 
 __all__ = ["NODE_WAIT_TIMEOUT", "CheckpointResolving", "NodeSharedResolver", "attempt_key"]
@@ -108,7 +114,8 @@ def attempt_key(environ: Mapping[str, str], *, folder: Path, request: str | None
             )
         ),
     ]
-    base = hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:20]
+    # surrogatepass: a path or variable holding bytes that are not UTF-8 still makes a key.
+    base = hashlib.sha256("\x00".join(parts).encode("utf-8", "surrogatepass")).hexdigest()[:20]
     where = f"{base}:{os.path.realpath(folder)}"
     with _generations_lock:
         generation = _generations.get(where, 0)
@@ -134,10 +141,10 @@ def _raise_from_record(record: Mapping[str, object]) -> None:
         reason = record.get("reason")
         raise CheckpointNotFoundError(
             str(record.get("request")),
-            [str(place) for place in searched] if isinstance(searched, list) else [],
-            reason=reason if isinstance(reason, str) else None,
+            [printable(str(place)) for place in searched] if isinstance(searched, list) else [],
+            reason=printable(reason) if isinstance(reason, str) else None,
         )
-    message = str(record.get("message"))
+    message = printable(str(record.get("message")))
     if kind == "config":
         field = record.get("field")
         raise ConfigError(message, field=field if isinstance(field, str) else None)
@@ -168,40 +175,70 @@ class NodeSharedResolver:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            msg = f"cannot create download_dir {self.folder}: {exc.strerror}"
+            msg = f"cannot create download_dir {printable(self.folder)}: {exc.strerror}"
             raise CheckpointSourceError(msg) from exc
         _sweep(self.folder)
-        with flock_with_deadline(self._path(".lock"), self.timeout):
-            self._write(".claim", {"pid": os.getpid()})
+        lock = self._path(".lock")
+        with contextlib.ExitStack() as stack:
+            try:
+                locked = stack.enter_context(flock_with_deadline(lock, self.timeout))
+            except TimeoutError as exc:
+                msg = (
+                    f"local rank 0 could not take its lock {printable(lock)} within "
+                    f"{self.timeout:g}s (another process holds it)"
+                )
+                raise CheckpointSourceError(msg) from exc
+            except OSError as exc:
+                why = printable(exc.strerror or str(exc))
+                msg = f"cannot lock {printable(lock)}: {type(exc).__name__}: {why} (remove it)"
+                raise CheckpointSourceError(msg) from exc
+            # Which file the lock is on: a follower never trusts a lock file put in its place.
+            self._write(".claim", {"pid": os.getpid(), "lock": _identity(locked)})
             try:
                 path = self.resolver.resolve(request)
             except BaseException as exc:
-                self._write(".json", _error_record(exc))
+                with contextlib.suppress(CheckpointSourceError):  # the error matters more
+                    self._write(".json", _error_record(exc))
                 raise
             self._write(".json", {"path": path})
         return path
 
     def _write(self, suffix: str, record: Mapping[str, object]) -> None:
+        """Write ``record`` as the file ``suffix`` in one step, never through a symlink."""
         final = self._path(suffix)
-        partial = final.with_name(f"{final.name}.{os.getpid()}.tmp")
-        partial.write_text(json.dumps(record), encoding="utf-8")
-        partial.replace(final)
-
-    def _read(self) -> Mapping[str, object] | None:
+        partial = final.with_name(f"{final.name}.{secrets.token_hex(8)}.tmp")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            data = json.loads(read_capped(self._path(".json"), _RECORD_LIMIT))
+            with os.fdopen(os.open(partial, flags, 0o644), "w", encoding="utf-8") as out:
+                out.write(json.dumps(record))
+            partial.replace(final)  # replaces a symlink there, never what it points to
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                partial.unlink()
+            why = printable(exc.strerror or str(exc))
+            msg = f"cannot write {printable(final)}: {type(exc).__name__}: {why}"
+            raise CheckpointSourceError(msg) from exc
+
+    def _read(self, suffix: str = ".json") -> Mapping[str, object] | None:
+        """The record ``suffix``, or None while there is none; anything unusable is an error."""
+        path = self._path(suffix)
+        try:
+            data = json.loads(read_capped(path, _RECORD_LIMIT, follow_symlinks=False))
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
-            msg = f"cannot read local rank 0's checkpoint choice {self._path('.json')}: {exc}"
+        except (OSError, ValueError, RecursionError) as exc:
+            why = (
+                printable(str(exc)) if not isinstance(exc, RecursionError) else "nested too deeply"
+            )
+            msg = f"cannot read local rank 0's record {printable(path)}: {why}"
             raise CheckpointSourceError(msg) from exc
         if not isinstance(data, dict):
-            msg = f"local rank 0's checkpoint choice {self._path('.json')} is not a JSON object"
+            msg = f"local rank 0's record {printable(path)} is not a JSON object"
             raise CheckpointSourceError(msg)
         return data
 
     def _follow(self) -> str | None:
-        log.info("waiting for local rank 0's checkpoint choice (in %s)", self.folder)
+        log.info("waiting for local rank 0's checkpoint choice (in %s)", printable(self.folder))
         deadline = time.monotonic() + self.timeout
         pause = _FIRST_PAUSE
         while True:
@@ -211,7 +248,7 @@ class NodeSharedResolver:
                 if record is None:
                     msg = (
                         "local rank 0 stopped before it chose a checkpoint (its lock in "
-                        f"{self.folder} is free and it left no answer); see its log"
+                        f"{printable(self.folder)} is free and it left no answer); see its log"
                     )
                     raise CheckpointSourceError(msg)
             if record is not None:
@@ -219,38 +256,72 @@ class NodeSharedResolver:
                     _raise_from_record(record)
                 path = record["path"]
                 if path is not None and not isinstance(path, str):
-                    msg = f"local rank 0's checkpoint choice is not a path: {path!r}"
+                    msg = f"local rank 0's checkpoint choice is not a path: {shorten(repr(path))}"
                     raise CheckpointSourceError(msg)
-                log.info("local rank 0 chose %s", path or "a fresh start")
+                log.info("local rank 0 chose %s", printable(path) if path else "a fresh start")
                 return path
             left = deadline - time.monotonic()
             if left <= 0:
                 msg = (
                     f"local rank 0 did not choose a checkpoint within {self.timeout:g}s "
-                    f"(nothing in {self.folder}); is it running, with the same download_dir?"
+                    f"(nothing in {printable(self.folder)}); is it running, with the same "
+                    "download_dir?"
                 )
                 raise CheckpointSourceError(msg)
             time.sleep(min(pause, left))
             pause = min(pause * 2, _MAX_PAUSE)
 
     def _leader_gone(self) -> bool:
-        """The leader took the lock (its claim exists) and no longer holds it."""
-        if not self._path(".claim").exists():
+        """The leader took the lock (its claim exists) and no longer holds it.
+
+        Only the very file the leader locked counts: a lock file removed or
+        replaced meanwhile says nothing about the leader (the follower keeps
+        waiting for the record, up to its deadline).
+        """
+        claim = self._read(".claim")
+        if claim is None:
             return False
+        locked = claim.get("lock")
+        if not isinstance(locked, dict) or not all(
+            isinstance(locked.get(key), int) and not isinstance(locked.get(key), bool)
+            for key in ("dev", "ino")
+        ):
+            msg = (
+                f"local rank 0's claim {printable(self._path('.claim'))} was not written by verirl"
+            )
+            raise CheckpointSourceError(msg)
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
         try:
-            fd = os.open(self._path(".lock"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return False
+            fd = os.open(self._path(".lock"), flags)
+        except (FileNotFoundError, NotADirectoryError):
+            return False  # removed: nothing to tell by
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return False  # a symlink now: not the leader's file
+            raise self._unreadable_lock(exc) from exc
         try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or _identity(info) != locked:
+                return False
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 return False
-            raise
+            raise self._unreadable_lock(exc) from exc
         else:
             return True
         finally:
             os.close(fd)
+
+    def _unreadable_lock(self, exc: OSError) -> CheckpointSourceError:
+        why = printable(exc.strerror or str(exc))
+        lock = printable(self._path(".lock"))
+        return CheckpointSourceError(f"cannot check local rank 0's lock {lock}: {why}")
+
+
+def _identity(info: os.stat_result) -> dict[str, int]:
+    """Which file ``info`` describes, as a claim records it."""
+    return {"dev": info.st_dev, "ino": info.st_ino}
 
 
 def _sweep(folder: Path) -> None:

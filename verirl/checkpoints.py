@@ -25,15 +25,18 @@ from pathlib import Path
 import attrs
 
 from verirl._checkpoint import (
+    AUTO,
     INCOMPLETE_MARKER,
     LAST_CHECKPOINT,
     MAX_TRAINER_STATE_BYTES,
+    RESUME_KEYWORDS,
     TRAINER_STATE,
     Checkpoint,
     CheckpointSource,
+    path_request,
     read_trainer_state,
 )
-from verirl._fs import expand_user
+from verirl._fs import expand_user, printable
 from verirl._hub_source import HubCheckpointSource
 from verirl._local_source import LocalCheckpointSource
 from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError
@@ -59,9 +62,7 @@ log = logging.getLogger(__name__)
 RESUME_ENV_VAR = "VERIRL_RESUME_FROM_CHECKPOINT"
 """The environment variable `CheckpointResolver.resolve_from_env` reads."""
 
-_LATEST_REQUESTS = frozenset({"latest", LAST_CHECKPOINT})
-AUTO = "auto"
-"""The request for "the newest complete checkpoint if there is one, else a fresh start"."""
+_LATEST_REQUESTS = RESUME_KEYWORDS - {AUTO}
 NO_SOURCE_FOR_AUTO = (
     "'auto' needs somewhere to look, and no checkpoint source is configured "
     "(give an output directory or a Hub repo)"
@@ -71,7 +72,7 @@ NO_SOURCE_FOR_AUTO = (
 def describe_source(source: object) -> str:
     """A source's ``description`` if it has one, else its repr; for messages."""
     description = getattr(source, "description", None)
-    return description if isinstance(description, str) and description else repr(source)
+    return printable(description) if isinstance(description, str) and description else repr(source)
 
 
 def _check_sources(_inst: object, _attr: object, sources: tuple[object, ...]) -> None:
@@ -90,7 +91,7 @@ def _check_sources(_inst: object, _attr: object, sources: tuple[object, ...]) ->
             raise ConfigError.invalid(
                 "sources",
                 source.description,
-                f"download_dir {source.download_dir} is the root of "
+                f"download_dir {printable(source.download_dir)} is the root of "
                 f"{roots[_resolved(source.download_dir)]}; Hub downloads would land among (and "
                 "could overwrite) local checkpoints, use a separate directory",
             )
@@ -141,10 +142,13 @@ class CheckpointResolver:
         searched); a failing source is still an error, and no sources at all is
         a `ConfigError`. Anything else: an existing directory, returned with
         ``~`` expanded (`CheckpointNotFoundError` otherwise).
+
+        Only text is a keyword: a `pathlib.Path` or other path-like is always
+        a path (``Path("latest")`` is the folder called ``latest``).
         """
         given: object = request
         if isinstance(given, os.PathLike):
-            given = os.fspath(given)
+            given = path_request("request", given)
         if given is not None and not isinstance(given, str):
             raise ConfigError.invalid(
                 "request", request, "must be None, 'latest', or a checkpoint path (str or PathLike)"
@@ -200,7 +204,7 @@ class CheckpointResolver:
         failures = _drop_missing_repos(request, failures, strict=strict)
         if not found_all:
             if failures:
-                reasons = "; ".join(str(exc) for _, exc in failures)
+                reasons = "; ".join(printable(str(exc)) for _, exc in failures)
                 msg = (
                     f"no checkpoint for {request!r}: {len(failures)} of {len(searched)} "
                     f"source(s) could not be read ({reasons}); searched: {', '.join(searched)}"
@@ -219,13 +223,17 @@ class CheckpointResolver:
                 "ignoring checkpoint source %s, which could not be read (%s); it may hold a "
                 "newer checkpoint than the one chosen",
                 describe_source(failed),
-                error,
+                printable(str(error)),
             )
         # Newest first; sorted() is stable, so on a tie the earlier source comes first.
         candidates = sorted(found_all, key=lambda pair: -pair[0].step)
         fetch_errors: list[Exception] = []
         for checkpoint, source in candidates:
-            log.info("newest complete checkpoint: step %d, %s", checkpoint.step, checkpoint.source)
+            log.info(
+                "newest complete checkpoint: step %d, %s",
+                checkpoint.step,
+                printable(checkpoint.source),
+            )
             try:
                 path = source.fetch(checkpoint)
             except (CheckpointSourceError, OSError) as exc:
@@ -233,11 +241,11 @@ class CheckpointResolver:
                     "could not fetch step %d from %s (%s); trying the next newest",
                     checkpoint.step,
                     describe_source(source),
-                    exc,
+                    printable(str(exc)),
                 )
                 fetch_errors.append(exc)
                 continue
-            log.info("resuming from %s (step %d)", path, checkpoint.step)
+            log.info("resuming from %s (step %d)", printable(path), checkpoint.step)
             return os.fspath(path)
         raise fetch_errors[0]
 
@@ -255,7 +263,7 @@ def _drop_missing_repos(
                 "%r: %s does not exist yet (%s); nothing was pushed there to resume from",
                 request,
                 describe_source(source),
-                exc,
+                printable(str(exc)),
             )
         else:
             kept.append((source, exc))
@@ -276,25 +284,36 @@ def _resolve_explicit(request: str) -> str:
     expanded = expand_user(request)
     if expanded is None:  # ~nosuchuser/...
         reason = f"{_AS_PATH}, and its '~' cannot be expanded (no such user)"
-        raise CheckpointNotFoundError(request, [request], reason=reason)
+        raise CheckpointNotFoundError(request, [printable(request)], reason=reason)
     folder = Path(expanded)
-    try:
-        is_dir = folder.is_dir()
-        problem = "" if is_dir else "is not a directory" if folder.exists() else "does not exist"
-    except (OSError, ValueError) as exc:  # e.g. a name too long for the OS
-        is_dir, problem = False, f"cannot be used ({type(exc).__name__})"
-    if not is_dir:
+    problem = _not_a_directory(folder)
+    if problem is not None:
         where = os.path.abspath(folder)  # noqa: PTH100 - made absolute, no symlink resolved
-        reason = f"{_AS_PATH}, and {where} {problem}"
-        raise CheckpointNotFoundError(request, [os.fspath(folder)], reason=reason)
+        reason = f"{_AS_PATH}, and {printable(where)} {problem}"
+        raise CheckpointNotFoundError(request, [printable(folder)], reason=reason)
+    # An unreadable state is an error here too (CheckpointSourceError): Trainer could not load it.
     state, why = read_trainer_state(folder)
     if state is None:
         log.warning(
             "resuming from %s as asked, but it does not look like a complete Trainer "
             "checkpoint: %s",
-            folder,
+            printable(folder),
             why,
         )
     else:
-        log.info("resuming from %s (explicit path)", folder)
+        log.info("resuming from %s (explicit path)", printable(folder))
     return os.fspath(folder)
+
+
+def _not_a_directory(folder: Path) -> str | None:
+    """Why the explicit path ``folder`` is no directory to resume from, or None if it is one."""
+    try:
+        if folder.is_dir():
+            return None
+        if folder.exists():
+            return "is not a directory"
+        if os.path.lexists(folder):
+            return "is a symlink that cannot be followed"
+    except (OSError, ValueError) as exc:  # e.g. a name too long for the OS
+        return f"cannot be used ({type(exc).__name__})"
+    return "does not exist"

@@ -359,7 +359,13 @@ def _vllm_args(args: argparse.Namespace) -> list[str] | None:
 
 
 def _emit(args: argparse.Namespace, data: dict[str, object], text: str) -> None:
-    print(json.dumps(data, indent=2, sort_keys=True) if args.json else text)
+    out = json.dumps(data, indent=2, sort_keys=True) if args.json else text
+    try:
+        print(out)
+    except UnicodeEncodeError:  # a path of bytes that are not UTF-8: printed as those bytes
+        sys.stdout.flush()
+        sys.stdout.buffer.write(os.fsencode(out) + b"\n")
+        sys.stdout.flush()
 
 
 # -- commands

@@ -68,10 +68,11 @@ from typing import Any, Final
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from verirl._checkpoint import INCOMPLETE_MARKER, read_trainer_state
+from verirl._fs import printable
 from verirl._signals import SIGTERM_POLICY
 from verirl._stop import STOP_REQUESTS
 from verirl._validate import check_int
-from verirl.errors import ConfigError
+from verirl.errors import CheckpointSourceError, ConfigError
 
 __all__ = ["BY_SIGNAL", "PREEMPTION_EXIT_CODE", "PREEMPTION_SIGNALS", "PreemptionCallback"]
 
@@ -449,12 +450,17 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
             return
         marker = Path(args.output_dir or ".") / f"checkpoint-{step}" / INCOMPLETE_MARKER
         try:
-            if marker.exists():
+            if os.path.lexists(marker):
                 return  # someone else's (a JIT save in progress): not ours to remove
             marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.write_text(f"verirl: checkpoint of step {step} being saved\n", encoding="utf-8")
+            # A new file, never written through a symlink put there meanwhile.
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            with os.fdopen(os.open(marker, flags, 0o644), "w", encoding="utf-8") as out:
+                out.write(f"verirl: checkpoint of step {step} being saved\n")
         except OSError as exc:
-            log.warning("cannot mark %s as being saved (%s): going on", marker.parent, exc)
+            log.warning(
+                "cannot mark %s as being saved (%s): going on", printable(marker.parent), exc
+            )
             return
         self._marker = marker
 
@@ -468,8 +474,13 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
 def _report(output_dir: str | None, step: int) -> None:
     """Log where the checkpoint of ``step`` is, and whether it is complete."""
     folder = os.path.join(output_dir or ".", f"checkpoint-{step}")  # noqa: PTH118
-    state, why = read_trainer_state(folder)
+    try:
+        state, why = read_trainer_state(folder)
+    except CheckpointSourceError as exc:  # there, but unreadable: said, never raised on the way out
+        state, why = None, str(exc)
     if state is None:
-        log.error("training stopped at step %d, but %s is not complete: %s", step, folder, why)
+        log.error(
+            "training stopped at step %d, but %s is not complete: %s", step, printable(folder), why
+        )
     else:
-        log.warning("training stopped at step %d; checkpoint: %s", step, folder)
+        log.warning("training stopped at step %d; checkpoint: %s", step, printable(folder))

@@ -21,6 +21,7 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
+from verirl._checkpoint import resume_request
 from verirl._node_share import (
     NODE_WAIT_TIMEOUT,
     CheckpointResolving,
@@ -380,7 +381,8 @@ class TrainingRuntime:
     model: str | None = attrs.field(default=None, kw_only=True)
     env_probe: EnvServerProbe | None = attrs.field(default=None, kw_only=True)
     checkpoints: CheckpointResolving | None = attrs.field(default=None, kw_only=True)
-    resume_from: str | None = attrs.field(default=None, kw_only=True)
+    # A path-like is a path, never a keyword: kept as text that reads as that path.
+    resume_from: str | None = attrs.field(default=None, kw_only=True, converter=resume_request)
     dist_env: DistributedEnv | None = attrs.field(default=None, kw_only=True)
     server_factory: ServerFactory | None = attrs.field(default=None, kw_only=True)
     env_timeout: float = attrs.field(default=600.0, kw_only=True)
@@ -466,7 +468,7 @@ class TrainingRuntime:
         vllm_tensor_parallel_size: int | None = None,
         vllm_data_parallel_size: int | None = None,
         vllm_dedicated: bool | None = None,
-        resume_from: str | None = None,
+        resume_from: str | os.PathLike[str] | None = None,
         env_timeout: float | None = None,
         vllm_startup_timeout: float | None = None,
         vllm_unresponsive_timeout: float | None = None,
@@ -493,7 +495,7 @@ class TrainingRuntime:
                  "hub_endpoint": hub_endpoint, "hub_revision": hub_revision,
                  "gpu_count": gpu_count, "mode": mode, "vllm_gpus": vllm_gpus,
                  "vllm_port": vllm_port, "vllm_remote_host": vllm_remote_host,
-                 "vllm_log_dir": vllm_log_dir, "resume_from": resume_from,
+                 "vllm_log_dir": vllm_log_dir, "resume_from": resume_request(resume_from),
                  "vllm_bind_host": vllm_bind_host,
                  "vllm_tensor_parallel_size": vllm_tensor_parallel_size,
                  "vllm_data_parallel_size": vllm_data_parallel_size,

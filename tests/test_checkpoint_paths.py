@@ -1,0 +1,273 @@
+"""Issue 26, class 1: paths versus keywords, and paths whose bytes are not UTF-8.
+
+A `pathlib.Path` (any `os.PathLike`) is always a path, never the keyword
+``latest``/``last-checkpoint``/``auto``, at every entry point that takes a
+resume request or a folder; only text is a keyword (``--resume latest`` on the
+command line, ``--resume ./latest`` the folder). Names the OS hands over as
+bytes that are not UTF-8 (``os.fsdecode(b"\\xff")``) work everywhere, and every
+log line and error message about them can be written to a UTF-8 stream.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path, PurePosixPath
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from _checkpoint_support import (
+    NAMES,
+    NOT_UTF8_NAMES,
+    REPO,
+    RESUME_ENV_VAR,
+    SWEEP,
+    TextPath,
+    fresh_dir,
+    isolated_hub,
+    log_lines,
+    make_checkpoint,
+    unencodable,
+)
+from fakes.checkpoints import FakeCheckpointSource
+from verirl import (
+    CheckpointNotFoundError,
+    CheckpointResolver,
+    ConfigError,
+    DistributedEnv,
+    HubCheckpointSource,
+    LocalCheckpointSource,
+    TrainingRuntime,
+    VLLMTopology,
+    find_free_port,
+)
+from verirl._node_share import NodeSharedResolver, attempt_key
+from verirl.cli import main
+
+KEYWORDS = ["latest", "last-checkpoint", "auto"]
+SPACES = ["", " ", "\t", "\n"]
+PATH_TYPES = [Path, PurePosixPath, TextPath]
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """No verirl setting from the machine, and the distributed variables restored after."""
+    for name in list(os.environ):
+        if name.startswith("VERIRL_") or name in ("HF_TOKEN", "CUDA_VISIBLE_DEVICES"):
+            monkeypatch.delenv(name)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCHELASTIC_RUN_ID"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+
+
+def colocated(**kwargs: object) -> TrainingRuntime:
+    env: dict[str, str] = {}
+    return TrainingRuntime(
+        VLLMTopology.plan(1, max_model_len=64),
+        environ=env,
+        dist_env=DistributedEnv.single_node(environ=env, master_port=find_free_port()),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+# ---------------------------------------------------------------- a path-like is a path
+
+
+@SWEEP
+@given(
+    name=st.builds(
+        "".join,
+        st.tuples(st.sampled_from(SPACES), st.sampled_from(KEYWORDS), st.sampled_from(SPACES)),
+    ),
+    kind=st.sampled_from(PATH_TYPES),
+)
+def test_resolve_takes_a_path_like_named_like_a_keyword_for_that_folder(
+    tmp_path, monkeypatch, name, kind
+):
+    monkeypatch.chdir(fresh_dir(tmp_path))
+    make_checkpoint(Path.cwd(), name, {"global_step": 1})
+    source = FakeCheckpointSource(steps=[2])
+    for resolver in (CheckpointResolver([source]), CheckpointResolver([])):
+        assert resolver.resolve(kind(name)) == name
+    assert source.fetched == []  # the keyword was never asked of a source
+
+
+@pytest.mark.parametrize("kind", PATH_TYPES)
+@pytest.mark.parametrize("word", KEYWORDS)
+def test_a_path_like_keyword_with_no_such_folder_is_not_found_not_resolved(
+    tmp_path, monkeypatch, kind, word
+):
+    monkeypatch.chdir(tmp_path)
+    source = FakeCheckpointSource(steps=[2])
+    with pytest.raises(CheckpointNotFoundError) as info:
+        CheckpointResolver([source]).resolve(kind(word))
+    assert "does not exist" in str(info.value)
+    assert source.latest_calls == 0
+
+
+@pytest.mark.parametrize("kind", PATH_TYPES)
+def test_the_runtime_takes_a_path_like_resume_from_for_that_folder(
+    tmp_path, monkeypatch, clean_env, kind
+):
+    monkeypatch.chdir(tmp_path)
+    make_checkpoint(tmp_path, "latest", {"global_step": 1})
+    make_checkpoint(tmp_path, "auto", {"global_step": 1})
+    resolver = CheckpointResolver([FakeCheckpointSource(steps=[2])])
+    with colocated(checkpoints=resolver, resume_from=kind("latest")) as session:
+        assert session.resume_from_checkpoint == "latest"
+    with colocated(resume_from=kind("auto")) as session:  # no source: 'auto' would be refused
+        assert session.resume_from_checkpoint == "auto"
+    with colocated(checkpoints=resolver, resume_from="latest") as session:  # text: the keyword
+        assert session.resume_from_checkpoint == "/fake/checkpoint-2"
+
+
+@pytest.mark.parametrize("kind", PATH_TYPES)
+def test_from_settings_takes_path_likes_as_paths(tmp_path, monkeypatch, clean_env, kind):
+    monkeypatch.chdir(tmp_path)
+    make_checkpoint(tmp_path / "auto", "checkpoint-3")  # an output_dir called "auto"
+    make_checkpoint(tmp_path, "latest", {"global_step": 1})
+    runtime = TrainingRuntime.from_settings(
+        gpu_count=1, environ={}, output_dir=kind("auto"), resume_from=kind("latest")
+    )
+    with runtime as session:
+        assert session.resume_from_checkpoint == "latest"
+    runtime = TrainingRuntime.from_settings(
+        gpu_count=1, environ={}, output_dir=kind("auto"), resume_from="latest"
+    )
+    with runtime as session:
+        assert session.resume_from_checkpoint == str(Path("auto", "checkpoint-3"))
+    # 'auto' as text with no source is refused; as a path it is the folder.
+    with TrainingRuntime.from_settings(
+        gpu_count=1, environ={}, resume_from=kind("auto")
+    ) as session:
+        assert session.resume_from_checkpoint == "auto"
+
+
+@pytest.mark.parametrize(
+    "bad", [TextPath(b"latest"), TextPath(5), TextPath(""), TextPath(None)], ids=repr
+)
+def test_a_path_like_that_gives_no_text_path_is_a_config_error_naming_the_field(bad, clean_env):
+    with pytest.raises(ConfigError, match=r"^request=") as info:
+        CheckpointResolver([]).resolve(bad)
+    assert info.value.field == "request"
+    with pytest.raises(ConfigError, match=r"^resume_from=") as info:
+        colocated(resume_from=bad)
+    with pytest.raises(ConfigError, match=r"^resume_from=") as info:
+        TrainingRuntime.from_settings(gpu_count=1, environ={}, resume_from=bad)
+
+
+def test_an_environment_value_that_is_a_path_object_is_refused_not_read_as_a_keyword():
+    resolver = CheckpointResolver([FakeCheckpointSource(steps=[2])])
+    with pytest.raises(ConfigError, match=rf"^{RESUME_ENV_VAR}="):
+        resolver.resolve_from_env({RESUME_ENV_VAR: Path("latest")})  # type: ignore[dict-item]
+
+
+def test_on_the_command_line_latest_is_the_keyword_and_dot_slash_latest_the_folder(
+    tmp_path, monkeypatch, clean_env, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    make_checkpoint(tmp_path / "out", "checkpoint-4")
+    make_checkpoint(tmp_path, "latest", {"global_step": 1})
+    assert main(["resume", "--output-dir", "out", "--resume", "latest"]) == 0
+    assert capsys.readouterr().out.strip() == str(Path("out", "checkpoint-4"))
+    assert main(["resume", "--output-dir", "out", "--resume", "./latest"]) == 0
+    assert capsys.readouterr().out.strip() == "latest"
+
+
+# ---------------------------------------------------------------- names that are not UTF-8
+
+
+@SWEEP
+@given(root_name=NAMES, folder_name=NOT_UTF8_NAMES, kind=st.sampled_from([str, Path]))
+def test_local_names_that_are_not_utf8_work_and_every_line_about_them_encodes(
+    tmp_path, caplog, root_name, folder_name, kind
+):
+    caplog.clear()
+    caplog.set_level(logging.DEBUG, logger="verirl")
+    root = fresh_dir(tmp_path) / root_name
+    newest = make_checkpoint(root, "checkpoint-5")
+    make_checkpoint(root, "checkpoint-9", state=None)  # incomplete: a warning names it
+    odd = make_checkpoint(root, folder_name, {"global_step": 1})
+    source = LocalCheckpointSource(kind(root))
+    resolver = CheckpointResolver([source])
+    messages = []
+    assert source.latest().path == str(newest)
+    assert resolver.resolve("latest") == str(newest)
+    assert resolver.resolve("auto") == str(newest)
+    assert resolver.resolve(str(odd)) == str(odd)
+    assert resolver.resolve(kind(odd)) == str(odd)
+    make_checkpoint(odd, "checkpoint-1", state=None)
+    assert resolver.resolve(odd / "checkpoint-1") == str(odd / "checkpoint-1")  # warned
+    with pytest.raises(CheckpointNotFoundError) as info:
+        resolver.resolve(kind(root / folder_name / "missing"))
+    messages.append(str(info.value))
+    with pytest.raises(CheckpointNotFoundError) as info:
+        CheckpointResolver([LocalCheckpointSource(root / folder_name)]).resolve("latest")
+    messages.append(str(info.value))
+    assert unencodable(messages + log_lines(caplog)) == []
+    assert any("checkpoint-9" in line for line in log_lines(caplog))
+
+
+@SWEEP
+@given(name=NOT_UTF8_NAMES)
+def test_the_node_key_and_the_shared_record_take_names_that_are_not_utf8(tmp_path, name):
+    folder = fresh_dir(tmp_path) / name
+    chosen = str(folder / f"checkpoint-3{name}")
+    env = {"TORCHELASTIC_ERROR_FILE": f"/tmp/{name}/attempt_0/0/error.json"}
+    key = attempt_key(env, folder=folder, request=chosen)
+    assert key != attempt_key(env, folder=folder, request=chosen)  # a new resolution, a new key
+
+    class Chooses:
+        def resolve(self, _request: str | None) -> str | None:
+            return chosen
+
+    assert NodeSharedResolver(Chooses(), folder, key, leader=True).resolve(chosen) == chosen
+    follower = NodeSharedResolver(Chooses(), folder, key, leader=False, timeout=5)
+    assert follower.resolve(chosen) == chosen
+
+
+def test_a_hub_download_into_a_folder_that_is_not_utf8(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG, logger="verirl")
+    with isolated_hub(tmp_path, monkeypatch) as hub:
+        hub.add_checkpoint(REPO, "checkpoint-10", 10)
+        hub.add_checkpoint(REPO, "last-checkpoint", 20)
+        for name in (os.fsdecode(b"dl-\xff\xfe"), "auto", "latest"):
+            download_dir = tmp_path / name
+            source = HubCheckpointSource(REPO, download_dir=Path(name), endpoint=hub.endpoint)
+            monkeypatch.chdir(tmp_path)
+            path = CheckpointResolver([source]).resolve("latest")
+            assert path == str(Path(name, "last-checkpoint"))
+            marker = json.loads(
+                (download_dir / "last-checkpoint/.verirl-download.json").read_text()
+            )
+            assert marker["repo_id"] == REPO
+            assert CheckpointResolver([source]).resolve("latest") == path  # reused
+    assert unencodable(log_lines(caplog)) == []
+
+
+def test_resume_prints_a_path_that_is_not_utf8_as_its_bytes(tmp_path):
+    """A strict UTF-8 stdout (a UTF-8 locale other than C.UTF-8) cannot print surrogates."""
+    root = tmp_path / os.fsdecode(b"out-\xff")
+    newest = make_checkpoint(root, "checkpoint-7")
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict"}
+    env = {k: v for k, v in env.items() if not k.startswith("VERIRL_")}
+    for extra, expected in (
+        ([], os.fsencode(newest) + b"\n"),
+        (["--json"], None),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "verirl", "resume", "--output-dir", str(root),
+             "--resume", "latest", *extra],
+            capture_output=True, env=env, timeout=60, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr.decode(errors="replace")
+        assert b"Traceback" not in result.stderr
+        if expected is not None:
+            assert result.stdout == expected
+        else:
+            assert json.loads(result.stdout)["resume_from_checkpoint"] == str(newest)

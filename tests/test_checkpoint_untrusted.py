@@ -1,0 +1,521 @@
+"""Issue 26, class 3: what the Hub, the download folder or a shared folder holds is untrusted.
+
+Folder names and file contents from a Hub listing, the download folder or a
+node's shared records (absurd step numbers, deep JSON, garbage bytes, a
+symlink where a file or folder belongs, a lock file held or replaced, a
+record that is not verirl's, a ``global_step`` that is a bool, float,
+negative or huge) end in a verirl error or are skipped with a warning: never
+a raw Python exception, never a write through a symlink or outside the folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import threading
+from pathlib import Path
+from types import ModuleType
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import verirl._fs
+from _checkpoint_support import (
+    REPO,
+    SWEEP,
+    isolated_hub,
+    make_checkpoint,
+    snapshot,
+    warnings_of,
+)
+from fakes.hub import FakeHub
+from verirl import (
+    CheckpointResolver,
+    CheckpointSourceError,
+    ConfigError,
+    HubCheckpointSource,
+    LocalCheckpointSource,
+    VeriRLError,
+)
+from verirl._checkpoint import checkpoint_step
+from verirl._fs import flock_with_deadline
+from verirl._node_share import NodeSharedResolver
+
+MAX_STEP = 2**63 - 1  # Trainer counts steps in a 64-bit integer
+TWENTY_NINES = "9" * 20
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    with isolated_hub(tmp_path, monkeypatch) as fake:
+        yield fake
+
+
+def hub_source(hub: FakeHub, tmp_path: Path) -> HubCheckpointSource:
+    return HubCheckpointSource(REPO, download_dir=tmp_path / "dl", endpoint=hub.endpoint)
+
+
+# ---------------------------------------------------------------- step numbers
+
+
+@SWEEP
+@given(
+    name=st.one_of(
+        st.integers(0, 2**70).map(lambda n: f"checkpoint-{n}"),
+        st.integers(1, 6000).map(lambda k: "checkpoint-" + "9" * k),
+        st.integers(1, 30).map(lambda k: "checkpoint-" + "0" * k + "7"),
+        st.text(max_size=30),
+    )
+)
+def test_a_folder_name_gives_a_plausible_step_or_none_never_an_exception(name):
+    step = checkpoint_step(name)
+    if step is not None:
+        assert 0 <= step <= MAX_STEP
+        assert int(name.removeprefix("checkpoint-")) == step
+
+
+@pytest.mark.parametrize("digits", [20, 244], ids=["20-digits", "longest-name"])
+def test_a_local_folder_with_an_absurd_step_is_skipped_with_a_warning(tmp_path, caplog, digits):
+    make_checkpoint(tmp_path, "checkpoint-10")
+    absurd = make_checkpoint(tmp_path, "checkpoint-" + "9" * digits, {"global_step": 1})
+    before = snapshot(absurd)
+    assert LocalCheckpointSource(tmp_path).latest().step == 10
+    assert CheckpointResolver([LocalCheckpointSource(tmp_path)]).resolve("auto") == str(
+        tmp_path / "checkpoint-10"
+    )
+    assert "beyond any training run" in warnings_of(caplog)
+    assert snapshot(absurd) == before
+
+
+def test_hub_folders_with_absurd_steps_are_skipped_with_a_warning(hub, tmp_path, caplog):
+    hub.add_checkpoint(REPO, "checkpoint-10", 10)
+    for name in (f"checkpoint-{TWENTY_NINES}", "checkpoint-" + "9" * 5000):
+        hub.add_file(REPO, f"{name}/trainer_state.json", b'{"global_step": 1}')
+    source = hub_source(hub, tmp_path)
+    assert source.latest().step == 10
+    assert "beyond any training run" in warnings_of(caplog)
+    assert CheckpointResolver([source]).resolve("latest") == str(tmp_path / "dl/checkpoint-10")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        json.dumps({"global_step": True}).encode(),
+        json.dumps({"global_step": 20.0}).encode(),
+        json.dumps({"global_step": -20}).encode(),
+        json.dumps({"global_step": 2**63}).encode(),
+        json.dumps({"global_step": 10**30}).encode(),
+        b'{"global_step": ' + b"9" * 5000 + b"}",
+        b'{"global_step": 1e999}',
+        b"[" * 100_000,
+        b"\xff\xfe garbage \x00",
+        b"null",
+    ],
+    ids=[
+        "bool",
+        "float",
+        "negative",
+        "2**63",
+        "10**30",
+        "5000-digits",
+        "inf",
+        "deep",
+        "garbage",
+        "null",
+    ],
+)
+def test_a_hostile_last_checkpoint_state_is_skipped_with_a_warning(hub, tmp_path, caplog, content):
+    hub.add_checkpoint(REPO, "checkpoint-10", 10)
+    hub.add_checkpoint(REPO, "last-checkpoint", 20)
+    hub.add_file(REPO, "last-checkpoint/trainer_state.json", content)
+    assert hub_source(hub, tmp_path).latest().step == 10
+    assert "last-checkpoint" in warnings_of(caplog)
+
+
+# ---------------------------------------------------------------- what a listing says
+
+
+def rewrite_listing(monkeypatch: pytest.MonkeyPatch, edit) -> None:
+    """Have the fake Hub's tree listing pass through ``edit(entries) -> entries``."""
+    original = FakeHub._tree
+
+    def tree(self, *args, **kwargs):
+        response = original(self, *args, **kwargs)
+        if response.status != 200:
+            return response
+        return attrs.evolve(response, body=json.dumps(edit(json.loads(response.body))).encode())
+
+    monkeypatch.setattr(FakeHub, "_tree", tree)
+
+
+def rewrite_commit(monkeypatch: pytest.MonkeyPatch, sha: object) -> None:
+    original = FakeHub._repo_info
+
+    def repo_info(self, *args, **kwargs):
+        response = original(self, *args, **kwargs)
+        if response.status != 200:
+            return response
+        info = {**json.loads(response.body), "sha": sha}
+        return attrs.evolve(response, body=json.dumps(info).encode())
+
+    monkeypatch.setattr(FakeHub, "_repo_info", repo_info)
+
+
+def outside(tmp_path: Path) -> set[str]:
+    """Everything under ``tmp_path`` but the download folder and the fake system tmp."""
+    return {
+        os.fspath(p.relative_to(tmp_path))
+        for p in tmp_path.rglob("*")
+        if p.relative_to(tmp_path).parts[0] not in ("dl", "system-tmp")
+    }
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        ("size", 10**400),
+        ("size", 2**60),
+        ("size", -1),
+        ("size", True),
+        ("size", "100"),
+        ("size", None),
+        ("size", 1.5),
+        ("path", "checkpoint-30/\ud800.bin"),
+        ("path", "checkpoint-30/" + "x" * 300),
+        ("path", "checkpoint-30/a/../../../../escaped.bin"),
+    ],
+    ids=lambda entry: repr(entry)[:32],
+)
+def test_a_hostile_listing_entry_ends_in_a_verirl_error_or_a_skip(
+    hub, tmp_path, monkeypatch, caplog, entry
+):
+    field, value = entry
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+
+    def edit(entries: list[dict[str, object]]) -> list[dict[str, object]]:
+        for listed in entries:
+            if listed.get("path") == "checkpoint-30/model.safetensors":
+                listed[field] = value
+        return entries
+
+    rewrite_listing(monkeypatch, edit)
+    before = outside(tmp_path)
+    try:
+        path = CheckpointResolver([hub_source(hub, tmp_path)]).resolve("latest")
+    except VeriRLError:
+        pass
+    else:
+        assert path == str(tmp_path / "dl" / "checkpoint-20")
+        assert "checkpoint-30" in warnings_of(caplog)
+    assert outside(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "sha", ["../../../../escaped", "a" * 40 + "/../x", 12345, ["x"], "main\x00"], ids=repr
+)
+def test_a_commit_id_that_is_not_one_is_a_source_error(hub, tmp_path, monkeypatch, sha):
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    rewrite_commit(monkeypatch, sha)
+    before = outside(tmp_path)
+    with pytest.raises(CheckpointSourceError):
+        CheckpointResolver([hub_source(hub, tmp_path)]).resolve("latest")
+    assert outside(tmp_path) == before
+
+
+# ---------------------------------------------------------------- the download folder
+
+
+def test_a_symlinked_folder_inside_a_users_folder_is_never_followed(hub, tmp_path):
+    """Files reached through a symlinked subfolder are not the folder's: never reused."""
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    hub.add_file(REPO, "checkpoint-20/sub/extra.bin", b"12345")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "extra.bin").write_bytes(b"abcde")  # the size the listing says
+    users = tmp_path / "dl" / "checkpoint-20"
+    users.mkdir(parents=True)
+    for path, data in hub.files(REPO).items():
+        if path.startswith("checkpoint-20/") and not path.startswith("checkpoint-20/sub/"):
+            (users / path.split("/", 1)[1]).write_bytes(data)
+    (users / "sub").symlink_to(elsewhere, target_is_directory=True)
+    before = snapshot(users)
+    with pytest.raises(ConfigError, match="verirl did not download"):
+        CheckpointResolver([hub_source(hub, tmp_path)]).resolve("latest")
+    assert snapshot(users) == before
+    assert (elsewhere / "extra.bin").read_bytes() == b"abcde"
+
+
+@pytest.mark.parametrize(
+    "marker",
+    [
+        b"[]",
+        b"\xff\xfe garbage",
+        b"[" * 100_000,
+        json.dumps({"written_by": "verirl", "files": []}).encode(),
+        json.dumps({"written_by": "verirl", "files": {"model.safetensors": 5}}).encode(),
+        "symlink",
+    ],
+    ids=["list", "garbage", "deep", "files-a-list", "entry-not-an-object", "symlink"],
+)
+def test_a_hostile_download_marker_never_makes_a_folder_replaceable(hub, tmp_path, marker):
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    source = hub_source(hub, tmp_path)
+    folder = Path(CheckpointResolver([source]).resolve("latest"))
+    hub.add_file(REPO, "checkpoint-20/model.safetensors", b"a newer commit")
+    (folder / "mine.txt").write_text("the user's")
+    path = folder / ".verirl-download.json"
+    path.unlink()
+    if marker == "symlink":
+        real = tmp_path / "real-marker.json"
+        real.write_text(json.dumps({"written_by": "verirl", "files": {}}))
+        path.symlink_to(real)
+    else:
+        path.write_bytes(marker)
+    before = snapshot(folder)
+    with pytest.raises(ConfigError, match="verirl did not download"):
+        CheckpointResolver([hub_source(hub, tmp_path)]).resolve("latest")
+    assert snapshot(folder) == before
+
+
+# ---------------------------------------------------------------- locks, held or replaced
+
+
+class WatchedFcntl(ModuleType):
+    """`fcntl`, recording which file each refused lock attempt was on (the OS layer of `_fs`)."""
+
+    def __init__(self) -> None:
+        super().__init__("fcntl")
+        self.blocked_on: list[int] = []
+        self.changed = threading.Condition()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(fcntl, name)
+
+    def flock(self, fd: int, operation: int) -> None:
+        try:
+            fcntl.flock(fd, operation)
+        except BlockingIOError:
+            with self.changed:
+                self.blocked_on.append(os.fstat(fd).st_ino)
+                self.changed.notify_all()
+            raise
+
+
+def test_a_waiter_never_holds_a_lock_file_that_was_replaced_meanwhile(tmp_path, monkeypatch):
+    """A holds the lock; B waits on that file; it is replaced and C locks the new one.
+
+    When A lets go, B must not go ahead on the old file while C holds the new one.
+    """
+    watched = WatchedFcntl()
+    monkeypatch.setattr(verirl._fs, "fcntl", watched)
+    lock = tmp_path / "x.lock"
+    got, release = threading.Event(), threading.Event()
+
+    def waiter() -> None:
+        with flock_with_deadline(lock, 30):
+            got.set()
+            release.wait(30)
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(flock_with_deadline(lock, 1))  # A
+        old_ino = lock.stat().st_ino
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        with watched.changed:
+            assert watched.changed.wait_for(lambda: old_ino in watched.blocked_on, 10)
+        replacement = tmp_path / "x.lock.new"
+        replacement.write_text("")
+        replacement.replace(lock)
+        new_ino = lock.stat().st_ino
+        with flock_with_deadline(lock, 1):  # C
+            stack.close()  # A lets go
+            with watched.changed:
+                watched.changed.wait_for(lambda: new_ino in watched.blocked_on or got.is_set(), 10)
+            assert not got.is_set(), "B went ahead on the replaced lock file while C holds the new"
+        assert got.wait(10)  # C let go: B's turn, on the file that is there
+    release.set()
+    thread.join(30)
+
+
+class Slow:
+    """A leader's resolver that answers once released."""
+
+    def __init__(self, answer: str | None) -> None:
+        self.answer = answer
+        self.release = threading.Event()
+        self.started = threading.Event()
+
+    def resolve(self, _request: str | None) -> str | None:
+        self.started.set()
+        assert self.release.wait(timeout=30)
+        return self.answer
+
+
+def _follow_in_thread(follower: NodeSharedResolver) -> tuple[threading.Event, list[object]]:
+    done = threading.Event()
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(follower.resolve("latest"))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            outcome.append(exc)
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    return done, outcome
+
+
+@pytest.mark.parametrize("how", ["new-file", "removed", "symlink", "fifo"])
+def test_a_lock_file_replaced_under_the_leader_is_no_sign_it_stopped(tmp_path, how):
+    slow = Slow(str(tmp_path / "checkpoint-3"))
+    leader = NodeSharedResolver(slow, tmp_path, "k", leader=True, timeout=30)
+    lead = threading.Thread(target=leader.resolve, args=("latest",))
+    lead.start()
+    lock = tmp_path / ".verirl-node-k.lock"
+    try:
+        assert slow.started.wait(10)
+        lock.unlink()
+        if how == "new-file":
+            lock.write_text("")
+        elif how == "symlink":
+            lock.symlink_to(tmp_path / "elsewhere")
+        elif how == "fifo":
+            os.mkfifo(lock)
+        follower = NodeSharedResolver(slow, tmp_path, "k", leader=False, timeout=30)
+        done, outcome = _follow_in_thread(follower)
+        assert not done.wait(0.5), f"the follower gave up: {outcome}"
+        slow.release.set()
+        assert done.wait(20)
+        assert outcome == [str(tmp_path / "checkpoint-3")]
+    finally:
+        slow.release.set()
+        if how == "fifo":  # a reader blocked in open() on the FIFO is let go
+            with contextlib.suppress(OSError):
+                os.close(os.open(lock, os.O_WRONLY | os.O_NONBLOCK))
+        lead.join(30)
+    assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("how", ["held", "symlink", "directory", "fifo"])
+def test_a_leader_whose_lock_is_held_or_not_a_file_fails_with_a_source_error(tmp_path, how):
+    lock = tmp_path / ".verirl-node-k.lock"
+    leader = NodeSharedResolver(Slow(None), tmp_path, "k", leader=True, timeout=0.3)
+    with contextlib.ExitStack() as stack:
+        if how == "held":
+            stack.enter_context(flock_with_deadline(lock, 1))
+        elif how == "symlink":
+            lock.symlink_to(tmp_path / "elsewhere")
+        elif how == "directory":
+            lock.mkdir()
+        else:
+            os.mkfifo(lock)
+        with pytest.raises(CheckpointSourceError, match="lock"):
+            leader.resolve("latest")
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_the_leader_never_writes_its_record_through_a_symlink(tmp_path):
+    target = tmp_path / "users-file"
+    target.write_text("mine")
+    pid = os.getpid()
+    names = [f".verirl-node-k.{suffix}" for suffix in ("json", "claim")]
+    for name in [*names, *(f"{name}.{pid}.tmp" for name in names)]:
+        (tmp_path / name).symlink_to(target)
+    slow = Slow(str(tmp_path / "checkpoint-3"))
+    slow.release.set()
+    assert NodeSharedResolver(slow, tmp_path, "k", leader=True).resolve("latest") == slow.answer
+    assert target.read_text() == "mine"
+    follower = NodeSharedResolver(slow, tmp_path, "k", leader=False, timeout=5)
+    assert follower.resolve("latest") == slow.answer
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        b"[" * 100_000,
+        b"\xff\xfe garbage",
+        b"[1, 2]",
+        b'{"path": 5}',
+        b'{"path": {"x": 1}}',
+        b'{"error": "not-found", "searched": 5, "request": [1]}',
+        b'{"error": "config", "field": 5, "message": 7}',
+        b'{"error": {"x": 1}}',
+        b"{}",
+        "symlink",
+    ],
+    ids=[
+        "deep",
+        "garbage",
+        "list",
+        "path-int",
+        "path-object",
+        "not-found-odd",
+        "config-odd",
+        "error-object",
+        "empty",
+        "symlink",
+    ],
+)
+def test_a_hostile_node_record_ends_in_a_verirl_error(tmp_path, record):
+    path = tmp_path / ".verirl-node-k.json"
+    if record == "symlink":
+        elsewhere = tmp_path / "elsewhere.json"
+        elsewhere.write_text(json.dumps({"path": "/etc"}))
+        path.symlink_to(elsewhere)
+    else:
+        path.write_bytes(record)
+    follower = NodeSharedResolver(Slow(None), tmp_path, "k", leader=False, timeout=5)
+    with pytest.raises(VeriRLError):
+        follower.resolve("latest")
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [b"[]", b'{"pid": 1}', b'{"pid": 1, "lock": {"dev": "x", "ino": true}}', b"[" * 100_000],
+    ids=["list", "no-lock", "lock-odd", "deep"],
+)
+def test_a_claim_that_is_not_verirls_is_an_error_at_once(tmp_path, claim):
+    (tmp_path / ".verirl-node-k.claim").write_bytes(claim)
+    (tmp_path / ".verirl-node-k.lock").write_text("")
+    follower = NodeSharedResolver(Slow(None), tmp_path, "k", leader=False, timeout=60)
+    done, outcome = _follow_in_thread(follower)
+    assert done.wait(20), "the follower kept waiting on a claim it cannot use"
+    (error,) = outcome
+    assert isinstance(error, CheckpointSourceError)
+    assert ".verirl-node-k.claim" in str(error)
+
+
+def test_a_flock_error_is_never_taken_for_a_free_lock(tmp_path, monkeypatch):
+    """An OS error testing the leader's lock is an error, not "the leader stopped"."""
+
+    class Failing(ModuleType):
+        def __getattr__(self, name: str) -> object:
+            return getattr(fcntl, name)
+
+        def flock(self, fd: int, operation: int) -> None:
+            if operation & fcntl.LOCK_SH:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            fcntl.flock(fd, operation)
+
+    import verirl._node_share
+
+    slow = Slow(None)
+    leader = NodeSharedResolver(slow, tmp_path, "k", leader=True, timeout=30)
+    lead = threading.Thread(target=leader.resolve, args=("latest",))
+    lead.start()
+    try:
+        assert slow.started.wait(10)
+        monkeypatch.setattr(verirl._node_share, "fcntl", Failing("fcntl"))
+        follower = NodeSharedResolver(slow, tmp_path, "k", leader=False, timeout=30)
+        with pytest.raises(CheckpointSourceError, match="lock"):
+            follower.resolve("latest")
+    finally:
+        slow.release.set()
+        lead.join(30)
