@@ -54,6 +54,13 @@ SPACES = ["", " ", "\t", "\n"]
 PATH_TYPES = [Path, PurePosixPath, TextPath]
 
 
+@pytest.fixture(autouse=True)
+def _third_party_logs_at_info(caplog):
+    """filelock logs every lock path at DEBUG, a non-UTF-8 one included, and pytest-xdist
+    cannot send such a string from its worker: its report would crash the run."""
+    caplog.set_level(logging.INFO, logger="filelock")
+
+
 @pytest.fixture
 def clean_env(monkeypatch):
     """No verirl setting from the machine, and the distributed variables restored after."""
