@@ -135,9 +135,38 @@ def make_server(tmp_path):
         server.stop()
 
 
-def test_the_server_is_probed_at_once_when_its_log_says_it_is_up(make_server, caplog):
+LOGS_FIRST = """
+import http.server, sys, time
+port = int(sys.argv[sys.argv.index("--port") + 1])
+print("INFO:     Application startup complete.", flush=True)
+print(f"INFO:     Uvicorn running on http://127.0.0.1:{port} (Press CTRL+C)", flush=True)
+time.sleep(1.0)  # no probe can succeed before the line is in the log
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def test_the_server_is_probed_at_once_when_its_log_says_it_is_up(make_server, caplog, tmp_path):
+    """A program that logs that it is up a second before it answers: the line wakes the wait.
+
+    (The fake server answers as it logs, so there a scheduled probe may win the race with
+    the 10 ms log watch on a loaded machine; here only the log can come first.)
+    """
     caplog.set_level(logging.DEBUG, logger="verirl.vllm_server")
-    server = make_server(env={"FAKE_VLLM_STARTUP_DELAY": "0.5"}, startup_timeout=60.0)
+    program = tmp_path / "logs_first.py"
+    program.write_text(LOGS_FIRST)
+    server = make_server(command=(sys.executable, str(program)), startup_timeout=60.0)
     with server:
         assert server.running
     woken = [r for r in caplog.records if "logged that it is up" in r.getMessage()]
