@@ -45,7 +45,14 @@ def _unraisable(default: Callable[[Any], object]) -> Callable[[Any], object]:
 
 
 def run() -> int:
-    """Run `verirl.cli.main` with SIGTERM and Ctrl-C turned into exit codes 143 and 130."""
+    """Run `verirl.cli.main` with SIGTERM and Ctrl-C turned into exit codes 143 and 130.
+
+    A closed stdin, stdout or stderr gets ``/dev/null`` first, so that no file
+    verirl opens, and no child it starts, takes that descriptor for one of them.
+    """
+    from verirl._cli_output import reserve_standard_fds  # noqa: PLC0415 - the standard library only
+
+    reserve_standard_fds()
     previous = signal.getsignal(signal.SIGTERM)
     # SIG_IGN was inherited and is meant; a Python-level handler can only have been set by
     # this interpreter's own start-up (coverage's patch, say): the program sets it aside.

@@ -3,6 +3,14 @@
 Versions of the stack, what `VLLMServer` would launch, GPUs, whether the
 ports are free, the env server's health and whether a Hub token is set
 (never its value). Each row is a fact, read once; nothing is changed.
+
+doctor is a preflight: `examine` also returns the problems, each with the
+exit code the command that runs into it would end with (3: the env server is
+not healthy; 4: no vLLM server can be started here, or its port is taken;
+1: torch fails to load). The Hub token is looked up the way huggingface_hub
+looks it up (``HF_TOKEN``, ``HUGGING_FACE_HUB_TOKEN``, the file at
+``HF_TOKEN_PATH``, else ``$HF_HOME/token`` written by ``hf auth login``),
+by huggingface_hub itself, within a deadline.
 """
 
 from __future__ import annotations
@@ -10,10 +18,14 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import shlex
 import sys
+import threading
+from collections.abc import Sequence
 
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT, vllm_distribution
 from verirl._net import port_is_free
+from verirl._secrets import redact_text, scrub
 from verirl._version import __version__
 from verirl.distenv import DistributedEnv
 from verirl.envserver import HttpEnvServerProbe
@@ -21,7 +33,13 @@ from verirl.errors import VeriRLError
 from verirl.topology import TRL_GROUP_PORT, detect_gpu_count
 from verirl.vllm_server import VLLMServer
 
-__all__ = ["machine_report"]
+__all__ = ["EXIT_ENV_SERVER", "EXIT_ERROR", "EXIT_VLLM", "examine", "hub_token_row",
+           "machine_report"]  # fmt: skip
+
+EXIT_ERROR, EXIT_ENV_SERVER, EXIT_VLLM = 1, 3, 4
+_PRIORITY = (EXIT_ENV_SERVER, EXIT_VLLM, EXIT_ERROR)  # which problem decides the exit code
+TOKEN_LOOKUP_TIMEOUT = 10.0
+"""Seconds huggingface_hub may take to find the token (an OIDC exchange or an OAuth refresh)."""
 
 
 def _version_of(distribution: str) -> str:
@@ -36,42 +54,130 @@ def _version_of(distribution: str) -> str:
         return "missing"
 
 
-def _launch_row() -> str:
-    """What `VLLMServer` would run here, and why, or why it cannot."""
+def _launch_row(
+    vllm_command: Sequence[str] | None, remote_host: str | None
+) -> tuple[str, bool]:
+    """What `VLLMServer` would run here, and why, or why it cannot; and whether it can."""
+    if remote_host is not None:
+        return f"not started here: vLLM runs on VERIRL_VLLM_HOST={redact_text(remote_host)}", True
+    if vllm_command is not None:
+        shown = shlex.join(redact_text(part) for part in vllm_command)
+        return f"command: VERIRL_VLLM_COMMAND={shown}", True
     try:
         plan = VLLMServer("MODEL").launch_plan()
     except VeriRLError as exc:  # in the command line's words: doctor is a command
-        return f"cannot start: {str(exc).replace(COMMAND_HINT, CLI_COMMAND_HINT)}"
-    return f"{plan.kind}: {plan.reason}"
+        return f"cannot start: {str(exc).replace(COMMAND_HINT, CLI_COMMAND_HINT)}", False
+    return f"{plan.kind}: {plan.reason}", True
+
+
+def _sources_of(token: str) -> str:
+    """Where huggingface_hub found ``token``: the variable, else the token file."""
+    from huggingface_hub import constants  # noqa: PLC0415 - keep import verirl light
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        if (os.environ.get(name) or "").strip() == token:
+            return name
+    if os.environ.get("HF_OIDC_RESOURCE"):
+        return "OIDC exchange (HF_OIDC_RESOURCE)"
+    variable = "HF_TOKEN_PATH" if os.environ.get("HF_TOKEN_PATH") else "hf auth login"
+    return f"the token file {constants.HF_TOKEN_PATH} ({variable})"
+
+
+def hub_token_row(explicit: str | None = None) -> tuple[str, bool]:
+    """Whether a Hub token is set and where from, never its value; and whether that is usable.
+
+    ``explicit``: a token given to verirl itself. Otherwise huggingface_hub's
+    own ``get_token`` decides, on a thread, within `TOKEN_LOOKUP_TIMEOUT`.
+    """
+    if explicit:
+        return "set (HF_TOKEN)", True
+    found: list[str | None] = []
+    failed: list[BaseException] = []
+
+    def lookup() -> None:
+        try:
+            from huggingface_hub import get_token  # noqa: PLC0415
+
+            found.append(get_token())
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            failed.append(exc)
+
+    thread = threading.Thread(target=lookup, name="verirl-doctor-token", daemon=True)
+    thread.start()
+    thread.join(TOKEN_LOOKUP_TIMEOUT)
+    if failed:
+        error = failed[0]
+        return f"unknown: huggingface_hub could not read it ({type(error).__name__})", False
+    if not found:
+        return f"unknown: huggingface_hub did not answer within {TOKEN_LOOKUP_TIMEOUT:g} s", False
+    token = found[0]
+    if not token:
+        return "not set", True
+    row = f"set ({_sources_of(token)})"
+    from huggingface_hub import constants  # noqa: PLC0415
+
+    if constants.HF_HUB_DISABLE_IMPLICIT_TOKEN and not (os.environ.get("HF_TOKEN") or "").strip():
+        row += ", but HF_HUB_DISABLE_IMPLICIT_TOKEN is set: huggingface_hub does not send it"
+    return scrub(row, token), True
+
+
+def examine(
+    *,
+    vllm_port: int,
+    probe: HttpEnvServerProbe | None,
+    hub_token: str | None,
+    vllm_command: Sequence[str] | None = None,
+    vllm_remote_host: str | None = None,
+) -> tuple[list[tuple[str, str]], list[tuple[int, str]]]:
+    """The doctor's rows, (label, value), in the order printed; and the problems found.
+
+    A problem is (exit code, what): the first of the codes in the order 3, 4, 1
+    is doctor's exit code.
+    """
+    rows: list[tuple[str, str]] = [
+        ("python", f"{platform.python_version()} ({sys.executable})"),
+        ("verirl", __version__),
+    ]
+    problems: list[tuple[int, str]] = []
+    rows += [(name, _version_of(name)) for name in ("trl", "vllm", "torch", "transformers")]
+    launch, usable = _launch_row(vllm_command, vllm_remote_host)
+    rows.append(("vLLM launch", launch))
+    if not usable:
+        problems.append((EXIT_VLLM, f"vLLM launch: {launch}"))
+    try:
+        gpus = str(detect_gpu_count())
+    except Exception as exc:  # noqa: BLE001 - a broken torch install is a finding, not a crash
+        gpus = f"unknown: torch failed to load ({type(exc).__name__}: {exc})"
+        problems.append((EXIT_ERROR, f"GPUs visible: {gpus}"))
+    rows.append(("GPUs visible", gpus))
+    rows.append(("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")))
+    for label, port in (("vLLM port", vllm_port), ("TRL group port", TRL_GROUP_PORT)):
+        free = port_is_free(port)
+        rows.append((f"{label} {port}", "free" if free else "IN USE"))
+        if not free and vllm_remote_host is None:
+            problems.append((EXIT_VLLM, f"{label} {port} is in use"))
+    if probe is not None:
+        healthy = probe.check()
+        rows.append((f"env server {probe.url}", "healthy" if healthy else "NOT reachable/healthy"))
+        if not healthy:
+            problems.append((EXIT_ENV_SERVER, f"env server {probe.url} is not reachable/healthy"))
+    else:
+        rows.append(("env server", "(no --env-url / VERIRL_ENV_SERVER_URL)"))
+    token_row, token_usable = hub_token_row(hub_token)
+    rows.append(("Hub token", token_row))
+    if not token_usable:
+        problems.append((EXIT_ERROR, f"Hub token: {token_row}"))
+    dist = DistributedEnv.single_node()
+    rows.append(
+        ("launcher", "none" if "RANK" in dist.defaulted else f"rank {dist.rank}/{dist.world_size}")
+    )
+    problems.sort(key=lambda problem: _PRIORITY.index(problem[0]))
+    return rows, problems
 
 
 def machine_report(
     *, vllm_port: int, probe: HttpEnvServerProbe | None, hub_token: str | None
 ) -> list[tuple[str, str]]:
-    """The doctor's rows, (label, value), in the order printed."""
-    rows: list[tuple[str, str]] = [
-        ("python", f"{platform.python_version()} ({sys.executable})"),
-        ("verirl", __version__),
-    ]
-    rows += [(name, _version_of(name)) for name in ("trl", "vllm", "torch", "transformers")]
-    rows.append(("vLLM launch", _launch_row()))
-    try:
-        gpus = str(detect_gpu_count())
-    except Exception as exc:  # noqa: BLE001 - a broken torch install is a finding, not a crash
-        gpus = f"unknown: torch failed to load ({type(exc).__name__}: {exc})"
-    rows.append(("GPUs visible", gpus))
-    rows.append(("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")))
-    for label, port in (("vLLM port", vllm_port), ("TRL group port", TRL_GROUP_PORT)):
-        rows.append((f"{label} {port}", "free" if port_is_free(port) else "IN USE"))
-    if probe is not None:
-        healthy = probe.check()
-        rows.append((f"env server {probe.url}", "healthy" if healthy else "NOT reachable/healthy"))
-    else:
-        rows.append(("env server", "(no --env-url / VERIRL_ENV_SERVER_URL)"))
-    token_set = bool(hub_token or os.environ.get("HUGGING_FACE_HUB_TOKEN"))
-    rows.append(("Hub token", "set" if token_set else "not set"))
-    dist = DistributedEnv.single_node()
-    rows.append(
-        ("launcher", "none" if "RANK" in dist.defaulted else f"rank {dist.rank}/{dist.world_size}")
-    )
+    """The doctor's rows, (label, value), in the order printed (`examine` without the problems)."""
+    rows, _ = examine(vllm_port=vllm_port, probe=probe, hub_token=hub_token)
     return rows

@@ -40,7 +40,7 @@ from verirl._checkpoint import (
     user_directory,
 )
 from verirl._download_dir import MARKER, FileEntry, RemoteFolder, fetch_folder, human_size
-from verirl._secrets import check_token, redact_url, scrub, scrub_exception
+from verirl._secrets import check_token, hub_token_in_use, redact_url, scrub, scrub_exception
 from verirl._validate import check_int, check_number, check_seconds
 from verirl._version import __version__
 from verirl.errors import CheckpointSourceError, ConfigError
@@ -385,9 +385,11 @@ class HubCheckpointSource:
 
         The token is also scrubbed from ``exc`` and its chain, which becomes the cause.
         """
-        scrub_exception(exc, self._token)
+        # token=None: huggingface_hub sent the one it found (HF_TOKEN_PATH, the saved login).
+        token = hub_token_in_use(self._token)
+        scrub_exception(exc, token)
         message = f"cannot {doing} {self.description}: {_describe_hub_error(exc)}"
-        return CheckpointSourceError(scrub(message, self._token), repo_missing=_repo_missing(exc))
+        return CheckpointSourceError(scrub(message, token), repo_missing=_repo_missing(exc))
 
     def _refuse_offline(self, doing: str) -> None:
         if _hub_offline():

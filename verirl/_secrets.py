@@ -16,7 +16,15 @@ from urllib.parse import quote, quote_plus
 
 from verirl.errors import ConfigError
 
-__all__ = ["HIDDEN", "check_token", "redact_text", "redact_url", "scrub", "scrub_exception"]
+__all__ = [
+    "HIDDEN",
+    "check_token",
+    "hub_token_in_use",
+    "redact_text",
+    "redact_url",
+    "scrub",
+    "scrub_exception",
+]
 
 HIDDEN = "<hidden>"
 _MIN_SCRUBBED = 4  # shorter strings would scrub ordinary words; tokens are much longer
@@ -41,6 +49,24 @@ def check_token(value: object) -> str | None:
                 "ASCII without spaces (one read from a file keeps its newline: strip it)",
             )
     return value
+
+
+def hub_token_in_use(explicit: str | None) -> str | None:
+    """The token a Hub request carries: ``explicit``, else the one huggingface_hub finds itself.
+
+    huggingface_hub's ``get_token`` decides (``HF_TOKEN``,
+    ``HUGGING_FACE_HUB_TOKEN``, the file at ``HF_TOKEN_PATH`` or
+    ``$HF_HOME/token``, an OIDC exchange), so that a token verirl was never
+    given is still scrubbed from what it shows. Never raises.
+    """
+    if explicit:
+        return explicit
+    try:
+        from huggingface_hub import get_token  # noqa: PLC0415 - keep import verirl light
+
+        return get_token() or None
+    except Exception:  # noqa: BLE001 - no token to scrub is better than a new error
+        return None
 
 
 def _forms(secret: str) -> list[str]:

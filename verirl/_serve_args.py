@@ -42,3 +42,40 @@ def vllm_serve_args(
     ]
     args += list(extra_args)
     return args
+
+
+OWN_FLAGS = (
+    "--model",
+    "--host",
+    "--port",
+    "--gpu-memory-utilization",
+    "--max-model-len",
+    "--tensor-parallel-size",
+    "--data-parallel-size",
+)
+"""The flags `vllm_serve_args` sets: verirl waits on them, so more server flags must not change them."""
+
+_OWN_SHORT = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size"}  # vLLM's aliases
+_MIN_ABBREVIATION = 4  # "--po": shorter prefixes match too many of vLLM's flags to mean ours
+
+
+def own_flag(extra_args: Sequence[str]) -> tuple[str, str] | None:
+    """The first of ``extra_args`` that would set one of `OWN_FLAGS`: (as written, the flag).
+
+    Spelled any way the servers' parsers take it: ``--port 9``, ``--port=9``,
+    ``--max_model_len``, an abbreviation (``--po``), vLLM's ``-tp``/``-dp``.
+    Decided on the words alone, so the answer is the same whether or not
+    vLLM or TRL is installed.
+    """
+    for arg in extra_args:
+        name = arg.split("=", 1)[0]
+        if name in _OWN_SHORT:
+            return name, _OWN_SHORT[name]
+        if not name.startswith("--") or len(name) < _MIN_ABBREVIATION:
+            continue
+        spelled = "--" + name[2:].replace("_", "-")
+        exact = [flag for flag in OWN_FLAGS if flag == spelled]
+        matches = exact or [flag for flag in OWN_FLAGS if flag.startswith(spelled)]
+        if matches:
+            return name, matches[0]
+    return None

@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import contextvars
 import ipaddress
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import socket
@@ -50,9 +52,11 @@ from typing import NoReturn
 
 from verirl import __version__
 from verirl._child_env import map_visible_devices
+from verirl._cli_output import STDERR, STDOUT, json_text, stdout_to_stderr
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT
 from verirl._net import url_host
 from verirl._secrets import HIDDEN
+from verirl._serve_args import own_flag
 from verirl._settings import Settings, split_args, split_command
 from verirl._signals import SIGTERM_POLICY, exit_on_sigterm, sigterm_pending
 from verirl._validate import check_port, check_seconds, parse_int, parse_seconds
@@ -224,10 +228,12 @@ _UNUSED_FLAGS = {"model": "--model", "vllm_command": "--vllm-command", "vllm_arg
 
 
 def _refuse_unused(args: argparse.Namespace) -> None:
-    """A flag that the layout other flags chose would ignore is an error, not a silent no-op.
+    """A flag that the layout would ignore is an error, not a silent no-op.
 
-    Only when flags chose it (``--vllm-host``, ``--mode colocate``): a variable may be
-    set for the whole job, and auto mode on a one-GPU machine is no contradiction.
+    Whatever chose the layout: flags (``--vllm-host``, ``--mode colocate``), a
+    variable (``VERIRL_VLLM_MODE=colocate``) or auto mode (one GPU colocates:
+    ``--gpus 1 --vllm-port 9000`` is refused). Only flags are refused: a
+    variable may be set for the whole job.
     """
     if getattr(args, "vllm_host", None) is not None:
         why = "with --vllm-host, vLLM runs on another machine and nothing starts here"
@@ -238,6 +244,8 @@ def _refuse_unused(args: argparse.Namespace) -> None:
                   "vllm_startup_timeout", "vllm_unresponsive_timeout")  # fmt: skip
     else:
         unused, why = (), ""
+    if not unused and getattr(args, "mode", None) != "server":
+        unused, why = _unused_by_layout(args)
     for dest in unused:
         value = getattr(args, dest, None)
         if value is not None:
@@ -250,6 +258,43 @@ def _refuse_unused(args: argparse.Namespace) -> None:
             if value is not None:
                 why = "not used without a Hub repo: pass --hub-repo or set VERIRL_HUB_REPO_ID"
                 raise ConfigError.invalid(flag, value, why)
+
+
+_SERVER_ONLY = ("model", "vllm_command", "vllm_args", "log_dir", "vllm_port",
+                "vllm_startup_timeout", "vllm_unresponsive_timeout")  # fmt: skip
+
+
+def _unused_by_layout(args: argparse.Namespace) -> tuple[tuple[str, ...], str]:
+    """The flags given that the layout chosen without flags (auto, a variable) would ignore.
+
+    Only computed when such a flag is given: the layout may detect the GPUs.
+    """
+    if not any(getattr(args, dest, None) is not None for dest in _SERVER_ONLY):
+        return (), ""
+    topology = topology_from_settings(
+        gpu_count=args.gpus,
+        max_model_len=args.max_model_len,
+        mode=args.mode,
+        vllm_gpus=args.vllm_gpus,
+        vllm_port=args.vllm_port,
+        vllm_remote_host=args.vllm_host,
+    )
+    if topology.remote_host is not None:  # VERIRL_VLLM_HOST
+        variable = Settings.variable("vllm_remote_host")
+        why = f"with {variable} set, vLLM runs on another machine and nothing starts here"
+        return ("model", "vllm_command", "vllm_args", "log_dir"), why
+    if topology.mode != "colocate":
+        return (), ""
+    variable = Settings.variable("mode")
+    if args.mode is None and Settings.from_environ().mode == "colocate":
+        chosen = f"{variable}=colocate"
+    else:
+        chosen = f"auto mode with {topology.gpu_count} GPU(s)"
+    why = (
+        f"the layout is colocate ({chosen}): vLLM runs inside the training processes and no "
+        "server starts (a server needs 2 or more GPUs, or --mode server)"
+    )
+    return _SERVER_ONLY, why
 
 
 # -- argument groups shared by several commands
@@ -353,19 +398,68 @@ def _runtime_from_args(args: argparse.Namespace) -> TrainingRuntime:
     )
 
 
+_OWN_FLAG_SOURCES = {
+    # a server flag verirl sets itself → where a user sets it instead
+    "--model": "--model/VERIRL_MODEL",
+    "--host": "serve --host",
+    "--port": "--vllm-port/VERIRL_VLLM_PORT",
+    "--gpu-memory-utilization": "the layout (--mode, --gpus, --vllm-gpus)",
+    "--max-model-len": "--max-model-len/VERIRL_MAX_MODEL_LEN",
+    "--tensor-parallel-size": "--vllm-gpus (serve: --tensor-parallel-size)",
+    "--data-parallel-size": "serve --data-parallel-size",
+}
+
+
 def _vllm_args(args: argparse.Namespace) -> list[str] | None:
+    """``--vllm-args`` split; one that changes a server flag verirl sets itself is refused.
+
+    The variable is checked the same way (when the flag is not given), and the
+    check is on the words alone: the same answer whether or not vLLM is installed.
+    """
     raw = getattr(args, "vllm_args", None)
-    return None if raw is None else split_args("--vllm-args", raw)
+    if raw is not None:
+        given: list[str] | None = split_args("--vllm-args", raw)
+        source = "--vllm-args"
+    else:
+        variable = Settings.variable("vllm_args")
+        env = os.environ.get(variable, "")
+        given = None
+        words = list(Settings.from_environ().vllm_args or ()) if env.strip() else []
+        source = variable
+    found = own_flag(given if given is not None else words)
+    if found is not None:
+        written, flag = found
+        raise ConfigError.invalid(
+            source,
+            HIDDEN,
+            f"{written} sets the server's {flag}, which verirl sets itself and waits on; "
+            f"set it with {_OWN_FLAG_SOURCES[flag]} instead",
+        )
+    return given
 
 
 def _emit(args: argparse.Namespace, data: dict[str, object], text: str) -> None:
-    out = json.dumps(data, indent=2, sort_keys=True) if args.json else text
-    try:
-        print(out)
-    except UnicodeEncodeError:  # a path of bytes that are not UTF-8: printed as those bytes
-        sys.stdout.flush()
-        sys.stdout.buffer.write(os.fsencode(out) + b"\n")
-        sys.stdout.flush()
+    """The command's result on stdout: ``text``, or with ``--json`` the one JSON document.
+
+    With ``--json``, a run prints exactly one document, whatever happens: a
+    second one (an error after a result) is not printed (see `main`).
+    """
+    if args.json:
+        _emit_json(args, data)
+    else:
+        STDOUT.write(text + "\n")
+
+
+def _emit_json(args: argparse.Namespace, data: dict[str, object], *, indent: int | None = 2) -> None:
+    if getattr(args, "json_emitted", False):
+        return
+    args.json_emitted = True
+    STDOUT.write(json_text(data, indent=indent))
+
+
+def _error_document(code: int, message: str) -> dict[str, object]:
+    """The ``--json`` document of a run that failed: ``{"error": {"code": N, "message": M}}``."""
+    return {"error": {"code": code, "message": message}}
 
 
 # -- commands
@@ -403,8 +497,10 @@ def cmd_wait_env(args: argparse.Namespace) -> int:
     try:
         probe.wait(args.timeout)
     except EnvServerUnavailable as exc:
+        message = f"not healthy: {exc}"
         _emit(args, {"healthy": False, "url": exc.url, "elapsed": exc.elapsed,
-                     "last_error": exc.last_error}, f"not healthy: {exc}")  # fmt: skip
+                     "last_error": exc.last_error,
+                     **_error_document(EXIT_ENV_SERVER, str(exc))}, message)  # fmt: skip
         return EXIT_ENV_SERVER
     _emit(args, {"healthy": True, "url": probe.url}, f"healthy: {probe.url}")
     return EXIT_OK
@@ -486,13 +582,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     with runtime as session:
         server = session.server
-        print(f"vLLM server ready at {session.server_url} ({runtime.topology.describe()})")
+        lines = [f"vLLM server ready at {session.server_url} ({runtime.topology.describe()})"]
+        ready: dict[str, object] = {
+            "ready": True,
+            "server_url": session.server_url,
+            "topology": runtime.topology.describe(),
+        }
         if public is not None:
-            print(
+            lines.append(
                 f"trainers on other nodes: --vllm-host {public} --vllm-port {topology.port} "
                 f"(http://{url_host(public)}:{topology.port})"
             )
-        sys.stdout.flush()
+            ready["vllm_host"], ready["vllm_port"] = public, topology.port
+        # One line with --json, so that `verirl serve --json | head -1` reads the document.
+        if args.json:
+            _emit_json(args, ready, indent=None)
+        else:
+            STDOUT.write("\n".join(lines) + "\n")
         # Ends only by the server dying: SIGTERM raises SystemExit(143) from the one policy
         # and Ctrl-C KeyboardInterrupt, both unwinding the runtime, which stops the server.
         _wait_while(lambda: bool(getattr(server, "running", True)) and not sigterm_pending())
@@ -580,7 +686,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """A table of what this machine has for a GRPO job."""
+    """A table of what this machine has for a GRPO job; non-zero when something is not usable.
+
+    3: the env server it checks is not healthy; else 4: no vLLM server can start
+    here (no launch possible, or its port in use); else 1 (torch fails to load,
+    the Hub token cannot be looked up).
+    """
     # Inputs first, so that a bad one is the only line printed.
     settings = Settings.from_environ()
     vllm_port = settings.vllm_port or 8001
@@ -594,23 +705,87 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             probe = HttpEnvServerProbe(env_url, request_timeout=2.0)
         except ConfigError as exc:
             raise exc.renamed("--env-url" if from_flag else Settings.variable("env_url")) from exc
-    from verirl._doctor import machine_report  # noqa: PLC0415 - loads what it reports on
+    from verirl._doctor import examine  # noqa: PLC0415 - loads what it reports on
 
-    rows = machine_report(vllm_port=vllm_port, probe=probe, hub_token=settings.hub_token)
+    rows, problems = examine(
+        vllm_port=vllm_port,
+        probe=probe,
+        hub_token=settings.hub_token,
+        vllm_command=settings.vllm_command,
+        vllm_remote_host=settings.vllm_remote_host,
+    )
     width = max(len(name) for name, _ in rows)
     text = "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
-    _emit(args, dict(rows), text)
-    return EXIT_OK
+    data: dict[str, object] = dict(rows)
+    code = problems[0][0] if problems else EXIT_OK
+    if problems:
+        data.update(_error_document(code, "; ".join(what for _, what in problems)))
+    _emit(args, data, text)
+    for _, what in problems:  # a preflight: what is not usable, and the code it ends with
+        log.error("not usable: %s", what)
+    return code
 
 
 # -- parser and entry point
 
 
+_PARSE_OUTPUT: contextvars.ContextVar[list[tuple[str, str]] | None] = contextvars.ContextVar(
+    "verirl_parse_output", default=None
+)
+"""While `main` parses: what the parser would print, (text, "stdout"|"stderr"|"version")."""
+
+_EXPECTED_ONE = re.compile(r"argument (-\S+?)(?:/\S+)?: expected one argument")
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line usage error (exit 2): ``verirl plan: error: argument --gpus: …``."""
+    """argparse with a one-line usage error (exit 2): ``verirl plan: error: argument --gpus: …``.
+
+    What it prints goes through the command line's channels (a closed or
+    abandoned stdout/stderr fails nothing), or to `main`, which turns it into
+    the one JSON document with ``--json``.
+    """
 
     def error(self, message: str) -> NoReturn:
+        match = _EXPECTED_ONE.fullmatch(message)
+        if match:  # the value started with "-", so argparse took it for a flag
+            message += f" (a value that starts with '-' goes after '=': {match[1]}=VALUE)"
         self.exit(EXIT_CONFIG, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        if message:
+            self._out(message, "stderr")
+        raise SystemExit(status)
+
+    def print_help(self, file: object = None) -> None:  # noqa: ARG002 - always stdout
+        self._out(self.format_help(), "stdout")
+
+    def print_usage(self, file: object = None) -> None:  # noqa: ARG002 - always stdout
+        self._out(self.format_usage(), "stdout")
+
+    def _print_message(self, message: str, file: object = None) -> None:
+        if message:
+            self._out(message, "stdout" if file is not None and file is sys.stdout else "stderr")
+
+    @staticmethod
+    def _out(text: str, channel: str) -> None:
+        captured = _PARSE_OUTPUT.get()
+        if captured is not None:
+            captured.append((text, channel))
+        else:
+            (STDERR if channel == "stderr" else STDOUT).write(text)
+
+
+class _Version(argparse.Action):
+    """``--version``: the version on stdout (with ``--json``: ``{"version": …}``), exit 0."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:  # noqa: A002  # fmt: skip
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:  # fmt: skip
+        _Parser._out(f"verirl {__version__}\n", "version")  # noqa: SLF001
+        parser.exit()
 
 
 EPILOG = """\
@@ -655,7 +830,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"verirl {__version__}")
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     _add_output_args(parser, "top_")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
@@ -736,12 +911,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _StderrHandler(logging.Handler):
+    """Log lines to stderr through `STDERR`: a closed or abandoned stderr fails nothing."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+        except Exception:  # noqa: BLE001 - logging's own contract: never raise from emit
+            self.handleError(record)
+            return
+        STDERR.write(text + "\n")
+
+
 def _configure_logging(verbosity: int) -> Callable[[], None]:
     """Send verirl's logs to stderr; return a function that undoes it."""
     level = {-1: logging.WARNING, 0: logging.INFO}.get(verbosity, logging.DEBUG)
     if verbosity < -1:
         level = logging.ERROR
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("verirl")
     saved = (root.handlers[:], root.level, root.propagate)
@@ -807,27 +994,133 @@ _CONFIGURE_A_SOURCE = (
 )
 
 
+def _wants_json(argv: Sequence[str]) -> bool:
+    """Whether ``--json`` (or an abbreviation argparse takes) is among ``argv``'s options."""
+    for arg in argv:
+        if arg == "--":
+            break
+        if arg.startswith("--j") and "--json".startswith(arg):
+            return True
+    return False
+
+
+def _join_dash_values(argv: Sequence[str]) -> list[str]:
+    """``--vllm-args --enforce-eager`` as ``--vllm-args=--enforce-eager`` (before any ``--``).
+
+    argparse takes a value that starts with ``-`` for a flag; the values of
+    ``--vllm-args`` are flags by nature.
+    """
+    joined: list[str] = []
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg == "--":
+            joined += argv[index:]
+            break
+        following = argv[index + 1] if index + 1 < len(argv) else None
+        if arg == "--vllm-args" and following is not None and following.startswith("-"):
+            joined.append(f"{arg}={following}")
+            index += 2
+            continue
+        joined.append(arg)
+        index += 1
+    return joined
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``; help, version and usage errors printed, then `SystemExit`.
+
+    With ``--json``, what they print becomes the run's one JSON document:
+    ``{"help": TEXT}``, ``{"version": V}`` or the error document (exit 2).
+    """
+    captured: list[tuple[str, str]] = []
+    token = _PARSE_OUTPUT.set(captured)
+    try:
+        try:
+            return parser.parse_args(argv)
+        except SystemExit as first:
+            joined = _join_dash_values(argv)
+            if first.code != EXIT_CONFIG or joined == argv:
+                raise
+            captured.clear()
+            return parser.parse_args(joined)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else EXIT_ERROR
+        _print_parse_output(captured, code, json_wanted=_wants_json(argv))
+        raise SystemExit(code) from None
+    finally:
+        _PARSE_OUTPUT.reset(token)
+
+
+def _print_parse_output(captured: list[tuple[str, str]], code: int, *, json_wanted: bool) -> None:
+    errors = "".join(text for text, channel in captured if channel == "stderr")
+    if errors:
+        STDERR.write(errors)
+    out = "".join(text for text, channel in captured if channel != "stderr")
+    if not json_wanted:
+        if out:
+            STDOUT.write(out)
+        return
+    document: dict[str, object]
+    if code != EXIT_OK:
+        document = _error_document(code, errors.strip() or "usage error")
+    elif any(channel == "version" for _, channel in captured):
+        document = {"version": __version__}
+    else:
+        document = {"help": out}
+    STDOUT.write(json_text(document))
+
+
+_SIGNAL_MESSAGES = {130: "interrupted (SIGINT)", 128 + signal.SIGTERM: "terminated (SIGTERM)"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the process exit code."""
+    """Run the command line; return the process exit code.
+
+    ``--help``, ``--version`` and a usage error raise `SystemExit` (as argparse
+    does) after printing. With ``--json``, stdout carries exactly one JSON
+    document on every path: the command's result, or
+    ``{"error": {"code": N, "message": M}}`` (``launch``: ``{"exit_code": N}``,
+    with the error when N is not 0, and its command's stdout sent to stderr).
+    """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, list(sys.argv[1:] if argv is None else argv))
     # -v/-q/--json before the command count as much as after it.
     args.verbose += args.top_verbose
     args.quiet += args.top_quiet
     args.json = args.json or args.top_json
+    args.json_emitted = False
     restore_logging = _configure_logging(args.verbose - args.quiet)
+    message = ""
     try:
-        with _owning_sigterm() if args.cmd in ("serve", "launch") else contextlib.nullcontext():
-            code: int = args.func(args)
-    except VeriRLError as exc:
-        if isinstance(exc, ConfigError):
-            exc = _flag_error(args, exc)
-        log.error("%s", _message(args, exc))  # noqa: TRY400 - the message, not a traceback
-        return _exit_code(exc)
-    except KeyboardInterrupt:
-        return 130
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+        try:
+            with contextlib.ExitStack() as stack:
+                if args.cmd in ("serve", "launch"):
+                    stack.enter_context(_owning_sigterm())
+                if args.cmd == "launch" and args.json:  # the command's output is not the document
+                    stack.enter_context(stdout_to_stderr())
+                code: int = args.func(args)
+        except VeriRLError as exc:
+            if isinstance(exc, ConfigError):
+                exc = _flag_error(args, exc)
+            message = _message(args, exc)
+            log.error("%s", message)  # noqa: TRY400 - the message, not a traceback
+            code = _exit_code(exc)
+        except KeyboardInterrupt:
+            code = 130
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else EXIT_ERROR
+        except Exception as exc:
+            if args.json:  # a bug: its traceback follows on stderr, the document comes first
+                _emit_json(args, _error_document(EXIT_ERROR, f"unexpected {type(exc).__name__}"))
+            raise
+        if args.json:
+            if code == EXIT_OK:
+                _emit_json(args, {"exit_code": code})
+            else:
+                message = message or _SIGNAL_MESSAGES.get(code, f"exit code {code}")
+                document = _error_document(code, message)
+                _emit_json(args, {"exit_code": code, **document} if args.cmd == "launch" else document)
     finally:
         restore_logging()
     return code

@@ -284,6 +284,13 @@ class VLLMTopology:
                 f"exceeds the {wanted.gpu_count} GPU(s) to colocate on",
             )
         all_gpus = tuple(range(wanted.gpu_count))
+        if wanted.max_model_len > COLOCATE_MAX_MODEL_LEN:
+            log.warning(
+                "colocate mode caps vLLM's max model length at %d: max_model_len=%d is not used "
+                "(vLLM shares the training GPU; use server mode, 2 or more GPUs, for longer)",
+                COLOCATE_MAX_MODEL_LEN,
+                wanted.max_model_len,
+            )
         return cls(
             mode="colocate",
             gpu_count=wanted.gpu_count,
