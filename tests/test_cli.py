@@ -125,7 +125,9 @@ def test_wait_env_healthy_and_unhealthy(capsys):
 
 
 @pytest.mark.parametrize("command", ["wait-env", "doctor"])
-def test_a_url_password_is_never_printed(capsys, clean_env, command):
+def test_a_url_password_is_never_printed(capsys, clean_env, command, monkeypatch):
+    # A launch that can happen here (no trl/vllm in this suite), so that doctor finds no problem.
+    monkeypatch.setenv("VERIRL_VLLM_COMMAND", f"{sys.executable} -m fakes.vllm_serve")
     with FakeEnvServer() as server:
         url = server.url.replace("http://", "http://user:pa55word@")
         args = ["wait-env", url, "--timeout", "30"] if command == "wait-env" else ["doctor"]
@@ -211,14 +213,22 @@ def test_resume_explicit_path_without_sources(tmp_path, capsys, clean_env):
 # -- doctor
 
 
-def test_doctor_reports_without_leaking_the_token(capsys, clean_env, monkeypatch):
+def test_doctor_reports_without_leaking_the_token(capsys, clean_env, monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
+    # No saved login of this machine's user: the token file huggingface_hub reads is empty here.
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "token"))
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     monkeypatch.setenv("HF_TOKEN", "hf_supersecret")
     with FakeEnvServer() as server:
         url = server.url
-        assert main(["doctor", "--env-url", url, "--json"]) == 0
+        # This suite's interpreter has neither trl nor vllm: no vLLM launch is possible (4).
+        assert main(["doctor", "--env-url", url, "--json"]) == 4
     out = capsys.readouterr().out
     data = json.loads(out)
-    assert data["Hub token"] == "set"
+    assert data["error"]["code"] == 4
+    assert data["error"]["message"].startswith("vLLM launch: cannot start")
+    assert data["Hub token"] == "set (HF_TOKEN)"
     assert data[f"env server {url}"] == "healthy"
     assert data["python"].startswith(".".join(map(str, sys.version_info[:2])))
     assert {"trl", "vllm", "torch", "GPUs visible"} <= set(data)
@@ -232,7 +242,7 @@ def test_doctor_reports_without_leaking_the_token(capsys, clean_env, monkeypatch
     )
     assert "hf_supersecret" not in out
     monkeypatch.delenv("HF_TOKEN")
-    assert main(["doctor", "--env-url", url]) == 0
+    assert main(["doctor", "--env-url", url]) == 3  # the env server is gone: that decides
     text = capsys.readouterr().out
     assert "NOT reachable" in text
     assert "not set" in text

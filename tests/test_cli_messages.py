@@ -168,7 +168,9 @@ CASES = [
     # ... but a variable set for the whole job is no contradiction, nor is auto mode on one GPU
     Case("colocate-port-from-variable", ["plan", "--gpus", "1", "--mode", "colocate"],
          {"VERIRL_VLLM_PORT": "9000"}, 0),
-    Case("auto-one-gpu-port", ["plan", "--gpus", "1", "--vllm-port", "9000"], {}, 0),
+    # issue #26: a flag the layout ignores is an error also when auto chose the layout
+    Case("auto-one-gpu-port", ["plan", "--gpus", "1", "--vllm-port", "9000"], {}, 2,
+         ("--vllm-port=9000: not used: the layout is colocate (auto mode with 1 GPU(s))",)),
     Case("revision-with-repo-from-variable", ["resume", "--hub-revision", "main"],
          {"VERIRL_HUB_REPO_ID": "org/run"}, 0),
     # 5. the common options are accepted before the command; unknown ones stay usage errors
