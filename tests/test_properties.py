@@ -989,7 +989,9 @@ def test_cli_resume(cli_sandbox, capsys, data, common):
 def test_cli_doctor(cli_sandbox, capsys, data, common):
     pairs = cli_pairs(data, "doctor", cli_sandbox)
     code, _out, err = run_cli(capsys, ["doctor", *common, *(x for pair in pairs for x in pair)])
-    assert code in (0, 2), (code, err)
+    # doctor is a preflight (issue #26): 3 env server, 4 no vLLM launch here, 1 torch/token.
+    assert code in (0, 1, 2, 3, 4), (code, err)
+    assert (code in (0, 2)) or "not usable: " in err, (code, err)
     check_cli("doctor", code, err, pairs, {})
 
 

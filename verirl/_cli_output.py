@@ -47,8 +47,10 @@ class Channel:
                 stream.write(text)
             except UnicodeEncodeError:  # a path of bytes that are not UTF-8: written as those bytes
                 stream.flush()
-                stream.buffer.write(os.fsencode(text))
+                _write_bytes(stream, text)
             stream.flush()
+        except UnicodeError:  # not the channel's fault: it stays
+            return False
         except (OSError, ValueError, AttributeError):  # closed, broken pipe, no buffer
             self._abandon(stream)
             return False
@@ -77,6 +79,19 @@ class Channel:
                 os.dup2(devnull, fd)
             finally:
                 os.close(devnull)
+
+
+def _write_bytes(stream: TextIO, text: str) -> None:
+    """``text`` as the bytes it stands for (``os.fsencode``), escaped where it stands for none."""
+    try:
+        data = os.fsencode(text)
+    except UnicodeEncodeError:
+        data = text.encode("utf-8", "backslashreplace")
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None:  # a text-only stream (a test's StringIO): the escaped text
+        stream.write(data.decode("utf-8", "backslashreplace"))
+    else:
+        buffer.write(data)
 
 
 STDOUT = Channel("stdout")

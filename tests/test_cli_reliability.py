@@ -1,0 +1,584 @@
+"""Issue #26, the command line's classes, swept over every command and path.
+
+1. Output channels: stdout or stderr closed, ``None`` or a pipe nobody reads.
+2. ``--json``: exactly one JSON document on stdout on every path, errors included.
+8. Hub token sources: every source huggingface_hub honours, never shown.
+10. The CLI's own rules: flags the layout ignores, the colocate cap, doctor as a
+    preflight, values that start with ``--``, ``--vllm-args`` that change verirl's own flags.
+
+Commands run as real subprocesses (``python -m verirl``) wherever the
+behaviour under test is the process's (its descriptors, its exit code).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from _support import nothing_listens, unshared_port
+from fakes import FakeEnvServer
+from verirl.cli import main
+
+FAKE_VLLM = f"{sys.executable} -m fakes.vllm_serve"
+TOKEN = "hf_SECRETtokenValue0123456789"  # noqa: S105 - a test token
+BAD_OUTPUT = ("Traceback", "BrokenPipeError", "Exception ignored", "AttributeError")
+
+
+def clean_environ(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """This process's environment without verirl/HF settings, HF_HOME in ``tmp_path``."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("VERIRL_", "HF_", "HUGGING_FACE_"))
+        and name not in ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+    }
+    env["HF_HOME"] = str(tmp_path / "hf-home")
+    env["HF_HUB_OFFLINE"] = "1"
+    env["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    for name in list(os.environ):
+        if name.startswith(("VERIRL_", "HF_", "HUGGING_FACE_")) or name == "CUDA_VISIBLE_DEVICES":
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+
+
+@pytest.fixture(scope="module")
+def env_server() -> Iterator[str]:
+    with FakeEnvServer() as server:
+        yield server.url
+
+
+def wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    """Until the fake vLLM server on ``port`` answers /health (or ``proc`` ends)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as reply:
+                if reply.status == 200:  # noqa: PLR2004
+                    return
+        threading.Event().wait(0.05)
+    msg = f"the server on port {port} never answered (verirl: {proc.poll()})"
+    raise AssertionError(msg)
+
+
+# -- 1. output channels -------------------------------------------------------------------------
+
+NONE_WRAPPER = (
+    "import sys; setattr(sys, sys.argv[1], None); sys.argv = ['verirl', *sys.argv[2:]]; "
+    "from verirl.__main__ import run; sys.exit(run())"
+)
+
+
+@contextlib.contextmanager
+def started(argv: list[str], env: dict[str, str], stream: str, how: str) -> Iterator[
+    tuple[subprocess.Popen[bytes], str]
+]:
+    """``python -m verirl ARGV`` with ``stream`` (stdout/stderr) closed, None or a reader-less pipe.
+
+    Yields the process and the name of the other stream, which is captured (a temp file).
+    """
+    import tempfile
+
+    other = "stderr" if stream == "stdout" else "stdout"
+    fd = 1 if stream == "stdout" else 2
+    with tempfile.TemporaryFile() as captured:
+        kwargs: dict[str, object] = {other: captured, "stdin": subprocess.DEVNULL, "env": env}
+        command = [sys.executable, "-m", "verirl", *argv]
+        read_end = None
+        if how == "closed":
+            kwargs["preexec_fn"] = lambda: os.close(fd)
+        elif how == "none":
+            command = [sys.executable, "-c", NONE_WRAPPER, stream, *argv]
+            kwargs[stream] = subprocess.DEVNULL
+        else:  # a pipe whose reader is gone before the first write
+            read_end, write_end = os.pipe()
+            kwargs[stream] = write_end
+        proc = subprocess.Popen(command, **kwargs)  # type: ignore[call-overload]  # noqa: S603
+        if read_end is not None:
+            os.close(read_end)
+            os.close(write_end)
+        try:
+            yield proc, other
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)
+            captured.seek(0)
+            proc.captured = captured.read().decode("utf-8", "replace")  # type: ignore[attr-defined]
+
+
+def oneshot_cases(tmp_path: Path, env_url: str) -> list[tuple[str, list[str], int]]:
+    closed = f"http://127.0.0.1:{unshared_port()}"
+    return [
+        ("plan", ["plan", "-v", "--gpus", "4"], 0),
+        ("plan-json", ["plan", "-v", "--gpus", "4", "--json"], 0),
+        ("plan-config-error", ["plan", "--gpus", "0"], 2),
+        ("wait-env", ["wait-env", "-v", env_url, "--timeout", "30"], 0),
+        ("wait-env-down", ["wait-env", closed, "--timeout", "0.3"], 3),
+        ("resume", ["resume", "-v", "--output-dir", str(tmp_path), "--resume", "auto"], 0),
+        ("resume-missing", ["resume", "--resume", str(tmp_path / "nope")], 5),
+        ("doctor", ["doctor", "--env-url", closed], 3),
+        ("version", ["--version"], 0),
+        ("help", ["plan", "--help"], 0),
+        ("usage-error", ["plan", "--gpus", "x"], 2),
+        ("launch", ["launch", "-v", "--gpus", "1", "--", sys.executable, "-c", "raise SystemExit(7)"],
+         7),  # fmt: skip
+    ]
+
+
+@pytest.mark.parametrize("how", ["closed", "none", "broken"])
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_every_command_survives_a_lost_output_channel(tmp_path, env_server, stream, how):
+    env = clean_environ(tmp_path)
+    failures = []
+    for name, argv, code in oneshot_cases(tmp_path, env_server):
+        with started(argv, env, stream, how) as (proc, _other):
+            proc.wait(timeout=120)
+        shown = [word for word in BAD_OUTPUT if word in proc.captured]  # type: ignore[attr-defined]
+        if proc.returncode != code or shown:
+            failures.append((name, proc.returncode, code, proc.captured[-600:]))  # type: ignore[attr-defined]
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("how", ["closed", "none", "broken"])
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_serve_survives_a_lost_output_channel_and_exits_143_on_sigterm(tmp_path, stream, how):
+    port = unshared_port()
+    argv = ["serve", "-v", "--gpus", "2", "--model", "m", "--vllm-port", str(port),
+            "--vllm-command", FAKE_VLLM, "--log-dir", str(tmp_path), "--host", "0.0.0.0"]  # fmt: skip
+    with started(argv, clean_environ(tmp_path), stream, how) as (proc, _other):
+        wait_healthy(port, proc)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert proc.returncode == 143, proc.captured  # type: ignore[attr-defined]
+    assert not [word for word in BAD_OUTPUT if word in proc.captured]  # type: ignore[attr-defined]
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive
+    assert nothing_listens(port)
+
+
+def test_serve_piped_into_head_keeps_serving(tmp_path):
+    """``verirl serve | head -1``: the reader goes after the first line; serve goes on."""
+    port = unshared_port()
+    argv = [sys.executable, "-m", "verirl", "serve", "--gpus", "2", "--model", "m",
+            "--vllm-port", str(port), "--vllm-command", FAKE_VLLM, "--log-dir", str(tmp_path),
+            "--host", "0.0.0.0"]  # fmt: skip
+    with subprocess.Popen(  # noqa: S603
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_environ(tmp_path)
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().startswith(b"vLLM server ready")
+            proc.stdout.close()  # head -1 exits
+            wait_healthy(port, proc)
+            assert proc.poll() is None
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 143
+    assert not [word for word in BAD_OUTPUT if word in err.decode()], err
+    assert nothing_listens(port)
+
+
+def test_plan_json_piped_into_head_c1(tmp_path):
+    """``verirl plan --json | head -c 1`` ends 0, silently."""
+    command = f"{sys.executable} -m verirl plan --gpus 4 --json | head -c 1; exit ${{PIPESTATUS[0]}}"
+    result = subprocess.run(  # noqa: S603
+        ["bash", "-c", command], capture_output=True, env=clean_environ(tmp_path), timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == b"{"
+    assert result.stderr == b""
+
+
+# -- 2. one JSON document on every --json path --------------------------------------------------
+
+
+def run_json(tmp_path: Path, *argv: str, env: dict[str, str] | None = None, timeout: float = 120):
+    result = subprocess.run(  # noqa: S603
+        [sys.executable, "-m", "verirl", *argv, "--json"] if "--" not in argv else
+        [sys.executable, "-m", "verirl", "--json", *argv],
+        capture_output=True, text=True, env=env or clean_environ(tmp_path), timeout=timeout,
+        check=False,
+    )  # fmt: skip
+    try:
+        document = json.loads(result.stdout)  # one document: trailing data fails
+    except json.JSONDecodeError as exc:
+        msg = f"stdout is not one JSON document ({exc}): {result.stdout!r} / {result.stderr!r}"
+        raise AssertionError(msg) from None
+    if result.returncode != 0:
+        assert document["error"]["code"] == result.returncode, document
+        assert document["error"]["message"].strip(), document
+    return result.returncode, document, result.stderr
+
+
+def test_json_on_every_path(tmp_path, env_server):
+    closed = f"http://127.0.0.1:{unshared_port()}"
+    cases = [
+        (["plan", "--gpus", "2"], 0),
+        (["plan", "--gpus", "0"], 2),
+        (["plan", "--gpus", "x"], 2),
+        (["plan", "--nope"], 2),
+        (["plan", "--help"], 0),
+        (["--version"], 0),
+        (["wait-env", env_server], 0),
+        (["wait-env", closed, "--timeout", "0.2"], 3),
+        (["wait-env", "ftp://x"], 2),
+        (["resume", "--output-dir", str(tmp_path), "--resume", "auto"], 0),
+        (["resume", "--resume", "latest"], 5),
+        (["resume", "--resume", str(tmp_path / "nope")], 5),
+        (["doctor", "--env-url", closed], 3),
+        (["doctor", "--vllm-port", "0"], 2),
+        (["serve", "--gpus", "2"], 2),
+        (["serve", "--gpus", "2", "--model", "m", "--vllm-command", str(tmp_path / "nothing")], 4),
+        (["launch", "--gpus", "1"], 2),
+        (["launch", "--gpus", "1", "--", str(tmp_path / "no-such-program")], 127),
+        (["launch", "--gpus", "1", "--env-url", closed, "--env-timeout", "0.2", "--", "true"], 3),
+    ]
+    wrong = []
+    for argv, code in cases:
+        got, document, stderr = run_json(tmp_path, *argv)
+        if got != code:
+            wrong.append((argv, got, code, document, stderr[-400:]))
+    assert not wrong, wrong
+
+
+def test_launch_json_keeps_the_commands_stdout_off_the_document(tmp_path):
+    code, document, stderr = run_json(
+        tmp_path, "launch", "--gpus", "1", "--", sys.executable, "-c",
+        "print('{not json'); raise SystemExit(3)",
+    )  # fmt: skip
+    assert code == 3
+    assert document["exit_code"] == 3
+    assert "{not json" in stderr
+    code, document, _ = run_json(tmp_path, "launch", "--gpus", "1", "--", "true")
+    assert (code, document) == (0, {"exit_code": 0})
+
+
+def test_serve_json_prints_one_line_when_ready_and_nothing_after(tmp_path):
+    port = unshared_port()
+    argv = [sys.executable, "-m", "verirl", "serve", "--json", "--gpus", "2", "--model", "m",
+            "--vllm-port", str(port), "--vllm-command", FAKE_VLLM, "--log-dir", str(tmp_path)]  # fmt: skip
+    with subprocess.Popen(  # noqa: S603
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=clean_environ(tmp_path),
+    ) as proc:  # fmt: skip
+        try:
+            assert proc.stdout is not None
+            ready = json.loads(proc.stdout.readline())
+            assert ready["ready"] is True
+            assert ready["server_url"] == f"http://127.0.0.1:{port}"
+            proc.send_signal(signal.SIGTERM)
+            rest, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 143
+    assert rest == ""  # exactly one document
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    command=st.sampled_from(["plan", "resume"]),
+    pairs=st.lists(
+        st.tuples(
+            st.sampled_from(["--gpus", "--mode", "--vllm-port", "--vllm-gpus", "--max-model-len",
+                             "--vllm-host", "--resume", "--output-dir", "--hub-revision",
+                             "--model", "--nope"]),  # fmt: skip
+            st.one_of(
+                st.sampled_from(["0", "1", "2", "-1", "x", "--x", "auto", "latest", "", "٣"]),
+                st.text(st.characters(blacklist_categories=("Cs",)), max_size=8),
+            ),
+        ),
+        max_size=4,
+    ),
+)
+def test_json_property_any_flags(clean_env, capsys, monkeypatch, command, pairs):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    argv = [command, "--json", *(part for pair in pairs for part in pair)]
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    document = json.loads(out)  # exactly one document, whatever was given
+    assert isinstance(code, int)
+    if code != 0:
+        assert document["error"]["code"] == code, ascii((argv, out, err))
+        assert document["error"]["message"], ascii((argv, out))
+    assert "Traceback" not in err
+
+
+# -- 8. Hub token sources -----------------------------------------------------------------------
+
+
+def doctor_token_row(tmp_path: Path, **env: str) -> tuple[str, str]:
+    result = subprocess.run(  # noqa: S603
+        [sys.executable, "-m", "verirl", "doctor", "--json", "-v"],
+        capture_output=True, text=True, env=clean_environ(tmp_path, **env), timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert TOKEN not in result.stdout + result.stderr
+    return json.loads(result.stdout)["Hub token"], result.stdout + result.stderr
+
+
+def test_doctor_sees_every_token_source_huggingface_hub_honours(tmp_path):
+    token_file = tmp_path / "elsewhere" / "my-token"
+    token_file.parent.mkdir()
+    token_file.write_text(TOKEN + "\n")
+    saved_login = tmp_path / "hf-home" / "token"
+    saved_login.parent.mkdir()
+    rows = {
+        "HF_TOKEN": doctor_token_row(tmp_path, HF_TOKEN=TOKEN)[0],
+        "legacy": doctor_token_row(tmp_path, HUGGING_FACE_HUB_TOKEN=TOKEN)[0],
+        "HF_TOKEN_PATH": doctor_token_row(tmp_path, HF_TOKEN_PATH=str(token_file))[0],
+        "none": doctor_token_row(tmp_path)[0],
+    }
+    saved_login.write_text(TOKEN)
+    rows["saved login"] = doctor_token_row(tmp_path)[0]
+    rows["disabled"] = doctor_token_row(tmp_path, HF_HUB_DISABLE_IMPLICIT_TOKEN="1")[0]
+    assert rows["HF_TOKEN"] == "set (HF_TOKEN)"
+    assert rows["legacy"] == "set (HUGGING_FACE_HUB_TOKEN)"
+    assert rows["HF_TOKEN_PATH"] == f"set (the token file {token_file} (HF_TOKEN_PATH))"
+    assert rows["none"] == "not set"
+    assert rows["saved login"] == f"set (the token file {saved_login} (hf auth login))"
+    assert rows["disabled"].startswith("set (the token file")
+    assert "HF_HUB_DISABLE_IMPLICIT_TOKEN" in rows["disabled"]
+
+
+class _EchoAuthHandler(http.server.BaseHTTPRequestHandler):
+    """Every request fails with a 500 whose message quotes the request's Authorization header."""
+
+    def do_GET(self) -> None:  # noqa: N802
+        body = json.dumps({"error": f"bad auth {self.headers.get('Authorization')}"}).encode()
+        self.send_response(500)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-Error-Message", f"auth was {self.headers.get('Authorization')}")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_HEAD = do_GET  # noqa: N815
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("source", ["HF_TOKEN_PATH", "saved login", "HUGGING_FACE_HUB_TOKEN"])
+def test_a_token_huggingface_hub_found_itself_never_reaches_an_error(tmp_path, source):
+    """``token=None``: huggingface_hub sends the token it finds; verirl's errors never show it."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _EchoAuthHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    env = clean_environ(tmp_path)
+    env.pop("HF_HUB_OFFLINE")
+    if source == "HF_TOKEN_PATH":
+        (tmp_path / "t").write_text(TOKEN)
+        env["HF_TOKEN_PATH"] = str(tmp_path / "t")
+    elif source == "saved login":
+        (tmp_path / "hf-home").mkdir()
+        (tmp_path / "hf-home" / "token").write_text(TOKEN)
+    else:
+        env["HUGGING_FACE_HUB_TOKEN"] = TOKEN
+    program = (
+        "import sys, traceback\n"
+        "from verirl import HubCheckpointSource, CheckpointSourceError\n"
+        f"src = HubCheckpointSource('org/run', download_dir={str(tmp_path / 'dl')!r}, "
+        f"endpoint='http://127.0.0.1:{server.server_address[1]}', timeout=10)\n"
+        "try:\n    src.latest()\nexcept CheckpointSourceError as exc:\n"
+        "    traceback.print_exception(exc)\n    print('MESSAGE', exc)\n    sys.exit(5)\n"
+    )
+    try:
+        result = subprocess.run(  # noqa: S603
+            [sys.executable, "-c", program], capture_output=True, text=True, env=env,
+            timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+    assert result.returncode == 5, result.stderr
+    assert "MESSAGE cannot" in result.stdout
+    assert "<token>" in result.stderr  # the request did carry it, and it was scrubbed
+    assert TOKEN not in result.stdout + result.stderr
+
+
+# -- 10. the CLI's own rules --------------------------------------------------------------------
+
+SERVER_ONLY_FLAGS = [
+    ("--vllm-port", "9000"),
+    ("--model", "m"),
+    ("--vllm-command", "prog"),
+    ("--vllm-args", "--enforce-eager"),
+    ("--log-dir", "/tmp"),  # noqa: S108 - never used
+    ("--vllm-startup-timeout", "5"),
+]
+
+
+LAYOUTS = [
+    ["--gpus", "1"],
+    ["--gpus", "1", "--mode", "auto"],
+    ["--gpus", "4", "VERIRL_VLLM_MODE=colocate"],
+]
+IGNORED_CASES = [
+    (command, layout, flag, value)
+    for command, flags in (("plan", SERVER_ONLY_FLAGS[:2]), ("launch", SERVER_ONLY_FLAGS))
+    for layout in LAYOUTS
+    for flag, value in flags
+]
+
+
+@pytest.mark.parametrize(("command", "layout", "flag", "value"), IGNORED_CASES)
+def test_a_flag_the_layout_ignores_is_an_error_however_the_layout_was_chosen(
+    clean_env, capsys, monkeypatch, command, layout, flag, value
+):
+    for item in layout:
+        if "=" in item:
+            monkeypatch.setenv(*item.split("=", 1))
+    flags = [item for item in layout if "=" not in item]
+    tail = ["--", sys.executable, "-c", "raise SystemExit(9)"] if command == "launch" else []
+    code = main([command, *flags, f"{flag}={value}", *tail])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{flag}=" in err
+    assert "not used: the layout is colocate" in err
+
+
+def test_variables_for_the_whole_job_stay_allowed_under_auto(clean_env, capsys, monkeypatch):
+    monkeypatch.setenv("VERIRL_VLLM_PORT", "9000")
+    monkeypatch.setenv("VERIRL_MODEL", "m")
+    assert main(["plan", "--gpus", "1"]) == 0
+    assert main(["plan", "--gpus", "2", "--vllm-port", "9000"]) == 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(length=st.integers(min_value=1, max_value=1_000_000), gpus=st.integers(1, 4))
+def test_the_colocate_cap_is_a_warning_with_both_numbers(clean_env, capsys, length, gpus):
+    capsys.readouterr()
+    assert main(["plan", "--gpus", str(gpus), "--mode", "colocate",
+                 "--max-model-len", str(length), "--json"]) == 0  # fmt: skip
+    out, err = capsys.readouterr()
+    assert json.loads(out)["grpo_kwargs"]["vllm_max_model_length"] == min(length, 8192)
+    warnings = [line for line in err.splitlines() if " WARNING " in line]
+    if length > 8192:  # noqa: PLR2004
+        assert any("8192" in line and str(length) in line for line in warnings), err
+    else:
+        assert not warnings, err
+
+
+def test_doctor_is_a_preflight(tmp_path, env_server):
+    closed = f"http://127.0.0.1:{unshared_port()}"
+    free = str(unshared_port())
+    runs = {
+        "env down": (["--env-url", closed, "--vllm-port", free], {"VERIRL_VLLM_COMMAND": FAKE_VLLM}),
+        "no launch": (["--env-url", env_server, "--vllm-port", free], {}),
+        "both": (["--env-url", closed, "--vllm-port", free], {}),
+        "remote": (["--env-url", env_server], {"VERIRL_VLLM_HOST": "vllm-node"}),
+    }
+    codes = {}
+    for name, (argv, extra) in runs.items():
+        result = subprocess.run(  # noqa: S603
+            [sys.executable, "-m", "verirl", "doctor", *argv], capture_output=True, text=True,
+            env=clean_environ(tmp_path, **extra), timeout=120, check=False,
+        )  # fmt: skip
+        codes[name] = (result.returncode, "not usable" in result.stderr)
+    assert codes == {
+        "env down": (3, True),
+        "no launch": (4, True),  # no trl/vllm in this suite's interpreter
+        "both": (3, True),
+        "remote": (0, False),  # nothing starts here: the ports are not this machine's concern
+    }
+
+
+def test_doctor_with_everything_usable_exits_0(tmp_path, env_server):
+    free = str(unshared_port())
+    result = subprocess.run(  # noqa: S603
+        [sys.executable, "-m", "verirl", "doctor", "--env-url", env_server, "--vllm-port", free],
+        capture_output=True, text=True, timeout=120, check=False,
+        env=clean_environ(tmp_path, VERIRL_VLLM_COMMAND=FAKE_VLLM),
+    )  # fmt: skip
+    group_port_free = nothing_listens(51216)
+    assert result.returncode == (0 if group_port_free else 4), result.stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "launch"])
+def test_vllm_args_value_starting_with_dashes_is_accepted(clean_env, capsys, command, tmp_path):
+    """``--vllm-args --enforce-eager``: parsed; here the layout refuses it, naming --vllm-args."""
+    tail = ["--", "true"] if command == "launch" else []
+    code = main([command, "--gpus", "2", "--mode", "colocate", "--model", "m",
+                 "--vllm-args", "--enforce-eager", *tail])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "expected one argument" not in err
+    assert "--vllm-args" in err or "--mode" in err
+
+
+@pytest.mark.parametrize("flag", ["--model", "--resume", "--output-dir", "--vllm-command"])
+def test_other_values_starting_with_dashes_say_to_use_equals(clean_env, capsys, flag):
+    command = "resume" if flag in ("--resume", "--output-dir") else "launch"
+    with pytest.raises(SystemExit) as info:
+        main([command, flag, "--weird"])
+    assert info.value.code == 2
+    assert f"goes after '=': {flag}=VALUE" in capsys.readouterr().err
+
+
+# The flags verirl gives the server itself (the contract's VLLMServer argv), spelled out here.
+OWN_FLAGS = ("--model", "--host", "--port", "--gpu-memory-utilization", "--max-model-len",
+             "--tensor-parallel-size", "--data-parallel-size")  # fmt: skip
+
+
+def _spellings(flag: str) -> list[str]:
+    underscore = "--" + flag[2:].replace("-", "_")
+    return [f"{flag} 1", f"{flag}=1", f"{underscore} 1", f"{flag[:5]} 1" if len(flag) > 5 else flag]  # noqa: PLR2004
+
+
+OWN_SPELLINGS = list(dict.fromkeys([s for flag in OWN_FLAGS for s in _spellings(flag)])) + ["-tp 2", "-dp 2"]
+
+
+@pytest.mark.parametrize("spelled", OWN_SPELLINGS)
+@pytest.mark.parametrize(
+    ("command", "vllm_command"), [("serve", None), ("launch", None), ("launch", FAKE_VLLM)]
+)
+def test_vllm_args_that_change_verirls_own_flags_are_refused(
+    clean_env, capsys, command, vllm_command, spelled, monkeypatch
+):
+    """Whether or not vLLM is installed (it is not here), and whatever runs the server."""
+    extra = ["--vllm-command", vllm_command] if vllm_command else []
+    tail = ["--", sys.executable, "-c", "raise SystemExit(9)"] if command == "launch" else []
+    argv = [command, "--gpus", "2", "--model", "m", "--vllm-startup-timeout", "5",
+            "--vllm-port", str(unshared_port()), *extra]  # fmt: skip
+    code = main([*argv, f"--vllm-args={spelled}", *tail])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "--vllm-args='<hidden>'" in err
+    assert "which verirl sets itself" in err
+    monkeypatch.setenv("VERIRL_VLLM_ARGS", spelled)
+    code = main([*argv, *tail])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "VERIRL_VLLM_ARGS='<hidden>'" in err
