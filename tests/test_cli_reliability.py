@@ -35,7 +35,7 @@ from fakes import FakeEnvServer
 from verirl.cli import main
 
 FAKE_VLLM = f"{sys.executable} -m fakes.vllm_serve"
-TOKEN = "hf_SECRETtokenValue0123456789"  # noqa: S105 - a test token
+TOKEN = "hf_SECRETtokenValue0123456789"
 BAD_OUTPUT = ("Traceback", "BrokenPipeError", "Exception ignored", "AttributeError")
 
 
@@ -72,10 +72,12 @@ def wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) 
     """Until the fake vLLM server on ``port`` answers /health (or ``proc`` ends)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as reply:
-                if reply.status == 200:  # noqa: PLR2004
-                    return
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as reply,
+        ):
+            if reply.status == 200:
+                return
         threading.Event().wait(0.05)
     msg = f"the server on port {port} never answered (verirl: {proc.poll()})"
     raise AssertionError(msg)
@@ -90,9 +92,9 @@ NONE_WRAPPER = (
 
 
 @contextlib.contextmanager
-def started(argv: list[str], env: dict[str, str], stream: str, how: str) -> Iterator[
-    tuple[subprocess.Popen[bytes], str]
-]:
+def started(
+    argv: list[str], env: dict[str, str], stream: str, how: str
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """``python -m verirl ARGV`` with ``stream`` (stdout/stderr) closed, None or a reader-less pipe.
 
     Yields the process and the name of the other stream, which is captured (a temp file).
@@ -113,7 +115,7 @@ def started(argv: list[str], env: dict[str, str], stream: str, how: str) -> Iter
         else:  # a pipe whose reader is gone before the first write
             read_end, write_end = os.pipe()
             kwargs[stream] = write_end
-        proc = subprocess.Popen(command, **kwargs)  # type: ignore[call-overload]  # noqa: S603
+        proc = subprocess.Popen(command, **kwargs)  # type: ignore[call-overload]
         if read_end is not None:
             os.close(read_end)
             os.close(write_end)
@@ -141,8 +143,11 @@ def oneshot_cases(tmp_path: Path, env_url: str) -> list[tuple[str, list[str], in
         ("version", ["--version"], 0),
         ("help", ["plan", "--help"], 0),
         ("usage-error", ["plan", "--gpus", "x"], 2),
-        ("launch", ["launch", "-v", "--gpus", "1", "--", sys.executable, "-c", "raise SystemExit(7)"],
-         7),  # fmt: skip
+        (
+            "launch",
+            ["launch", "-v", "--gpus", "1", "--", sys.executable, "-c", "raise SystemExit(7)"],
+            7,
+        ),
     ]
 
 
@@ -165,7 +170,8 @@ def test_every_command_survives_a_lost_output_channel(tmp_path, env_server, stre
 def test_serve_survives_a_lost_output_channel_and_exits_143_on_sigterm(tmp_path, stream, how):
     port = unshared_port()
     argv = ["serve", "-v", "--gpus", "2", "--model", "m", "--vllm-port", str(port),
-            "--vllm-command", FAKE_VLLM, "--log-dir", str(tmp_path), "--host", "0.0.0.0"]  # fmt: skip
+            "--vllm-command", FAKE_VLLM, "--log-dir", str(tmp_path),
+            "--host", "0.0.0.0"]  # fmt: skip
     with started(argv, clean_environ(tmp_path), stream, how) as (proc, _other):
         wait_healthy(port, proc)
         children = psutil.Process(proc.pid).children(recursive=True)
@@ -184,7 +190,7 @@ def test_serve_piped_into_head_keeps_serving(tmp_path):
     argv = [sys.executable, "-m", "verirl", "serve", "--gpus", "2", "--model", "m",
             "--vllm-port", str(port), "--vllm-command", FAKE_VLLM, "--log-dir", str(tmp_path),
             "--host", "0.0.0.0"]  # fmt: skip
-    with subprocess.Popen(  # noqa: S603
+    with subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_environ(tmp_path)
     ) as proc:
         try:
@@ -205,9 +211,11 @@ def test_serve_piped_into_head_keeps_serving(tmp_path):
 
 def test_plan_json_piped_into_head_c1(tmp_path):
     """``verirl plan --json | head -c 1`` ends 0, silently."""
-    command = f"{sys.executable} -m verirl plan --gpus 4 --json | head -c 1; exit ${{PIPESTATUS[0]}}"
-    result = subprocess.run(  # noqa: S603
-        ["bash", "-c", command], capture_output=True, env=clean_environ(tmp_path), timeout=60,
+    command = (
+        f"{sys.executable} -m verirl plan --gpus 4 --json | head -c 1; exit ${{PIPESTATUS[0]}}"
+    )
+    result = subprocess.run(
+        ["/bin/bash", "-c", command], capture_output=True, env=clean_environ(tmp_path), timeout=60,
         check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -219,7 +227,7 @@ def test_plan_json_piped_into_head_c1(tmp_path):
 
 
 def run_json(tmp_path: Path, *argv: str, env: dict[str, str] | None = None, timeout: float = 120):
-    result = subprocess.run(  # noqa: S603
+    result = subprocess.run(
         [sys.executable, "-m", "verirl", *argv, "--json"] if "--" not in argv else
         [sys.executable, "-m", "verirl", "--json", *argv],
         capture_output=True, text=True, env=env or clean_environ(tmp_path), timeout=timeout,
@@ -282,8 +290,9 @@ def test_launch_json_keeps_the_commands_stdout_off_the_document(tmp_path):
 def test_serve_json_prints_one_line_when_ready_and_nothing_after(tmp_path):
     port = unshared_port()
     argv = [sys.executable, "-m", "verirl", "serve", "--json", "--gpus", "2", "--model", "m",
-            "--vllm-port", str(port), "--vllm-command", FAKE_VLLM, "--log-dir", str(tmp_path)]  # fmt: skip
-    with subprocess.Popen(  # noqa: S603
+            "--vllm-port", str(port), "--vllm-command", FAKE_VLLM,
+            "--log-dir", str(tmp_path)]  # fmt: skip
+    with subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=clean_environ(tmp_path),
     ) as proc:  # fmt: skip
@@ -301,14 +310,28 @@ def test_serve_json_prints_one_line_when_ready_and_nothing_after(tmp_path):
     assert rest == ""  # exactly one document
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     command=st.sampled_from(["plan", "resume"]),
     pairs=st.lists(
         st.tuples(
-            st.sampled_from(["--gpus", "--mode", "--vllm-port", "--vllm-gpus", "--max-model-len",
-                             "--vllm-host", "--resume", "--output-dir", "--hub-revision",
-                             "--model", "--nope"]),  # fmt: skip
+            st.sampled_from(
+                [
+                    "--gpus",
+                    "--mode",
+                    "--vllm-port",
+                    "--vllm-gpus",
+                    "--max-model-len",
+                    "--vllm-host",
+                    "--resume",
+                    "--output-dir",
+                    "--hub-revision",
+                    "--model",
+                    "--nope",
+                ]
+            ),
             st.one_of(
                 st.sampled_from(["0", "1", "2", "-1", "x", "--x", "auto", "latest", "", "٣"]),
                 st.text(st.characters(blacklist_categories=("Cs",)), max_size=8),
@@ -338,7 +361,7 @@ def test_json_property_any_flags(clean_env, capsys, monkeypatch, command, pairs)
 
 
 def doctor_token_row(tmp_path: Path, **env: str) -> tuple[str, str]:
-    result = subprocess.run(  # noqa: S603
+    result = subprocess.run(
         [sys.executable, "-m", "verirl", "doctor", "--json", "-v"],
         capture_output=True, text=True, env=clean_environ(tmp_path, **env), timeout=120,
         check=False,
@@ -374,7 +397,7 @@ def test_doctor_sees_every_token_source_huggingface_hub_honours(tmp_path):
 class _EchoAuthHandler(http.server.BaseHTTPRequestHandler):
     """Every request fails with a 500 whose message quotes the request's Authorization header."""
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         body = json.dumps({"error": f"bad auth {self.headers.get('Authorization')}"}).encode()
         self.send_response(500)
         self.send_header("Content-Type", "application/json")
@@ -414,7 +437,7 @@ def test_a_token_huggingface_hub_found_itself_never_reaches_an_error(tmp_path, s
         "    traceback.print_exception(exc)\n    print('MESSAGE', exc)\n    sys.exit(5)\n"
     )
     try:
-        result = subprocess.run(  # noqa: S603
+        result = subprocess.run(
             [sys.executable, "-c", program], capture_output=True, text=True, env=env,
             timeout=120, check=False,
         )  # fmt: skip
@@ -435,7 +458,7 @@ SERVER_ONLY_FLAGS = [
     ("--model", "m"),
     ("--vllm-command", "prog"),
     ("--vllm-args", "--enforce-eager"),
-    ("--log-dir", "/tmp"),  # noqa: S108 - never used
+    ("--log-dir", "/tmp"),
     ("--vllm-startup-timeout", "5"),
 ]
 
@@ -454,7 +477,7 @@ IGNORED_CASES = [
 
 
 @pytest.mark.parametrize(("command", "layout", "flag", "value"), IGNORED_CASES)
-def test_a_flag_the_layout_ignores_is_an_error_however_the_layout_was_chosen(
+def test_a_flag_the_layout_ignores_is_an_error_however_the_layout_was_chosen(  # noqa: PLR0917
     clean_env, capsys, monkeypatch, command, layout, flag, value
 ):
     for item in layout:
@@ -476,7 +499,9 @@ def test_variables_for_the_whole_job_stay_allowed_under_auto(clean_env, capsys, 
     assert main(["plan", "--gpus", "2", "--vllm-port", "9000"]) == 0
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(length=st.integers(min_value=1, max_value=1_000_000), gpus=st.integers(1, 4))
 def test_the_colocate_cap_is_a_warning_with_both_numbers(clean_env, capsys, length, gpus):
     capsys.readouterr()
@@ -485,7 +510,7 @@ def test_the_colocate_cap_is_a_warning_with_both_numbers(clean_env, capsys, leng
     out, err = capsys.readouterr()
     assert json.loads(out)["grpo_kwargs"]["vllm_max_model_length"] == min(length, 8192)
     warnings = [line for line in err.splitlines() if " WARNING " in line]
-    if length > 8192:  # noqa: PLR2004
+    if length > 8192:
         assert any("8192" in line and str(length) in line for line in warnings), err
     else:
         assert not warnings, err
@@ -495,14 +520,17 @@ def test_doctor_is_a_preflight(tmp_path, env_server):
     closed = f"http://127.0.0.1:{unshared_port()}"
     free = str(unshared_port())
     runs = {
-        "env down": (["--env-url", closed, "--vllm-port", free], {"VERIRL_VLLM_COMMAND": FAKE_VLLM}),
+        "env down": (
+            ["--env-url", closed, "--vllm-port", free],
+            {"VERIRL_VLLM_COMMAND": FAKE_VLLM},
+        ),
         "no launch": (["--env-url", env_server, "--vllm-port", free], {}),
         "both": (["--env-url", closed, "--vllm-port", free], {}),
         "remote": (["--env-url", env_server], {"VERIRL_VLLM_HOST": "vllm-node"}),
     }
     codes = {}
     for name, (argv, extra) in runs.items():
-        result = subprocess.run(  # noqa: S603
+        result = subprocess.run(
             [sys.executable, "-m", "verirl", "doctor", *argv], capture_output=True, text=True,
             env=clean_environ(tmp_path, **extra), timeout=120, check=False,
         )  # fmt: skip
@@ -517,7 +545,7 @@ def test_doctor_is_a_preflight(tmp_path, env_server):
 
 def test_doctor_with_everything_usable_exits_0(tmp_path, env_server):
     free = str(unshared_port())
-    result = subprocess.run(  # noqa: S603
+    result = subprocess.run(
         [sys.executable, "-m", "verirl", "doctor", "--env-url", env_server, "--vllm-port", free],
         capture_output=True, text=True, timeout=120, check=False,
         env=clean_environ(tmp_path, VERIRL_VLLM_COMMAND=FAKE_VLLM),
@@ -554,17 +582,21 @@ OWN_FLAGS = ("--model", "--host", "--port", "--gpu-memory-utilization", "--max-m
 
 def _spellings(flag: str) -> list[str]:
     underscore = "--" + flag[2:].replace("-", "_")
-    return [f"{flag} 1", f"{flag}=1", f"{underscore} 1", f"{flag[:5]} 1" if len(flag) > 5 else flag]  # noqa: PLR2004
+    return [f"{flag} 1", f"{flag}=1", f"{underscore} 1", f"{flag[:5]} 1" if len(flag) > 5 else flag]
 
 
-OWN_SPELLINGS = list(dict.fromkeys([s for flag in OWN_FLAGS for s in _spellings(flag)])) + ["-tp 2", "-dp 2"]
+OWN_SPELLINGS = [
+    *dict.fromkeys(s for flag in OWN_FLAGS for s in _spellings(flag)),
+    "-tp 2",
+    "-dp 2",
+]
 
 
 @pytest.mark.parametrize("spelled", OWN_SPELLINGS)
 @pytest.mark.parametrize(
     ("command", "vllm_command"), [("serve", None), ("launch", None), ("launch", FAKE_VLLM)]
 )
-def test_vllm_args_that_change_verirls_own_flags_are_refused(
+def test_vllm_args_that_change_verirls_own_flags_are_refused(  # noqa: PLR0917
     clean_env, capsys, command, vllm_command, spelled, monkeypatch
 ):
     """Whether or not vLLM is installed (it is not here), and whatever runs the server."""

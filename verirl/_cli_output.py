@@ -111,14 +111,18 @@ def reserve_standard_fds() -> None:
     stdin, stdout or stderr.
     """
     for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            with contextlib.suppress(OSError):
-                opened = os.open(os.devnull, os.O_RDWR)
-                if opened != fd:  # a lower one was free too: that one is reserved next round
-                    os.dup2(opened, fd)
-                    os.close(opened)
+        _reserve(fd)
+
+
+def _reserve(fd: int) -> None:
+    try:
+        os.fstat(fd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            opened = os.open(os.devnull, os.O_RDWR)  # the lowest free number: ``fd`` (0-2 in turn)
+            if opened != fd:
+                os.dup2(opened, fd)
+                os.close(opened)
 
 
 @contextlib.contextmanager

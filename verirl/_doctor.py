@@ -54,9 +54,7 @@ def _version_of(distribution: str) -> str:
         return "missing"
 
 
-def _launch_row(
-    vllm_command: Sequence[str] | None, remote_host: str | None
-) -> tuple[str, bool]:
+def _launch_row(vllm_command: Sequence[str] | None, remote_host: str | None) -> tuple[str, bool]:
     """What `VLLMServer` would run here, and why, or why it cannot; and whether it can."""
     if remote_host is not None:
         return f"not started here: vLLM runs on VERIRL_VLLM_HOST={redact_text(remote_host)}", True

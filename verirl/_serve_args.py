@@ -53,7 +53,7 @@ OWN_FLAGS = (
     "--tensor-parallel-size",
     "--data-parallel-size",
 )
-"""The flags `vllm_serve_args` sets: verirl waits on them, so more server flags must not change them."""
+"""The flags `vllm_serve_args` sets: verirl waits on them, so extra flags must not change them."""
 
 _OWN_SHORT = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size"}  # vLLM's aliases
 _MIN_ABBREVIATION = 4  # "--po": shorter prefixes match too many of vLLM's flags to mean ours

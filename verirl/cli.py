@@ -450,7 +450,9 @@ def _emit(args: argparse.Namespace, data: dict[str, object], text: str) -> None:
         STDOUT.write(text + "\n")
 
 
-def _emit_json(args: argparse.Namespace, data: dict[str, object], *, indent: int | None = 2) -> None:
+def _emit_json(
+    args: argparse.Namespace, data: dict[str, object], *, indent: int | None = 2
+) -> None:
     if getattr(args, "json_emitted", False):
         return
     args.json_emitted = True
@@ -582,23 +584,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     with runtime as session:
         server = session.server
-        lines = [f"vLLM server ready at {session.server_url} ({runtime.topology.describe()})"]
-        ready: dict[str, object] = {
-            "ready": True,
-            "server_url": session.server_url,
-            "topology": runtime.topology.describe(),
-        }
-        if public is not None:
-            lines.append(
-                f"trainers on other nodes: --vllm-host {public} --vllm-port {topology.port} "
-                f"(http://{url_host(public)}:{topology.port})"
-            )
-            ready["vllm_host"], ready["vllm_port"] = public, topology.port
-        # One line with --json, so that `verirl serve --json | head -1` reads the document.
-        if args.json:
-            _emit_json(args, ready, indent=None)
-        else:
-            STDOUT.write("\n".join(lines) + "\n")
+        _announce_ready(args, runtime, session.server_url, public)
         # Ends only by the server dying: SIGTERM raises SystemExit(143) from the one policy
         # and Ctrl-C KeyboardInterrupt, both unwinding the runtime, which stops the server.
         _wait_while(lambda: bool(getattr(server, "running", True)) and not sigterm_pending())
@@ -607,6 +593,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tail = log_tail() if callable(log_tail) else ""
         log.error("the vLLM server exited on its own\n%s", tail.rstrip())
         return EXIT_VLLM
+
+
+def _announce_ready(
+    args: argparse.Namespace, runtime: TrainingRuntime, url: str | None, public: str | None
+) -> None:
+    """Print serve's ready line(s); with ``--json``, one document on one line (for ``head -1``)."""
+    topology = runtime.topology
+    lines = [f"vLLM server ready at {url} ({topology.describe()})"]
+    ready: dict[str, object] = {"ready": True, "server_url": url, "topology": topology.describe()}
+    if public is not None:
+        lines.append(
+            f"trainers on other nodes: --vllm-host {public} --vllm-port {topology.port} "
+            f"(http://{url_host(public)}:{topology.port})"
+        )
+        ready["vllm_host"], ready["vllm_port"] = public, topology.port
+    if args.json:
+        _emit_json(args, ready, indent=None)
+    else:
+        STDOUT.write("\n".join(lines) + "\n")
 
 
 def _public_address(host: str) -> str | None:
@@ -782,8 +787,8 @@ class _Version(argparse.Action):
                  default: str = argparse.SUPPRESS, help: str | None = None) -> None:  # noqa: A002  # fmt: skip
         super().__init__(option_strings, dest, nargs=0, default=default, help=help)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: object, option_string: str | None = None) -> None:  # fmt: skip
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,  # noqa: ARG002
+                 values: object, option_string: str | None = None) -> None:  # noqa: ARG002  # fmt: skip
         _Parser._out(f"verirl {__version__}\n", "version")  # noqa: SLF001
         parser.exit()
 
@@ -1074,6 +1079,15 @@ def _print_parse_output(captured: list[tuple[str, str]], code: int, *, json_want
 _SIGNAL_MESSAGES = {130: "interrupted (SIGINT)", 128 + signal.SIGTERM: "terminated (SIGTERM)"}
 
 
+def _final_document(args: argparse.Namespace, code: int, message: str) -> None:
+    """The ``--json`` document of a run that printed none yet (`_emit_json` keeps it to one)."""
+    if code == EXIT_OK:
+        _emit_json(args, {"exit_code": code})
+        return
+    document = _error_document(code, message or _SIGNAL_MESSAGES.get(code, f"exit code {code}"))
+    _emit_json(args, {"exit_code": code, **document} if args.cmd == "launch" else document)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the process exit code.
 
@@ -1115,12 +1129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _emit_json(args, _error_document(EXIT_ERROR, f"unexpected {type(exc).__name__}"))
             raise
         if args.json:
-            if code == EXIT_OK:
-                _emit_json(args, {"exit_code": code})
-            else:
-                message = message or _SIGNAL_MESSAGES.get(code, f"exit code {code}")
-                document = _error_document(code, message)
-                _emit_json(args, {"exit_code": code, **document} if args.cmd == "launch" else document)
+            _final_document(args, code, message)
     finally:
         restore_logging()
     return code
