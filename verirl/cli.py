@@ -8,6 +8,9 @@ Messages: every error is one line on stderr, printed once, naming the flag
 a required value given neither way is asked for before anything else; a flag
 that the layout chosen by other flags would ignore is an error, not a no-op.
 ``-v``/``-q``/``--json`` go before or after the command (counts add up).
+With ``--json`` stdout carries exactly one JSON document on every path
+(``{"error": {"code": N, "message": M}}`` for a failed run), and a closed,
+``None`` or abandoned stdout/stderr never fails a command (`verirl._cli_output`).
 
 Exit codes (`EXIT_CODES`; the parser's epilog and the README say the same):
 
@@ -16,6 +19,9 @@ Exit codes (`EXIT_CODES`; the parser's epilog and the README say the same):
 - 3 the env server never became healthy; 4 the vLLM server failed (it could not
   start, exited or timed out; for ``serve``, it died while serving);
 - 5 no checkpoint where one was asked for, or a checkpoint source failed;
+- ``doctor`` is a preflight: 3 when the env server it checks is not healthy,
+  else 4 when no vLLM server can start here, else 1 for anything else it
+  finds unusable, 0 when everything is;
 - 130 on Ctrl-C (SIGINT) and 143 on SIGTERM, whenever it arrives (while
   starting, serving or tearing down; ``python -m verirl`` and the ``verirl``
   script handle SIGTERM from their first line, see `verirl.__main__`);
@@ -803,6 +809,7 @@ Exit codes:
   SIGTERM/Ctrl-C is passed on once to the command's process group (which cannot
   read the terminal's stdin); SIGKILL after --shutdown-timeout or a 2nd Ctrl-C;
   4 if the vLLM server died while it ran (the command got SIGTERM the same way).
+  doctor: 3 env server not healthy, 4 no vLLM server can start here, 1 other.
 
 -v/-q/--json go before or after COMMAND. A setting not given as a flag comes
 from its VERIRL_* variable (named in the command's --help)."""
