@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from verirl import (
@@ -91,7 +93,9 @@ def test_plan_refuses_a_model_with_control_characters(capsys):
     assert main(["plan", "--gpus", "2", "--model", "a\x01", "--json"]) == 2
     captured = capsys.readouterr()
     assert "--model" in captured.err
-    assert captured.out == ""
+    document = json.loads(captured.out)  # --json: one document on stdout, errors included
+    assert document["error"]["code"] == 2
+    assert "--model" in document["error"]["message"]
 
 
 def test_serve_on_one_gpu_names_the_flag_that_was_given(capsys, monkeypatch):
