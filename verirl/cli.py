@@ -522,6 +522,12 @@ def _public_address(host: str) -> str | None:
 def _training_environment(
     runtime: TrainingRuntime, resume: str | None, url: str | None
 ) -> dict[str, str]:
+    """What the command runs with: the caller's environment, with this run's values on top.
+
+    Every variable launch exports describes this run: one the layout does not
+    set (``VERIRL_VLLM_URL`` in colocate mode) is removed, never passed on
+    stale from the caller's environment.
+    """
     env = dict(os.environ)
     topology = runtime.topology
     if topology.remote_host is None:  # vLLM is elsewhere: the GPUs are the launcher's to hand out
@@ -532,6 +538,8 @@ def _training_environment(
     env[GRPO_KWARGS_VARIABLE] = json.dumps(topology.grpo_kwargs(), sort_keys=True)
     if url is not None:
         env[VLLM_URL_VARIABLE] = url
+    else:  # colocate: no server, so no URL (a caller's would point at another job's)
+        env.pop(VLLM_URL_VARIABLE, None)
     return env
 
 

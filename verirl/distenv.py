@@ -27,7 +27,7 @@ from verirl._validate import (
 from verirl.errors import ConfigError
 from verirl.topology import TRL_GROUP_PORT
 
-__all__ = ["DistributedEnv", "find_free_port"]
+__all__ = ["DistributedEnv", "avoided_ports", "find_free_port"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,15 @@ _LAUNCHER_VARS = (
 # The node's index and the node count: torchrun sets GROUP_RANK and GROUP_WORLD_SIZE,
 # accelerate and others NODE_RANK. Kept as they are, never defaulted.
 _NODE_VARS = ("GROUP_RANK", "NODE_RANK", "GROUP_WORLD_SIZE")
+
+
+def avoided_ports(*ports: int) -> frozenset[int]:
+    """The ports a free ``MASTER_PORT`` must never be: vLLM's defaults, TRL's group port, ``ports``.
+
+    The runtime adds its own vLLM port, so that the port verirl picks for
+    ``MASTER_PORT`` (free *now*, before the server binds) never equals it.
+    """
+    return frozenset((*_DEFAULT_VLLM_PORTS, *ports))
 
 
 def _read_int(
