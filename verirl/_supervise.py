@@ -42,6 +42,7 @@ from collections.abc import Callable, Collection, Sequence
 import psutil
 
 from verirl._process import death_signal_preexec, spawn
+from verirl._secrets import redact_argv, secrets_in_environ
 from verirl.errors import VLLMServerError
 
 __all__ = ["run_command"]
@@ -206,7 +207,12 @@ def run_command(command: Sequence[str], env: dict[str, str], grace: float) -> in
             try:
                 child = spawn(functools.partial(_start, command, env, started))
             except (OSError, subprocess.SubprocessError) as exc:
-                log.error("cannot run %s: %s", shlex.join(command), exc)  # noqa: TRY400 - no traceback for a missing program
+                secrets = secrets_in_environ(env)
+                shown = shlex.join(redact_argv(command, secrets=secrets))
+                # The command is shown redacted; an OSError's own text would repeat argv[0].
+                strerror = exc.strerror if isinstance(exc, OSError) else None
+                (why,) = redact_argv([strerror or str(exc)], secrets=secrets)
+                log.error("cannot run %s: %s", shown, why)  # noqa: TRY400 - no traceback for a missing program
                 return 127
             code = child.wait()
         except VLLMServerError:

@@ -52,7 +52,7 @@ from verirl import __version__
 from verirl._child_env import map_visible_devices
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT
 from verirl._net import url_host
-from verirl._secrets import HIDDEN
+from verirl._secrets import HIDDEN, redact_argv, secrets_in_environ
 from verirl._settings import Settings, split_args, split_command
 from verirl._signals import SIGTERM_POLICY, exit_on_sigterm, sigterm_pending
 from verirl._validate import check_port, check_seconds, parse_int, parse_seconds
@@ -560,8 +560,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise ConfigError.invalid("COMMAND", command, "give the training command after --")
+    shown = redact_argv(command, secrets=secrets_in_environ(os.environ))  # never its secrets
     if any("\x00" in arg for arg in command):
-        raise ConfigError.invalid("COMMAND", command, "must not contain a null byte")
+        raise ConfigError.invalid("COMMAND", shown, "must not contain a null byte")
     grace = _launch_grace(args)
     _refuse_unused(args)
     from verirl._supervise import run_command  # noqa: PLC0415 - psutil, only for launch
@@ -575,7 +576,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             gpus = f"the GPUs as launched (CUDA_VISIBLE_DEVICES={visible or 'unset'})"
         log.info(
             "running %s on %s (resume: %s)",
-            shlex.join(command),
+            shlex.join(shown),
             gpus,
             session.resume_from_checkpoint or "fresh start",
         )
