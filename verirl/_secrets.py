@@ -128,7 +128,7 @@ def redact_url(url: str) -> str:
     return redact_text(url)
 
 
-_SECRET_WORDS = frozenset({"token", "key", "secret", "password", "passwd", "pwd", "apikey",
+_SECRET_WORDS = frozenset({"token", "key", "secret", "password", "passwd", "apikey",
                            "credential", "credentials", "auth"})  # fmt: skip
 _WORD = re.compile(r"[A-Za-z0-9]+")
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
