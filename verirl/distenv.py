@@ -232,6 +232,28 @@ def _defaults(
     return defaults
 
 
+def _check_filled(variables: Mapping[str, str], filled: set[str]) -> None:
+    """The launcher's values with verirl's defaults must pass the same checks as given ones.
+
+    ``LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 WORLD_SIZE=2`` without ``RANK`` would get
+    ``RANK=0``, which contradicts ``LOCAL_RANK=1``: that is a `ConfigError`
+    naming the variable left unset, never a combination the checks refuse.
+    """
+    if not filled & set(_LAUNCHER_VARS[:4]):
+        return
+    try:
+        _Launcher.read(variables).check()
+    except ConfigError as exc:
+        missing = [name for name in _LAUNCHER_VARS[:4] if name in filled]  # ranks and sizes
+        name = exc.field if exc.field in missing else missing[0]
+        defaults = ", ".join(f"{n}={variables[n]}" for n in missing)
+        reason = (
+            f"is unset, and verirl's single-node default(s) ({defaults}) contradict the "
+            f"launcher's values: {exc}; set {' and '.join(missing)} as the launcher should"
+        )
+        raise ConfigError(f"{name} {reason}", field=name, value=None, reason=reason) from None
+
+
 @attrs.frozen
 class DistributedEnv:
     """The ``torch.distributed`` variables a trainer process should run with.
@@ -278,6 +300,7 @@ class DistributedEnv:
             elif name in defaults:
                 variables[name] = defaults[name]
                 filled.add(name)
+        _check_filled(variables, filled)
         return cls(variables=variables, defaulted=frozenset(filled))
 
     @property
