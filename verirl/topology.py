@@ -271,9 +271,11 @@ class VLLMTopology:
 
     @classmethod
     def _colocate(cls, wanted: _PlanInputs, tensor_parallel: int) -> VLLMTopology:
-        if wanted.remote_host is not None:
+        if wanted.remote_host is not None:  # named by the host: the value that cannot be used
             raise ConfigError.invalid(
-                "mode", wanted.mode, "colocate runs vLLM in-process; it cannot use remote_host"
+                "remote_host",
+                wanted.remote_host,
+                "a remote vLLM host cannot be used in colocate mode (vLLM runs in-process)",
             )
         if wanted.data_parallel_size != 1:
             raise ConfigError.invalid(
