@@ -43,8 +43,11 @@ def test_the_server_and_launch_share_one_redaction():
 
 
 @settings(max_examples=200, deadline=None)
-@given(value=secret, form=st.sampled_from(range(len(FORMS))), before=st.lists(
-    st.sampled_from(["python", "train.py", "--lr", "1e-5", "-v"]), max_size=3))
+@given(
+    value=secret,
+    form=st.sampled_from(range(len(FORMS))),
+    before=st.lists(st.sampled_from(["python", "train.py", "--lr", "1e-5", "-v"]), max_size=3),
+)
 def test_no_spelling_of_a_secret_survives(value, form, before):
     argv = [*before, *FORMS[form](value)]
     shown = shlex.join(redact_argv(argv))

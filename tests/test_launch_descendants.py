@@ -107,7 +107,9 @@ class Scene:
         self.stderr_path = tmp_path / "launch.err"
         recorder = [str(tmp_path / "recorder.py"), str(self.record), str(self.ready)]
         py = sys.executable
-        wait_ready = f"i=0; while [ ! -e {self.ready} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done"
+        wait_ready = (
+            f"i=0; while [ ! -e {self.ready} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done"
+        )
         commands = {
             # the command exits at once, its daemon lives on
             "daemon-exits": [py, str(tmp_path / "daemonize.py"), "exit", *recorder],
@@ -196,7 +198,7 @@ def test_a_signal_reaches_a_process_outside_the_group_exactly_once(
     scenes: Callable[[str], Scene], shape: str, sig: signal.Signals
 ) -> None:
     scene = scenes(shape)
-    session, group = scene.wait_for_recorder()
+    session, _ = scene.wait_for_recorder()
     assert scene.recorder is not None
     assert session != scene.proc.pid  # it left launch's session (and the command's group)
     scene.proc.send_signal(sig)  # kill -TERM <pid>, as Kubernetes signals a container

@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -50,8 +49,10 @@ def _exported(layout: str, caller: dict[str, str], monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(values=st.fixed_dictionaries({}, optional={name: stale for name in EXPORTED[1:]}))
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(values=st.fixed_dictionaries({}, optional=dict.fromkeys(EXPORTED[1:], stale)))
 def test_no_exported_variable_is_the_callers_stale_value(monkeypatch, layout, values):
     with monkeypatch.context() as patch:
         clean = _exported(layout, {}, patch)
@@ -61,20 +62,23 @@ def test_no_exported_variable_is_the_callers_stale_value(monkeypatch, layout, va
     if layout == "colocate":
         assert dirty["VERIRL_VLLM_URL"] is None  # no server: no URL at all
     else:
-        assert dirty["VERIRL_VLLM_URL"] == TrainingRuntime.from_settings(
-            **LAYOUTS[layout], environ={}
-        ).topology.server_url
+        assert (
+            dirty["VERIRL_VLLM_URL"]
+            == TrainingRuntime.from_settings(**LAYOUTS[layout], environ={}).topology.server_url
+        )
 
 
 def test_launch_in_colocate_mode_passes_on_no_stale_server_url(tmp_path, monkeypatch):
     clear_verirl_env(monkeypatch, tmp_path)
     out = tmp_path / "seen.json"
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import json, os
         names = {EXPORTED!r}
         json.dump({{n: os.environ.get(n) for n in names}}, open({str(out)!r}, "w"))
-    """))
+    """)
+    )
     env = {**os.environ, "VERIRL_VLLM_URL": "http://other-job:8001",
            "VERIRL_GRPO_KWARGS": '{"vllm_mode": "server"}',
            "VERIRL_RESUME_FROM_CHECKPOINT": "", "CUDA_VISIBLE_DEVICES": "3,5"}  # fmt: skip

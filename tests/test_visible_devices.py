@@ -25,7 +25,7 @@ from verirl._child_env import map_visible_devices, parse_visible_devices
 from verirl.topology import detect_gpu_count
 
 
-def torch_parse(var: str) -> list[int] | list[str]:
+def torch_parse(var: str) -> list[int] | list[str]:  # noqa: C901 - torch's own code
     """torch's ``_parse_visible_devices`` for ``CUDA_VISIBLE_DEVICES=var`` (CUDA, not ROCm)."""
 
     def _strtoul(s: str) -> int:
@@ -35,7 +35,7 @@ def torch_parse(var: str) -> list[int] | list[str]:
             if not (c.isdigit() or (idx == 0 and c in "+-")):
                 break
             if idx + 1 == len(s):
-                idx += 1
+                idx += 1  # noqa: PLW2901 - torch's own code, as it is
         return int(s[:idx]) if idx > 0 else -1
 
     def parse_list_with_prefix(lst: str, prefix: str) -> list[str]:
@@ -81,7 +81,8 @@ def test_the_visible_gpus_are_torchs(value):
     try:
         got = parse_visible_devices(value)
     except ConfigError as exc:  # only what torch fails on, or reads as non-ASCII digits
-        assert exc.field == "CUDA_VISIBLE_DEVICES", exc
+        field = exc.field
+        assert field == "CUDA_VISIBLE_DEVICES"
         assert expected is None or not value.isascii(), (value, expected)
         return
     assert expected is not None, value
@@ -94,7 +95,7 @@ def test_the_count_without_torch_is_torchs(value, monkeypatch_module):
     try:
         expected = len(parse_visible_devices(value))
     except ConfigError:
-        with pytest.raises(ConfigError, match="^CUDA_VISIBLE_DEVICES="):
+        with pytest.raises(ConfigError, match=r"^CUDA_VISIBLE_DEVICES="):
             detect_gpu_count(environ={"CUDA_VISIBLE_DEVICES": value})
         return
     assert detect_gpu_count(environ={"CUDA_VISIBLE_DEVICES": value}) == expected

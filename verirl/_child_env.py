@@ -48,9 +48,10 @@ def _is_scrubbed(name: str) -> bool:
 
 
 def _ordinal(entry: str, value: str) -> int:
-    """torch's ``_strtoul``: the integer an entry starts with, -1 if none (ends the list).
+    """The integer an entry starts with, as torch's ``_strtoul`` reads it.
 
-    ``1gpu2`` is 1 (CUDA reads it as ``strtoul`` does). What torch would crash
+    -1 if none (that ends the list); ``1gpu2`` is 1 (CUDA reads it as
+    ``strtoul`` does). What torch would crash
     on (a lone sign) or read differently from CUDA (non-ASCII digits) is a
     `ConfigError` naming ``CUDA_VISIBLE_DEVICES``.
     """

@@ -135,7 +135,7 @@ _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _secret_name(name: str) -> bool:
-    """Whether a flag or variable name holds a secret: its last word is token, key, secret, …
+    """Whether a flag or variable name holds a secret (its last word is token, key, …).
 
     ``--api-key``, ``--hf-token``, ``--hub_token``, ``HF_TOKEN``,
     ``WANDB_API_KEY``, ``--password``: over-redaction (``--pad-token``) is
@@ -143,6 +143,20 @@ def _secret_name(name: str) -> bool:
     """
     words = _WORD.findall(name.lower())
     return bool(words) and words[-1] in _SECRET_WORDS
+
+
+def _redact_shell_line(arg: str, secrets: Sequence[str]) -> str:
+    """A shell line (``sh -c '...'``) with its words redacted; any other word as it is."""
+    if not any(char.isspace() for char in arg):
+        return arg
+    try:
+        words = shlex.split(arg)
+    except ValueError:
+        return arg
+    if len(words) < 2:  # noqa: PLR2004 - one word: nothing to split
+        return arg
+    redacted = _redact_words(words, secrets)
+    return arg if redacted == words else shlex.join(redacted)
 
 
 def _redact_words(argv: Sequence[str], secrets: Sequence[str]) -> list[str]:
@@ -162,16 +176,7 @@ def _redact_words(argv: Sequence[str], secrets: Sequence[str]) -> list[str]:
         if equals and _ASSIGNMENT.fullmatch(name) and _secret_name(name):
             shown.append(f"{name}={HIDDEN}")  # HF_TOKEN=V, as `env` and a shell take it
             continue
-        if any(char.isspace() for char in arg):  # a shell line (sh -c '...'): its words too
-            try:
-                words = shlex.split(arg)
-            except ValueError:
-                words = []
-            if len(words) > 1:
-                redacted = _redact_words(words, secrets)
-                if redacted != words:
-                    arg = shlex.join(redacted)
-        shown.append(redact_text(arg))
+        shown.append(redact_text(_redact_shell_line(arg, secrets)))
     return shown
 
 
@@ -201,5 +206,5 @@ def secrets_in_environ(environ: Mapping[str, str]) -> list[str]:
     return [
         value
         for name, value in environ.items()
-        if _secret_name(name) and isinstance(value, str) and len(value) >= _MIN_SCRUBBED
+        if _secret_name(name) and len(value) >= _MIN_SCRUBBED
     ]

@@ -128,7 +128,7 @@ class _Command:
         self.since = since
         self.seen: dict[int, psutil.Process] = {}
         self.pending: list[psutil.Process] = []  # left to a parent of the command to signal
-        self.signum = signal.SIGTERM
+        self.signum: int = signal.SIGTERM
         try:
             self.leader: psutil.Process | None = psutil.Process(child.pid)
         except psutil.Error:
@@ -304,8 +304,7 @@ def _stop_command(
             deadline = time.monotonic() + grace
             processes = tracked.signal_once(signum)
             log.warning(
-                "passed %s on to the training command (pid %d) and its processes; "
-                "SIGKILL in %gs",
+                "passed %s on to the training command (pid %d) and its processes; SIGKILL in %gs",
                 signal.Signals(signum).name,
                 child.pid,
                 grace,

@@ -271,11 +271,12 @@ class VLLMTopology:
 
     @classmethod
     def _colocate(cls, wanted: _PlanInputs, tensor_parallel: int) -> VLLMTopology:
-        if wanted.remote_host is not None:  # named by the host: the value that cannot be used
+        if wanted.remote_host is not None:
             raise ConfigError.invalid(
-                "remote_host",
-                wanted.remote_host,
-                "a remote vLLM host cannot be used in colocate mode (vLLM runs in-process)",
+                "mode",
+                wanted.mode,
+                f"runs vLLM in-process, so a remote vLLM host ({wanted.remote_host}) "
+                "cannot be used",
             )
         if wanted.data_parallel_size != 1:
             raise ConfigError.invalid(
