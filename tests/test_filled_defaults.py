@@ -36,12 +36,15 @@ def test_what_is_filled_in_passes_the_checks_given_values_pass(environ):
 
 
 @pytest.mark.parametrize(
-    ("environ", "unset"),
-    [({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2"}, "RANK"),
-     ({"RANK": "3", "WORLD_SIZE": "4", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "4"}, "LOCAL_RANK")],
+    ("environ", "given", "unset"),
+    [({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2"}, "LOCAL_RANK", "RANK"),
+     ({"RANK": "3", "WORLD_SIZE": "4", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "4"}, "RANK",
+      "LOCAL_RANK"),
+     ({"GROUP_RANK": "1"}, "GROUP_RANK", "WORLD_SIZE")],
 )  # fmt: skip
-def test_a_contradicting_default_names_the_variable_left_unset(environ, unset):
+def test_a_contradicting_default_names_the_given_variable_and_the_unset_one(environ, given, unset):
     with pytest.raises(ConfigError) as info:
         DistributedEnv.single_node(environ={**environ, "MASTER_PORT": "29500"})
-    assert info.value.field == unset
-    assert str(info.value).startswith(f"{unset} is unset")
+    assert info.value.field == given  # the user's words
+    assert str(info.value).startswith(f"{given}={environ[given]!r}: contradicts")
+    assert f"set {unset}" in str(info.value) or f" and {unset}" in str(info.value)
