@@ -817,7 +817,7 @@ def test_device_beyond_the_parents_visible_gpus_is_a_config_error_at_start(
         ((1,), "4,5,6,7", "5"),
         ((0, 3), "4,5,6,7", "4,7"),
         ((1, 2), None, "1,2"),
-        ((0,), " GPU-a , GPU-b ", "GPU-a"),
+        ((0,), "GPU-a,GPU-b", "GPU-a"),  # torch's reading: " GPU-a" (a space first) is no GPU
     ],
 )
 def test_map_visible_devices(devices, parent, expected):

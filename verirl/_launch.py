@@ -28,7 +28,7 @@ from typing import Any, Literal, NoReturn
 
 import attrs
 
-from verirl._secrets import HIDDEN, redact_text
+from verirl._secrets import HIDDEN, redact_argv, redact_text
 from verirl.errors import ConfigError, VLLMServerError
 
 __all__ = [
@@ -369,26 +369,6 @@ def _api_server_argv(argv: list[str], module: str) -> list[str]:
             ]
     msg = f"trl's build_command no longer starts with `-m {_CLI_MODULE} serve MODEL`: {argv[:6]}"
     raise VLLMServerError(msg)
-
-
-_SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "--token"})
-
-
-def redact_argv(argv: Sequence[str]) -> list[str]:
-    """``argv`` safe to log: values of secret flags (``--api-key``) hidden, URL passwords too."""
-    shown: list[str] = []
-    hide_next = False
-    for arg in argv:
-        flag, equals, _ = arg.partition("=")
-        secret = flag.replace("_", "-") in _SECRET_FLAGS and flag.startswith("--")
-        if hide_next:
-            shown.append(HIDDEN)
-        elif secret and equals:
-            shown.append(f"{flag}={HIDDEN}")
-        else:
-            shown.append(redact_text(arg))
-        hide_next = secret and not equals
-    return shown
 
 
 @contextlib.contextmanager

@@ -12,6 +12,8 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import quote, quote_plus
 
 from verirl.errors import ConfigError
@@ -20,10 +22,12 @@ __all__ = [
     "HIDDEN",
     "check_token",
     "hub_token_in_use",
+    "redact_argv",
     "redact_text",
     "redact_url",
     "scrub",
     "scrub_exception",
+    "secrets_in_environ",
 ]
 
 HIDDEN = "<hidden>"
@@ -141,3 +145,85 @@ def redact_text(value: str) -> str:
 def redact_url(url: str) -> str:
     """``url`` with any ``user:password@`` part replaced by ``***@`` (see `redact_text`)."""
     return redact_text(url)
+
+
+_SECRET_WORDS = frozenset({"token", "key", "secret", "password", "passwd", "apikey",
+                           "credential", "credentials", "auth"})  # fmt: skip
+_WORD = re.compile(r"[A-Za-z0-9]+")
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _secret_name(name: str) -> bool:
+    """Whether a flag or variable name holds a secret (its last word is token, key, …).
+
+    ``--api-key``, ``--hf-token``, ``--hub_token``, ``HF_TOKEN``,
+    ``WANDB_API_KEY``, ``--password``: over-redaction (``--pad-token``) is
+    accepted, a leak is not.
+    """
+    words = _WORD.findall(name.lower())
+    return bool(words) and words[-1] in _SECRET_WORDS
+
+
+def _redact_shell_line(arg: str, secrets: Sequence[str]) -> str:
+    """A shell line (``sh -c '...'``) with its words redacted; any other word as it is."""
+    if not any(char.isspace() for char in arg):
+        return arg
+    try:
+        words = shlex.split(arg)
+    except ValueError:
+        return arg
+    if len(words) < 2:  # noqa: PLR2004 - one word: nothing to split
+        return arg
+    redacted = _redact_words(words, secrets)
+    return arg if redacted == words else shlex.join(redacted)
+
+
+def _redact_words(argv: Sequence[str], secrets: Sequence[str]) -> list[str]:
+    shown: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            shown.append(HIDDEN)
+            hide_next = False
+            continue
+        name, equals, _ = arg.partition("=")
+        if arg.startswith("-") and _secret_name(name):
+            # --api-key=V hides V; --api-key V hides the next word
+            shown.append(f"{name}={HIDDEN}" if equals else arg)
+            hide_next = not equals
+            continue
+        if equals and _ASSIGNMENT.fullmatch(name) and _secret_name(name):
+            shown.append(f"{name}={HIDDEN}")  # HF_TOKEN=V, as `env` and a shell take it
+            continue
+        shown.append(redact_text(_redact_shell_line(arg, secrets)))
+    return shown
+
+
+def redact_argv(argv: Iterable[str], *, secrets: Iterable[str | None] = ()) -> list[str]:
+    """``argv`` safe to log: the vLLM server's and ``verirl launch``'s command line alike.
+
+    Hidden: the value of a flag named like a secret (``--api-key V``,
+    ``--hub_token=V``, ``--password V``: the last word of the name is token,
+    key, secret, password, …), of a ``NAME=V`` assignment named so
+    (``HF_TOKEN=V``), the same inside a shell line (``sh -c '...'``), a URL's
+    ``user:password@``, and every form of each of ``secrets`` (the Hub token
+    verirl was given) wherever it appears.
+    """
+    known = [secret for secret in secrets if secret]
+    shown = _redact_words(list(argv), known)
+    for secret in known:
+        shown = [scrub(arg, secret, HIDDEN) for arg in shown]
+    return shown
+
+
+def secrets_in_environ(environ: Mapping[str, str]) -> list[str]:
+    """The values of ``environ``'s variables named like secrets (``HF_TOKEN``, ``*_API_KEY``, …).
+
+    A command line that expanded ``$HF_TOKEN`` carries it with no flag name to
+    tell: `redact_argv` scrubs these wherever they appear.
+    """
+    return [
+        value
+        for name, value in environ.items()
+        if _secret_name(name) and len(value) >= _MIN_SCRUBBED
+    ]

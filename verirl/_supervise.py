@@ -20,6 +20,18 @@ SIGKILLs the group at once, and so does a SIGTERM after a Ctrl-C; a second
 SIGTERM is ignored (the one SIGTERM policy fires once), so a save in progress
 completes. The command also gets the death signal (SIGTERM when verirl dies).
 
+**Nothing outlives launch.** Every process the command starts carries
+`LAUNCH_MARKER_VAR` in its environment (inherited), so launch finds those that
+left the group or the session (a daemon, torchrun's ranks) as well as its
+descendants. On a signal, each process of the command gets it once: the group
+by ``killpg``; a process outside the group (a daemon, a ``setsid`` child) gets
+it from launch, except a rank of torchrun (``TORCHELASTIC_RUN_ID`` in its
+environment) while its parent lives: torchrun forwards the signal to the ranks
+it started in sessions of their own, and a rank stops what it started (should
+that parent die without passing it on, launch does). After the grace,
+whatever is left is SIGKILLed. When the command exits on its own, what it
+left running gets SIGTERM the same way, the grace, then SIGKILL.
+
 The server watchdog (`verirl._watchdog`) reaches the main thread here the
 same way a SIGTERM does, as the policy's interrupt: its `VLLMServerError`
 arrives in the wait for the command, which then gets SIGTERM and the grace
@@ -33,6 +45,7 @@ import contextlib
 import functools
 import logging
 import os
+import secrets
 import shlex
 import signal
 import subprocess
@@ -42,13 +55,17 @@ from collections.abc import Callable, Collection, Sequence
 import psutil
 
 from verirl._process import death_signal_preexec, spawn
+from verirl._secrets import redact_argv, secrets_in_environ
 from verirl.errors import VLLMServerError
 
-__all__ = ["run_command"]
+__all__ = ["LAUNCH_MARKER_VAR", "run_command"]
 
 log = logging.getLogger(__name__)
 
 _STOPPING = (signal.SIGINT, signal.SIGTERM)
+
+LAUNCH_MARKER_VAR = "VERIRL_LAUNCH_MARKER"
+"""In the command's environment: comma-separated markers, one per enclosing ``verirl launch``."""
 
 
 def _child_preexec(stopping: Collection[int]) -> Callable[[], None]:
@@ -87,18 +104,159 @@ def _start(
     return child
 
 
-def _group_members(child: subprocess.Popen[bytes]) -> list[psutil.Process]:
-    """The command's descendants still in its process group (a wrapper's python)."""
+def _marked(process: psutil.Process, marker: str) -> bool:
+    """Whether ``process``'s environment carries ``marker`` (it descends from the command)."""
     try:
-        descendants = psutil.Process(child.pid).children(recursive=True)
-    except psutil.Error:
-        return []
-    members = []
-    for process in descendants:
+        value = process.environ().get(LAUNCH_MARKER_VAR, "")
+    except (psutil.Error, OSError):
+        return False
+    return marker in value.split(",")
+
+
+class _Command:
+    """The training command and every process it started, found again at each step.
+
+    Descendants are found through the process tree while their parents live,
+    and through `LAUNCH_MARKER_VAR` once orphaned (a daemon, a rank whose
+    agent died). Each is remembered with its creation time, so a reused pid
+    is never signalled.
+    """
+
+    def __init__(self, child: subprocess.Popen[bytes], marker: str, since: float) -> None:
+        self.child = child
+        self.marker = marker
+        self.since = since
+        self.seen: dict[int, psutil.Process] = {}
+        self.pending: list[psutil.Process] = []  # left to a parent of the command to signal
+        self.signum: int = signal.SIGTERM
+        try:
+            self.leader: psutil.Process | None = psutil.Process(child.pid)
+        except psutil.Error:
+            self.leader = None
+
+    def collect(self) -> list[psutil.Process]:
+        """The command's processes alive now (the command itself left out), remembered."""
+        found: list[psutil.Process] = []
+        if self.leader is not None and self.child.returncode is None:
+            with contextlib.suppress(psutil.Error):
+                found += self.leader.children(recursive=True)
+        me = os.getpid()
+        for process in psutil.process_iter():
+            try:
+                if process.pid in (me, self.child.pid) or process.create_time() < self.since:
+                    continue
+            except (psutil.Error, OSError):
+                continue
+            if _marked(process, self.marker):
+                found.append(process)
+        for process in found:
+            known = self.seen.get(process.pid)
+            if known is None or not _alive(known):
+                self.seen[process.pid] = process
+        return [process for process in self.seen.values() if _alive(process)]
+
+    def in_group(self, process: psutil.Process) -> bool:
+        try:
+            return os.getpgid(process.pid) == self.child.pid
+        except OSError:
+            return False
+
+    def forwarded_by_parent(self, process: psutil.Process) -> bool:
+        """Whether a live parent of the command passes signals on to ``process``.
+
+        torchrun's agent does, to the ranks it starts in sessions of their
+        own (``TORCHELASTIC_RUN_ID`` in their environment); a rank stops what
+        it started itself (its data loader workers). Any other process outside
+        the group gets the signal from launch.
+        """
+        try:
+            parent = process.ppid()
+            if "TORCHELASTIC_RUN_ID" not in process.environ():
+                return False
+        except (psutil.Error, OSError):
+            return False
+        if parent == self.child.pid:
+            return self.child.returncode is None and (self.leader is None or _alive(self.leader))
+        known = self.seen.get(parent)
+        return known is not None and _alive(known)
+
+    def signal_once(self, signum: int) -> list[psutil.Process]:
+        """``signum`` to each process of the command exactly once; what was found then.
+
+        The group gets it by ``killpg``; outside the group, only an orphan
+        (no live parent of the command to pass it on) gets it from us.
+        """
+        processes = self.collect()
+        _signal_group(self.child, signum)
+        self.signum = signum
+        self.pending = []
+        for process in processes:
+            if self.in_group(process):
+                continue
+            if self.forwarded_by_parent(process):
+                self.pending.append(process)
+                continue
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signum)  # psutil refuses a pid that was reused
+        return processes
+
+    def pass_to_orphans(self) -> None:
+        """The signal to each process left to its parent that died without passing it on.
+
+        A parent that forwards (torchrun) waits for what it signalled before
+        it exits; one that dies at once (``sh`` without a trap) never passed it.
+        """
+        for process in list(self.pending):
+            if not _alive(process):
+                self.pending.remove(process)
+            elif not self.forwarded_by_parent(process):
+                self.pending.remove(process)
+                with contextlib.suppress(psutil.Error):
+                    process.send_signal(self.signum)
+
+    def kill(self) -> None:
+        """SIGKILL the group and every process of the command still found."""
         with contextlib.suppress(OSError):
-            if os.getpgid(process.pid) == child.pid:
-                members.append(process)
-    return members
+            os.killpg(self.child.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            if self.child.returncode is None:
+                self.child.kill()
+        with contextlib.suppress(Exception):
+            for process in self.collect():
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+
+    def exited(self) -> bool:
+        """Whether the command itself has exited, without reaping it (its pid is the group id)."""
+        if self.child.returncode is not None:
+            return True
+        if not hasattr(os, "waitid"):
+            return self.child.poll() is not None
+        try:
+            info = os.waitid(os.P_PID, self.child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return self.child.poll() is not None
+        return info is not None
+
+    def wait_exited(self) -> None:
+        """Block until the command exits, leaving it unreaped (a signal interrupts the wait)."""
+        if not hasattr(os, "waitid"):
+            self.child.wait()
+            return
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PID, self.child.pid, os.WEXITED | os.WNOWAIT)
+
+    def wait_gone(self, processes: list[psutil.Process], deadline: float) -> bool:
+        """Wait until the command and ``processes`` are gone; False at the deadline."""
+        delay = 0.001
+        while not self.exited() or any(_alive(process) for process in processes):
+            self.pass_to_orphans()
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            time.sleep(min(delay, deadline - now))  # a signal interrupts it: "interrupted again"
+            delay = min(delay * 2, 0.05)
+        return True
 
 
 def _alive(process: psutil.Process) -> bool:
@@ -111,75 +269,66 @@ def _alive(process: psutil.Process) -> bool:
         return True
 
 
-def _wait_gone(processes: list[psutil.Process], deadline: float) -> bool:
-    """Wait until none of ``processes`` runs (they are not our children); False at deadline."""
-    delay = 0.001
-    while any(_alive(process) for process in processes):
-        now = time.monotonic()
-        if now >= deadline:
-            return False
-        time.sleep(min(delay, deadline - now))  # a signal interrupts it: "interrupted again"
-        delay = min(delay * 2, 0.05)
-    return True
-
-
 def _signal_group(child: subprocess.Popen[bytes], signum: int) -> None:
     """``signum`` to the command's process group (to the command alone if it left it)."""
     try:
         os.killpg(child.pid, signum)
     except ProcessLookupError:
         with contextlib.suppress(OSError):
-            child.send_signal(signum)
+            if child.returncode is None:
+                child.send_signal(signum)
     except OSError as exc:
         log.warning("cannot signal the training command's process group %d: %s", child.pid, exc)
 
 
-def _stop_command(child: subprocess.Popen[bytes], signum: int, grace: float) -> int:
-    """Pass ``signum`` on to the command's group once, wait ``grace`` seconds, then SIGKILL it.
+def _tracker(child: subprocess.Popen[bytes]) -> _Command:
+    """A `_Command` for a child started without a marker (nothing found by environment)."""
+    return _Command(child, f"untracked-{secrets.token_hex(8)}", time.time())
+
+
+def _stop_command(
+    child: subprocess.Popen[bytes], signum: int, grace: float, command: _Command | None = None
+) -> int:
+    """Pass ``signum`` on to each process of the command once, wait ``grace`` s, then SIGKILL.
 
     A further signal at any point (a second Ctrl-C, SIGTERM after a Ctrl-C)
     SIGKILLs the group at once: the ``finally`` sees to it even when that
     signal lands between two statements here.
     """
-    if child.returncode is not None:  # it ended as the signal came
-        return child.returncode
+    tracked = command or _tracker(child)
+    if tracked.exited() and not tracked.collect():  # it ended as the signal came
+        return _reap(child)
     stopped = False
     try:
         try:
             deadline = time.monotonic() + grace
-            members = _group_members(child)
-            _signal_group(child, signum)
+            processes = tracked.signal_once(signum)
             log.warning(
-                "passed %s on to the training command (pid %d) and its process group; "
-                "SIGKILL in %gs",
+                "passed %s on to the training command (pid %d) and its processes; SIGKILL in %gs",
                 signal.Signals(signum).name,
                 child.pid,
                 grace,
             )
-            code = child.wait(timeout=grace)
-            if not _wait_gone(members, deadline):
+            if not tracked.wait_gone(processes, deadline):
                 raise subprocess.TimeoutExpired(child.args, grace)  # noqa: TRY301 - handled below
-            stopped = True
+            stopped = not tracked.collect()  # anything started meanwhile: SIGKILL below
         except subprocess.TimeoutExpired:
             log.warning("the training command outlived its %gs grace: sending SIGKILL", grace)
         except (KeyboardInterrupt, SystemExit):  # a second Ctrl-C, or SIGTERM after a Ctrl-C
             log.warning("interrupted again: sending SIGKILL to the training command")
     finally:
         if not stopped:
-            _kill_command(child)
-    return code if stopped else _reap(child)
+            tracked.kill()
+    return _reap(child)
 
 
-def _kill_command(child: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the command's process group, and the command itself should it have left it."""
-    with contextlib.suppress(OSError):
-        os.killpg(child.pid, signal.SIGKILL)
-    with contextlib.suppress(OSError):
-        child.kill()
+def _kill_command(child: subprocess.Popen[bytes], command: _Command | None = None) -> None:
+    """SIGKILL the command's process group, the command, and whatever else of it is found."""
+    (command or _tracker(child)).kill()
 
 
 def _reap(child: subprocess.Popen[bytes]) -> int:
-    """Wait for a SIGKILLed command; a signal meanwhile cannot stop a reap that is quick."""
+    """Wait for an exited or SIGKILLed command; a signal meanwhile cannot stop a quick reap."""
     while True:
         try:
             return child.wait()
@@ -187,33 +336,69 @@ def _reap(child: subprocess.Popen[bytes]) -> int:
             continue
 
 
+def _end_leftovers(command: _Command, grace: float) -> None:
+    """The command exited on its own: SIGTERM what it left running, ``grace`` s, then SIGKILL."""
+    left = command.collect()
+    if not left:
+        return
+    log.warning(
+        "the training command left %d process(es) running (pids %s): SIGTERM, SIGKILL in %gs",
+        len(left),
+        ", ".join(str(process.pid) for process in left),
+        grace,
+    )
+    done = False
+    try:
+        processes = command.signal_once(signal.SIGTERM)
+        done = command.wait_gone(processes, time.monotonic() + grace) and not command.collect()
+        if not done:
+            log.warning("processes of the training command outlived the grace: sending SIGKILL")
+    finally:
+        if not done:
+            command.kill()
+
+
 def run_command(command: Sequence[str], env: dict[str, str], grace: float) -> int:
     """Run ``command``; return its exit code (128+N when it died of signal N).
 
     The command runs in a process group of its own (see the module
     docstring). SIGTERM (the one policy's `SystemExit`) or Ctrl-C while it
-    runs is passed on to that group once, with ``grace`` seconds to exit
-    before SIGKILL. It is started from verirl's spawner thread with both
-    signals blocked there: one arriving meanwhile is handled once the command
-    is known, and passed on to it. The command gets SIGTERM from the kernel
-    if verirl itself dies. Whatever interrupts verirl here, the command never
-    outlives this call. A `VLLMServerError` raised here (the watchdog's
-    interrupt) stops the command as SIGTERM does, then propagates.
+    runs is passed on to each of its processes once, with ``grace`` seconds
+    to exit before SIGKILL. It is started from verirl's spawner thread with
+    both signals blocked there: one arriving meanwhile is handled once the
+    command is known, and passed on to it. The command gets SIGTERM from the
+    kernel if verirl itself dies. Whatever interrupts verirl here, nothing the
+    command started outlives this call (see `LAUNCH_MARKER_VAR`). A
+    `VLLMServerError` raised here (the watchdog's interrupt) stops the
+    command as SIGTERM does, then propagates.
     """
+    marker = f"{os.getpid()}-{secrets.token_hex(8)}"
+    outer = env.get(LAUNCH_MARKER_VAR, "")
+    env = {**env, LAUNCH_MARKER_VAR: f"{outer},{marker}" if outer else marker}
+    since = time.time() - 1.0  # creation times are rounded: a second's margin
     started: list[subprocess.Popen[bytes]] = []
+    tracked: list[_Command] = []
     try:
         try:
             try:
                 child = spawn(functools.partial(_start, command, env, started))
             except (OSError, subprocess.SubprocessError) as exc:
-                log.error("cannot run %s: %s", shlex.join(command), exc)  # noqa: TRY400 - no traceback for a missing program
+                secrets_ = secrets_in_environ(env)
+                shown = shlex.join(redact_argv(command, secrets=secrets_))
+                # The command is shown redacted; an OSError's own text would repeat argv[0].
+                strerror = exc.strerror if isinstance(exc, OSError) else None
+                (why,) = redact_argv([strerror or str(exc)], secrets=secrets_)
+                log.error("cannot run %s: %s", shown, why)  # noqa: TRY400 - no traceback for a missing program
                 return 127
-            code = child.wait()
+            tracked.append(_Command(child, marker, since))
+            tracked[0].wait_exited()
+            _end_leftovers(tracked[0], grace)
+            code = _reap(child)
         except VLLMServerError:
             if not started:
                 raise
             log.error("stopping the training command: the vLLM server it uses failed")  # noqa: TRY400 - logged by the watchdog
-            code = _stop_command(started[0], signal.SIGTERM, grace)
+            code = _stop_command(started[0], signal.SIGTERM, grace, _first(tracked))
             log.info(
                 "the training command exited with %d after the vLLM server failed", _code(code)
             )
@@ -222,13 +407,17 @@ def run_command(command: Sequence[str], env: dict[str, str], grace: float) -> in
             if not started:
                 raise  # it never ran
             signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
-            code = _stop_command(started[0], signum, grace)
+            code = _stop_command(started[0], signum, grace, _first(tracked))
     except BaseException:
-        if started and started[0].returncode is None:
-            _kill_command(started[0])
+        if started and (started[0].returncode is None or tracked):
+            _kill_command(started[0], _first(tracked))
             _reap(started[0])
         raise
     return _code(code)
+
+
+def _first(tracked: list[_Command]) -> _Command | None:
+    return tracked[0] if tracked else None
 
 
 def _code(code: int) -> int:

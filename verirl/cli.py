@@ -61,7 +61,7 @@ from verirl._child_env import map_visible_devices
 from verirl._cli_output import STDERR, STDOUT, json_text, stdout_to_stderr
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT
 from verirl._net import url_host
-from verirl._secrets import HIDDEN
+from verirl._secrets import HIDDEN, redact_argv, secrets_in_environ
 from verirl._serve_args import own_flag
 from verirl._settings import Settings, split_args, split_command
 from verirl._signals import SIGTERM_POLICY, exit_on_sigterm, sigterm_pending
@@ -639,6 +639,12 @@ def _public_address(host: str) -> str | None:
 def _training_environment(
     runtime: TrainingRuntime, resume: str | None, url: str | None
 ) -> dict[str, str]:
+    """What the command runs with: the caller's environment, with this run's values on top.
+
+    Every variable launch exports describes this run: one the layout does not
+    set (``VERIRL_VLLM_URL`` in colocate mode) is removed, never passed on
+    stale from the caller's environment.
+    """
     env = dict(os.environ)
     topology = runtime.topology
     if topology.remote_host is None:  # vLLM is elsewhere: the GPUs are the launcher's to hand out
@@ -649,6 +655,8 @@ def _training_environment(
     env[GRPO_KWARGS_VARIABLE] = json.dumps(topology.grpo_kwargs(), sort_keys=True)
     if url is not None:
         env[VLLM_URL_VARIABLE] = url
+    else:  # colocate: no server, so no URL (a caller's would point at another job's)
+        env.pop(VLLM_URL_VARIABLE, None)
     return env
 
 
@@ -669,8 +677,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise ConfigError.invalid("COMMAND", command, "give the training command after --")
+    shown = redact_argv(command, secrets=secrets_in_environ(os.environ))  # never its secrets
     if any("\x00" in arg for arg in command):
-        raise ConfigError.invalid("COMMAND", command, "must not contain a null byte")
+        raise ConfigError.invalid("COMMAND", shown, "must not contain a null byte")
     grace = _launch_grace(args)
     _refuse_unused(args)
     from verirl._supervise import run_command  # noqa: PLC0415 - psutil, only for launch
@@ -684,7 +693,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             gpus = f"the GPUs as launched (CUDA_VISIBLE_DEVICES={visible or 'unset'})"
         log.info(
             "running %s on %s (resume: %s)",
-            shlex.join(command),
+            shlex.join(shown),
             gpus,
             session.resume_from_checkpoint or "fresh start",
         )

@@ -27,7 +27,7 @@ from verirl._validate import (
 from verirl.errors import ConfigError
 from verirl.topology import TRL_GROUP_PORT
 
-__all__ = ["DistributedEnv", "find_free_port"]
+__all__ = ["DistributedEnv", "avoided_ports", "find_free_port"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,15 @@ _LAUNCHER_VARS = (
 # The node's index and the node count: torchrun sets GROUP_RANK and GROUP_WORLD_SIZE,
 # accelerate and others NODE_RANK. Kept as they are, never defaulted.
 _NODE_VARS = ("GROUP_RANK", "NODE_RANK", "GROUP_WORLD_SIZE")
+
+
+def avoided_ports(*ports: int) -> frozenset[int]:
+    """The ports a free ``MASTER_PORT`` must never be: vLLM's defaults, TRL's group port, ``ports``.
+
+    The runtime adds its own vLLM port, so that the port verirl picks for
+    ``MASTER_PORT`` (free *now*, before the server binds) never equals it.
+    """
+    return frozenset((*_DEFAULT_VLLM_PORTS, *ports))
 
 
 def _read_int(
@@ -223,6 +232,28 @@ def _defaults(
     return defaults
 
 
+def _check_filled(variables: Mapping[str, str], filled: set[str]) -> None:
+    """The launcher's values with verirl's defaults must pass the same checks as given ones.
+
+    ``LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 WORLD_SIZE=2`` without ``RANK`` would get
+    ``RANK=0``, which contradicts ``LOCAL_RANK=1``: that is a `ConfigError`
+    naming the variable left unset, never a combination the checks refuse.
+    """
+    if not filled & set(_LAUNCHER_VARS[:4]):
+        return
+    try:
+        _Launcher.read(variables).check()
+    except ConfigError as exc:
+        missing = [name for name in _LAUNCHER_VARS[:4] if name in filled]  # ranks and sizes
+        name = exc.field if exc.field in missing else missing[0]
+        defaults = ", ".join(f"{n}={variables[n]}" for n in missing)
+        reason = (
+            f"is unset, and verirl's single-node default(s) ({defaults}) contradict the "
+            f"launcher's values: {exc}; set {' and '.join(missing)} as the launcher should"
+        )
+        raise ConfigError(f"{name} {reason}", field=name, value=None, reason=reason) from None
+
+
 @attrs.frozen
 class DistributedEnv:
     """The ``torch.distributed`` variables a trainer process should run with.
@@ -269,6 +300,7 @@ class DistributedEnv:
             elif name in defaults:
                 variables[name] = defaults[name]
                 filled.add(name)
+        _check_filled(variables, filled)
         return cls(variables=variables, defaulted=frozenset(filled))
 
     @property

@@ -54,7 +54,7 @@ from verirl.checkpoints import (
     HubCheckpointSource,
     LocalCheckpointSource,
 )
-from verirl.distenv import DistributedEnv
+from verirl.distenv import DistributedEnv, avoided_ports
 from verirl.envserver import EnvServerProbe, HttpEnvServerProbe
 from verirl.errors import (
     ConfigError,
@@ -62,7 +62,7 @@ from verirl.errors import (
     VLLMServerError,
     VLLMServerUnavailable,
 )
-from verirl.topology import MODES, VLLMTopology, detect_gpu_count
+from verirl.topology import MODES, VLLMTopology, check_visible_gpus, detect_gpu_count
 
 __all__ = [
     "CheckpointResolving",
@@ -199,6 +199,8 @@ def _plan(read: Read) -> VLLMTopology:
             visible = read.environ.get("CUDA_VISIBLE_DEVICES")
             where = f"CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else "torch"
             raise read.unset_gpu_count(f"no GPU was detected ({where}); set it")
+    else:  # given: never a plan for GPUs that CUDA_VISIBLE_DEVICES hides
+        check_visible_gpus(count, read.environ, field=read.name("gpu_count") or "gpu_count")
     given = {key: name for key, name in _SERVING.items() if read.given.get(name) is not None}
     serving = {key: read.given[name] for key, name in given.items()}
     try:
@@ -535,7 +537,9 @@ class TrainingRuntime:
             env_probe=probe,
             checkpoints=resolver if resolver.sources or _requested(request) else None,
             resume_from=request,
-            dist_env=DistributedEnv.single_node(environ=env),
+            dist_env=DistributedEnv.single_node(
+                environ=env, avoid_ports=avoided_ports(topology.port)
+            ),
             server_factory=_default_server_factory(
                 model,
                 command=command,
@@ -620,7 +624,9 @@ class TrainingRuntime:
     def _apply_dist_env(self) -> DistributedEnv:
         """Fill in and apply the single-node distributed variables (a launcher's win)."""
         environ = os.environ if self.environ is None else self.environ
-        dist = self.dist_env or DistributedEnv.single_node(environ=environ)
+        dist = self.dist_env or DistributedEnv.single_node(
+            environ=environ, avoid_ports=avoided_ports(self.topology.port)
+        )
         self.dist_env = dist
         dist.apply(environ)
         if self.die_with_launcher and environ.get("TORCHELASTIC_RUN_ID"):

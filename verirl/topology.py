@@ -17,6 +17,7 @@ from typing import Literal, Protocol
 
 import attrs
 
+from verirl._child_env import VISIBLE_DEVICES_VAR, parse_visible_devices
 from verirl._net import connect_host, url_host
 from verirl._serve_args import vllm_serve_args
 from verirl._validate import (
@@ -41,6 +42,7 @@ __all__ = [
     "VLLMTopology",
     "check_local_server",
     "check_mode",
+    "check_visible_gpus",
     "detect_gpu_count",
     "max_model_len_field",
 ]
@@ -271,7 +273,10 @@ class VLLMTopology:
     def _colocate(cls, wanted: _PlanInputs, tensor_parallel: int) -> VLLMTopology:
         if wanted.remote_host is not None:
             raise ConfigError.invalid(
-                "mode", wanted.mode, "colocate runs vLLM in-process; it cannot use remote_host"
+                "mode",
+                wanted.mode,
+                f"runs vLLM in-process, so a remote vLLM host ({wanted.remote_host}) "
+                "cannot be used",
             )
         if wanted.data_parallel_size != 1:
             raise ConfigError.invalid(
@@ -346,6 +351,13 @@ class VLLMTopology:
         training: tuple[int, ...],
         serving: tuple[int, ...],
     ) -> VLLMTopology:
+        if wanted.port == TRL_GROUP_PORT:
+            raise ConfigError.invalid(
+                "port",
+                wanted.port,
+                "is TRL's weight-sync group port (vllm_group_port) on the vLLM server's host; "
+                "choose another port for the server",
+            )
         return cls(
             mode="server",
             gpu_count=wanted.gpu_count,
@@ -528,14 +540,18 @@ def detect_gpu_count(
     """Count the GPUs this process may use.
 
     Uses ``torch.cuda.device_count()`` (imported only here, lazily), which
-    honours ``CUDA_VISIBLE_DEVICES``. Without torch, counts the entries of
-    ``CUDA_VISIBLE_DEVICES`` when it is set, else returns 0 with a log line.
+    honours ``CUDA_VISIBLE_DEVICES``. Without torch, counts the GPUs
+    ``CUDA_VISIBLE_DEVICES`` makes visible when it is set, read as torch reads
+    it (`verirl._child_env.parse_visible_devices`: empty, ``-1`` or a repeated
+    entry hide every GPU, an invalid entry ends the list), else returns 0
+    with a log line.
     ``cuda_device_count`` replaces torch's counter (tests, other backends).
     """
     env = os.environ if environ is None else check_environ(environ)
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and not isinstance(visible, str):
         raise ConfigError.invalid("CUDA_VISIBLE_DEVICES", visible, "must be a string")
+    listed = None if visible is None else parse_visible_devices(visible)  # torch's failures first
     if cuda_device_count is None:
         try:
             import torch  # noqa: PLC0415 - torch is heavy and optional
@@ -548,10 +564,31 @@ def detect_gpu_count(
         log.debug("detected %d GPU(s) (CUDA_VISIBLE_DEVICES=%s)", count, visible)
         return count
     if visible is not None:
-        entries = [item for item in visible.split(",") if item.strip()]
-        if entries and entries[0].strip() == "-1":
-            return 0
-        log.info("torch is not installed; counting CUDA_VISIBLE_DEVICES=%s", visible)
-        return len(entries)
+        count = len(listed or ())  # as torch reads it: "0,,1" is one GPU
+        log.info("torch is not installed; CUDA_VISIBLE_DEVICES=%r makes %d GPU(s) visible",
+                 visible, count)  # fmt: skip
+        return count
     log.info("torch is not installed and CUDA_VISIBLE_DEVICES is unset: assuming 0 GPUs")
     return 0
+
+
+def check_visible_gpus(gpu_count: int, environ: Mapping[str, str], *, field: str) -> None:
+    """Refuse a GPU count that ``CUDA_VISIBLE_DEVICES`` (when set) does not make visible.
+
+    A plan for 4 GPUs under ``CUDA_VISIBLE_DEVICES=0,1`` (or ``""``, or ``-1``,
+    which hide every GPU) would hand out GPUs that are not there. ``field``
+    names where the count came from (``--gpus``, ``VERIRL_GPU_COUNT``); the
+    message names ``CUDA_VISIBLE_DEVICES`` and its value too.
+    """
+    visible = environ.get(VISIBLE_DEVICES_VAR)
+    if visible is None:
+        return
+    listed = parse_visible_devices(visible)
+    if gpu_count > len(listed):
+        seen = "hides every GPU" if not listed else f"makes only {len(listed)} GPU(s) visible"
+        raise ConfigError.invalid(
+            field,
+            gpu_count,
+            f"{VISIBLE_DEVICES_VAR}={visible!r} {seen} (read as torch reads it); "
+            f"lower the count or change {VISIBLE_DEVICES_VAR}",
+        )

@@ -1,0 +1,107 @@
+"""Class: secrets on command lines. The training command is logged with the server's redaction.
+
+Swept over every spelling a secret takes on a command line (``--api-key V``,
+``--hub_token=V``, ``HF_TOKEN=V``, a URL's password, inside ``sh -c '…'``,
+a secret variable's value expanded bare) with open-ended secrets, and over
+every path that shows the command: the "running …" line at every level, the
+"cannot run" line (exit 127) and the refusal of a null byte.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from verirl import _launch, _secrets
+from verirl._secrets import HIDDEN, redact_argv
+from verirl.cli import main
+
+secret = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_characters="@"),
+                 min_size=12, max_size=30).map(lambda s: "S3cr" + s)  # fmt: skip
+FORMS = [
+    lambda s: ["--api-key", s],
+    lambda s: [f"--api-key={s}"],
+    lambda s: ["--hub_token", s],
+    lambda s: [f"--hf-token={s}"],
+    lambda s: ["--wandb-api-key", s],
+    lambda s: ["--password", s],
+    lambda s: [f"HF_TOKEN={s}"],
+    lambda s: [f"https://user:{s}@hub.example/x"],
+    lambda s: ["sh", "-c", shlex.join(["python", "train.py", "--hub-token", s])],
+    lambda s: ["sh", "-c", f"HF_TOKEN={shlex.quote(s)} python train.py"],
+]
+
+
+def test_the_server_and_launch_share_one_redaction():
+    assert _launch.redact_argv is _secrets.redact_argv
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    value=secret,
+    form=st.sampled_from(range(len(FORMS))),
+    before=st.lists(st.sampled_from(["python", "train.py", "--lr", "1e-5", "-v"]), max_size=3),
+)
+def test_no_spelling_of_a_secret_survives(value, form, before):
+    argv = [*before, *FORMS[form](value)]
+    shown = shlex.join(redact_argv(argv))
+    assert value not in shown
+    assert HIDDEN in shown or "***@" in shown
+
+
+@settings(max_examples=100, deadline=None)
+@given(value=secret)
+def test_a_secret_variables_value_is_scrubbed_wherever_it_appears(value):
+    shown = shlex.join(redact_argv(["python", "t.py", "--push", value], secrets=[value]))
+    assert value not in shown
+
+
+def run_launch(argv: list[str], env_extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERIRL_")}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return subprocess.run(
+        [sys.executable, "-m", "verirl", "-v", "launch", "--gpus", "1", "--", *argv],
+        env={**env, **env_extra}, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+TOKEN = "hf_S3cretTokenValue123456"
+
+
+@pytest.mark.parametrize("form", range(len(FORMS)))
+def test_the_running_line_hides_it(form):
+    argv = [sys.executable, "-c", "pass", *FORMS[form](TOKEN)]
+    if FORMS[form](TOKEN)[0] == "sh":
+        argv = FORMS[form](TOKEN)
+    result = run_launch(argv, {})
+    assert "running" in result.stderr, result.stderr
+    assert TOKEN not in result.stderr + result.stdout
+
+
+def test_an_expanded_secret_variable_is_hidden():
+    result = run_launch([sys.executable, "-c", "pass", "--push", TOKEN], {"HF_TOKEN": TOKEN})
+    assert result.returncode == 0, result.stderr
+    assert TOKEN not in result.stderr + result.stdout
+
+
+def test_cannot_run_hides_it():
+    result = run_launch(["/nonexistent/train", "--api-key", TOKEN, f"https://u:{TOKEN}@h/x"], {})
+    assert result.returncode == 127, result.stderr
+    assert "cannot run" in result.stderr
+    assert TOKEN not in result.stderr + result.stdout
+
+
+def test_the_null_byte_refusal_hides_it(capsys, monkeypatch):
+    for name in [n for n in os.environ if n.startswith("VERIRL_")]:
+        monkeypatch.delenv(name)
+    code = main(["launch", "--gpus", "1", "--", "python", "--api-key", TOKEN, "bad\x00arg"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "COMMAND" in captured.err
+    assert TOKEN not in captured.err + captured.out

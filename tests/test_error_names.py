@@ -1,0 +1,78 @@
+"""Class: errors in the user's words. A message names the flag or variable the user gave.
+
+Swept over ``verirl plan``, ``serve`` and ``launch`` and over every layout
+input (flags and their ``VERIRL_*`` variables, ``CUDA_VISIBLE_DEVICES``) with
+values that are bad on their own or in combination: the one error line must
+name what the user gave (the flag, else the variable), never a field verirl
+derived from it (``remote_host``, ``gpu_count``, ``devices``, ``port``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import pytest
+
+from verirl.cli import main
+
+DERIVED = ("remote_host=", "gpu_count=", "devices=", "port=", "vllm_gpus=", "mode=",
+           "max_model_len=")  # fmt: skip
+
+# (flags, variables, the name the message must lead with)
+CASES = [
+    (["--gpus", "0"], {}, "--gpus"),
+    ([], {"VERIRL_GPU_COUNT": "0"}, "VERIRL_GPU_COUNT"),
+    (["--gpus", "2", "--vllm-gpus", "2"], {}, "--gpus"),
+    ([], {"VERIRL_GPU_COUNT": "2", "VERIRL_VLLM_GPUS": "2"}, "VERIRL_GPU_COUNT"),
+    (["--gpus", "1", "--mode", "colocate", "--vllm-host", "10.0.0.1"], {}, "--mode"),
+    (
+        [],
+        {"VERIRL_GPU_COUNT": "1", "VERIRL_VLLM_MODE": "colocate", "VERIRL_VLLM_HOST": "10.0.0.1"},
+        "VERIRL_VLLM_MODE",
+    ),
+    (["--gpus", "2", "--vllm-port", "51216"], {}, "--vllm-port"),
+    ([], {"VERIRL_GPU_COUNT": "2", "VERIRL_VLLM_PORT": "51216"}, "VERIRL_VLLM_PORT"),
+    (["--gpus", "2"], {"CUDA_VISIBLE_DEVICES": "0"}, "--gpus"),
+    ([], {"VERIRL_GPU_COUNT": "3", "CUDA_VISIBLE_DEVICES": "0,1"}, "VERIRL_GPU_COUNT"),
+    (["--gpus", "1"], {"CUDA_VISIBLE_DEVICES": "+"}, "CUDA_VISIBLE_DEVICES"),
+    ([], {"CUDA_VISIBLE_DEVICES": "٣"}, "CUDA_VISIBLE_DEVICES"),
+    (["--max-model-len", "0", "--gpus", "1"], {}, "--max-model-len"),
+    ([], {"VERIRL_MAX_MODEL_LEN": "0", "VERIRL_GPU_COUNT": "1"}, "VERIRL_MAX_MODEL_LEN"),
+    (["--gpus", "2", "--vllm-gpus", "0"], {}, "--vllm-gpus"),
+    (["--gpus", "2", "--vllm-port", "0"], {}, "--vllm-port"),
+]
+
+
+@pytest.fixture
+def clean(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # GPUs counted from CUDA_VISIBLE_DEVICES
+    for name in list(os.environ):
+        if name.startswith("VERIRL_") or name == "CUDA_VISIBLE_DEVICES":
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+SWEEP = [
+    (command, *case)
+    for command in ("plan", "serve", "launch")
+    for case in CASES
+    if not (command == "serve" and "--vllm-host" in case[0])  # serve has no --vllm-host
+]
+
+
+@pytest.mark.parametrize("case", SWEEP)
+def test_the_message_names_what_the_user_gave(clean, capsys, case):
+    command, flags, variables, name = case
+    for key, value in variables.items():
+        clean.setenv(key, value)
+    tail = {"plan": [], "serve": ["--model", "m"], "launch": ["--", "true"]}[command]
+    code = main([command, *flags, *tail])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    line = err.strip().splitlines()[-1]
+    message = re.sub(r"^.*? ERROR verirl: ", "", line)
+    assert message.startswith(name), message
+    assert not message.startswith(DERIVED), message
+    assert "remote_host" not in message, message  # a library field, in no user's words

@@ -1,0 +1,209 @@
+"""Class: the command's descendants. Nothing the command started outlives ``verirl launch``.
+
+Swept over every way a process of the command can stand relative to it:
+
+- in its process group (a shell's background job),
+- in a session of its own and orphaned (a daemon: double fork + ``setsid``),
+- in a session of its own under a parent that passes signals on (torchrun
+  starts its ranks with ``start_new_session=True`` and ``TORCHELASTIC_RUN_ID``
+  and forwards to them),
+- in a session of its own under a parent that does not pass it on
+  (``sh -c 'setsid python …'``: sh dies of SIGTERM, waits through SIGINT),
+
+and over every way launch ends: the command exits on its own, or launch gets
+SIGTERM or SIGINT. Each process of the command must get a signal sent to
+launch exactly once (a second SIGINT means "skip the checkpoint" to
+`PreemptionCallback`), and none may run once launch has returned.
+
+Real processes throughout: ``python -m verirl launch`` with ``--gpus 1``
+(colocate: no server) and recorder programs that append each signal they get
+to a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from _support import clear_verirl_env, still_alive
+
+DEADLINE = 30.0
+"""Seconds any one awaited event may take (a loaded CI machine starts Pythons slowly)."""
+
+RECORDER = """
+import os, signal, sys, threading
+record, ready = sys.argv[1], sys.argv[2]
+got = threading.Event()
+
+def note(signum, _frame):
+    with open(record, "a") as sink:
+        sink.write(signal.Signals(signum).name + "\\n")
+    got.set()
+
+signal.signal(signal.SIGINT, note)
+signal.signal(signal.SIGTERM, note)
+with open(ready + ".tmp", "w") as sink:
+    sink.write(f"{os.getpid()} {os.getsid(0)} {os.getpgrp()}")
+os.replace(ready + ".tmp", ready)
+got.wait(300)
+# Stay a moment after the first signal, so that a duplicate still finds us and is counted.
+threading.Event().wait(1.0)
+sys.exit(0)
+"""
+
+DAEMONIZE = """
+import os, sys
+# The classic daemon: fork, setsid, fork again; the middle process exits.
+middle = os.fork()
+if middle == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+    os._exit(0)
+os.waitpid(middle, 0)
+import threading, time
+if sys.argv[1] == "wait":
+    threading.Event().wait(300)
+ready, deadline = sys.argv[-1], time.monotonic() + 60
+while not os.path.exists(ready) and time.monotonic() < deadline:  # the daemon is set up
+    threading.Event().wait(0.01)
+"""
+
+FORWARDER = """
+import os, signal, subprocess, sys
+# What torchrun's agent does: each rank in a session of its own (with torchrun's
+# variables), signals forwarded to it.
+env = {**os.environ, "TORCHELASTIC_RUN_ID": "fake-run"}
+rank = subprocess.Popen([sys.executable, *sys.argv[1:]], start_new_session=True, env=env)
+
+def forward(signum, _frame):
+    rank.send_signal(signum)
+
+signal.signal(signal.SIGINT, forward)
+signal.signal(signal.SIGTERM, forward)
+sys.exit(rank.wait())
+"""
+
+
+class Scene:
+    """One ``verirl launch`` of a command that starts a recorder somewhere below it."""
+
+    def __init__(self, tmp_path: Path, shape: str) -> None:
+        for name, text in (("recorder", RECORDER), ("daemonize", DAEMONIZE),
+                           ("forwarder", FORWARDER)):  # fmt: skip
+            (tmp_path / f"{name}.py").write_text(textwrap.dedent(text))
+        self.record = tmp_path / "signals"
+        self.ready = tmp_path / "ready"
+        self.stderr_path = tmp_path / "launch.err"
+        recorder = [str(tmp_path / "recorder.py"), str(self.record), str(self.ready)]
+        py = sys.executable
+        wait_ready = (
+            f"i=0; while [ ! -e {self.ready} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done"
+        )
+        commands = {
+            # the command exits at once, its daemon lives on
+            "daemon-exits": [py, str(tmp_path / "daemonize.py"), "exit", *recorder],
+            # the command keeps running, its daemon (orphaned, own session) too
+            "daemon-waits": [py, str(tmp_path / "daemonize.py"), "wait", *recorder],
+            # a background job in the command's group, left behind when sh exits
+            "background": ["sh", "-c", f"{py} {' '.join(recorder)} & {wait_ready}; exit 0"],
+            # torchrun's shape: the parent forwards to a rank in its own session
+            "forwarder": [py, str(tmp_path / "forwarder.py"), *recorder],
+            # a parent that dies of the signal without passing it on
+            "setsid-under-sh": ["sh", "-c", f"setsid {py} {' '.join(recorder)}; exit $?"],
+        }
+        argv = [py, "-m", "verirl", "launch", "--gpus", "1", "--shutdown-timeout", "20",
+                "--", *commands[shape]]  # fmt: skip
+        with self.stderr_path.open("w") as sink:  # a file: an orphan holding a pipe cannot hang us
+            self.proc = subprocess.Popen(
+                argv, stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True
+            )
+        self.recorder: psutil.Process | None = None
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def signals(self) -> list[str]:
+        return self.record.read_text().split() if self.record.exists() else []
+
+    def wait_for(self, condition: Callable[[], object], what: str) -> None:
+        deadline = time.monotonic() + DEADLINE
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: {self.stderr}"
+            psutil.wait_procs([], timeout=0.02)
+
+    def wait_for_recorder(self) -> tuple[int, int]:
+        """The recorder's session and group, once it has its handlers."""
+        self.wait_for(self.ready.exists, "the recorder")
+        pid, session, group = map(int, self.ready.read_text().split())
+        with contextlib.suppress(psutil.Error):
+            self.recorder = psutil.Process(pid)
+        return session, group
+
+    def close(self) -> None:
+        if self.recorder is not None:
+            with contextlib.suppress(psutil.Error):
+                self.recorder.kill()
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        if self.recorder is not None:
+            still_alive([self.recorder], timeout=10)
+
+
+@pytest.fixture
+def scenes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], Scene]]:
+    clear_verirl_env(monkeypatch, tmp_path)
+    started: list[Scene] = []
+
+    def start(shape: str) -> Scene:
+        scene = Scene(tmp_path, shape)
+        started.append(scene)
+        return scene
+
+    yield start
+    for scene in started:
+        scene.close()
+
+
+@pytest.mark.parametrize("shape", ["daemon-exits", "background"])
+def test_what_the_command_leaves_running_does_not_outlive_launch(
+    scenes: Callable[[str], Scene], shape: str
+) -> None:
+    scene = scenes(shape)
+    scene.wait_for_recorder()
+    assert scene.recorder is not None
+    code = scene.proc.wait(timeout=DEADLINE * 2)
+    assert code == 0, scene.stderr  # the command's own code
+    assert not still_alive([scene.recorder], timeout=1), scene.stderr
+    assert scene.signals() == ["SIGTERM"], scene.stderr  # asked once, before any SIGKILL
+    assert "left 1 process(es) running" in scene.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("shape", ["daemon-waits", "forwarder", "setsid-under-sh"])
+def test_a_signal_reaches_a_process_outside_the_group_exactly_once(
+    scenes: Callable[[str], Scene], shape: str, sig: signal.Signals
+) -> None:
+    scene = scenes(shape)
+    session, _ = scene.wait_for_recorder()
+    assert scene.recorder is not None
+    assert session != scene.proc.pid  # it left launch's session (and the command's group)
+    scene.proc.send_signal(sig)  # kill -TERM <pid>, as Kubernetes signals a container
+    code = scene.proc.wait(timeout=DEADLINE * 2)
+    assert not still_alive([scene.recorder], timeout=1), scene.stderr
+    assert scene.signals() == [sig.name], scene.stderr  # once: not lost, not doubled
+    assert code in (128 + sig, 0), scene.stderr
+    assert "outlived" not in scene.stderr  # it exited of the signal, within the grace

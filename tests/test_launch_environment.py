@@ -1,0 +1,125 @@
+"""Class: what ``verirl launch``'s command inherits. Every variable it exports describes this run.
+
+Swept over the layouts (colocate, a local server, a remote server) and over
+whatever stale value the caller's environment holds for each exported
+variable (`CUDA_VISIBLE_DEVICES`, ``VERIRL_RESUME_FROM_CHECKPOINT``,
+``VERIRL_GRPO_KWARGS``, ``VERIRL_VLLM_URL``): the command sees the run's
+value, or nothing where the layout sets none, never the caller's. And the
+ports verirl picks never equal each other: ``MASTER_PORT`` (a free port) is
+never the vLLM port, and the vLLM port is never TRL's weight-sync group port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from _support import clear_verirl_env
+from verirl import ConfigError, TrainingRuntime, VLLMTopology
+from verirl.cli import _training_environment
+from verirl.distenv import DistributedEnv, avoided_ports
+from verirl.topology import TRL_GROUP_PORT
+
+EXPORTED = ("CUDA_VISIBLE_DEVICES", "VERIRL_RESUME_FROM_CHECKPOINT", "VERIRL_GRPO_KWARGS",
+            "VERIRL_VLLM_URL")  # fmt: skip
+LAYOUTS = {
+    "colocate": {"gpu_count": 1},
+    "local-server": {"gpu_count": 2},
+    "remote-server": {"gpu_count": 2, "vllm_remote_host": "10.1.2.3"},
+}
+stale = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=20)
+
+
+def _exported(layout: str, caller: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict:
+    for name in EXPORTED:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in caller.items():
+        monkeypatch.setenv(name, value)
+    runtime = TrainingRuntime.from_settings(**LAYOUTS[layout], environ={})
+    url = runtime.topology.server_url
+    env = _training_environment(runtime, None, url)
+    return {name: env.get(name) for name in EXPORTED if name != "CUDA_VISIBLE_DEVICES"}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(values=st.fixed_dictionaries({}, optional=dict.fromkeys(EXPORTED[1:], stale)))
+def test_no_exported_variable_is_the_callers_stale_value(monkeypatch, layout, values):
+    with monkeypatch.context() as patch:
+        clean = _exported(layout, {}, patch)
+    with monkeypatch.context() as patch:
+        dirty = _exported(layout, values, patch)
+    assert dirty == clean  # what the run says, whatever the caller had
+    if layout == "colocate":
+        assert dirty["VERIRL_VLLM_URL"] is None  # no server: no URL at all
+    else:
+        assert (
+            dirty["VERIRL_VLLM_URL"]
+            == TrainingRuntime.from_settings(**LAYOUTS[layout], environ={}).topology.server_url
+        )
+
+
+def test_launch_in_colocate_mode_passes_on_no_stale_server_url(tmp_path, monkeypatch):
+    clear_verirl_env(monkeypatch, tmp_path)
+    out = tmp_path / "seen.json"
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import json, os
+        names = {EXPORTED!r}
+        json.dump({{n: os.environ.get(n) for n in names}}, open({str(out)!r}, "w"))
+    """)
+    )
+    env = {**os.environ, "VERIRL_VLLM_URL": "http://other-job:8001",
+           "VERIRL_GRPO_KWARGS": '{"vllm_mode": "server"}',
+           "VERIRL_RESUME_FROM_CHECKPOINT": "", "CUDA_VISIBLE_DEVICES": "3,5"}  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--", sys.executable,
+         str(script)], env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(out.read_text())
+    assert seen["VERIRL_VLLM_URL"] is None, seen
+    assert json.loads(seen["VERIRL_GRPO_KWARGS"])["vllm_mode"] == "colocate"
+    assert seen["CUDA_VISIBLE_DEVICES"] == "3"
+    assert seen["VERIRL_RESUME_FROM_CHECKPOINT"] == ""
+
+
+@settings(max_examples=40, deadline=None)
+@given(port=st.integers(1, 65535))
+def test_a_free_master_port_is_never_the_vllm_port(port):
+    avoid = avoided_ports(port)
+    assert {port, 8000, 8001, TRL_GROUP_PORT} <= avoid
+    dist = DistributedEnv.single_node(environ={}, avoid_ports=avoid)
+    assert int(dist.variables["MASTER_PORT"]) not in avoid
+
+
+def test_the_runtime_picks_master_port_away_from_its_vllm_port():
+    for port in (8002, 29500, 40000):
+        runtime = TrainingRuntime.from_settings(gpu_count=2, vllm_port=port, environ={})
+        assert runtime.dist_env is not None
+        assert int(runtime.dist_env.variables["MASTER_PORT"]) not in (port, TRL_GROUP_PORT)
+
+
+@pytest.mark.parametrize("layout", ["local-server", "remote-server"])
+def test_the_vllm_port_is_never_trls_group_port(layout):
+    kwargs = {k: v for k, v in LAYOUTS[layout].items() if k != "gpu_count"}
+    with pytest.raises(ConfigError, match=r"^port=51216: is TRL's weight-sync group port"):
+        VLLMTopology.plan(2, max_model_len=1024, port=TRL_GROUP_PORT,
+                          remote_host=kwargs.get("vllm_remote_host"))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^VERIRL_VLLM_PORT='?51216'?: is TRL's"):
+        TrainingRuntime.from_settings(**LAYOUTS[layout], environ={"VERIRL_VLLM_PORT": "51216"})
+
+
+def test_colocate_mode_leaves_the_group_port_alone():
+    topology = VLLMTopology.plan(1, max_model_len=1024, port=TRL_GROUP_PORT)
+    assert topology.mode == "colocate"  # no server, no port of ours
