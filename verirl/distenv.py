@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import types
 from collections.abc import Collection, Mapping, MutableMapping
 
@@ -245,13 +246,21 @@ def _check_filled(variables: Mapping[str, str], filled: set[str]) -> None:
         _Launcher.read(variables).check()
     except ConfigError as exc:
         missing = [name for name in _LAUNCHER_VARS[:4] if name in filled]  # ranks and sizes
-        name = exc.field if exc.field in missing else missing[0]
+        given = [
+            n for n in (*_LAUNCHER_VARS[:4], *_NODE_VARS) if n in variables and n not in filled
+        ]
+        message = str(exc)
+        mentioned = [n for n in given if re.search(rf"(?<![A-Z_]){n}(?![A-Z_])", message)]
+        name = exc.field if exc.field in given else (mentioned or given or missing)[0]
         defaults = ", ".join(f"{n}={variables[n]}" for n in missing)
         reason = (
-            f"is unset, and verirl's single-node default(s) ({defaults}) contradict the "
-            f"launcher's values: {exc}; set {' and '.join(missing)} as the launcher should"
+            f"contradicts verirl's single-node default(s) for what the launcher left unset "
+            f"({defaults}): {exc.reason or message}; set {' and '.join(missing)} as the "
+            "launcher should"
         )
-        raise ConfigError(f"{name} {reason}", field=name, value=None, reason=reason) from None
+        value = variables.get(name)
+        raise ConfigError(f"{name}={value!r}: {reason}", field=name, value=value,
+                          reason=reason) from None  # fmt: skip
 
 
 @attrs.frozen
