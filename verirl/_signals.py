@@ -26,6 +26,13 @@ the CLI:
   that error instead of ``SystemExit(143)``. It counts as the one firing: a
   real SIGTERM afterwards is ignored like any second one. Only while our
   handler is the one installed: verirl never takes over a program's handler.
+- **One owner at a time, no swallowing.** A handler that takes SIGTERM over
+  from the policy for a while (`verirl.preemption.PreemptionCallback`, which
+  waits for a step end) registers with `SigtermPolicy.cooperate`: an
+  interrupt then goes to it like to the policy's own handler, and it claims
+  the interrupt first (`SigtermPolicy.take_interrupt`) and raises its error at
+  once, so a loop that never reaches a step end still unwinds within the
+  watchdog's grace.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import os
 import signal
 import threading
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 __all__ = [
     "SIGTERM_POLICY",
@@ -61,6 +68,7 @@ class SigtermPolicy:
         self._fired = False
         self._cause: BaseException | None = None
         self._interrupt_sent = False
+        self._cooperating: list[Callable[[int, types.FrameType | None], object]] = []
 
     @property
     def active(self) -> bool:
@@ -78,13 +86,12 @@ class SigtermPolicy:
         After `interrupt`, the SIGTERM it sent raises the interrupt's error
         instead (or nothing, once `withdraw` took the error back).
         """
-        with self._lock:
-            ours, cause = self._interrupt_sent, self._cause
-            self._interrupt_sent = False
-            self._cause = None
-        if ours and (cause is None or self._users == 0):
+        ours, cause = self.take_interrupt()
+        if ours and cause is None:
             log.debug("an interrupt withdrawn or outlived by its holder; SIGTERM ignored")
             return
+        if cause is not None:
+            raise cause
         if self._users == 0:
             # Released off the main thread, so the handler could not be removed: be the default.
             signal.signal(signum, signal.SIG_DFL)
@@ -94,20 +101,58 @@ class SigtermPolicy:
             log.warning("SIGTERM received again while tearing down; ignored")
             return
         self._fired = True
-        if cause is not None:
-            raise cause
         log.warning("SIGTERM received: exiting so that the vLLM server is stopped first")
         raise SystemExit(128 + signum)
+
+    def take_interrupt(self) -> tuple[bool, BaseException | None]:
+        """For a SIGTERM handler: whether this SIGTERM is an `interrupt`'s, and its error.
+
+        The error is ``None`` when the interrupt was withdrawn or its holder
+        released the policy meanwhile (the SIGTERM is then to be ignored).
+        Handing the error out counts as the policy's one firing.
+        """
+        with self._lock:
+            sent, cause = self._interrupt_sent, self._cause
+            self._interrupt_sent = False
+            self._cause = None
+            if not sent:
+                return False, None
+            if cause is None or self._users == 0:
+                return True, None
+            self._fired = True
+            return True, cause
+
+    def cooperate(self, handler: Callable[[int, types.FrameType | None], object]) -> Callable[[], None]:
+        """Let ``handler``, while it is SIGTERM's handler, receive `interrupt` like ours does.
+
+        ``handler`` must call `take_interrupt` first thing and raise the error
+        it gets. Returns the function that ends the arrangement (idempotent).
+        """
+        with self._lock:
+            self._cooperating.append(handler)
+
+        def remove() -> None:
+            with self._lock:
+                if handler in self._cooperating:
+                    self._cooperating.remove(handler)
+
+        return remove
+
+    def _interruptible(self) -> bool:
+        """Whether SIGTERM's handler now is ours (or the CLI's copy) or a cooperating one."""
+        current = signal.getsignal(signal.SIGTERM)
+        return current == self.handle or any(current == h for h in self._cooperating)
 
     def interrupt(self, error: BaseException) -> bool:
         """Raise ``error`` in the main thread, as a SIGTERM raises ``SystemExit``; from any thread.
 
-        Returns False, doing nothing, unless the policy is held, its handler is
-        the one installed, and it has not fired yet (a SIGTERM or an earlier
-        interrupt is already unwinding the main thread then).
+        Returns False, doing nothing, unless the policy is held, its handler
+        (or a `cooperate`-ing one) is the one installed, and it has not fired
+        yet (a SIGTERM or an earlier interrupt is already unwinding the main
+        thread then).
         """
         with self._lock:
-            ours = signal.getsignal(signal.SIGTERM) == self.handle  # installed by us or the CLI
+            ours = self._interruptible()
             if not self._users or not ours or self._fired or self._interrupt_sent:
                 return False
             self._cause = error
