@@ -122,7 +122,9 @@ class SigtermPolicy:
             self._fired = True
             return True, cause
 
-    def cooperate(self, handler: Callable[[int, types.FrameType | None], object]) -> Callable[[], None]:
+    def cooperate(
+        self, handler: Callable[[int, types.FrameType | None], object]
+    ) -> Callable[[], None]:
         """Let ``handler``, while it is SIGTERM's handler, receive `interrupt` like ours does.
 
         ``handler`` must call `take_interrupt` first thing and raise the error

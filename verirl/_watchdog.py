@@ -83,7 +83,8 @@ def interrupt_main(error: BaseException, *, held: bool) -> bool:
     """Unwind the main thread with ``error``; False (logged) when that cannot be done.
 
     Through the policy when its handler (or `PreemptionCallback`'s, which
-    cooperates with it) is installed. A SIGTERM handler of the program's own is its preemption path: it gets a SIGTERM (main thread
+    cooperates with it) is installed. A SIGTERM handler of the program's own
+    is its preemption path: it gets a SIGTERM (main thread
     only), as on a preemption. ``held`` says whether the runtime holds the
     policy from the main thread; when it does not (started in another
     thread), or SIGTERM is ignored, the main thread is left alone.
