@@ -31,7 +31,7 @@ from verirl._node_share import (
 from verirl._phases import Phases, PhaseTiming
 from verirl._secrets import HIDDEN
 from verirl._settings import Read, Settings
-from verirl._signals import SIGTERM_POLICY
+from verirl._signals import SIGTERM_POLICY, arm_exit_deadline
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
@@ -599,7 +599,11 @@ class TrainingRuntime:
                 resolver = self._node_shared(self.checkpoints or CheckpointResolver([]), dist)
                 checkpoint = phases.submit("checkpoint", resolver.resolve, self.resume_from)
             timings += phases.wait()  # every phase, or the first failure's error
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+                # A signal: the process is going down, and a download's pool (whose
+                # non-daemon workers Python joins at exit) must not hold it past the grace.
+                arm_exit_deadline(exc)
             self._cancel_server_start(server_start)
             self.stop()
             raise
