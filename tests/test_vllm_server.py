@@ -10,11 +10,11 @@ import logging
 import math
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -1103,20 +1103,18 @@ def test_a_log_directory_gets_a_per_port_file(make_server, tmp_path):
     assert "Uvicorn running" in server.log_path.read_text()
 
 
-def test_default_log_goes_to_a_fresh_temp_dir_and_is_logged(make_server, caplog):
+def test_default_log_goes_to_the_users_temp_folder_and_is_logged(
+    make_server, caplog, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's own temp directory
     caplog.set_level(logging.INFO, logger="verirl.vllm_server")
     server = make_server(log_path=None)
-    try:
-        with server:
-            path = server.log_path
-            assert path is not None
-            assert path.name == f"vllm-serve-{server.port}.log"
-            assert path.parent.name.startswith("verirl-vllm-")
-        assert "Uvicorn running" in path.read_text()
-        assert any(str(path) in record.getMessage() for record in caplog.records)
-    finally:
-        if server.log_path is not None and server.log_path.parent.name.startswith("verirl-vllm-"):
-            shutil.rmtree(server.log_path.parent)
+    with server:
+        path = server.log_path
+        assert path is not None
+        assert path == tmp_path / f"verirl-vllm-{os.getuid()}" / f"vllm-serve-{server.port}.log"
+    assert "Uvicorn running" in path.read_text()
+    assert any(str(path) in record.getMessage() for record in caplog.records)
 
 
 def test_read_log_tail_keeps_the_last_lines_after_the_offset(tmp_path):

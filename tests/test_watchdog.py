@@ -61,6 +61,8 @@ class Health(BaseHTTPRequestHandler):
             server.requests += 1
             failing = server.failing != 0
             server.failing = max(server.failing - 1, 0) if server.failing != -1 else -1
+            if not failing:
+                server.last_ok = time.monotonic()  # before the answer leaves: the client's is later
         self.send_response(503 if failing else 200)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -75,6 +77,7 @@ class HealthServer(HTTPServer):
         self.lock = threading.Lock()
         self.failing = 0  # -1: always
         self.requests = 0
+        self.last_ok: float | None = None  # when it last answered 200
 
     @property
     def url(self) -> str:
@@ -110,8 +113,8 @@ def test_a_killed_server_interrupts_a_blocking_main_thread_with_its_exit(
         with rt as session:
             pid = session.server.pid  # type: ignore[union-attr]
             workers.extend(psutil.Process(pid).children(recursive=True))
+            killed_at.append(time.monotonic())  # before: the watchdog may be faster than us
             psutil.Process(pid).kill()
-            killed_at.append(time.monotonic())
             threading.Event().wait(60)  # a trainer blocked on the server: the watchdog ends it
 
     with pytest.raises(VLLMServerExited) as caught:
@@ -210,15 +213,19 @@ def test_a_remote_server_that_stops_answering_unwinds_another_rank(
 
     def train() -> None:
         with rt:
+            failing_since.append(time.monotonic())  # before: the next check may come at once
             with health_server.lock:
                 health_server.failing = -1
-            failing_since.append(time.monotonic())
             threading.Event().wait(60)
 
     with pytest.raises(VLLMServerUnresponsive) as caught:
         train()
-    took = time.monotonic() - failing_since[0]
-    assert 1.0 <= took < 4.0, took
+    ended = time.monotonic()
+    # The bound runs from the last healthy answer (up to one health interval before the
+    # server started failing), not from when this thread got round to making it fail.
+    assert health_server.last_ok is not None
+    assert ended - health_server.last_ok >= 1.0, ended - health_server.last_ok
+    assert ended - failing_since[0] < 4.0, ended - failing_since[0]
     assert caught.value.returncode is None
     assert caught.value.last_error == "HTTP 503"
     assert caught.value.url == health_server.url

@@ -129,8 +129,8 @@ def test_a_killed_server_ends_the_job_with_4_after_a_checkpoint_and_the_retry_re
     jobs.append(job)
     server, trainer = job.wait_for_training()
     processes = job.everything()
+    killed_at = time.monotonic()  # before the kill: the watchdog may act before we read a clock
     server.kill()  # as the OOM killer does
-    killed_at = time.monotonic()
     code = job.proc.wait(timeout=60)
     took = time.monotonic() - killed_at
     stderr = job.stderr
@@ -166,8 +166,8 @@ def test_a_server_that_stops_answering_counts_as_dead_after_the_bound(
     jobs.append(job)
     server, _ = job.wait_for_training()
     processes = job.everything()
+    frozen_at = time.monotonic()  # before the freeze, so `took` never under-reads the wait
     server.suspend()  # SIGSTOP: alive, port open, answering nothing
-    frozen_at = time.monotonic()
     code = job.proc.wait(timeout=60)
     took = time.monotonic() - frozen_at
     stderr = job.stderr
@@ -189,8 +189,8 @@ def test_a_command_that_ignores_sigterm_is_killed_after_the_grace_and_launch_sti
     jobs.append(job)
     server, trainer = job.wait_for_training()
     processes = job.everything()
+    killed_at = time.monotonic()  # before the kill: the watchdog may act before we read a clock
     server.kill()
-    killed_at = time.monotonic()
     code = job.proc.wait(timeout=60)
     took = time.monotonic() - killed_at
     stderr = job.stderr

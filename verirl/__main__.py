@@ -17,9 +17,17 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from verirl._signals import program_handler, program_note, program_received, sigterm_pending
+from verirl._signals import (
+    arm_exit_deadline,
+    program_handler,
+    program_note,
+    program_received,
+    sigterm_pending,
+)
 
 __all__ = ["run"]
+
+_CTRL_C = 128 + signal.SIGINT
 
 
 def _unraisable(default: Callable[[Any], object]) -> Callable[[Any], object]:
@@ -65,7 +73,7 @@ def run() -> int:
 
         code = main()
     except KeyboardInterrupt:
-        code = 130
+        code = _CTRL_C
     finally:
         if ours:  # from here on a SIGTERM is noted, never raised: the teardown must finish
             signal.signal(signal.SIGTERM, program_note)
@@ -73,7 +81,10 @@ def run() -> int:
     if process is not None:  # what the exit hook would stop, stopped while signals are noted
         process.stop_all_servers()
     received = program_received()  # its SystemExit may have been swallowed (see the handler)
-    return code if received is None else 128 + received
+    code = code if received is None else 128 + received
+    if received is not None or code == _CTRL_C:  # a signal: no pool's thread may hold the exit
+        arm_exit_deadline(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -9,11 +9,12 @@ failure or Ctrl-C must not keep the interpreter alive until its timeout.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION
+from concurrent.futures import FIRST_COMPLETED
 from typing import Any, ParamSpec, TypeVar
 
 import attrs
@@ -77,6 +78,14 @@ class Phases:
     _windows: dict[concurrent.futures.Future[Any], tuple[str, list[float]]] = attrs.field(
         factory=dict, init=False
     )
+    _cancelled: concurrent.futures.Future[None] = attrs.field(
+        factory=concurrent.futures.Future, init=False
+    )
+
+    def cancel(self, error: BaseException) -> None:
+        """End `wait` at once with ``error`` (from any thread); the phases run on, abandoned."""
+        with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled twice at once
+            self._cancelled.set_exception(error)
 
     def submit(
         self, name: str, job: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs
@@ -97,7 +106,14 @@ class Phases:
 
     def wait(self) -> list[PhaseTiming]:
         """Every phase's timing once all are done; the first failure's error as soon as it fails."""
-        done, _ = concurrent.futures.wait(self._windows, return_when=FIRST_EXCEPTION)
+        pending: set[concurrent.futures.Future[Any]] = {*self._windows, self._cancelled}
+        done: set[concurrent.futures.Future[Any]] = set()
+        # Woken by each phase that ends (or by `cancel`), until all are done or one failed.
+        while pending - {self._cancelled} and not any(f.exception() for f in done):
+            newly, pending = concurrent.futures.wait(pending, return_when=FIRST_COMPLETED)
+            done |= newly
+            if self._cancelled in newly:
+                raise self._cancelled.exception()  # type: ignore[misc]
         failed = [future for future in done if future.exception() is not None]
         if failed:
             first = min(failed, key=lambda future: self._windows[future][1][-1])

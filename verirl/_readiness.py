@@ -30,6 +30,7 @@ import requests
 from verirl._http import deadline_session, request_health
 from verirl._poll import Backoff, PollResult, poll
 from verirl._process import ProcessTree
+from verirl._server_log import read_regular
 
 __all__ = [
     "BACKOFF",
@@ -78,7 +79,7 @@ class LogWatch:
 
     Only the bytes written since the last look are read (at most 1 MiB a
     look); a line split across two looks is still found. A log that cannot be
-    read is simply never seen to fire.
+    read, or is not a regular file (a FIFO: never opened), is simply never seen to fire.
     """
 
     path: Path
@@ -90,13 +91,14 @@ class LogWatch:
         """Whether one of ``lines`` was written since the last call."""
         try:
             size = os.stat(self.path).st_size  # noqa: PTH116 - the cheapest look
-            if size <= self.offset:
-                return False
-            with self.path.open("rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read(_LOG_READ_LIMIT)
         except OSError:
             return False
+        if size <= self.offset:
+            return False
+        read = read_regular(self.path, self.offset, _LOG_READ_LIMIT)  # never blocks on a FIFO
+        if read is None:
+            return False
+        data = read[1]
         self.offset += len(data)
         text = self._carry + data
         if any(line in text for line in self.lines):

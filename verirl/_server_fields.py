@@ -31,6 +31,7 @@ from verirl._validate import (
 from verirl.errors import ConfigError
 
 __all__ = [
+    "FolderPath",
     "to_command",
     "to_devices",
     "to_env",
@@ -137,7 +138,18 @@ def to_log_path(value: str | os.PathLike[str] | None) -> Path | None:
     problem = _unportable(text)
     if problem:
         raise ConfigError.invalid("log_path", value, problem)
+    if text.endswith(_SEPARATORS):  # `Path` forgets the slash that says "a folder"
+        return FolderPath(text)
     return Path(text)
+
+
+_SEPARATORS = tuple(sep for sep in (os.sep, os.altsep) if sep)
+
+
+class FolderPath(type(Path())):  # type: ignore[misc]  # the concrete Path class of this OS
+    """A ``log_path`` spelled with a trailing slash: a folder, made if missing."""
+
+    folder = True
 
 
 def _field_name(attribute: attrs.Attribute[Any]) -> str:

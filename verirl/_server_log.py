@@ -5,12 +5,24 @@ that `VLLMServerExited` and `VLLMStartupTimeout` can quote the lines that
 explain it. A run appends to the file (never truncates it) after a header
 line with its command line, secrets hidden, and its tail is read from where
 that run began, never from an earlier run's lines.
+
+The log must be a regular file that verirl can read back: a FIFO, a socket or
+a device is refused before anything is spawned (opening a FIFO for writing
+would block until a reader came, reading it would block until a writer came,
+and either way its tail could not be quoted). Every open here is non-blocking.
+Without ``log_path``, the log goes to one folder per user under the temp
+directory (`default_log_dir`), ``vllm-serve-<port>.log`` appended to by every
+attempt, so that retries do not leave a folder each behind.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
 import os
 import shlex
+import stat
 import tempfile
 import time
 from collections.abc import Sequence
@@ -19,10 +31,22 @@ from typing import BinaryIO
 
 import attrs
 
+from verirl._fs import printable
 from verirl._launch import redact_argv
 from verirl.errors import ConfigError
 
-__all__ = ["LOG_TAIL_LINES", "OpenedLog", "open_server_log", "read_log_tail"]
+__all__ = [
+    "LOG_TAIL_LINES",
+    "OpenedLog",
+    "check_lines",
+    "default_log_dir",
+    "log_file_name",
+    "open_server_log",
+    "read_log_tail",
+    "read_regular",
+]
+
+log = logging.getLogger("verirl.vllm_server")
 
 LOG_TAIL_LINES = 40
 """Lines of the log an error quotes."""
@@ -39,44 +63,146 @@ class OpenedLog:
     offset: int
 
 
+def log_file_name(port: int) -> str:
+    """The log's name inside a folder: one file per port."""
+    return f"vllm-serve-{port}.log"
+
+
+def default_log_dir() -> Path:
+    """The folder of logs without ``log_path``: ``<tmp>/verirl-vllm-<uid>``, made once, mode 0700.
+
+    A folder of that name that is not a directory of ours (a symlink, another
+    user's) is never written into: a fresh ``verirl-vllm-*`` folder is made
+    instead, with a warning.
+    """
+    base = Path(tempfile.gettempdir())
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    folder = base / ("verirl-vllm" if uid is None else f"verirl-vllm-{uid}")
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o700)
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        info = None
+    ours = (
+        info is not None
+        and stat.S_ISDIR(info.st_mode)
+        and (uid is None or info.st_uid == uid)
+        and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
+    if ours:
+        return folder
+    fresh = Path(tempfile.mkdtemp(prefix="verirl-vllm-"))
+    log.warning(
+        "%s is not a private folder of this user: the vLLM server log goes to %s instead",
+        printable(folder),
+        printable(fresh),
+    )
+    return fresh
+
+
+def _wants_folder(requested: Path) -> bool:
+    """Whether ``log_path`` names a folder: an existing one, or spelled with a trailing slash."""
+    return requested.is_dir() or getattr(requested, "folder", False)
+
+
 def _log_file(requested: Path | None, port: int) -> Path:
     try:
         if requested is None:
-            return Path(tempfile.mkdtemp(prefix="verirl-vllm-")) / f"vllm-serve-{port}.log"
-        if requested.is_dir():
-            return requested / f"vllm-serve-{port}.log"
+            return default_log_dir() / log_file_name(port)
+        if _wants_folder(requested):
+            requested.mkdir(parents=True, exist_ok=True)
+            return Path(requested) / log_file_name(port)
     except OSError as exc:
         raise ConfigError.invalid(
-            "log_path", requested, f"no log file can be made ({exc.strerror or exc})"
+            "log_path",
+            printable(requested or ""),
+            f"no log file can be made ({exc.strerror or exc})",
         ) from None
     return requested
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+_NOT_REGULAR = (
+    "must be a regular file (or a folder): it is {kind}, whose last lines verirl could not "
+    "quote when the server fails"
+)
+
+
+def _open_for_appending(path: Path) -> BinaryIO:
+    """Open ``path`` to append and read back, without blocking; only a regular file."""
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO or socket with nobody at the other end
+            why = _NOT_REGULAR.format(kind="a FIFO or socket")
+        else:
+            why = f"cannot be opened for appending and reading back ({exc.strerror or exc})"
+        raise ConfigError.invalid("log_path", printable(path), why) from None
+    try:
+        mode = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):  # never written to: a reader would get it
+        os.close(fd)
+        raise ConfigError.invalid(
+            "log_path", printable(path), _NOT_REGULAR.format(kind=_kind(mode))
+        )
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "ab", buffering=0)
+
+
+def _check_regular(handle: BinaryIO, path: Path) -> None:
+    """After the header was written (a full disk says so first): only a regular file."""
+    mode = os.fstat(handle.fileno()).st_mode
+    if not stat.S_ISREG(mode):
+        raise ConfigError.invalid(
+            "log_path", printable(path), _NOT_REGULAR.format(kind=_kind(mode))
+        )
 
 
 def open_server_log(requested: Path | None, *, port: int, argv: Sequence[str]) -> OpenedLog:
     """Open the log for appending and write the run's header line.
 
-    ``requested`` is ``VLLMServer``'s ``log_path``: a file, a directory (which
-    gets ``vllm-serve-<port>.log``) or ``None`` (a fresh ``verirl-vllm-*``
-    temp directory, left in place). Unbuffered, so that a write that fails (a
-    full disk) fails here; the handle is closed before the `ConfigError`
-    naming ``log_path`` is raised.
+    ``requested`` is ``VLLMServer``'s ``log_path``: a file, a folder (an
+    existing one, or one spelled with a trailing slash, made if missing), which
+    gets ``vllm-serve-<port>.log``, or ``None`` (`default_log_dir`). A path that
+    is not a regular file (a FIFO, a device), or that cannot be read back, is a
+    `ConfigError` naming ``log_path``; nothing here blocks. Unbuffered, so
+    that a write that fails (a full disk) fails here; the handle is closed
+    before the `ConfigError` is raised.
     """
     path = _log_file(requested, port)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle = path.open("ab", buffering=0)
     except OSError as exc:
         raise ConfigError.invalid(
-            "log_path", str(path), f"cannot be opened for appending ({exc.strerror or exc})"
+            "log_path", printable(path), f"its folder cannot be made ({exc.strerror or exc})"
         ) from None
+    handle = _open_for_appending(path)
     try:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         handle.write(f"--- verirl {stamp}: {shlex.join(redact_argv(argv))}\n".encode())
+        _check_regular(handle, path)
         offset = handle.tell()
     except OSError as exc:
         handle.close()
         raise ConfigError.invalid(
-            "log_path", str(path), f"cannot be written ({exc.strerror or exc})"
+            "log_path", printable(path), f"cannot be written ({exc.strerror or exc})"
         ) from None
     except BaseException:
         handle.close()
@@ -84,18 +210,60 @@ def open_server_log(requested: Path | None, *, port: int, argv: Sequence[str]) -
     return OpenedLog(handle=handle, path=path, offset=offset)
 
 
-def read_log_tail(path: Path | str, *, lines: int = LOG_TAIL_LINES, start: int = 0) -> str:
-    """The last ``lines`` lines of the log at ``path`` from byte offset ``start`` ("" if none)."""
+def read_regular(path: Path | str, start: int, limit: int) -> tuple[int, bytes] | None:
+    """``(size, bytes)``: up to ``limit`` bytes of the regular file ``path`` from ``start``.
+
+    ``None`` when it is missing, unreadable or not a regular file (never
+    blocks on a FIFO). A ``start`` past the end (the file was truncated or
+    replaced) reads nothing; the size tells.
+    """
     try:
-        with Path(path).open("rb") as handle:
-            size = handle.seek(0, os.SEEK_END)
-            begin = max(start, size - _LOG_TAIL_BYTES)
-            handle.seek(begin)
-            data = handle.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        if start >= info.st_size:
+            return info.st_size, b""
+        return info.st_size, os.pread(fd, min(limit, info.st_size - start), start)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def check_lines(lines: object) -> int:
+    """``log_tail``'s ``lines``: an integer >= 0, else `ConfigError` naming it."""
+    if isinstance(lines, bool) or not isinstance(lines, int) or lines < 0:
+        raise ConfigError.invalid("lines", lines, "must be an integer >= 0")
+    return lines
+
+
+def read_log_tail(path: Path | str, *, lines: int = LOG_TAIL_LINES, start: int = 0) -> str:
+    """The last ``lines`` lines of the log at ``path`` from byte offset ``start`` ("" if none).
+
+    At most the last 64 KiB are read: a line cut by that window is dropped,
+    unless it is the only one (a last line longer than the window), which is
+    kept, cut, after ``…``. A ``start`` past the end of the file (truncated,
+    or replaced by a rotation) reads the tail of what is there now. Never
+    blocks, never raises: a FIFO, a folder or an unreadable file has no tail.
+    """
+    if check_lines(lines) == 0:
         return ""
-    text = data.decode("utf-8", errors="replace")
+    probe = read_regular(path, 0, 0)
+    if probe is None:
+        return ""
+    size = probe[0]
+    if start > size:  # truncated or replaced since the run began: what is there is its
+        start = 0
+    begin = max(start, size - _LOG_TAIL_BYTES)
+    read = read_regular(path, begin, _LOG_TAIL_BYTES)
+    if read is None:
+        return ""
+    text = read[1].decode("utf-8", errors="replace")
     kept = text.splitlines()
     if begin > start and kept:  # the first line was cut by the byte window
-        kept = kept[1:]
+        kept = kept[1:] if len(kept) > 1 else ["\u2026" + kept[0]]
     return "\n".join(kept[-lines:]) + ("\n" if kept else "")

@@ -26,6 +26,13 @@ the CLI:
   that error instead of ``SystemExit(143)``. It counts as the one firing: a
   real SIGTERM afterwards is ignored like any second one. Only while our
   handler is the one installed: verirl never takes over a program's handler.
+- **One owner at a time, no swallowing.** A handler that takes SIGTERM over
+  from the policy for a while (`verirl.preemption.PreemptionCallback`, which
+  waits for a step end) registers with `SigtermPolicy.cooperate`: an
+  interrupt then goes to it like to the policy's own handler, and it claims
+  the interrupt first (`SigtermPolicy.take_interrupt`) and raises its error at
+  once, so a loop that never reaches a step end still unwinds within the
+  watchdog's grace.
 """
 
 from __future__ import annotations
@@ -34,13 +41,16 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 __all__ = [
+    "EXIT_GRACE",
     "SIGTERM_POLICY",
     "SigtermPolicy",
+    "arm_exit_deadline",
     "exit_on_sigterm",
     "program_handler",
     "program_note",
@@ -61,6 +71,7 @@ class SigtermPolicy:
         self._fired = False
         self._cause: BaseException | None = None
         self._interrupt_sent = False
+        self._cooperating: list[Callable[[int, types.FrameType | None], object]] = []
 
     @property
     def active(self) -> bool:
@@ -78,13 +89,12 @@ class SigtermPolicy:
         After `interrupt`, the SIGTERM it sent raises the interrupt's error
         instead (or nothing, once `withdraw` took the error back).
         """
-        with self._lock:
-            ours, cause = self._interrupt_sent, self._cause
-            self._interrupt_sent = False
-            self._cause = None
-        if ours and (cause is None or self._users == 0):
+        ours, cause = self.take_interrupt()
+        if ours and cause is None:
             log.debug("an interrupt withdrawn or outlived by its holder; SIGTERM ignored")
             return
+        if cause is not None:
+            raise cause
         if self._users == 0:
             # Released off the main thread, so the handler could not be removed: be the default.
             signal.signal(signum, signal.SIG_DFL)
@@ -94,20 +104,60 @@ class SigtermPolicy:
             log.warning("SIGTERM received again while tearing down; ignored")
             return
         self._fired = True
-        if cause is not None:
-            raise cause
         log.warning("SIGTERM received: exiting so that the vLLM server is stopped first")
         raise SystemExit(128 + signum)
+
+    def take_interrupt(self) -> tuple[bool, BaseException | None]:
+        """For a SIGTERM handler: whether this SIGTERM is an `interrupt`'s, and its error.
+
+        The error is ``None`` when the interrupt was withdrawn or its holder
+        released the policy meanwhile (the SIGTERM is then to be ignored).
+        Handing the error out counts as the policy's one firing.
+        """
+        with self._lock:
+            sent, cause = self._interrupt_sent, self._cause
+            self._interrupt_sent = False
+            self._cause = None
+            if not sent:
+                return False, None
+            if cause is None or self._users == 0:
+                return True, None
+            self._fired = True
+            return True, cause
+
+    def cooperate(
+        self, handler: Callable[[int, types.FrameType | None], object]
+    ) -> Callable[[], None]:
+        """Let ``handler``, while it is SIGTERM's handler, receive `interrupt` like ours does.
+
+        ``handler`` must call `take_interrupt` first thing and raise the error
+        it gets. Returns the function that ends the arrangement (idempotent).
+        """
+        with self._lock:
+            self._cooperating.append(handler)
+
+        def remove() -> None:
+            with self._lock:
+                if handler in self._cooperating:
+                    self._cooperating.remove(handler)
+
+        return remove
+
+    def _interruptible(self) -> bool:
+        """Whether SIGTERM's handler now is ours (or the CLI's copy) or a cooperating one."""
+        current = signal.getsignal(signal.SIGTERM)
+        return current == self.handle or any(current == h for h in self._cooperating)
 
     def interrupt(self, error: BaseException) -> bool:
         """Raise ``error`` in the main thread, as a SIGTERM raises ``SystemExit``; from any thread.
 
-        Returns False, doing nothing, unless the policy is held, its handler is
-        the one installed, and it has not fired yet (a SIGTERM or an earlier
-        interrupt is already unwinding the main thread then).
+        Returns False, doing nothing, unless the policy is held, its handler
+        (or a `cooperate`-ing one) is the one installed, and it has not fired
+        yet (a SIGTERM or an earlier interrupt is already unwinding the main
+        thread then).
         """
         with self._lock:
-            ours = signal.getsignal(signal.SIGTERM) == self.handle  # installed by us or the CLI
+            ours = self._interruptible()
             if not self._users or not ours or self._fired or self._interrupt_sent:
                 return False
             self._cause = error
@@ -240,5 +290,116 @@ def sigterm_pending() -> bool:
     return SIGTERM_POLICY.fired or bool(_PROGRAM_RECEIVED)
 
 
+EXIT_GRACE = 2.0
+"""Seconds the threads still running get once the main thread has ended after a signal.
+
+Python joins every non-daemon thread before it exits: a ``ThreadPoolExecutor``'s
+workers (a Hub download's, huggingface_hub's own) would hold a preempted
+process until their download ends, past the platform's grace and into its
+SIGKILL. After `arm_exit_deadline`, the process ends this long after its main
+thread did, whatever still runs."""
+
+
+class _ExitDeadline:
+    """One daemon thread: once the interpreter starts to exit, wait `EXIT_GRACE`, then end it.
+
+    "Starts to exit" is the first of `threading`'s exit hooks, which run before
+    it joins any thread: ours is registered after ``concurrent.futures``' (that
+    joins its pools' workers), so it runs first.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._exiting = threading.Event()
+        self._code = 0
+        self._signum: int | None = None
+        self._grace = EXIT_GRACE
+
+    def arm(self, *, code: int = 0, signum: int | None = None, grace: float = EXIT_GRACE) -> None:
+        with self._lock:
+            self._code, self._signum, self._grace = code, signum, grace
+            if self._thread is not None:
+                return
+            import concurrent.futures.thread  # noqa: F401, PLC0415 - its exit hook first, ours after
+
+            register = getattr(threading, "_register_atexit", None)
+            if register is None:  # pragma: no cover - every supported Python has it
+                return
+            try:
+                register(self._exiting.set)
+            except RuntimeError:  # already exiting: no hook can be added
+                self._exiting.set()
+            self._thread = threading.Thread(
+                target=self._run, name="verirl-exit-deadline", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        self._exiting.wait()
+        with self._lock:
+            grace = self._grace
+        threading.Event().wait(grace)  # the process normally exits meanwhile, this thread with it
+        with self._lock:
+            code, signum = self._code, self._signum
+        log.warning(
+            "still running %gs after the main thread ended on a signal (threads: %s): "
+            "exiting without waiting for them",
+            grace,
+            ", ".join(thread.name for thread in threading.enumerate()),
+        )
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError, AttributeError):  # closed or replaced
+                stream.flush()
+        if signum is not None and _default_disposition(signum):
+            os.kill(os.getpid(), signum)  # die of it, as Python does after a KeyboardInterrupt
+        os._exit(code)
+
+    def reset_after_fork(self) -> None:
+        self._lock = threading.Lock()
+        self._thread = None
+        self._exiting = threading.Event()
+
+
+def _default_disposition(signum: int) -> bool:
+    """Put ``signum`` back to its default from any thread; False where that cannot be done.
+
+    libc's ``signal``: Python's refuses to run off the main thread.
+    """
+    import ctypes  # noqa: PLC0415 - only on the way out
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal.restype = ctypes.c_void_p
+    except (OSError, AttributeError):
+        return False
+    failed = ctypes.c_void_p(-1).value  # SIG_ERR
+    return bool(libc.signal(signum, None) != failed)  # None: SIG_DFL, 0
+
+
+_EXIT_DEADLINE = _ExitDeadline()
+
+
+def arm_exit_deadline(error: BaseException | int, *, grace: float = EXIT_GRACE) -> None:
+    """End the process `EXIT_GRACE` seconds after its main thread ends, whatever threads remain.
+
+    For a process unwinding on a signal (``error`` is its ``SystemExit`` or
+    ``KeyboardInterrupt``, or the exit status): an exit code of ``SystemExit``
+    is kept, a ``KeyboardInterrupt`` ends by SIGINT as Python's own exit does.
+    The last call wins. A main thread that goes on (the exception was caught)
+    is never cut short: nothing happens until it ends.
+    """
+    if isinstance(error, KeyboardInterrupt):
+        _EXIT_DEADLINE.arm(code=130, signum=signal.SIGINT, grace=grace)
+    elif isinstance(error, SystemExit):
+        code = error.code
+        status = code if isinstance(code, int) else (0 if code is None else 1)
+        _EXIT_DEADLINE.arm(code=status, grace=grace)
+    elif isinstance(error, int):
+        _EXIT_DEADLINE.arm(code=error, grace=grace)
+
+
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=SIGTERM_POLICY.reset_after_fork)
+    os.register_at_fork(after_in_child=_EXIT_DEADLINE.reset_after_fork)

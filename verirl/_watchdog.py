@@ -82,13 +82,14 @@ _MIN_REQUEST_TIMEOUT = 0.5
 def interrupt_main(error: BaseException, *, held: bool) -> bool:
     """Unwind the main thread with ``error``; False (logged) when that cannot be done.
 
-    Through the policy when its handler is installed. A SIGTERM handler of the
-    program's own is its preemption path: it gets a SIGTERM (main thread
+    Through the policy when its handler (or `PreemptionCallback`'s, which
+    cooperates with it) is installed. A SIGTERM handler of the program's own
+    is its preemption path: it gets a SIGTERM (main thread
     only), as on a preemption. ``held`` says whether the runtime holds the
     policy from the main thread; when it does not (started in another
     thread), or SIGTERM is ignored, the main thread is left alone.
     """
-    if SIGTERM_POLICY.interrupt(error):
+    if held and SIGTERM_POLICY.interrupt(error):
         return True
     handler = signal.getsignal(signal.SIGTERM)
     if held and callable(handler) and not SIGTERM_POLICY.fired:

@@ -177,6 +177,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         self._jit_set_aside = False
         self._marker: Path | None = None  # the sentinel this callback wrote before its save
         self._remove_listener: Callable[[], None] | None = None
+        self._remove_cooperation: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
         names = ", ".join(signum.name for signum in self._signals)
@@ -312,6 +313,8 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         remove, self._remove_listener = self._remove_listener, None
         if remove is not None:
             remove()
+        if signal.SIGTERM not in keep:
+            self._stop_cooperating()
         kept = self._uninstall(keep)
         if kept:
             self._requested.set()  # the handlers left in place now only log and ignore
@@ -353,6 +356,10 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
                 log.warning("cannot install a %s handler here; left as it is", signum.name)
                 continue
             self._previous[signum] = current
+            if signum == signal.SIGTERM:
+                # The watchdog's interrupt (after vllm_failure_grace) comes to this handler now.
+                self._stop_cooperating()
+                self._remove_cooperation = SIGTERM_POLICY.cooperate(self._on_signal)
             if jit is not None:
                 self._jit_set_aside = True
                 log.info(
@@ -387,7 +394,24 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
                 signal.signal(signum, previous)
         return kept
 
+    def _stop_cooperating(self) -> None:
+        remove, self._remove_cooperation = self._remove_cooperation, None
+        if remove is not None:
+            remove()
+
     def _on_signal(self, signum: int, _frame: types.FrameType | None) -> None:
+        if signum == signal.SIGTERM:
+            sent, cause = SIGTERM_POLICY.take_interrupt()
+            if sent:  # the watchdog's interrupt, not a preemption: never swallowed
+                if cause is None:
+                    log.debug("an interrupt taken back meanwhile: SIGTERM ignored")
+                    return
+                log.error(
+                    "training did not stop at a step end in time after %s: raising it now",
+                    type(cause).__name__,
+                )
+                self._deactivate(keep=set())
+                raise cause
         name = _name(signum)
         if self._signalled is not None:
             if signum == signal.SIGINT:

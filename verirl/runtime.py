@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
+import threading
 import time
 import types
 import warnings
@@ -31,7 +32,7 @@ from verirl._node_share import (
 from verirl._phases import Phases, PhaseTiming
 from verirl._secrets import HIDDEN
 from verirl._settings import Read, Settings
-from verirl._signals import SIGTERM_POLICY
+from verirl._signals import SIGTERM_POLICY, arm_exit_deadline
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
@@ -59,6 +60,7 @@ from verirl.envserver import EnvServerProbe, HttpEnvServerProbe
 from verirl.errors import (
     ConfigError,
     EnvServerUnavailable,
+    VeriRLError,
     VLLMServerError,
     VLLMServerUnavailable,
 )
@@ -83,6 +85,9 @@ HUB_DOWNLOAD_FOLDER = "_verirl-hub-download"
 The leading ``_``: Trainer's Hub pushes upload ``output_dir`` except ``_*`` and
 ``checkpoint-*``, so a resumed job does not push the copy it downloaded back.
 """
+_STOPPED_WHILE_STARTING = (
+    "TrainingRuntime.stop() was called while it started; what it started is stopped"
+)
 START_CANCEL_TIMEOUT = 60.0
 """Seconds to wait for a server's `start` to return after `stop` cancelled it."""
 VLLM_STARTUP_TIMEOUT = 900.0
@@ -402,6 +407,11 @@ class TrainingRuntime:
     _started: bool = attrs.field(default=False, init=False, repr=False)
     _holds_sigterm: bool = attrs.field(default=False, init=False, repr=False)
     _watchdog: ServerWatchdog | None = attrs.field(default=None, init=False, repr=False)
+    # start() and stop() from several threads: the state below changes under this lock.
+    _lock: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
+    _phases: Phases | None = attrs.field(default=None, init=False, repr=False)
+    _starting: bool = attrs.field(default=False, init=False, repr=False)
+    _stop_requested: bool = attrs.field(default=False, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         check_seconds("env_timeout", self.env_timeout)
@@ -568,15 +578,19 @@ class TrainingRuntime:
 
     def start(self) -> RuntimeSession:
         """Run every start-up phase; return the session or raise the first phase error."""
-        if self._started:
-            msg = "TrainingRuntime is already started; stop() it first"
-            raise RuntimeError(msg)
-        self._started = True
+        with self._lock:
+            if self._started:
+                msg = "TrainingRuntime is already started; stop() it first"
+                raise RuntimeError(msg)
+            self._started = True
+            self._starting = True
+            self._stop_requested = False
         origin = time.monotonic()
         try:
             dist = self._apply_dist_env()
         except BaseException:
-            self._started = False
+            with self._lock:
+                self._started = self._starting = False
             raise
         timings = [PhaseTiming("dist-env", 0.0, time.monotonic() - origin)]
         server_start: concurrent.futures.Future[None] | None = None
@@ -585,28 +599,68 @@ class TrainingRuntime:
             # Held from the main thread (where Python runs handlers) until stop(): the
             # phases, the server's start included, run on worker threads.
             self._holds_sigterm = SIGTERM_POLICY.acquire()
-            self._server = self._build_server()
             phases = Phases(origin)
-            if self._server is not None:
-                server_start = phases.submit("vllm", self._server.start)
-            if self._waits_for_server_elsewhere:
-                phases.submit("vllm-wait", self._wait_for_server_elsewhere)
-            if self.env_probe is not None:
-                if dist.is_local_main:
-                    phases.submit("env", self.env_probe.wait, self.env_timeout)
-                else:
-                    log.info("local rank %d leaves the env-server wait to local rank 0",
-                             dist.local_rank)  # fmt: skip
-            if self.checkpoints is not None or _requested(self.resume_from):
-                # A request is never dropped: without a resolver an explicit path is still
-                # checked, and "latest" fails with "no sources configured".
-                resolver = self._node_shared(self.checkpoints or CheckpointResolver([]), dist)
-                checkpoint = phases.submit("checkpoint", resolver.resolve, self.resume_from)
+            with self._lock:
+                self._refuse_if_stopped()
+                self._phases = phases
+                self._server = self._build_server()
+            server_start, checkpoint = self._submit_phases(phases, dist)
             timings += phases.wait()  # every phase, or the first failure's error
-        except BaseException:
+            with self._lock:
+                self._refuse_if_stopped()  # a stop() as the last phase ended
+                self._phases = None
+                self._starting = False
+                self._open_session(dist, origin, timings, checkpoint)
+        except BaseException as exc:
+            if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+                # A signal: the process is going down, and a download's pool (whose
+                # non-daemon workers Python joins at exit) must not hold it past the grace.
+                arm_exit_deadline(exc)
+            with self._lock:
+                self._phases = None
+                self._starting = False
             self._cancel_server_start(server_start)
             self.stop()
             raise
+        assert self._session is not None  # noqa: S101 - set just above, under the lock
+        return self._session
+
+    def _submit_phases(
+        self, phases: Phases, dist: DistributedEnv
+    ) -> tuple[
+        concurrent.futures.Future[None] | None, concurrent.futures.Future[str | None] | None
+    ]:
+        """Start every phase this process runs; the server's start and the checkpoint's futures."""
+        server_start = checkpoint = None
+        if self._server is not None:
+            server_start = phases.submit("vllm", self._server.start)
+        if self._waits_for_server_elsewhere:
+            phases.submit("vllm-wait", self._wait_for_server_elsewhere)
+        if self.env_probe is not None:
+            if dist.is_local_main:
+                phases.submit("env", self.env_probe.wait, self.env_timeout)
+            else:
+                log.info("local rank %d leaves the env-server wait to local rank 0",
+                         dist.local_rank)  # fmt: skip
+        if self.checkpoints is not None or _requested(self.resume_from):
+            # A request is never dropped: without a resolver an explicit path is still
+            # checked, and "latest" fails with "no sources configured".
+            resolver = self._node_shared(self.checkpoints or CheckpointResolver([]), dist)
+            checkpoint = phases.submit("checkpoint", resolver.resolve, self.resume_from)
+        return server_start, checkpoint
+
+    def _refuse_if_stopped(self) -> None:
+        if self._stop_requested:
+            raise VeriRLError(_STOPPED_WHILE_STARTING)
+
+    def _open_session(
+        self,
+        dist: DistributedEnv,
+        origin: float,
+        timings: list[PhaseTiming],
+        checkpoint: concurrent.futures.Future[str | None] | None,
+    ) -> None:
+        """The session of a start every phase of which succeeded; the watchdog on its server."""
         self._session = RuntimeSession(
             topology=self.topology,
             grpo_kwargs=types.MappingProxyType(self.topology.grpo_kwargs()),
@@ -619,7 +673,6 @@ class TrainingRuntime:
         )
         log.info("%s", self._session.timeline())
         self._watch_server()
-        return self._session
 
     def _apply_dist_env(self) -> DistributedEnv:
         """Fill in and apply the single-node distributed variables (a launcher's win)."""
@@ -716,7 +769,10 @@ class TrainingRuntime:
         finished job into a failed one. An interrupt the watchdog sent that
         the main thread has not handled yet is taken back.
         """
-        watchdog = self._watchdog
+        return self._stop_watching(self._watchdog)
+
+    @staticmethod
+    def _stop_watching(watchdog: ServerWatchdog | None) -> VLLMServerError | None:
         if watchdog is None:
             return None
         watchdog.stop()
@@ -728,23 +784,40 @@ class TrainingRuntime:
     def stop(self) -> None:
         """Stop the watchdog and the server (if this runtime started one), release the policy.
 
-        Idempotent: the policy is released exactly once per `start`.
+        Idempotent: the policy is released exactly once per `start`. Called
+        from another thread while `start` runs, it stops the server's start
+        and ends the start's wait at once; `start` then tears everything down
+        and raises (`VLLMServerError` when the server's start was cut short,
+        else `VeriRLError`).
         """
-        server, self._server = self._server, None
-        self._session = None
-        watchdog = self._watchdog
+        with self._lock:
+            starting = self._starting
+            phases = self._phases
+            if starting:  # a start in progress (another thread): it tears down and raises
+                self._stop_requested = True
+                server = self._server
+            else:
+                server, self._server = self._server, None
+                self._session = None
+                watchdog, self._watchdog = self._watchdog, None
+        if starting:
+            if phases is not None:
+                phases.cancel(VeriRLError(_STOPPED_WHILE_STARTING))
+            if server is not None:
+                server.stop()  # its start() ends promptly, and nothing of it is left
+            return
         try:
             try:
-                self.stop_watchdog()  # first: stopping the server must not look like its death
+                self._stop_watching(watchdog)  # first: stopping the server must not look like death
             finally:
                 if server is not None:
                     server.stop()
             if watchdog is not None:
                 watchdog.join(1.0)  # a daemon that never acts now: no need to wait out a request
         finally:
-            self._watchdog = None
-            held, self._holds_sigterm = self._holds_sigterm, False
-            self._started = False
+            with self._lock:
+                held, self._holds_sigterm = self._holds_sigterm, False
+                self._started = False
             if held:
                 SIGTERM_POLICY.release()
 

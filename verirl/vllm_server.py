@@ -99,7 +99,7 @@ from verirl._server_fields import (
     v_port,
     v_seconds,
 )
-from verirl._server_log import LOG_TAIL_LINES, open_server_log, read_log_tail
+from verirl._server_log import LOG_TAIL_LINES, check_lines, open_server_log, read_log_tail
 from verirl._signals import SIGTERM_POLICY
 from verirl.errors import (
     VLLMServerError,
@@ -151,9 +151,10 @@ class VLLMServer:
     - ``env``: variables added to the inherited (scrubbed) environment; see
       `vllm_child_environ`;
     - ``log_path``: where stdout and stderr go. An existing file is appended
-      to, never truncated; a directory gets ``vllm-serve-<port>.log``;
-      ``None`` means a fresh ``verirl-vllm-*`` temp directory (left in place,
-      so the log outlives a failure);
+      to, never truncated; a directory (or a path with a trailing slash) gets
+      ``vllm-serve-<port>.log``; ``None`` means that file in this user's
+      ``verirl-vllm-<uid>`` temp folder (`default_log_dir`, kept, so the log
+      outlives a failure). It must be a regular file verirl can read back;
     - ``startup_timeout`` / ``shutdown_timeout``: seconds to become healthy /
       to stop after SIGTERM before SIGKILL;
     - ``progress_interval``: seconds between "still starting" log lines;
@@ -318,7 +319,12 @@ class VLLMServer:
         return self._argv
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        """The last ``lines`` lines this run wrote to its log ("" before a run)."""
+        """The last ``lines`` lines this run wrote to its log ("" before a run, or for 0).
+
+        Never blocks and never raises for the file's sake (see `read_log_tail`);
+        ``lines`` that is not an integer >= 0 is a `ConfigError`.
+        """
+        check_lines(lines)
         if self._active_log is None:
             return ""
         return read_log_tail(self._active_log, lines=lines, start=self._log_offset)

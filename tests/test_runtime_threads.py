@@ -1,0 +1,151 @@
+"""Threads: start()/stop() from several threads, runtimes in threads (issue 26, class 7).
+
+No orphan (the suite's guard fails a test that leaves a process), no deadlock
+(every wait here is bounded), and no exception but the documented ones: the
+losers of a start race get `RuntimeError` ("already started"), a start that
+another thread stopped gets `VeriRLError` (`VLLMServerError` when the
+server's own start was cut short), and a runtime started in a thread never
+interrupts the main thread, whoever holds the SIGTERM policy there.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from _support import nothing_listens, unshared_port
+from fakes.envserver import FakeEnvServer
+from verirl import DistributedEnv, HttpEnvServerProbe, TrainingRuntime, VLLMServer, VLLMTopology
+from verirl._net import find_free_port
+from verirl._signals import SIGTERM_POLICY
+from verirl.errors import VeriRLError
+
+FAKE = (sys.executable, "-m", "fakes.vllm_serve")
+BOUND = 15.0  # far below the 120 s env wait below: a start that is not cut short overruns it
+
+
+def _runtime(tmp_path: Path, **kwargs: object) -> TrainingRuntime:
+    env: dict[str, str] = {}
+    topology = VLLMTopology.plan(2, max_model_len=64, port=unshared_port())
+    return TrainingRuntime(
+        topology,
+        environ=env,
+        dist_env=DistributedEnv.single_node(environ=env, master_port=find_free_port()),
+        server_factory=lambda t: VLLMServer.from_topology(
+            t, model="m", command=FAKE, log_path=tmp_path, shutdown_timeout=5.0
+        ),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def _in_thread(job: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(job())
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _log(folder: Path) -> str:
+    return "".join(path.read_text(errors="replace") for path in folder.glob("vllm-serve-*.log"))
+
+
+def _wait_until(condition: Callable[[], object], what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        psutil.wait_procs([], timeout=0.02)
+
+
+@pytest.mark.parametrize("when", ["env-wait", "server-loading"])
+def test_stop_from_another_thread_ends_a_start_at_once_and_leaves_nothing(tmp_path, when, caplog):
+    caplog.set_level(logging.INFO, logger="verirl.vllm_server")
+    with FakeEnvServer(ready_after=None) as env_server:
+        rt = _runtime(
+            tmp_path,
+            env_probe=HttpEnvServerProbe(env_server.url),
+            env_timeout=120.0,
+        )
+        if when == "server-loading":
+            rt.server_factory = lambda t: VLLMServer.from_topology(
+                t, model="m", command=FAKE, log_path=tmp_path, shutdown_timeout=5.0,
+                env={"FAKE_VLLM_LOAD_UNTIL": str(tmp_path / "never")},
+            )  # fmt: skip
+        thread, outcome = _in_thread(rt.start)
+        _wait_until(lambda: env_server.requests >= 1, "the env wait")
+        if when == "env-wait":  # the server's phase is over: only the env wait runs
+            _wait_until(lambda: "is ready after" in caplog.text, "the server")
+        else:  # the server's phase runs (loading), and the env wait
+            _wait_until(lambda: "Loading model" in _log(tmp_path), "the server to load")
+        stopped_at = time.monotonic()
+        rt.stop()
+        thread.join(BOUND)
+        took = time.monotonic() - stopped_at
+        assert not thread.is_alive(), f"start() still runs {BOUND}s after stop()"
+    (error,) = outcome
+    assert isinstance(error, VeriRLError), error
+    assert took < BOUND
+    assert rt.session is None
+    assert nothing_listens(rt.topology.port)
+    rt.env_probe = None  # (that env server is gone now)
+    rt.server_factory = _runtime(tmp_path).server_factory  # (and a server that loads)
+    with rt as session:  # the runtime can start again
+        assert session.server is not None
+
+
+def test_only_one_of_several_racing_starts_wins(tmp_path):
+    rt = _runtime(tmp_path)
+    barrier = threading.Barrier(4)
+
+    def start() -> object:
+        barrier.wait(30)
+        return rt.start()
+
+    started = [_in_thread(start) for _ in range(4)]
+    for thread, _ in started:
+        thread.join(60)
+        assert not thread.is_alive()
+    outcomes = [outcome[0] for _, outcome in started]
+    try:
+        sessions = [o for o in outcomes if not isinstance(o, BaseException)]
+        errors = [o for o in outcomes if isinstance(o, BaseException)]
+        assert len(sessions) == 1, outcomes
+        assert all(isinstance(e, RuntimeError) and "already started" in str(e) for e in errors)
+    finally:
+        rt.stop()
+    assert nothing_listens(rt.topology.port)
+
+
+def test_a_runtime_in_a_thread_never_interrupts_the_main_thread(tmp_path, default_sigterm, caplog):
+    """The main thread holds the policy (its own server, say); a thread's server dies."""
+    caplog.set_level(logging.ERROR, logger="verirl._watchdog")
+    rt = _runtime(tmp_path, vllm_failure_grace=0.0)
+    with SIGTERM_POLICY.held():
+        thread, outcome = _in_thread(rt.start)
+        thread.join(60)
+        assert rt.session is not None, outcome
+        try:
+            server = rt.session.server
+            assert isinstance(server, VLLMServer)
+            assert server.pid is not None
+            psutil.Process(server.pid).kill()
+            # Were the main thread interrupted, the error would be raised in this wait.
+            _wait_until(
+                lambda: "not started from the main thread" in caplog.text, "the watchdog to give up"
+            )
+        finally:
+            rt.stop()
+        assert not SIGTERM_POLICY.fired

@@ -1,0 +1,291 @@
+"""The vLLM server's log file, swept over what a log path can be (issue 26, class 3).
+
+Whatever ``log_path`` names (a FIFO, a folder spelled with a trailing slash, a
+full disk, a device, bytes that are not UTF-8) and whatever the log holds (a
+last line longer than the tail's window, zero lines asked for, a file cut
+short), `VLLMServer.start` never blocks past its timeout, nothing is spawned
+for a path refused, and the tail that says why a server died is not lost.
+Without ``log_path`` the log goes to one folder per user, appended to, so that
+retries do not leave a temp folder each behind.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from _support import unshared_port
+from verirl._readiness import LogWatch
+from verirl.errors import ConfigError, VLLMServerExited
+from verirl.vllm_server import VLLMServer, read_log_tail
+
+FAKE = (sys.executable, "-m", "fakes.vllm_serve")
+BOUND = 10.0  # seconds any of this may take on a loaded machine; the blocking cases never end
+
+
+@pytest.fixture
+def servers() -> Iterator[Callable[..., VLLMServer]]:
+    made: list[VLLMServer] = []
+
+    def make(**kwargs: object) -> VLLMServer:
+        kwargs.setdefault("port", unshared_port())
+        kwargs.setdefault("command", FAKE)
+        kwargs.setdefault("startup_timeout", 30.0)
+        kwargs.setdefault("shutdown_timeout", 5.0)
+        server = VLLMServer("fake/model", **kwargs)  # type: ignore[arg-type]
+        made.append(server)
+        return server
+
+    yield make
+    for server in made:
+        server.stop()
+
+
+def _in_thread(job: Callable[[], object], unblock: Callable[[], None]) -> list[object]:
+    """Run ``job`` in a thread; [result] or [exception] if it ends within BOUND, else fail.
+
+    A job that blocks is freed with ``unblock`` before the test fails, so that
+    nothing it started outlives the test.
+    """
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(job())
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(BOUND)
+    if thread.is_alive():
+        unblock()
+        thread.join(BOUND)
+        pytest.fail(f"blocked for more than {BOUND}s")
+    return outcome
+
+
+def _open_reader(fifo: Path) -> Callable[[], None]:
+    def unblock() -> None:
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+
+    return unblock
+
+
+def _open_writer(fifo: Path) -> Callable[[], None]:
+    def unblock() -> None:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+    return unblock
+
+
+# ---------------------------------------------------------------- what log_path names
+
+
+@pytest.mark.parametrize("where", ["file", "in-folder"])
+def test_a_fifo_is_refused_at_once_with_nothing_spawned(tmp_path, servers, where):
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    port = unshared_port()
+    fifo = folder / f"vllm-serve-{port}.log" if where == "in-folder" else tmp_path / "pipe"
+    os.mkfifo(fifo)
+    server = servers(port=port, log_path=folder if where == "in-folder" else fifo)
+
+    def unblock() -> None:
+        _open_reader(fifo)()
+        server.stop()
+
+    (outcome,) = _in_thread(server.start, unblock)
+    assert isinstance(outcome, ConfigError), outcome
+    assert outcome.field == "log_path"
+    assert "FIFO" in str(outcome)
+    assert server.pid is None
+
+
+@pytest.mark.parametrize("spelling", ["new/", "new//", "deep/er/"])
+def test_a_folder_spelled_with_a_trailing_slash_is_a_folder(tmp_path, servers, spelling):
+    requested = str(tmp_path) + os.sep + spelling
+    server = servers(log_path=requested)
+    with server:
+        pass
+    folder = Path(requested)
+    assert folder.is_dir()
+    assert server.log_path == folder / f"vllm-serve-{server.port}.log"
+    assert "Uvicorn running" in server.log_path.read_text()
+
+
+def test_a_full_disk_is_a_clear_error_naming_log_path_with_nothing_spawned(servers):
+    server = servers(log_path="/dev/full")
+    with pytest.raises(ConfigError, match="No space left") as caught:
+        server.start()
+    assert caught.value.field == "log_path"
+    assert server.pid is None
+
+
+@pytest.mark.parametrize("kind", ["device", "socket", "folder-is-a-file"])
+def test_what_is_no_regular_file_is_refused_naming_log_path(tmp_path, servers, kind):
+    if kind == "device":
+        path: str | Path = "/dev/null"  # the tail would be lost: refused rather than silent
+    elif kind == "socket":
+        path = tmp_path / "s"
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(path))
+        listener.close()
+    else:
+        (tmp_path / "plain").write_text("mine\n")
+        path = str(tmp_path / "plain") + "/"  # asks for a folder where a file is
+    server = servers(log_path=path)
+    with pytest.raises(ConfigError) as caught:
+        server.start()
+    assert caught.value.field == "log_path"
+    assert server.pid is None
+    if kind == "folder-is-a-file":
+        assert (tmp_path / "plain").read_text() == "mine\n"  # never overwritten
+
+
+def test_a_log_that_is_not_utf8_still_explains_the_exit(tmp_path, servers):
+    program = (
+        "import sys, os; os.write(1, b'loading \\xff\\xfe\\xc3(\\n'); "
+        "print('RuntimeError: CUDA out of memory', flush=True); sys.exit(3)"
+    )
+    server = servers(command=(sys.executable, "-c", program), log_path=tmp_path / "x.log")
+    with pytest.raises(VLLMServerExited) as caught:
+        server.start()
+    tail = caught.value.log_tail
+    assert "CUDA out of memory" in tail
+    assert "\ufffd" in tail
+    str(caught.value).encode("utf-8")  # a report can carry it
+
+
+# ---------------------------------------------------------------- reading the tail
+
+
+def test_the_tail_of_a_fifo_is_empty_at_once(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert _in_thread(lambda: read_log_tail(fifo), _open_writer(fifo)) == [""]
+    assert _in_thread(lambda: LogWatch(fifo).fired(), _open_writer(fifo)) == [False]
+
+
+def test_a_running_servers_log_replaced_by_a_fifo_never_blocks_its_tail(tmp_path, servers):
+    server = servers(log_path=tmp_path / "x.log")
+    server.start()
+    log = server.log_path
+    assert log is not None
+    log.unlink()
+    os.mkfifo(log)
+    assert _in_thread(server.log_tail, _open_writer(log)) == [""]
+
+
+def test_a_last_line_longer_than_the_window_is_kept_cut(tmp_path):
+    path = tmp_path / "x.log"
+    path.write_bytes(b"early\n" + b"x" * 200_000 + b"END")
+    tail = read_log_tail(path, lines=3)
+    assert tail.startswith("\u2026x")
+    assert tail.endswith("xEND\n")
+    assert len(tail) < 70_000
+
+
+def test_a_log_cut_short_since_the_run_began_still_has_a_tail(tmp_path):
+    path = tmp_path / "x.log"
+    path.write_text("the server died: out of memory\n")
+    assert read_log_tail(path, start=10_000) == "the server died: out of memory\n"
+
+
+@pytest.mark.parametrize("lines", [-1, True, 2.5, "3", None])
+def test_a_bad_number_of_lines_is_a_config_error_naming_it(tmp_path, lines):
+    path = tmp_path / "x.log"
+    path.write_text("a\n")
+    with pytest.raises(ConfigError) as caught:
+        read_log_tail(path, lines=lines)  # type: ignore[arg-type]
+    assert caught.value.field == "lines"
+    with pytest.raises(ConfigError):
+        VLLMServer("m").log_tail(lines)  # type: ignore[arg-type]
+
+
+_LINE = st.binary(max_size=300).map(lambda b: b.replace(b"\n", b""))
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    before=st.lists(_LINE, max_size=5),
+    run=st.lists(_LINE, max_size=60),
+    last_newline=st.booleans(),
+    lines=st.integers(min_value=0, max_value=80),
+)
+def test_the_tail_is_at_most_that_many_lines_of_this_run_and_always_shows(
+    tmp_path, before, run, last_newline, lines
+):
+    path = tmp_path / "tail.log"
+    earlier = b"".join(line + b"\n" for line in before)
+    body = b"\n".join(run) + (b"\n" if last_newline and run else b"")
+    path.write_bytes(earlier + body)
+    tail = read_log_tail(path, lines=lines, start=len(earlier))
+    tail.encode("utf-8")
+    if lines == 0:
+        assert tail == ""
+        return
+    assert tail.count("\n") <= lines
+    shown = body.decode("utf-8", errors="replace").splitlines()
+    expected = shown[-lines:]
+    assert tail == ("\n".join(expected) + "\n" if expected else "")
+
+
+# ---------------------------------------------------------------- the default folder
+
+
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch) -> Path:
+    """This test's own temp directory, so that the per-user folder is this test's."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def test_retries_without_log_path_append_to_one_file_in_one_folder(private_tmp, servers):
+    port = unshared_port()
+    paths = []
+    for _ in range(3):  # a job and two retries
+        server = servers(port=port, log_path=None)
+        with server:
+            paths.append(server.log_path)
+    folder = private_tmp / f"verirl-vllm-{os.getuid()}"
+    assert paths == [folder / f"vllm-serve-{port}.log"] * 3
+    assert sorted(p.name for p in private_tmp.iterdir()) == [folder.name]
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert paths[0].read_text().count("--- verirl ") == 3  # appended, each run's header
+
+
+@pytest.mark.parametrize("hijack", ["symlink", "group-writable"])
+def test_a_default_folder_that_is_not_private_is_never_written_into(
+    private_tmp, servers, hijack, caplog
+):
+    folder = private_tmp / f"verirl-vllm-{os.getuid()}"
+    elsewhere = private_tmp / "elsewhere"
+    elsewhere.mkdir()
+    if hijack == "symlink":
+        folder.symlink_to(elsewhere)
+    else:
+        folder.mkdir(mode=0o700)
+        folder.chmod(0o770)
+    server = servers(log_path=None)
+    with server:
+        pass
+    assert server.log_path is not None
+    assert server.log_path.parent.parent == private_tmp
+    assert server.log_path.parent.name.startswith("verirl-vllm-")
+    assert server.log_path.parent != folder
+    assert list(elsewhere.iterdir()) == []
+    if hijack == "group-writable":
+        assert list(folder.iterdir()) == []
+    assert "is not a private folder" in caplog.text
