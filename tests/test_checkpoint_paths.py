@@ -50,6 +50,7 @@ from verirl._node_share import NodeSharedResolver, attempt_key
 from verirl.cli import main
 
 KEYWORDS = ["latest", "last-checkpoint", "auto"]
+DOT_LATEST, DOT_AUTO = f".{os.sep}latest", f".{os.sep}auto"  # a folder named like a keyword
 SPACES = ["", " ", "\t", "\n"]
 PATH_TYPES = [Path, PurePosixPath, TextPath]
 
@@ -100,7 +101,11 @@ def test_resolve_takes_a_path_like_named_like_a_keyword_for_that_folder(
     make_checkpoint(Path.cwd(), name, {"global_step": 1})
     source = FakeCheckpointSource(steps=[2])
     for resolver in (CheckpointResolver([source]), CheckpointResolver([])):
-        assert resolver.resolve(kind(name)) == name
+        found = resolver.resolve(kind(name))
+        assert found is not None
+        assert Path(found).samefile(name)
+        # Handed on as text (launch exports it), it still means that folder, not the keyword.
+        assert resolver.resolve(found) == found
     assert source.fetched == []  # the keyword was never asked of a source
 
 
@@ -126,9 +131,9 @@ def test_the_runtime_takes_a_path_like_resume_from_for_that_folder(
     make_checkpoint(tmp_path, "auto", {"global_step": 1})
     resolver = CheckpointResolver([FakeCheckpointSource(steps=[2])])
     with colocated(checkpoints=resolver, resume_from=kind("latest")) as session:
-        assert session.resume_from_checkpoint == "latest"
+        assert session.resume_from_checkpoint == DOT_LATEST  # never the keyword
     with colocated(resume_from=kind("auto")) as session:  # no source: 'auto' would be refused
-        assert session.resume_from_checkpoint == "auto"
+        assert session.resume_from_checkpoint == DOT_AUTO
     with colocated(checkpoints=resolver, resume_from="latest") as session:  # text: the keyword
         assert session.resume_from_checkpoint == "/fake/checkpoint-2"
 
@@ -142,7 +147,7 @@ def test_from_settings_takes_path_likes_as_paths(tmp_path, monkeypatch, clean_en
         gpu_count=1, environ={}, output_dir=kind("auto"), resume_from=kind("latest")
     )
     with runtime as session:
-        assert session.resume_from_checkpoint == "latest"
+        assert session.resume_from_checkpoint == DOT_LATEST
     runtime = TrainingRuntime.from_settings(
         gpu_count=1, environ={}, output_dir=kind("auto"), resume_from="latest"
     )
@@ -152,7 +157,7 @@ def test_from_settings_takes_path_likes_as_paths(tmp_path, monkeypatch, clean_en
     with TrainingRuntime.from_settings(
         gpu_count=1, environ={}, resume_from=kind("auto")
     ) as session:
-        assert session.resume_from_checkpoint == "auto"
+        assert session.resume_from_checkpoint == DOT_AUTO
 
 
 @pytest.mark.parametrize(
@@ -183,7 +188,10 @@ def test_on_the_command_line_latest_is_the_keyword_and_dot_slash_latest_the_fold
     assert main(["resume", "--output-dir", "out", "--resume", "latest"]) == 0
     assert capsys.readouterr().out.strip() == str(Path("out", "checkpoint-4"))
     assert main(["resume", "--output-dir", "out", "--resume", "./latest"]) == 0
-    assert capsys.readouterr().out.strip() == "latest"
+    printed = capsys.readouterr().out.strip()
+    assert printed == DOT_LATEST  # what launch exports: read again, the folder
+    assert main(["resume", "--output-dir", "out", "--resume", printed]) == 0
+    assert capsys.readouterr().out.strip() == printed
 
 
 # ---------------------------------------------------------------- names that are not UTF-8

@@ -201,6 +201,16 @@ def test_a_log_cut_short_since_the_run_began_still_has_a_tail(tmp_path):
     assert read_log_tail(path, start=10_000) == "the server died: out of memory\n"
 
 
+def test_a_long_last_line_followed_by_blank_lines_is_the_tail(tmp_path):
+    """The line that says why the server died, longer than the window, then blank lines."""
+    path = tmp_path / "x.log"
+    path.write_text("A" * 100_000 + "\nERRORLINE-" + "B" * 70_000 + "\n\n\n")
+    tail = read_log_tail(path)
+    assert tail.startswith("\u2026")
+    assert tail.endswith("B" * 100 + "\n")
+    assert read_log_tail(path, lines=1) == tail
+
+
 @pytest.mark.parametrize("lines", [-1, True, 2.5, "3", None])
 def test_a_bad_number_of_lines_is_a_config_error_naming_it(tmp_path, lines):
     path = tmp_path / "x.log"
@@ -238,6 +248,8 @@ def test_the_tail_is_at_most_that_many_lines_of_this_run_and_always_shows(
         return
     assert tail.count("\n") <= lines
     shown = body.decode("utf-8", errors="replace").splitlines()
+    while shown and not shown[-1].strip():  # trailing blank lines are no part of the tail
+        shown.pop()
     expected = shown[-lines:]
     assert tail == ("\n".join(expected) + "\n" if expected else "")
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT, vllm_distribution
 from verirl._net import port_is_free
-from verirl._secrets import redact_text, scrub
+from verirl._secrets import redact_argv, redact_text, scrub
 from verirl._version import __version__
 from verirl.distenv import DistributedEnv
 from verirl.envserver import HttpEnvServerProbe
@@ -59,7 +59,7 @@ def _launch_row(vllm_command: Sequence[str] | None, remote_host: str | None) -> 
     if remote_host is not None:
         return f"not started here: vLLM runs on VERIRL_VLLM_HOST={redact_text(remote_host)}", True
     if vllm_command is not None:
-        shown = shlex.join(redact_text(part) for part in vllm_command)
+        shown = shlex.join(redact_text(part) for part in redact_argv(vllm_command))
         return f"command: VERIRL_VLLM_COMMAND={shown}", True
     try:
         plan = VLLMServer("MODEL").launch_plan()

@@ -28,6 +28,7 @@ __all__ = [
     "scrub",
     "scrub_exception",
     "secrets_in_environ",
+    "shown_command",
 ]
 
 HIDDEN = "<hidden>"
@@ -227,3 +228,21 @@ def secrets_in_environ(environ: Mapping[str, str]) -> list[str]:
         for name, value in environ.items()
         if _secret_name(name) and len(value) >= _MIN_SCRUBBED
     ]
+
+
+def shown_command(value: object) -> object:
+    """A command (argv, or one shell-like string) as an error message may show it: redacted.
+
+    A list of strings goes through `redact_argv`; a string is split like a
+    shell (on white space when its quotes do not balance) and redacted word by
+    word; anything else is shown as it is (it holds no argv to leak).
+    """
+    if isinstance(value, str):
+        try:
+            words = shlex.split(value)
+        except ValueError:
+            words = value.split()
+        return " ".join(redact_argv(words))
+    if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+        return type(value)(redact_argv(value))
+    return value

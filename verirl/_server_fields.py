@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from verirl._secrets import HIDDEN, shown_command
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
@@ -78,16 +79,22 @@ def to_devices(value: Iterable[int]) -> tuple[int, ...]:
 
 
 def _to_strings(field: str, value: Iterable[str]) -> tuple[str, ...]:
+    """Server flags or a command as strings; an error shows them redacted (an ``--api-key``)."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise ConfigError.invalid(field, value, "must be a sequence of strings, not one string")
-    items = tuple(value)
+        raise ConfigError.invalid(
+            field, shown_command(value), "must be a sequence of strings, not one string"
+        )
+    items: tuple[object, ...] = tuple(value)
     if not all(isinstance(item, str) for item in items):
-        raise ConfigError.invalid(field, value, "must contain only strings")
-    for item in items:
+        kinds = [HIDDEN if isinstance(item, str) else item for item in items]
+        raise ConfigError.invalid(field, kinds, "must contain only strings")
+    strings = tuple(str(item) for item in items)
+    for index, item in enumerate(strings):
         problem = _unportable(item)
         if problem:
-            raise ConfigError.invalid(field, value, f"{item!r} {problem}")
-    return items
+            shown = shown_command([part.replace("\x00", "") for part in strings])
+            raise ConfigError.invalid(field, shown, f"item {index} {problem}")
+    return strings
 
 
 def to_extra_args(value: Iterable[str]) -> tuple[str, ...]:
@@ -99,7 +106,9 @@ def to_command(value: Iterable[str] | None) -> tuple[str, ...] | None:
         return None
     command = _to_strings("command", value)
     if not command or not all(command):
-        raise ConfigError.invalid("command", value, "must be a non-empty list of non-empty strings")
+        raise ConfigError.invalid(
+            "command", shown_command(command), "must be a non-empty list of non-empty strings"
+        )
     return command
 
 

@@ -264,6 +264,9 @@ def read_log_tail(path: Path | str, *, lines: int = LOG_TAIL_LINES, start: int =
         return ""
     text = read[1].decode("utf-8", errors="replace")
     kept = text.splitlines()
+    while kept and not kept[-1].strip():  # trailing blank lines say nothing of why it died
+        kept.pop()
     if begin > start and kept:  # the first line was cut by the byte window
+        # Dropped only when a line with something in it follows; else it is the tail, cut.
         kept = kept[1:] if len(kept) > 1 else ["\u2026" + kept[0]]
     return "\n".join(kept[-lines:]) + ("\n" if kept else "")

@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from verirl._secrets import HIDDEN, redact_url
+from verirl._secrets import HIDDEN, redact_url, shown_command
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
@@ -44,9 +44,10 @@ def split_command(field: str, command: str) -> list[str]:
     try:
         argv = shlex.split(command)
     except ValueError as exc:
-        raise ConfigError.invalid(field, command, f"cannot be split like a shell: {exc}") from None
+        shown = shown_command(command)
+        raise ConfigError.invalid(field, shown, f"cannot be split like a shell: {exc}") from None
     if any("\x00" in arg for arg in argv):
-        raise ConfigError.invalid(field, command, "must not contain a null byte")
+        raise ConfigError.invalid(field, shown_command(command), "must not contain a null byte")
     return argv
 
 
@@ -125,7 +126,9 @@ class Settings:
     vllm_remote_host: str | None = _setting("VERIRL_VLLM_HOST", _text)
     vllm_command: tuple[str, ...] | None = _setting("VERIRL_VLLM_COMMAND", _argv)
     vllm_args: tuple[str, ...] | None = _setting("VERIRL_VLLM_ARGS", _flags)
-    vllm_log_dir: str | None = _setting("VERIRL_VLLM_LOG_DIR", _text, "a new temporary folder")
+    vllm_log_dir: str | None = _setting(
+        "VERIRL_VLLM_LOG_DIR", _text, "`verirl-vllm-<uid>` under the temp directory"
+    )
     vllm_startup_timeout: float | None = _setting(
         "VERIRL_VLLM_STARTUP_TIMEOUT", _positive_seconds, "900"
     )

@@ -302,7 +302,8 @@ def _resolve_explicit(request: str) -> str:
         )
     else:
         log.info("resuming from %s (explicit path)", printable(folder))
-    return os.fspath(folder)
+    # Handed on as text (launch exports it): a folder named like a keyword keeps its "./".
+    return path_request("request", folder)
 
 
 def _not_a_directory(folder: Path) -> str | None:

@@ -61,7 +61,7 @@ from verirl._child_env import map_visible_devices
 from verirl._cli_output import STDERR, STDOUT, json_text, stdout_to_stderr
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT
 from verirl._net import url_host
-from verirl._secrets import HIDDEN, redact_argv, secrets_in_environ
+from verirl._secrets import HIDDEN, redact_argv, secrets_in_environ, shown_command
 from verirl._serve_args import own_flag
 from verirl._settings import Settings, split_args, split_command
 from verirl._signals import SIGTERM_POLICY, exit_on_sigterm, sigterm_pending
@@ -255,7 +255,8 @@ def _refuse_unused(args: argparse.Namespace) -> None:
     for dest in unused:
         value = getattr(args, dest, None)
         if value is not None:
-            shown = HIDDEN if dest == "vllm_args" else value  # server flags may hold an --api-key
+            # Server flags and commands may hold an --api-key.
+            shown = HIDDEN if dest == "vllm_args" else shown_command(value)
             raise ConfigError.invalid(_UNUSED_FLAGS[dest], shown, f"not used: {why}")
     hub_repo = os.environ.get(Settings.variable("hub_repo_id"), "").strip() or None
     if getattr(args, "hub_repo", None) is None and hub_repo is None:
@@ -359,7 +360,8 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--log-dir",
         help="folder for the server's log, vllm-serve-PORT.log, appended to "
-        "($VERIRL_VLLM_LOG_DIR; default: a new temporary folder, kept and logged)",
+        "($VERIRL_VLLM_LOG_DIR; default: verirl-vllm-<uid> under the temp directory, the same "
+        "folder for every retry)",
     )
     group.add_argument(
         "--vllm-startup-timeout",
@@ -376,7 +378,7 @@ def _runtime_from_args(args: argparse.Namespace) -> TrainingRuntime:
     raw_command = getattr(args, "vllm_command", None)
     command = split_command("--vllm-command", raw_command) if raw_command is not None else None
     if command is not None and not command:
-        raise ConfigError.invalid("--vllm-command", raw_command, "must not be empty")
+        raise ConfigError.invalid("--vllm-command", shown_command(raw_command), "must not be empty")
     return TrainingRuntime.from_settings(
         env_url=getattr(args, "env_url", None),
         model=getattr(args, "model", None),

@@ -30,7 +30,7 @@ from verirl._node_share import (
     attempt_key,
 )
 from verirl._phases import Phases, PhaseTiming
-from verirl._secrets import HIDDEN
+from verirl._secrets import HIDDEN, shown_command
 from verirl._settings import Read, Settings
 from verirl._signals import SIGTERM_POLICY, arm_exit_deadline
 from verirl._validate import (
@@ -285,10 +285,10 @@ def resolver_from_settings(
 def _check_command(command: object) -> tuple[str, ...]:
     reason = "must be a non-empty sequence of strings (the argv)"
     if isinstance(command, (str, bytes)) or not isinstance(command, Sequence):
-        raise ConfigError.invalid("vllm_command", command, reason)
+        raise ConfigError.invalid("vllm_command", shown_command(command), reason)
     argv = tuple(command)
     if not argv or not all(isinstance(arg, str) and arg and "\x00" not in arg for arg in argv):
-        raise ConfigError.invalid("vllm_command", command, reason)
+        raise ConfigError.invalid("vllm_command", shown_command(command), reason)
     return argv
 
 

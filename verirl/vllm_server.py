@@ -83,6 +83,7 @@ from verirl._readiness import (
     UnprovableError,
     wait_for_health,
 )
+from verirl._secrets import redact_argv
 from verirl._serve_args import vllm_serve_args
 from verirl._server_fields import (
     to_command,
@@ -443,7 +444,8 @@ class VLLMServer:
                     raise
                 why = exc.strerror or exc
                 if plan.kind == "command":
-                    msg = f"command={argv[0]!r}: cannot be started ({why})"
+                    program = redact_argv([argv[0]])[0]  # a NAME=secret word as the program
+                    msg = f"command={program!r}: cannot be started ({why})"
                 else:  # the program TRL's launch found: the installation is at fault
                     msg = (
                         f"cannot start {argv[0]!r} ({why}); reinstall TRL and vLLM "
