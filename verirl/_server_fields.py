@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from verirl._secrets import HIDDEN, shown_command
+from verirl._secrets import HIDDEN, redact_argv, shown_command
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
@@ -86,13 +86,17 @@ def _to_strings(field: str, value: Iterable[str]) -> tuple[str, ...]:
         )
     items: tuple[object, ...] = tuple(value)
     if not all(isinstance(item, str) for item in items):
-        kinds = [HIDDEN if isinstance(item, str) else item for item in items]
-        raise ConfigError.invalid(field, kinds, "must contain only strings")
+        redacted = redact_argv([str(item) for item in items])
+        shown_items = [
+            item if not isinstance(item, str) and word == str(item) else word
+            for item, word in zip(items, redacted)
+        ]
+        raise ConfigError.invalid(field, shown_items, "must contain only strings")
     strings = tuple(str(item) for item in items)
     for index, item in enumerate(strings):
         problem = _unportable(item)
         if problem:
-            shown = shown_command([part.replace("\x00", "") for part in strings])
+            shown = shown_command(list(strings))
             raise ConfigError.invalid(field, shown, f"item {index} {problem}")
     return strings
 
@@ -107,7 +111,7 @@ def to_command(value: Iterable[str] | None) -> tuple[str, ...] | None:
     command = _to_strings("command", value)
     if not command or not all(command):
         raise ConfigError.invalid(
-            "command", shown_command(command), "must be a non-empty list of non-empty strings"
+            "command", shown_command(list(command)), "must be a non-empty list of non-empty strings"
         )
     return command
 
