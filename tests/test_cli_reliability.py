@@ -287,6 +287,52 @@ def test_launch_json_keeps_the_commands_stdout_off_the_document(tmp_path):
     assert (code, document) == (0, {"exit_code": 0})
 
 
+# A signal at an awkward moment of ``python -m verirl`` itself: while verirl imports or
+# parses (``verirl.cli.main`` is swapped for a step that signals the process), or as the
+# command returns (a step of the teardown signals it). Each run still ends with the
+# signal's code and, with ``--json``, exactly one document.
+SIGNAL_RUN = """
+import os, signal, sys
+import verirl.cli, verirl.__main__ as program, verirl._process as process
+sys.argv = ["verirl", "plan", "--json", "--gpus", "2"]
+where, signum = {where!r}, {signum}
+def send():
+    os.kill(os.getpid(), signum)
+if where == "while parsing":
+    verirl.cli.main = lambda *a: send() or 0
+elif where == "as the command returns":
+    quiet, fired = program._note_signals, []
+    def first_quiet(**kwargs):
+        if not fired:
+            fired.append(signum)
+            send()
+        quiet(**kwargs)
+    program._note_signals = first_quiet
+    verirl.cli.main = lambda *a: 0
+else:  # during the teardown after it
+    process.stop_all_servers = send
+    verirl.cli.main = lambda *a: 0
+sys.exit(program.run())
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("where", ["while parsing", "as the command returns", "in the teardown"])
+def test_a_signal_at_any_moment_gives_its_code_and_one_json_document(tmp_path, where, signum):
+    result = subprocess.run(
+        [sys.executable, "-c", SIGNAL_RUN.format(where=where, signum=int(signum))],
+        capture_output=True, text=True, env=clean_environ(tmp_path), timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 128 + signum, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert json.loads(result.stdout) == {
+        "error": {"code": 128 + signum, "message": ANY_MESSAGE[signum]}
+    }
+
+
+ANY_MESSAGE = {signal.SIGINT: "interrupted (SIGINT)", signal.SIGTERM: "terminated (SIGTERM)"}
+
+
 def test_serve_json_prints_one_line_when_ready_and_nothing_after(tmp_path):
     port = unshared_port()
     argv = [sys.executable, "-m", "verirl", "serve", "--json", "--gpus", "2", "--model", "m",

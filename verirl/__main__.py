@@ -57,8 +57,14 @@ def run() -> int:
 
     A closed stdin, stdout or stderr gets ``/dev/null`` first, so that no file
     verirl opens, and no child it starts, takes that descriptor for one of them.
+    Once the command has returned, both signals are noted rather than raised
+    (the teardown finishes, the code says what came), and a ``--json`` run a
+    signal ended before its document was written still gets one.
     """
-    from verirl._cli_output import reserve_standard_fds  # noqa: PLC0415 - the standard library only
+    from verirl._cli_output import (  # noqa: PLC0415 - the standard library only
+        reserve_standard_fds,
+        signal_document,
+    )
 
     reserve_standard_fds()
     previous = signal.getsignal(signal.SIGTERM)
@@ -69,22 +75,50 @@ def run() -> int:
         signal.signal(signal.SIGTERM, program_handler)
     sys.unraisablehook = _unraisable(sys.unraisablehook)
     try:
-        from verirl.cli import main  # noqa: PLC0415 - after the handler: importing takes time
+        try:
+            from verirl.cli import main  # noqa: PLC0415 - after the handler: importing takes time
 
-        code = main()
-    except KeyboardInterrupt:
-        code = _CTRL_C
-    finally:
-        if ours:  # from here on a SIGTERM is noted, never raised: the teardown must finish
-            signal.signal(signal.SIGTERM, program_note)
+            code = main()
+        except (KeyboardInterrupt, SystemExit) as error:
+            code = _signal_code(error)
+        finally:
+            _note_signals(sigterm=ours)
+    except (KeyboardInterrupt, SystemExit) as error:  # as the command returned, before the note
+        code = _signal_code(error)
+        _note_signals(sigterm=ours)
     process = sys.modules.get("verirl._process")
     if process is not None:  # what the exit hook would stop, stopped while signals are noted
         process.stop_all_servers()
     received = program_received()  # its SystemExit may have been swallowed (see the handler)
     code = code if received is None else 128 + received
+    if code in (_CTRL_C, 128 + signal.SIGTERM):
+        signal_document(sys.argv[1:], code)
     if received is not None or code == _CTRL_C:  # a signal: no pool's thread may hold the exit
         arm_exit_deadline(code)
     return code
+
+
+def _signal_code(error: KeyboardInterrupt | SystemExit) -> int:
+    """The exit code of a signal's exception; any other ``SystemExit`` (argparse's) goes on."""
+    if isinstance(error, KeyboardInterrupt):
+        return _CTRL_C
+    received = program_received()  # the handler's, while importing or parsing
+    if received is None:  # help, version, a usage error: argparse's own exit
+        raise error
+    return 128 + received
+
+
+def _note_signals(*, sigterm: bool) -> None:
+    """From here on a SIGTERM (when it is ours) and a Ctrl-C are noted, never raised.
+
+    The teardown must finish; a ``KeyboardInterrupt`` now would escape `run`
+    and end the process by SIGINT instead of with exit code 130. An ignored
+    SIGINT (``nohup``) stays ignored.
+    """
+    if sigterm:
+        signal.signal(signal.SIGTERM, program_note)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, program_note)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TextIO
 
-__all__ = ["STDERR", "STDOUT", "Channel", "json_text", "reserve_standard_fds", "stdout_to_stderr"]
+__all__ = [
+    "STDERR",
+    "STDOUT",
+    "Channel",
+    "document_written",
+    "json_text",
+    "reserve_standard_fds",
+    "signal_document",
+    "stdout_to_stderr",
+    "wants_json",
+    "write_document",
+]
 
 
 class Channel:
@@ -101,6 +113,54 @@ STDERR = Channel("stderr")
 def json_text(data: object, *, indent: int | None = 2) -> str:
     """One JSON document, keys sorted, ending in a newline."""
     return json.dumps(data, indent=indent, sort_keys=True) + "\n"
+
+
+_WRITTEN: list[bool] = []
+
+
+def write_document(data: object, *, indent: int | None = 2) -> None:
+    """Write the run's ``--json`` document to stdout and note that it was written."""
+    _WRITTEN.append(True)
+    STDOUT.write(json_text(data, indent=indent))
+
+
+def document_written() -> bool:
+    """Whether this process wrote a ``--json`` document (`write_document`)."""
+    return bool(_WRITTEN)
+
+
+def wants_json(argv: Sequence[str]) -> bool:
+    """Whether ``--json`` (or an abbreviation argparse takes) is among ``argv``'s options."""
+    for arg in argv:
+        if arg == "--":
+            break
+        if arg.startswith("--j") and "--json".startswith(arg):
+            return True
+    return False
+
+
+SIGNAL_MESSAGES = {
+    128 + signal.SIGINT: "interrupted (SIGINT)",
+    128 + signal.SIGTERM: "terminated (SIGTERM)",
+}
+
+
+def signal_document(argv: Sequence[str], code: int) -> None:
+    """The ``--json`` document of a run a signal ended before the command wrote one.
+
+    A SIGTERM or Ctrl-C while verirl is still importing or parsing its flags
+    ends the run before `verirl.cli` can write the document: ``python -m
+    verirl`` writes it here, so that ``--json`` still means one document.
+    """
+    if document_written() or not wants_json(argv):
+        return
+    document: dict[str, object] = {
+        "error": {"code": code, "message": SIGNAL_MESSAGES.get(code, f"exit code {code}")}
+    }
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    if command == "launch":
+        document["exit_code"] = code
+    write_document(document)
 
 
 def reserve_standard_fds() -> None:

@@ -58,7 +58,14 @@ from typing import NoReturn
 
 from verirl import __version__
 from verirl._child_env import map_visible_devices
-from verirl._cli_output import STDERR, STDOUT, json_text, stdout_to_stderr
+from verirl._cli_output import (
+    SIGNAL_MESSAGES,
+    STDERR,
+    STDOUT,
+    stdout_to_stderr,
+    wants_json,
+    write_document,
+)
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT
 from verirl._net import url_host
 from verirl._secrets import HIDDEN, redact_argv, secrets_in_environ, shown_command
@@ -464,7 +471,7 @@ def _emit_json(
     if getattr(args, "json_emitted", False):
         return
     args.json_emitted = True
-    STDOUT.write(json_text(data, indent=indent))
+    write_document(data, indent=indent)
 
 
 def _error_document(code: int, message: str) -> dict[str, object]:
@@ -1017,16 +1024,6 @@ _CONFIGURE_A_SOURCE = (
 )
 
 
-def _wants_json(argv: Sequence[str]) -> bool:
-    """Whether ``--json`` (or an abbreviation argparse takes) is among ``argv``'s options."""
-    for arg in argv:
-        if arg == "--":
-            break
-        if arg.startswith("--j") and "--json".startswith(arg):
-            return True
-    return False
-
-
 def _join_dash_values(argv: Sequence[str]) -> list[str]:
     """``--vllm-args --enforce-eager`` as ``--vllm-args=--enforce-eager`` (before any ``--``).
 
@@ -1069,7 +1066,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
             return parser.parse_args(joined)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else EXIT_ERROR
-        _print_parse_output(captured, code, json_wanted=_wants_json(argv))
+        _print_parse_output(captured, code, json_wanted=wants_json(argv))
         raise SystemExit(code) from None
     finally:
         _PARSE_OUTPUT.reset(token)
@@ -1091,10 +1088,7 @@ def _print_parse_output(captured: list[tuple[str, str]], code: int, *, json_want
         document = {"version": __version__}
     else:
         document = {"help": out}
-    STDOUT.write(json_text(document))
-
-
-_SIGNAL_MESSAGES = {130: "interrupted (SIGINT)", 128 + signal.SIGTERM: "terminated (SIGTERM)"}
+    write_document(document)
 
 
 def _final_document(args: argparse.Namespace, code: int, message: str) -> None:
@@ -1102,7 +1096,7 @@ def _final_document(args: argparse.Namespace, code: int, message: str) -> None:
     if code == EXIT_OK:
         _emit_json(args, {"exit_code": code})
         return
-    document = _error_document(code, message or _SIGNAL_MESSAGES.get(code, f"exit code {code}"))
+    document = _error_document(code, message or SIGNAL_MESSAGES.get(code, f"exit code {code}"))
     _emit_json(args, {"exit_code": code, **document} if args.cmd == "launch" else document)
 
 
