@@ -395,7 +395,8 @@ def test_keyword_wins_over_a_directory_called_latest(tmp_path, monkeypatch):
     make_checkpoint(tmp_path, "latest", state={"global_step": 1})
     resolver = CheckpointResolver([FakeCheckpointSource(steps=[2])])
     assert resolver.resolve("latest") == "/fake/checkpoint-2"
-    assert resolver.resolve("./latest") == "latest"
+    # handed on as given, so that it is never read as the keyword again
+    assert resolver.resolve("./latest") == "./latest"
 
 
 def test_resolve_from_env(tmp_path, monkeypatch):

@@ -68,11 +68,13 @@ middle = os.fork()
 if middle == 0:
     os.setsid()
     if os.fork() == 0:
-        os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+        # "-clean": the daemon also drops its environment (launch's marker with it)
+        env = {} if sys.argv[1].endswith("-clean") else os.environ
+        os.execve(sys.executable, [sys.executable, *sys.argv[2:]], env)
     os._exit(0)
 os.waitpid(middle, 0)
 import threading, time
-if sys.argv[1] == "wait":
+if sys.argv[1].startswith("wait"):
     threading.Event().wait(300)
 ready, deadline = sys.argv[-1], time.monotonic() + 60
 while not os.path.exists(ready) and time.monotonic() < deadline:  # the daemon is set up
@@ -115,6 +117,15 @@ class Scene:
             "daemon-exits": [py, str(tmp_path / "daemonize.py"), "exit", *recorder],
             # the command keeps running, its daemon (orphaned, own session) too
             "daemon-waits": [py, str(tmp_path / "daemonize.py"), "wait", *recorder],
+            # both again, with a daemon that dropped its environment (no marker to find)
+            "clean-daemon-exits": [py, str(tmp_path / "daemonize.py"), "exit-clean", *recorder],
+            "clean-daemon-waits": [py, str(tmp_path / "daemonize.py"), "wait-clean", *recorder],
+            # a background job that dropped its environment: still in the command's group
+            "clean-background": [
+                "sh",
+                "-c",
+                f"env -i {py} {' '.join(recorder)} & {wait_ready}; exit 0",
+            ],
             # a background job in the command's group, left behind when sh exits
             "background": ["sh", "-c", f"{py} {' '.join(recorder)} & {wait_ready}; exit 0"],
             # torchrun's shape: the parent forwards to a rank in its own session
@@ -178,7 +189,9 @@ def scenes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable
         scene.close()
 
 
-@pytest.mark.parametrize("shape", ["daemon-exits", "background"])
+@pytest.mark.parametrize(
+    "shape", ["daemon-exits", "background", "clean-daemon-exits", "clean-background"]
+)
 def test_what_the_command_leaves_running_does_not_outlive_launch(
     scenes: Callable[[str], Scene], shape: str
 ) -> None:
@@ -193,7 +206,9 @@ def test_what_the_command_leaves_running_does_not_outlive_launch(
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-@pytest.mark.parametrize("shape", ["daemon-waits", "forwarder", "setsid-under-sh"])
+@pytest.mark.parametrize(
+    "shape", ["daemon-waits", "forwarder", "setsid-under-sh", "clean-daemon-waits"]
+)
 def test_a_signal_reaches_a_process_outside_the_group_exactly_once(
     scenes: Callable[[str], Scene], shape: str, sig: signal.Signals
 ) -> None:

@@ -64,6 +64,8 @@ MARKER_VAR = "VERIRL_VLLM_SERVER_MARKER"
 """Set in every server's environment (inherited by its workers), so teardown finds orphans."""
 _KILL_WAIT = 5.0
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
 
 
 # ---------------------------------------------------------------- the death signal
@@ -114,6 +116,25 @@ def set_death_signal(signum: int) -> bool:
     if prctl is None:
         return False
     return prctl(_PR_SET_PDEATHSIG, signum, 0) == 0
+
+
+def set_child_subreaper(on: bool) -> bool | None:
+    """Make this process the one its orphaned descendants are reparented to (Linux); or stop.
+
+    Returns the setting it had before (to restore), ``None`` where ``prctl``
+    is unavailable or refused. A descendant that left the command's group and
+    session and cleared its environment (``setsid env -i …``) can then still be
+    found: as a child of this process.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    before = ctypes.c_int(0)
+    if prctl(_PR_GET_CHILD_SUBREAPER, ctypes.addressof(before), 0) != 0:
+        return None
+    if prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0) != 0:
+        return None
+    return bool(before.value)
 
 
 # ---------------------------------------------------------------- the spawner thread

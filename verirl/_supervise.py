@@ -23,7 +23,10 @@ completes. The command also gets the death signal (SIGTERM when verirl dies).
 **Nothing outlives launch.** Every process the command starts carries
 `LAUNCH_MARKER_VAR` in its environment (inherited), so launch finds those that
 left the group or the session (a daemon, torchrun's ranks) as well as its
-descendants. On a signal, each process of the command gets it once: the group
+descendants; launch is also a child subreaper (Linux) and checks the
+command's process group, so a process that dropped its environment
+(``env -i``, ``setsid env -i``) is still found, as a member of the group or as
+an orphan reparented to launch. On a signal, each process of the command gets it once: the group
 by ``killpg``; a process outside the group (a daemon, a ``setsid`` child) gets
 it from launch, except a rank of torchrun (``TORCHELASTIC_RUN_ID`` in its
 environment) while its parent lives: torchrun forwards the signal to the ranks
@@ -54,7 +57,7 @@ from collections.abc import Callable, Collection, Sequence
 
 import psutil
 
-from verirl._process import death_signal_preexec, spawn
+from verirl._process import death_signal_preexec, set_child_subreaper, spawn
 from verirl._secrets import redact_argv, secrets_in_environ
 from verirl.errors import VLLMServerError
 
@@ -63,6 +66,8 @@ __all__ = ["LAUNCH_MARKER_VAR", "run_command"]
 log = logging.getLogger(__name__)
 
 _STOPPING = (signal.SIGINT, signal.SIGTERM)
+_REAP_WAIT = 1.0
+"""Seconds to wait for the adopted orphans launch signalled to end, to reap them."""
 
 LAUNCH_MARKER_VAR = "VERIRL_LAUNCH_MARKER"
 """In the command's environment: comma-separated markers, one per enclosing ``verirl launch``."""
@@ -117,15 +122,25 @@ class _Command:
     """The training command and every process it started, found again at each step.
 
     Descendants are found through the process tree while their parents live,
-    and through `LAUNCH_MARKER_VAR` once orphaned (a daemon, a rank whose
-    agent died). Each is remembered with its creation time, so a reused pid
-    is never signalled.
+    through `LAUNCH_MARKER_VAR` once orphaned (a daemon, a rank whose agent
+    died), through the command's process group (a background job that cleared
+    its environment), and as launch's own children that it did not start
+    (``others``): launch is a child subreaper, so an orphan that left the group
+    and cleared its environment is reparented to it. Each is remembered with
+    its creation time, so a reused pid is never signalled.
     """
 
-    def __init__(self, child: subprocess.Popen[bytes], marker: str, since: float) -> None:
+    def __init__(
+        self,
+        child: subprocess.Popen[bytes],
+        marker: str,
+        since: float,
+        others: Collection[int] = (),
+    ) -> None:
         self.child = child
         self.marker = marker
         self.since = since
+        self.others = frozenset(others)
         self.seen: dict[int, psutil.Process] = {}
         self.pending: list[psutil.Process] = []  # left to a parent of the command to signal
         self.signum: int = signal.SIGTERM
@@ -147,13 +162,31 @@ class _Command:
                     continue
             except (psutil.Error, OSError):
                 continue
-            if _marked(process, self.marker):
+            if (
+                self.in_group(process)
+                or self._adopted(process, me)
+                or _marked(process, self.marker)
+            ):
                 found.append(process)
         for process in found:
             known = self.seen.get(process.pid)
             if known is None or not _alive(known):
                 self.seen[process.pid] = process
         return [process for process in self.seen.values() if _alive(process)]
+
+    def _adopted(self, process: psutil.Process, me: int) -> bool:
+        """Whether ``process`` is an orphan of the command reparented to launch (the subreaper)."""
+        try:
+            return process.ppid() == me and process.pid not in self.others
+        except (psutil.Error, OSError):
+            return False
+
+    def reap_adopted(self) -> None:
+        """Reap the adopted orphans that have ended (each a zombie of launch's until then)."""
+        me = os.getpid()
+        adopted = [process for process in self.seen.values() if self._adopted(process, me)]
+        with contextlib.suppress(psutil.Error, OSError):
+            psutil.wait_procs(adopted, timeout=_REAP_WAIT)
 
     def in_group(self, process: psutil.Process) -> bool:
         try:
@@ -378,6 +411,32 @@ def run_command(command: Sequence[str], env: dict[str, str], grace: float) -> in
     since = time.time() - 1.0  # creation times are rounded: a second's margin
     started: list[subprocess.Popen[bytes]] = []
     tracked: list[_Command] = []
+    subreaper = set_child_subreaper(True)
+    try:
+        return _run(
+            command, env, grace, marker=marker, since=since, started=started, tracked=tracked
+        )
+    finally:
+        if subreaper is not None:
+            set_child_subreaper(subreaper)
+        if tracked:
+            tracked[0].reap_adopted()
+
+
+def _run(
+    command: Sequence[str],
+    env: dict[str, str],
+    grace: float,
+    *,
+    marker: str,
+    since: float,
+    started: list[subprocess.Popen[bytes]],
+    tracked: list[_Command],
+) -> int:
+    """`run_command`'s body, with launch a child subreaper."""
+    others: list[int] = []
+    with contextlib.suppress(psutil.Error):
+        others = [process.pid for process in psutil.Process().children()]
     try:
         try:
             try:
@@ -390,7 +449,7 @@ def run_command(command: Sequence[str], env: dict[str, str], grace: float) -> in
                 (why,) = redact_argv([strerror or str(exc)], secrets=secrets_)
                 log.error("cannot run %s: %s", shown, why)  # noqa: TRY400 - no traceback for a missing program
                 return 127
-            tracked.append(_Command(child, marker, since))
+            tracked.append(_Command(child, marker, since, others))
             tracked[0].wait_exited()
             _end_leftovers(tracked[0], grace)
             code = _reap(child)
