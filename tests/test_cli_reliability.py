@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 from _support import nothing_listens, unshared_port
 from fakes import FakeEnvServer
+from verirl import ConfigError, TrainingRuntime, VLLMServer
 from verirl.cli import main
 
 FAKE_VLLM = f"{sys.executable} -m fakes.vllm_serve"
@@ -538,6 +539,21 @@ def test_a_flag_the_layout_ignores_is_an_error_however_the_layout_was_chosen(  #
     assert "not used: the layout is colocate" in err
 
 
+@pytest.mark.parametrize(
+    ("command", "flags"),
+    [("plan", ["--vllm-gpus", "2"]), ("launch", ["--vllm-gpus", "2", "--", "true"])],
+)
+def test_vllm_gpus_with_a_remote_server_from_the_variable_is_refused(
+    clean_env, capsys, monkeypatch, command, flags
+):
+    """``VERIRL_VLLM_HOST`` chose the layout: ``--vllm-gpus`` sizes a server never started."""
+    monkeypatch.setenv("VERIRL_VLLM_HOST", "10.0.0.1")
+    code = main([command, "--gpus", "4", *flags])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "--vllm-gpus=2: not used: with VERIRL_VLLM_HOST set" in err
+
+
 def test_variables_for_the_whole_job_stay_allowed_under_auto(clean_env, capsys, monkeypatch):
     monkeypatch.setenv("VERIRL_VLLM_PORT", "9000")
     monkeypatch.setenv("VERIRL_MODEL", "m")
@@ -660,3 +676,21 @@ def test_vllm_args_that_change_verirls_own_flags_are_refused(  # noqa: PLR0917
     err = capsys.readouterr().err
     assert code == 2, err
     assert "VERIRL_VLLM_ARGS='<hidden>'" in err
+
+
+@pytest.mark.parametrize("spelled", OWN_SPELLINGS)
+def test_the_library_refuses_server_flags_that_change_verirls_own(clean_env, spelled, monkeypatch):
+    """The same rule without the CLI: ``VLLMServer(extra_args=)``, ``from_settings(vllm_args=)``
+    and ``VERIRL_VLLM_ARGS``, each naming the field or variable it came from."""
+    words = spelled.split()
+    with pytest.raises(ConfigError, match=r"^extra_args=.*which verirl sets itself"):
+        VLLMServer("m", extra_args=words)
+    with pytest.raises(ConfigError, match=r"^vllm_args=.*which verirl sets itself"):
+        TrainingRuntime.from_settings(gpu_count=2, vllm_args=words, environ={})
+    with pytest.raises(ConfigError, match=r"^VERIRL_VLLM_ARGS=.*which verirl sets itself"):
+        TrainingRuntime.from_settings(gpu_count=2, environ={"VERIRL_VLLM_ARGS": spelled})
+
+
+def test_server_flags_verirl_does_not_set_are_accepted_by_the_library():
+    server = VLLMServer("m", extra_args=["--enforce-eager", "--dtype", "half", "--api-key", "k"])
+    assert server.extra_args == ("--enforce-eager", "--dtype", "half", "--api-key", "k")

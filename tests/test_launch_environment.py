@@ -94,6 +94,69 @@ def test_launch_in_colocate_mode_passes_on_no_stale_server_url(tmp_path, monkeyp
     assert seen["VERIRL_RESUME_FROM_CHECKPOINT"] == ""
 
 
+def test_a_flag_wins_over_the_callers_variable_in_what_the_command_sees(tmp_path, monkeypatch):
+    """``VERIRL_*`` that a launch flag overrode reach the command with the flag's value."""
+    clear_verirl_env(monkeypatch, tmp_path)
+    out = tmp_path / "seen.json"
+    script = tmp_path / "train.py"
+    names = ("VERIRL_GPU_COUNT", "VERIRL_MAX_MODEL_LEN", "VERIRL_VLLM_MODE",
+             "VERIRL_OUTPUT_DIR", "VERIRL_SHUTDOWN_TIMEOUT", "VERIRL_VLLM_STARTUP_TIMEOUT",
+             "VERIRL_HUB_REVISION")  # fmt: skip
+    script.write_text(
+        f"import json, os; json.dump({{n: os.environ.get(n) for n in {names!r}}}, "
+        f"open({str(out)!r}, 'w'))"
+    )
+    caller = {"VERIRL_GPU_COUNT": "4", "VERIRL_MAX_MODEL_LEN": "4096", "VERIRL_VLLM_MODE": "auto",
+              "VERIRL_OUTPUT_DIR": str(tmp_path / "stale"), "VERIRL_SHUTDOWN_TIMEOUT": "30",
+              "VERIRL_VLLM_STARTUP_TIMEOUT": "700", "VERIRL_HUB_REVISION": "kept"}  # fmt: skip
+    run = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--max-model-len", "2048",
+         "--mode", "colocate", "--output-dir", str(run), "--shutdown-timeout", "7",
+         "--", sys.executable, str(script)],
+        env={**os.environ, **caller}, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text()) == {
+        "VERIRL_GPU_COUNT": "1", "VERIRL_MAX_MODEL_LEN": "2048", "VERIRL_VLLM_MODE": "colocate",
+        "VERIRL_OUTPUT_DIR": str(run), "VERIRL_SHUTDOWN_TIMEOUT": "7.0",
+        "VERIRL_VLLM_STARTUP_TIMEOUT": "700",  # colocate: no flag given, the caller's stays
+        "VERIRL_HUB_REVISION": "kept",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("port_of", ["vllm", "group"])
+def test_a_callers_master_port_on_a_port_of_the_local_server_is_refused(port_of):
+    """torchrun's ``--master-port 8001`` and a server on 8001: a ConfigError naming both."""
+    port = 9100 if port_of == "vllm" else TRL_GROUP_PORT
+    environ = {"MASTER_PORT": str(port), "VERIRL_VLLM_PORT": "9100"}
+    with pytest.raises(ConfigError, match=rf"^MASTER_PORT='{port}': is .*{port}"):
+        TrainingRuntime.from_settings(gpu_count=2, environ=environ)
+    topology = VLLMTopology.plan(2, max_model_len=1024, port=9100)
+    def never(_topology: VLLMTopology) -> None:
+        raise AssertionError("a server was started")
+
+    runtime = TrainingRuntime(topology, environ=dict(environ), server_factory=never)
+    with pytest.raises(ConfigError, match=r"^MASTER_PORT="):
+        runtime.start()
+    # no server here (colocate, or a remote one): nothing of ours listens on that port
+    assert TrainingRuntime.from_settings(gpu_count=1, environ=environ).dist_env is not None
+    remote = {**environ, "VERIRL_VLLM_HOST": "10.1.2.3"}
+    assert TrainingRuntime.from_settings(gpu_count=2, environ=remote).dist_env is not None
+
+
+def test_launch_refuses_a_master_port_on_the_servers_port(tmp_path, monkeypatch):
+    clear_verirl_env(monkeypatch, tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "verirl", "launch", "--gpus", "2", "--vllm-port", "9100",
+         "--model", "m", "--", "true"],
+        env={**os.environ, "MASTER_PORT": "9100"}, capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "MASTER_PORT='9100': is the vLLM server's port" in result.stderr
+
+
 @settings(max_examples=40, deadline=None)
 @given(port=st.integers(1, 65535))
 def test_a_free_master_port_is_never_the_vllm_port(port):

@@ -17,7 +17,8 @@ from typing import Any
 
 import attrs
 
-from verirl._secrets import HIDDEN, redact_argv, shown_command
+from verirl._secrets import redact_argv, shown_command
+from verirl._serve_args import own_flag
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
@@ -89,7 +90,7 @@ def _to_strings(field: str, value: Iterable[str]) -> tuple[str, ...]:
         redacted = redact_argv([str(item) for item in items])
         shown_items = [
             item if not isinstance(item, str) and word == str(item) else word
-            for item, word in zip(items, redacted)
+            for item, word in zip(items, redacted, strict=True)
         ]
         raise ConfigError.invalid(field, shown_items, "must contain only strings")
     strings = tuple(str(item) for item in items)
@@ -102,7 +103,23 @@ def _to_strings(field: str, value: Iterable[str]) -> tuple[str, ...]:
 
 
 def to_extra_args(value: Iterable[str]) -> tuple[str, ...]:
-    return _to_strings("extra_args", value)
+    """Server flags after verirl's own; one that would change those (``--port``) is refused.
+
+    The server is waited on at the port, and planned with the GPUs, that
+    verirl's own flags give it: an extra ``--port 9000`` would be a server
+    nobody finds, for its whole start-up timeout.
+    """
+    args = _to_strings("extra_args", value)
+    found = own_flag(args)
+    if found is not None:
+        written, flag = found
+        raise ConfigError.invalid(
+            "extra_args",
+            shown_command(list(args)),
+            f"{written} sets the server's {flag}, which verirl sets itself and waits on; "
+            "give it as the server's own field instead",
+        )
+    return args
 
 
 def to_command(value: Iterable[str] | None) -> tuple[str, ...] | None:

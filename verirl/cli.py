@@ -53,8 +53,8 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from typing import NoReturn
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NoReturn
 
 from verirl import __version__
 from verirl._child_env import map_visible_devices
@@ -283,7 +283,7 @@ def _unused_by_layout(args: argparse.Namespace) -> tuple[tuple[str, ...], str]:
 
     Only computed when such a flag is given: the layout may detect the GPUs.
     """
-    if not any(getattr(args, dest, None) is not None for dest in _SERVER_ONLY):
+    if not any(getattr(args, dest, None) is not None for dest in (*_SERVER_ONLY, "vllm_gpus")):
         return (), ""
     topology = topology_from_settings(
         gpu_count=args.gpus,
@@ -296,7 +296,7 @@ def _unused_by_layout(args: argparse.Namespace) -> tuple[tuple[str, ...], str]:
     if topology.remote_host is not None:  # VERIRL_VLLM_HOST
         variable = Settings.variable("vllm_remote_host")
         why = f"with {variable} set, vLLM runs on another machine and nothing starts here"
-        return ("model", "vllm_command", "vllm_args", "log_dir"), why
+        return ("model", "vllm_command", "vllm_args", "log_dir", "vllm_gpus"), why
     if topology.mode != "colocate":
         return (), ""
     variable = Settings.variable("mode")
@@ -382,35 +382,62 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _runtime_from_args(args: argparse.Namespace) -> TrainingRuntime:
+    return TrainingRuntime.from_settings(**_settings_from_args(args))
+
+
+def _settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """`TrainingRuntime.from_settings`'s arguments as the flags give them (``None``: not given)."""
     raw_command = getattr(args, "vllm_command", None)
     command = split_command("--vllm-command", raw_command) if raw_command is not None else None
     if command is not None and not command:
         raise ConfigError.invalid("--vllm-command", shown_command(raw_command), "must not be empty")
-    return TrainingRuntime.from_settings(
-        env_url=getattr(args, "env_url", None),
-        model=getattr(args, "model", None),
-        max_model_len=args.max_model_len,
-        output_dir=getattr(args, "output_dir", None),
-        hub_repo_id=getattr(args, "hub_repo", None),
-        hub_endpoint=getattr(args, "hub_endpoint", None),
-        hub_revision=getattr(args, "hub_revision", None),
-        gpu_count=args.gpus,
-        mode=args.mode,
-        vllm_gpus=args.vllm_gpus,
-        vllm_port=args.vllm_port,
-        vllm_remote_host=args.vllm_host,
-        vllm_command=command,
-        vllm_args=_vllm_args(args),
-        vllm_log_dir=getattr(args, "log_dir", None),
-        vllm_bind_host=getattr(args, "host", None),
-        vllm_tensor_parallel_size=getattr(args, "tensor_parallel_size", None),
-        vllm_data_parallel_size=getattr(args, "data_parallel_size", None),
-        vllm_dedicated=getattr(args, "dedicated", None),
-        resume_from=getattr(args, "resume", None),
-        env_timeout=getattr(args, "env_timeout", None),
-        vllm_startup_timeout=getattr(args, "vllm_startup_timeout", None),
-        vllm_unresponsive_timeout=getattr(args, "vllm_unresponsive_timeout", None),
-    )
+    return {
+        "env_url": getattr(args, "env_url", None),
+        "model": getattr(args, "model", None),
+        "max_model_len": args.max_model_len,
+        "output_dir": getattr(args, "output_dir", None),
+        "hub_repo_id": getattr(args, "hub_repo", None),
+        "hub_endpoint": getattr(args, "hub_endpoint", None),
+        "hub_revision": getattr(args, "hub_revision", None),
+        "gpu_count": args.gpus,
+        "mode": args.mode,
+        "vllm_gpus": args.vllm_gpus,
+        "vllm_port": args.vllm_port,
+        "vllm_remote_host": args.vllm_host,
+        "vllm_command": command,
+        "vllm_args": _vllm_args(args),
+        "vllm_log_dir": getattr(args, "log_dir", None),
+        "vllm_bind_host": getattr(args, "host", None),
+        "vllm_tensor_parallel_size": getattr(args, "tensor_parallel_size", None),
+        "vllm_data_parallel_size": getattr(args, "data_parallel_size", None),
+        "vllm_dedicated": getattr(args, "dedicated", None),
+        "resume_from": getattr(args, "resume", None),
+        "env_timeout": getattr(args, "env_timeout", None),
+        "vllm_startup_timeout": getattr(args, "vllm_startup_timeout", None),
+        "vllm_unresponsive_timeout": getattr(args, "vllm_unresponsive_timeout", None),
+    }
+
+
+def _flag_variables(args: argparse.Namespace) -> dict[str, str]:
+    """The settings' variables whose values launch's flags gave, as the command should see them.
+
+    A flag wins over its variable; a caller's ``VERIRL_VLLM_PORT=9000`` under
+    ``launch --vllm-port 9100`` must not reach the command as 9000.
+    """
+    variables = Settings.variables()
+    exported: dict[str, str] = {}
+    for field, value in _settings_from_args(args).items():
+        if value is None or field not in variables or isinstance(value, bool):
+            continue
+        if isinstance(value, (list, tuple)):
+            exported[variables[field]] = shlex.join(value)
+        else:
+            exported[variables[field]] = (
+                os.fspath(value) if isinstance(value, os.PathLike) else str(value)
+            )
+    if getattr(args, "shutdown_timeout", None) is not None:
+        exported[SHUTDOWN_TIMEOUT_VARIABLE] = str(args.shutdown_timeout)
+    return exported
 
 
 _OWN_FLAG_SOURCES = {
@@ -646,15 +673,19 @@ def _public_address(host: str) -> str | None:
 
 
 def _training_environment(
-    runtime: TrainingRuntime, resume: str | None, url: str | None
+    runtime: TrainingRuntime,
+    resume: str | None,
+    url: str | None,
+    flags: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """What the command runs with: the caller's environment, with this run's values on top.
 
     Every variable launch exports describes this run: one the layout does not
-    set (``VERIRL_VLLM_URL`` in colocate mode) is removed, never passed on
-    stale from the caller's environment.
+    set (``VERIRL_VLLM_URL`` in colocate mode) is removed, and one a flag
+    overrode (``flags``: `_flag_variables`) holds the flag's value, never
+    passed on stale from the caller's environment.
     """
-    env = dict(os.environ)
+    env = {**os.environ, **(flags or {})}
     topology = runtime.topology
     if topology.remote_host is None:  # vLLM is elsewhere: the GPUs are the launcher's to hand out
         env["CUDA_VISIBLE_DEVICES"] = map_visible_devices(
@@ -695,7 +726,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     runtime = _runtime_from_args(args)
     with runtime as session:
-        env = _training_environment(runtime, session.resume_from_checkpoint, session.server_url)
+        env = _training_environment(
+            runtime, session.resume_from_checkpoint, session.server_url, _flag_variables(args)
+        )
         visible = env.get("CUDA_VISIBLE_DEVICES")
         gpus = f"GPUs {visible or '-'}"
         if runtime.topology.remote_host is not None:

@@ -31,6 +31,7 @@ from verirl._node_share import (
 )
 from verirl._phases import Phases, PhaseTiming
 from verirl._secrets import HIDDEN, shown_command
+from verirl._server_fields import to_extra_args
 from verirl._settings import Read, Settings
 from verirl._signals import SIGTERM_POLICY, arm_exit_deadline
 from verirl._validate import (
@@ -64,7 +65,13 @@ from verirl.errors import (
     VLLMServerError,
     VLLMServerUnavailable,
 )
-from verirl.topology import MODES, VLLMTopology, check_visible_gpus, detect_gpu_count
+from verirl.topology import (
+    MODES,
+    TRL_GROUP_PORT,
+    VLLMTopology,
+    check_visible_gpus,
+    detect_gpu_count,
+)
 
 __all__ = [
     "CheckpointResolving",
@@ -302,6 +309,32 @@ def _check_args(args: object) -> tuple[str, ...]:
     return tuple(args)
 
 
+def check_master_port(
+    topology: VLLMTopology, dist: DistributedEnv, port_name: str = "port"
+) -> None:
+    """Refuse a ``MASTER_PORT`` that is a port the local vLLM server binds on this host.
+
+    torch's rendezvous store listens on ``MASTER_PORT``; the server started
+    here listens on its port and, for TRL's weight sync, on TRL's group port.
+    Two listeners on one port: one of them fails at start-up, or later.
+    """
+    if not topology.is_local_server:
+        return
+    raw = dist.variables.get("MASTER_PORT")
+    try:
+        master = int(raw) if raw is not None else None
+    except ValueError:
+        return
+    taken = {topology.port: f"the vLLM server's port ({port_name}={topology.port})",
+             TRL_GROUP_PORT: f"TRL's weight-sync group port ({TRL_GROUP_PORT})"}  # fmt: skip
+    if master in taken:
+        reason = (
+            f"is {taken[master]}, which the vLLM server started here listens on; "
+            "set MASTER_PORT or the server's port to another"
+        )
+        raise ConfigError.invalid("MASTER_PORT", raw, reason)
+
+
 def _requested(request: str | None) -> bool:
     """Whether ``request`` asks for a checkpoint (``None`` and blank mean a fresh start)."""
     return request is not None and bool(request.strip())
@@ -511,7 +544,8 @@ class TrainingRuntime:
                  "vllm_bind_host": vllm_bind_host,
                  "vllm_tensor_parallel_size": vllm_tensor_parallel_size,
                  "vllm_data_parallel_size": vllm_data_parallel_size,
-                 "vllm_dedicated": vllm_dedicated}  # fmt: skip
+                 "vllm_dedicated": vllm_dedicated, "vllm_args": vllm_args,
+                 "vllm_command": vllm_command}  # fmt: skip
         read = Read(Settings.from_environ(env), given, env)
         topology = _plan(read)
         url = read.text("env_url")
@@ -523,6 +557,8 @@ class TrainingRuntime:
             read.settings.vllm_command if vllm_command is None else _check_command(vllm_command)
         )
         args = (read.settings.vllm_args or ()) if vllm_args is None else _check_args(vllm_args)
+        with read.naming({"extra_args": "vllm_args"}):
+            to_extra_args(args)  # checked now, not at the server's start: --port, a null byte
         log_dir = read.text("vllm_log_dir")
         if log_dir is not None and not os.path.isdir(log_dir):  # noqa: PTH112
             name = read.name("vllm_log_dir") or "vllm_log_dir"
@@ -541,15 +577,15 @@ class TrainingRuntime:
             startup = check_seconds("vllm_startup_timeout", vllm_startup_timeout, positive=True)
         else:
             startup = read.settings.vllm_startup_timeout or VLLM_STARTUP_TIMEOUT
+        dist = DistributedEnv.single_node(environ=env, avoid_ports=avoided_ports(topology.port))
+        check_master_port(topology, dist, read.name("vllm_port") or "vllm_port")
         return cls(
             topology,
             model=model,
             env_probe=probe,
             checkpoints=resolver if resolver.sources or _requested(request) else None,
             resume_from=request,
-            dist_env=DistributedEnv.single_node(
-                environ=env, avoid_ports=avoided_ports(topology.port)
-            ),
+            dist_env=dist,
             server_factory=_default_server_factory(
                 model,
                 command=command,
@@ -680,6 +716,7 @@ class TrainingRuntime:
         dist = self.dist_env or DistributedEnv.single_node(
             environ=environ, avoid_ports=avoided_ports(self.topology.port)
         )
+        check_master_port(self.topology, dist)
         self.dist_env = dist
         dist.apply(environ)
         if self.die_with_launcher and environ.get("TORCHELASTIC_RUN_ID"):
