@@ -9,6 +9,8 @@ Swept over every way a process of the command can stand relative to it:
   and forwards to them),
 - in a session of its own under a parent that does not pass it on
   (``sh -c 'setsid python …'``: sh dies of SIGTERM, waits through SIGINT),
+- under a nested ``verirl launch`` (in the inner launch's group, outside the
+  outer one's: the inner launch passes the signal on, the outer must not),
 
 and over every way launch ends: the command exits on its own, or launch gets
 SIGTERM or SIGINT. Each process of the command must get a signal sent to
@@ -133,8 +135,10 @@ class Scene:
             # a parent that dies of the signal without passing it on
             "setsid-under-sh": ["sh", "-c", f"setsid {py} {' '.join(recorder)}; exit $?"],
         }
-        argv = [py, "-m", "verirl", "launch", "--gpus", "1", "--shutdown-timeout", "20",
-                "--", *commands[shape]]  # fmt: skip
+        launch = [py, "-m", "verirl", "launch", "--gpus", "1", "--shutdown-timeout", "20", "--"]
+        # a launch inside launch: the recorder in the inner launch's command group
+        commands["nested-launch"] = [*launch, py, *recorder]
+        argv = [*launch, *commands[shape]]
         with self.stderr_path.open("w") as sink:  # a file: an orphan holding a pipe cannot hang us
             self.proc = subprocess.Popen(
                 argv, stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True
@@ -222,3 +226,21 @@ def test_a_signal_reaches_a_process_outside_the_group_exactly_once(
     assert scene.signals() == [sig.name], scene.stderr  # once: not lost, not doubled
     assert code in (128 + sig, 0), scene.stderr
     assert "outlived" not in scene.stderr  # it exited of the signal, within the grace
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_reaches_the_command_of_a_nested_launch_exactly_once(
+    scenes: Callable[[str], Scene], sig: signal.Signals
+) -> None:
+    scene = scenes("nested-launch")
+    _, group = scene.wait_for_recorder()
+    assert scene.recorder is not None
+    inner = psutil.Process(scene.proc.pid).children()  # the inner launch
+    assert len(inner) == 1
+    assert group not in (scene.proc.pid, inner[0].pid)  # outside both launches' groups
+    scene.proc.send_signal(sig)
+    code = scene.proc.wait(timeout=DEADLINE * 2)
+    assert not still_alive([scene.recorder, *inner], timeout=1), scene.stderr
+    assert scene.signals() == [sig.name], scene.stderr  # from the inner launch alone
+    assert code in (128 + sig, 0), scene.stderr
+    assert "outlived" not in scene.stderr

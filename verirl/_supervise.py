@@ -28,10 +28,13 @@ command's process group, so a process that dropped its environment
 (``env -i``, ``setsid env -i``) is still found, as a member of the group or as
 an orphan reparented to launch. On a signal, each process of the command gets it once: the group
 by ``killpg``; a process outside the group (a daemon, a ``setsid`` child) gets
-it from launch, except a rank of torchrun (``TORCHELASTIC_RUN_ID`` in its
-environment) while its parent lives: torchrun forwards the signal to the ranks
-it started in sessions of their own, and a rank stops what it started (should
-that parent die without passing it on, launch does). After the grace,
+it from launch, except a process that a live process of the command passes
+it on to (should that one die without passing it on, launch does): a rank of
+torchrun (``TORCHELASTIC_RUN_ID`` in its environment) while its parent lives,
+as torchrun forwards the signal to the ranks it started in sessions of their
+own, and a rank stops what it started; and a process of a nested ``verirl
+launch`` (a marker after ours in its environment) while that inner launch
+lives, as it passes the signal on to its own command the same way. After the grace,
 whatever is left is SIGKILLed. When the command exits on its own, what it
 left running gets SIGTERM the same way, the grace, then SIGKILL.
 
@@ -107,6 +110,12 @@ def _start(
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     started.append(child)
     return child
+
+
+def _launch_pid(marker: str) -> int | None:
+    """The pid of the ``verirl launch`` that made ``marker`` (``f"{pid}-{token}"``)."""
+    pid, _, _ = marker.partition("-")
+    return int(pid) if pid.isdigit() else None
 
 
 def _marked(process: psutil.Process, marker: str) -> bool:
@@ -195,29 +204,61 @@ class _Command:
             return False
 
     def forwarded_by_parent(self, process: psutil.Process) -> bool:
-        """Whether a live parent of the command passes signals on to ``process``.
+        """Whether a live process of the command passes signals on to ``process``.
 
         torchrun's agent does, to the ranks it starts in sessions of their
         own (``TORCHELASTIC_RUN_ID`` in their environment); a rank stops what
-        it started itself (its data loader workers). Any other process outside
-        the group gets the signal from launch.
+        it started itself (its data loader workers). A nested ``verirl
+        launch`` does, to each process of its own command. Any other process
+        outside the group gets the signal from launch.
         """
         try:
+            environ = process.environ()
+            if self._under_inner_launch(process, environ.get(LAUNCH_MARKER_VAR, "")):
+                return True
             parent = process.ppid()
-            if "TORCHELASTIC_RUN_ID" not in process.environ():
+            if "TORCHELASTIC_RUN_ID" not in environ:
                 return False
         except (psutil.Error, OSError):
             return False
-        if parent == self.child.pid:
+        return self._running(parent)
+
+    def _under_inner_launch(self, process: psutil.Process, markers: str) -> bool:
+        """Whether a live ``verirl launch`` inside ours runs ``process`` (and signals it).
+
+        Each launch appends its marker, which starts with its pid, after those
+        of the launches around it: a marker after ours names a launch that is
+        a process of our command. It counts while it lives and predates
+        ``process`` (a reused pid does not); any live one will do, as each
+        launch passes the signal on to the next one in, or to the process
+        itself once the ones between have died.
+        """
+        names = markers.split(",")
+        if self.marker not in names:
+            return False
+        for marker in names[names.index(self.marker) + 1 :]:
+            pid = _launch_pid(marker)
+            if pid is None or pid == process.pid or not self._running(pid):
+                continue
+            inner = self.leader if pid == self.child.pid else self.seen[pid]
+            with contextlib.suppress(psutil.Error, OSError):
+                if inner is None or inner.create_time() <= process.create_time():
+                    return True
+        return False
+
+    def _running(self, pid: int) -> bool:
+        """Whether ``pid`` is a live process of the command: the command itself, or one found."""
+        if pid == self.child.pid:
             return self.child.returncode is None and (self.leader is None or _alive(self.leader))
-        known = self.seen.get(parent)
+        known = self.seen.get(pid)
         return known is not None and _alive(known)
 
     def signal_once(self, signum: int) -> list[psutil.Process]:
         """``signum`` to each process of the command exactly once; what was found then.
 
         The group gets it by ``killpg``; outside the group, only an orphan
-        (no live parent of the command to pass it on) gets it from us.
+        (no live process of the command to pass it on: a parent, an inner
+        launch) gets it from us.
         """
         processes = self.collect()
         _signal_group(self.child, signum)
@@ -234,10 +275,11 @@ class _Command:
         return processes
 
     def pass_to_orphans(self) -> None:
-        """The signal to each process left to its parent that died without passing it on.
+        """The signal to each process left to a forwarder that died without passing it on.
 
-        A parent that forwards (torchrun) waits for what it signalled before
-        it exits; one that dies at once (``sh`` without a trap) never passed it.
+        A forwarder (torchrun, an inner launch) waits for what it signalled
+        before it exits; one that dies at once (``sh`` without a trap) never
+        passed it.
         """
         for process in list(self.pending):
             if not _alive(process):
