@@ -246,6 +246,73 @@ def test_the_key_differs_between_launchers(tmp_path):
     assert key_from_a_new_parent() != key_from_a_new_parent()
 
 
+SPAWN_RANK = """
+import json, os, sys
+from pathlib import Path
+from verirl._node_share import NodeSharedResolver, attempt_key
+
+class Answer:
+    def resolve(self, request):
+        return os.environ["ANSWER"]
+
+folder = Path(sys.argv[1])
+key = attempt_key(os.environ, folder=folder, request="latest")
+leader = os.environ["LOCAL_RANK"] == "0"
+if not leader:
+    Path(os.environ["WAITING"]).write_text(key)
+shared = NodeSharedResolver(Answer(), folder, key, leader=leader, timeout=60)
+print(json.dumps({"key": key, "path": shared.resolve("latest")}), flush=True)
+if leader:  # a leader trains on: it runs until its parent says the attempt is over
+    sys.stdin.read()
+"""
+
+SPAWN_LOOP = """
+import json, os, subprocess, sys, time
+from pathlib import Path
+script, folder, waiting = sys.argv[1:4]
+env = {**os.environ, "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}
+env.pop("TORCHELASTIC_ERROR_FILE", None)
+
+def rank(local_rank, answer):
+    return subprocess.Popen(
+        [sys.executable, script, folder], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True,
+        env={**env, "LOCAL_RANK": local_rank, "ANSWER": answer, "WAITING": waiting},
+    )
+
+def attempt(answer, follower_first):
+    first = rank("1" if follower_first else "0", answer)
+    if follower_first:  # the leader comes late: the follower polls with nothing new to read
+        deadline = time.monotonic() + 60
+        while not os.path.exists(waiting) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    second = rank("0" if follower_first else "1", answer)
+    leader, follower = (second, first) if follower_first else (first, second)
+    out = [json.loads(p.communicate(timeout=60)[0]) for p in (follower, leader)]
+    os.remove(waiting)
+    return out[::-1]  # the leader's first
+
+# the same parent starts the node's ranks twice: a retry loop around mp.spawn
+print(json.dumps([attempt("checkpoint-10", False), attempt("checkpoint-30", True)]))
+"""
+
+
+def test_a_retry_by_the_same_parent_never_reads_the_previous_attempts_answer(tmp_path):
+    """Attempt 1 chose checkpoint-10 and saved up to 30; attempt 2's ranks must all resume at 30."""
+    script = tmp_path / "rank.py"
+    script.write_text(SPAWN_RANK)
+    loop = subprocess.run(
+        [sys.executable, "-c", SPAWN_LOOP, str(script), str(tmp_path / "dl"),
+         str(tmp_path / "waiting")],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert loop.returncode == 0, loop.stderr
+    first, second = json.loads(loop.stdout)
+    assert [rank["path"] for rank in first] == ["checkpoint-10", "checkpoint-10"], loop.stderr
+    assert [rank["path"] for rank in second] == ["checkpoint-30", "checkpoint-30"], loop.stderr
+    assert first[0]["key"] == first[1]["key"]
+    assert second[0]["key"] == second[1]["key"] != first[0]["key"]
+
+
 # -- the runtime: which local ranks do node-wide work
 
 

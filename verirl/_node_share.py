@@ -68,12 +68,57 @@ class CheckpointResolving(Protocol):
 def _parent_identity() -> str:
     """The parent's pid and start time: the launcher process all local ranks share."""
     ppid = os.getppid()
-    try:
-        stat = Path(f"/proc/{ppid}/stat").read_text(encoding="ascii", errors="replace")
-        started = stat.rsplit(")", 1)[1].split()[19]  # field 22, after the command name
-    except (OSError, IndexError):
-        started = "?"
+    fields = _stat_fields(ppid)
+    started = fields[_STARTTIME] if fields is not None else "?"
     return f"{ppid}@{started}"
+
+
+_STARTTIME = 19  # /proc/PID/stat's field 22 (start time, in clock ticks after boot), from field 3
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """``/proc/PID/stat`` from field 3 (the state) on, or ``None`` when unreadable."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[-1].split()
+    return fields if len(fields) > _STARTTIME and fields[_STARTTIME].isdigit() else None
+
+
+def _cmdline(pid: int | str) -> bytes | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+
+
+def _first_sibling() -> str:
+    """The oldest running process that shares our parent and our command line: this attempt's.
+
+    A parent that starts the local ranks again (a retry loop around
+    ``mp.spawn``, a supervisor restarting them) keeps its pid and start time,
+    so the parent alone names every attempt the same. The ranks of one
+    attempt run the same command line side by side; those of the attempt
+    before have all ended. The first of them to have started names the
+    attempt. ``""`` where ``/proc`` cannot tell.
+    """
+    me, parent, mine = os.getpid(), os.getppid(), _cmdline("self")
+    own = _stat_fields("self")
+    if mine is None or own is None:
+        return ""
+    oldest = (int(own[_STARTTIME]), me)
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) == me:
+                continue
+            fields = _stat_fields(entry.name)
+            if fields is None or fields[1] != str(parent) or fields[0] in ("Z", "X"):
+                continue
+            if _cmdline(entry.name) != mine:
+                continue
+            oldest = min(oldest, (int(fields[_STARTTIME]), int(entry.name)))
+    return f"{oldest[1]}@{oldest[0]}"
 
 
 def _launch_attempt(environ: Mapping[str, str]) -> str:
@@ -81,14 +126,25 @@ def _launch_attempt(environ: Mapping[str, str]) -> str:
 
     torchrun gives each rank ``TORCHELASTIC_ERROR_FILE`` =
     ``<a new temporary folder per agent run>/attempt_<n>/<local rank>/error.json``,
-    inherited through any wrapper (a shell, ``verirl launch``). Other launchers
-    (``srun``, ``mpirun``, ``mp.spawn``) start every local rank as a child of one
-    process: its pid and start time.
+    inherited through any wrapper (a shell, ``verirl launch``). ``srun`` gives
+    each step an id (``SLURM_JOB_ID``, ``SLURM_STEP_ID``, and a requeue's
+    ``SLURM_RESTART_COUNT``) and PMIx launchers a namespace, inherited alike.
+    Other launchers (``mp.spawn``, a supervisor) start every local rank as a
+    child of one process: its pid and start time, and this attempt's first
+    rank (`_first_sibling`), since the same parent may start the ranks again.
+    That first rank must still run when the others compute the key, as a
+    leader does while it trains (one that fails at once, before the others
+    have started, leaves them waiting to their deadline).
     """
     error_file = environ.get("TORCHELASTIC_ERROR_FILE", "")
     if error_file and error_file != os.devnull:
         return os.path.dirname(os.path.dirname(error_file))  # noqa: PTH120
-    return _parent_identity()
+    step = [environ.get(name, "") for name in ("SLURM_JOB_ID", "SLURM_STEP_ID")]
+    if all(step):  # one srun step (its tasks, through any wrapper); the next srun is another
+        return "slurm:" + ".".join([*step, environ.get("SLURM_RESTART_COUNT", "0")])
+    if environ.get("PMIX_NAMESPACE"):  # one PMIx job (mpirun, srun --mpi=pmix)
+        return f"pmix:{environ['PMIX_NAMESPACE']}"
+    return f"{_parent_identity()}/{_first_sibling()}"
 
 
 def attempt_key(environ: Mapping[str, str], *, folder: Path, request: str | None = None) -> str:
@@ -111,6 +167,11 @@ def attempt_key(environ: Mapping[str, str], *, folder: Path, request: str | None
                 "WORLD_SIZE",
                 "GROUP_RANK",
                 "NODE_RANK",
+                # one srun step, one requeue, one PMIx job: shared by its tasks, not the next
+                "SLURM_JOB_ID",
+                "SLURM_STEP_ID",
+                "SLURM_RESTART_COUNT",
+                "PMIX_NAMESPACE",
             )
         ),
     ]
