@@ -166,6 +166,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "vllm_command": ("vllm_command", "--vllm-command"),
     "vllm_log_dir": ("log_dir", "--log-dir"),
     "log_path": ("log_dir", "--log-dir"),
+    "log_dir": ("log_dir", "--log-dir"),
     "env_timeout": ("env_timeout", "--env-timeout"),
     "health_path": ("health_path", "--health-path"),
     "timeout": ("timeout", "--timeout"),
