@@ -367,7 +367,8 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--log-dir",
-        help="folder for the server's log, vllm-serve-PORT.log, appended to "
+        help="existing folder for the server's log, vllm-serve-PORT.log, appended to; "
+        "gone when the server starts, exit 2 (never made, never a file) "
         "($VERIRL_VLLM_LOG_DIR; default: verirl-vllm-<uid> under the temp directory, the same "
         "folder for every retry)",
     )
