@@ -133,6 +133,7 @@ def test_a_callers_master_port_on_a_port_of_the_local_server_is_refused(port_of)
     with pytest.raises(ConfigError, match=rf"^MASTER_PORT='{port}': is .*{port}"):
         TrainingRuntime.from_settings(gpu_count=2, environ=environ)
     topology = VLLMTopology.plan(2, max_model_len=1024, port=9100)
+
     def never(_topology: VLLMTopology) -> None:
         raise AssertionError("a server was started")
 

@@ -6,7 +6,10 @@ last line longer than the tail's window, zero lines asked for, a file cut
 short), `VLLMServer.start` never blocks past its timeout, nothing is spawned
 for a path refused, and the tail that says why a server died is not lost.
 Without ``log_path`` the log goes to one folder per user, appended to, so that
-retries do not leave a temp folder each behind.
+retries do not leave a temp folder each behind. A folder given as one (``log_dir``,
+``vllm_log_dir``, ``--log-dir``, ``VERIRL_VLLM_LOG_DIR``, a ``log_path`` that was a
+directory) stays a folder: removed before the start, it is an error naming where it
+was given (the default folder is made again), never a file written at its path.
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _support import unshared_port
+from verirl import _server_log
 from verirl._readiness import LogWatch
+from verirl.cli import main
 from verirl.errors import ConfigError, VLLMServerExited
+from verirl.runtime import TrainingRuntime
 from verirl.vllm_server import VLLMServer, read_log_tail
 
 FAKE = (sys.executable, "-m", "fakes.vllm_serve")
@@ -301,3 +307,115 @@ def test_a_default_folder_that_is_not_private_is_never_written_into(
     if hijack == "group-writable":
         assert list(folder.iterdir()) == []
     assert "is not a private folder" in caplog.text
+
+
+def test_a_default_folder_removed_as_it_is_resolved_is_made_again_private(
+    private_tmp, servers, monkeypatch
+):
+    """The folder checked and the folder written into are one: removed between, made again."""
+    resolve = _server_log.default_log_dir
+    removed: list[Path] = []
+
+    def then_removed() -> Path:
+        folder = resolve()
+        if not removed:  # once: as if a temp cleaner ran right after the check
+            folder.rmdir()
+            removed.append(folder)
+        return folder
+
+    monkeypatch.setattr(_server_log, "default_log_dir", then_removed)
+    server = servers(log_path=None)
+    with server:
+        pass
+    folder = private_tmp / f"verirl-vllm-{os.getuid()}"
+    assert removed == [folder]
+    assert server.log_path == folder / f"vllm-serve-{server.port}.log"
+    assert folder.stat().st_mode & 0o777 == 0o700  # made again as verirl makes it
+    assert "Uvicorn running" in server.log_path.read_text()
+
+
+# ---------------------------------------------------------------- a folder given as one
+
+
+@pytest.mark.parametrize("field", ["log_dir", "log_path"])
+def test_a_log_folder_removed_before_start_is_an_error_never_a_file(tmp_path, servers, field):
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    server = servers(**{field: str(folder)})  # log_path: a directory when the server is made
+    folder.rmdir()
+    with pytest.raises(ConfigError) as caught:
+        server.start()
+    assert caught.value.field == field
+    assert caught.value.value == str(folder)
+    assert "must be an existing folder" in str(caught.value)
+    assert not folder.exists()  # neither a file nor a folder made at that path
+    assert server.pid is None
+
+
+def test_a_log_dir_that_became_a_file_is_refused_and_left_alone(tmp_path, servers):
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    server = servers(log_dir=folder)
+    folder.rmdir()
+    folder.write_text("mine\n")
+    with pytest.raises(ConfigError, match="must be a folder") as caught:
+        server.start()
+    assert caught.value.field == "log_dir"
+    assert folder.read_text() == "mine\n"  # never written into
+    assert server.pid is None
+
+
+def test_a_log_dir_gets_the_per_port_file_and_excludes_log_path(tmp_path, servers):
+    server = servers(log_dir=tmp_path)
+    assert server.log_path == tmp_path / f"vllm-serve-{server.port}.log"
+    with server:
+        pass
+    assert "Uvicorn running" in (tmp_path / f"vllm-serve-{server.port}.log").read_text()
+    with pytest.raises(ConfigError, match="not both") as caught:
+        VLLMServer("m", log_dir=tmp_path, log_path=tmp_path / "x.log")
+    assert caught.value.field == "log_dir"
+
+
+@pytest.mark.parametrize("source", ["argument", "variable"])
+def test_a_runtimes_log_folder_removed_before_start_names_its_setting(tmp_path, source):
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    environ = {"VERIRL_VLLM_LOG_DIR": str(folder)} if source == "variable" else {}
+    given = {"vllm_log_dir": str(folder)} if source == "argument" else {}
+    runtime = TrainingRuntime.from_settings(
+        gpu_count=2, model="fake/model", vllm_port=unshared_port(), vllm_command=FAKE,
+        vllm_startup_timeout=30.0, environ=environ, **given,
+    )  # fmt: skip
+    folder.rmdir()  # between configuration and start
+    try:
+        with pytest.raises(ConfigError) as caught:
+            runtime.start()
+    finally:
+        runtime.stop()
+    name = "vllm_log_dir" if source == "argument" else "VERIRL_VLLM_LOG_DIR"
+    assert caught.value.field == name
+    assert str(caught.value).startswith(f"{name}={str(folder)!r}: must be an existing folder")
+    assert not folder.exists()
+
+
+def test_the_clis_log_dir_removed_before_start_names_the_flag(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    start = TrainingRuntime.start
+
+    def removed_first(runtime: TrainingRuntime) -> object:
+        folder.rmdir()  # after the flags were read and checked, before the server starts
+        start(runtime)
+        runtime.stop()  # started regardless: not left serving until a signal comes
+        pytest.fail("the server started with its log folder gone")
+
+    monkeypatch.setattr(TrainingRuntime, "start", removed_first)
+    for name in [n for n in os.environ if n.startswith("VERIRL_")]:
+        monkeypatch.delenv(name)
+    code = main(["serve", "--gpus", "2", "--model", "fake/model",
+                 "--vllm-port", str(unshared_port()),
+                 "--vllm-command", f"{sys.executable} -m fakes.vllm_serve",
+                 "--log-dir", str(folder)])  # fmt: skip
+    assert code == 2
+    assert f"--log-dir={str(folder)!r}: must be an existing folder" in capsys.readouterr().err
+    assert not folder.exists()

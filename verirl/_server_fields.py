@@ -34,10 +34,12 @@ from verirl.errors import ConfigError
 
 __all__ = [
     "FolderPath",
+    "KeptFolder",
     "to_command",
     "to_devices",
     "to_env",
     "to_extra_args",
+    "to_log_dir",
     "to_log_path",
     "v_bool",
     "v_count",
@@ -170,7 +172,23 @@ def to_log_path(value: str | os.PathLike[str] | None) -> Path | None:
         raise ConfigError.invalid("log_path", value, problem)
     if text.endswith(_SEPARATORS):  # `Path` forgets the slash that says "a folder"
         return FolderPath(text)
+    if os.path.isdir(text):  # noqa: PTH112 - a folder now is a folder at start, or an error
+        return KeptFolder(text)
     return Path(text)
+
+
+def to_log_dir(value: str | os.PathLike[str] | None) -> Path | None:
+    """``log_dir``: a folder that must exist when the server starts (never made, never a file)."""
+    if value is None:
+        return None
+    raw: object = value
+    text = os.fspath(raw) if isinstance(raw, (str, os.PathLike)) else None
+    if not isinstance(text, str) or not text:
+        raise ConfigError.invalid("log_dir", value, "must be a non-empty path or None")
+    problem = _unportable(text)
+    if problem:
+        raise ConfigError.invalid("log_dir", value, problem)
+    return KeptFolder(text)
 
 
 _SEPARATORS = tuple(sep for sep in (os.sep, os.altsep) if sep)
@@ -180,6 +198,18 @@ class FolderPath(type(Path())):  # type: ignore[misc]  # the concrete Path class
     """A ``log_path`` spelled with a trailing slash: a folder, made if missing."""
 
     folder = True
+    must_exist = False
+
+
+class KeptFolder(FolderPath):
+    """A folder the user gave as one: it must still be one at start, else a `ConfigError`.
+
+    ``log_dir``, or a ``log_path`` that was a directory when the server was
+    made. Never made if missing: a folder that went (an unmounted disk, a
+    removed run folder) is an error, never a file written at its path.
+    """
+
+    must_exist = True
 
 
 def _field_name(attribute: attrs.Attribute[Any]) -> str:

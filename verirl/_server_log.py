@@ -101,25 +101,88 @@ def default_log_dir() -> Path:
     return fresh
 
 
-def _wants_folder(requested: Path) -> bool:
-    """Whether ``log_path`` names a folder: an existing one, or spelled with a trailing slash."""
-    return requested.is_dir() or getattr(requested, "folder", False)
+_DEFAULT_TRIES = 3
+"""Times the default folder is made again when it vanishes before its log is opened."""
+
+_MISSING = (
+    "must be an existing folder: it is missing (removed since it was given?); verirl never "
+    "makes it again nor writes a file in its place"
+)
 
 
-def _log_file(requested: Path | None, port: int) -> Path:
+def _open_folder(folder: Path, *, follow: bool = True) -> int:
+    """A descriptor of the directory ``folder`` (an `OSError` if it is missing or no folder).
+
+    The log is then opened relative to it, so that the folder checked is the
+    folder written into: one removed in between fails, never becomes a file.
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    return os.open(folder, flags)
+
+
+def _default_folder(field: str) -> tuple[Path, int]:
+    """`default_log_dir` and a descriptor of it; made again (0700) if it vanished meanwhile."""
+    tries_left = _DEFAULT_TRIES
+    while True:
+        tries_left -= 1
+        folder = Path(tempfile.gettempdir())  # named if even that cannot be made
+        try:
+            folder = default_log_dir()
+            return folder, _open_folder(folder, follow=False)
+        except FileNotFoundError as exc:
+            if tries_left > 0:
+                log.info("%s vanished before the server's log was opened: made again",
+                         printable(folder))  # fmt: skip
+                continue
+            problem: OSError = exc
+        except OSError as exc:
+            problem = exc
+        raise ConfigError.invalid(
+            field, printable(folder), f"no log file can be made ({problem.strerror or problem})"
+        ) from None
+
+
+def _kept_folder(folder: Path, field: str) -> int:
+    """A descriptor of the folder given as one; a `ConfigError` naming ``field`` if it is none."""
     try:
-        if requested is None:
-            return default_log_dir() / log_file_name(port)
-        if _wants_folder(requested):
-            requested.mkdir(parents=True, exist_ok=True)
-            return Path(requested) / log_file_name(port)
+        return _open_folder(folder)
+    except FileNotFoundError:
+        why = _MISSING
+    except NotADirectoryError:
+        why = "must be a folder: it is not one"
+    except OSError as exc:
+        why = f"cannot be opened as a folder ({exc.strerror or exc})"
+    raise ConfigError.invalid(field, printable(folder), why) from None
+
+
+def _made_folder(folder: Path, field: str) -> int:
+    """A descriptor of the folder spelled with a trailing slash, made if missing."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return _open_folder(folder)
     except OSError as exc:
         raise ConfigError.invalid(
-            "log_path",
-            printable(requested or ""),
-            f"no log file can be made ({exc.strerror or exc})",
+            field, printable(folder), f"no log file can be made ({exc.strerror or exc})"
         ) from None
-    return requested
+
+
+def _log_file(requested: Path | None, port: int, field: str) -> tuple[Path, int | None]:
+    """The log file's path and, when it lies in a folder, a descriptor of that folder."""
+    name = log_file_name(port)
+    if requested is None:
+        folder, fd = _default_folder(field)
+        return folder / name, fd
+    if getattr(requested, "must_exist", False):
+        return Path(requested) / name, _kept_folder(requested, field)
+    if getattr(requested, "folder", False):
+        return Path(requested) / name, _made_folder(requested, field)
+    try:
+        requested.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError.invalid(
+            field, printable(requested), f"its folder cannot be made ({exc.strerror or exc})"
+        ) from None
+    return requested, None
 
 
 def _kind(mode: int) -> str:
@@ -141,17 +204,23 @@ _NOT_REGULAR = (
 )
 
 
-def _open_for_appending(path: Path) -> BinaryIO:
-    """Open ``path`` to append and read back, without blocking; only a regular file."""
+def _open_for_appending(path: Path, field: str, folder: int | None) -> BinaryIO:
+    """Open ``path`` (in the open ``folder`` if given) to append and read back, without blocking.
+
+    Only a regular file; any other is a `ConfigError` naming ``field``.
+    """
     flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags, 0o644)
+        if folder is None:
+            fd = os.open(path, flags, 0o644)
+        else:
+            fd = os.open(path.name, flags, 0o644, dir_fd=folder)
     except OSError as exc:
         if exc.errno == errno.ENXIO:  # a FIFO or socket with nobody at the other end
             why = _NOT_REGULAR.format(kind="a FIFO or socket")
         else:
             why = f"cannot be opened for appending and reading back ({exc.strerror or exc})"
-        raise ConfigError.invalid("log_path", printable(path), why) from None
+        raise ConfigError.invalid(field, printable(path), why) from None
     try:
         mode = os.fstat(fd).st_mode
     except BaseException:
@@ -159,50 +228,49 @@ def _open_for_appending(path: Path) -> BinaryIO:
         raise
     if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):  # never written to: a reader would get it
         os.close(fd)
-        raise ConfigError.invalid(
-            "log_path", printable(path), _NOT_REGULAR.format(kind=_kind(mode))
-        )
+        raise ConfigError.invalid(field, printable(path), _NOT_REGULAR.format(kind=_kind(mode)))
     os.set_blocking(fd, True)
     return os.fdopen(fd, "ab", buffering=0)
 
 
-def _check_regular(handle: BinaryIO, path: Path) -> None:
+def _check_regular(handle: BinaryIO, path: Path, field: str) -> None:
     """After the header was written (a full disk says so first): only a regular file."""
     mode = os.fstat(handle.fileno()).st_mode
     if not stat.S_ISREG(mode):
-        raise ConfigError.invalid(
-            "log_path", printable(path), _NOT_REGULAR.format(kind=_kind(mode))
-        )
+        raise ConfigError.invalid(field, printable(path), _NOT_REGULAR.format(kind=_kind(mode)))
 
 
-def open_server_log(requested: Path | None, *, port: int, argv: Sequence[str]) -> OpenedLog:
+def open_server_log(
+    requested: Path | None, *, port: int, argv: Sequence[str], field: str = "log_path"
+) -> OpenedLog:
     """Open the log for appending and write the run's header line.
 
-    ``requested`` is ``VLLMServer``'s ``log_path``: a file, a folder (an
-    existing one, or one spelled with a trailing slash, made if missing), which
-    gets ``vllm-serve-<port>.log``, or ``None`` (`default_log_dir`). A path that
-    is not a regular file (a FIFO, a device), or that cannot be read back, is a
-    `ConfigError` naming ``log_path``; nothing here blocks. Unbuffered, so
-    that a write that fails (a full disk) fails here; the handle is closed
-    before the `ConfigError` is raised.
+    ``requested`` is ``VLLMServer``'s ``log_path`` or ``log_dir``: a file, a
+    folder, which gets ``vllm-serve-<port>.log`` (one spelled with a trailing
+    slash is made if missing; one given as a folder, a `KeptFolder`, must
+    exist), or ``None`` (`default_log_dir`, made again if it vanished). A log
+    in a folder is opened relative to that folder, so a folder removed
+    meanwhile fails rather than turning into a file. A path that is not a
+    regular file (a FIFO, a device), or that cannot be read back, is a
+    `ConfigError` naming ``field``; nothing here blocks. Unbuffered, so that
+    a write that fails (a full disk) fails here; the handle is closed before
+    the `ConfigError` is raised.
     """
-    path = _log_file(requested, port)
+    path, folder = _log_file(requested, port, field)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError.invalid(
-            "log_path", printable(path), f"its folder cannot be made ({exc.strerror or exc})"
-        ) from None
-    handle = _open_for_appending(path)
+        handle = _open_for_appending(path, field, folder)
+    finally:
+        if folder is not None:
+            os.close(folder)
     try:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         handle.write(f"--- verirl {stamp}: {shlex.join(redact_argv(argv))}\n".encode())
-        _check_regular(handle, path)
+        _check_regular(handle, path, field)
         offset = handle.tell()
     except OSError as exc:
         handle.close()
         raise ConfigError.invalid(
-            "log_path", printable(path), f"cannot be written ({exc.strerror or exc})"
+            field, printable(path), f"cannot be written ({exc.strerror or exc})"
         ) from None
     except BaseException:
         handle.close()

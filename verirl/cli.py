@@ -166,6 +166,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "vllm_command": ("vllm_command", "--vllm-command"),
     "vllm_log_dir": ("log_dir", "--log-dir"),
     "log_path": ("log_dir", "--log-dir"),
+    "log_dir": ("log_dir", "--log-dir"),
     "env_timeout": ("env_timeout", "--env-timeout"),
     "health_path": ("health_path", "--health-path"),
     "timeout": ("timeout", "--timeout"),
@@ -366,7 +367,8 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--log-dir",
-        help="folder for the server's log, vllm-serve-PORT.log, appended to "
+        help="existing folder for the server's log, vllm-serve-PORT.log, appended to; "
+        "gone when the server starts, exit 2 (never made, never a file) "
         "($VERIRL_VLLM_LOG_DIR; default: verirl-vllm-<uid> under the temp directory, the same "
         "folder for every retry)",
     )

@@ -175,8 +175,8 @@ def _default_server_factory(
             overrides["command"] = command
         if extra_args:
             overrides["extra_args"] = tuple(extra_args)
-        if log_dir is not None:
-            overrides["log_path"] = log_dir
+        if log_dir is not None:  # a folder that must exist at start: never made, never a file
+            overrides["log_dir"] = log_dir
         if startup_timeout is not None:
             overrides["startup_timeout"] = startup_timeout
         from verirl.vllm_server import VLLMServer  # noqa: PLC0415 - psutil and requests, when used
@@ -445,6 +445,8 @@ class TrainingRuntime:
     _phases: Phases | None = attrs.field(default=None, init=False, repr=False)
     _starting: bool = attrs.field(default=False, init=False, repr=False)
     _stop_requested: bool = attrs.field(default=False, init=False, repr=False)
+    # The server's start-time ConfigError fields → the settings they came from (from_settings).
+    _start_names: Mapping[str, str] = attrs.field(factory=dict, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         check_seconds("env_timeout", self.env_timeout)
@@ -579,7 +581,7 @@ class TrainingRuntime:
             startup = read.settings.vllm_startup_timeout or VLLM_STARTUP_TIMEOUT
         dist = DistributedEnv.single_node(environ=env, avoid_ports=avoided_ports(topology.port))
         check_master_port(topology, dist, read.name("vllm_port") or "vllm_port")
-        return cls(
+        runtime = cls(
             topology,
             model=model,
             env_probe=probe,
@@ -600,6 +602,9 @@ class TrainingRuntime:
                 UNRESPONSIVE_TIMEOUT if unresponsive is None else unresponsive
             ),
         )
+        if log_dir is not None:  # a folder gone by start() is named as the user gave it
+            runtime._start_names = {"log_dir": read.name("vllm_log_dir") or "vllm_log_dir"}
+        return runtime
 
     @property
     def session(self) -> RuntimeSession | None:
@@ -669,7 +674,7 @@ class TrainingRuntime:
         """Start every phase this process runs; the server's start and the checkpoint's futures."""
         server_start = checkpoint = None
         if self._server is not None:
-            server_start = phases.submit("vllm", self._server.start)
+            server_start = phases.submit("vllm", self._start_server, self._server)
         if self._waits_for_server_elsewhere:
             phases.submit("vllm-wait", self._wait_for_server_elsewhere)
         if self.env_probe is not None:
@@ -738,6 +743,16 @@ class TrainingRuntime:
             leader=dist.is_local_main,
             timeout=self.checkpoint_wait_timeout,
         )
+
+    def _start_server(self, server: ServerHandle) -> None:
+        """``server.start()``; a `ConfigError` about a setting names the setting it came from."""
+        try:
+            server.start()
+        except ConfigError as exc:
+            name = self._start_names.get(exc.field or "")
+            if name is None:
+                raise
+            raise exc.renamed(name) from exc
 
     def _build_server(self) -> ServerHandle | None:
         """The server this process launches, or ``None`` when it launches none."""

@@ -90,6 +90,7 @@ from verirl._server_fields import (
     to_devices,
     to_env,
     to_extra_args,
+    to_log_dir,
     to_log_path,
     v_bool,
     v_count,
@@ -100,9 +101,16 @@ from verirl._server_fields import (
     v_port,
     v_seconds,
 )
-from verirl._server_log import LOG_TAIL_LINES, check_lines, open_server_log, read_log_tail
+from verirl._server_log import (
+    LOG_TAIL_LINES,
+    check_lines,
+    log_file_name,
+    open_server_log,
+    read_log_tail,
+)
 from verirl._signals import SIGTERM_POLICY
 from verirl.errors import (
+    ConfigError,
     VLLMServerError,
     VLLMServerExited,
     VLLMStartupTimeout,
@@ -152,10 +160,16 @@ class VLLMServer:
     - ``env``: variables added to the inherited (scrubbed) environment; see
       `vllm_child_environ`;
     - ``log_path``: where stdout and stderr go. An existing file is appended
-      to, never truncated; a directory (or a path with a trailing slash) gets
-      ``vllm-serve-<port>.log``; ``None`` means that file in this user's
+      to, never truncated; a directory gets ``vllm-serve-<port>.log`` (one
+      spelled with a trailing slash is made if missing; one that was a
+      directory when the server was made must still be one at start, else a
+      `ConfigError`); ``None`` means that file in this user's
       ``verirl-vllm-<uid>`` temp folder (`default_log_dir`, kept, so the log
-      outlives a failure). It must be a regular file verirl can read back;
+      outlives a failure, made again if removed). It must be a regular file
+      verirl can read back;
+    - ``log_dir``: instead of ``log_path``, a folder that must exist at start,
+      which gets ``vllm-serve-<port>.log``: never made, never taken for a file
+      (a folder removed meanwhile is a `ConfigError` naming ``log_dir``);
     - ``startup_timeout`` / ``shutdown_timeout``: seconds to become healthy /
       to stop after SIGTERM before SIGKILL;
     - ``progress_interval``: seconds between "still starting" log lines;
@@ -183,6 +197,7 @@ class VLLMServer:
     _log_path: Path | None = attrs.field(
         default=None, kw_only=True, converter=to_log_path, alias="log_path"
     )
+    log_dir: Path | None = attrs.field(default=None, kw_only=True, converter=to_log_dir)
     startup_timeout: float = attrs.field(default=600.0, kw_only=True, validator=v_seconds)
     shutdown_timeout: float = attrs.field(default=30.0, kw_only=True, validator=v_seconds)
     progress_interval: float = attrs.field(default=30.0, kw_only=True, validator=v_seconds)
@@ -199,6 +214,10 @@ class VLLMServer:
     _cancel: threading.Event = attrs.field(factory=threading.Event, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        if self.log_dir is not None and self._log_path is not None:
+            raise ConfigError.invalid(
+                "log_dir", str(self.log_dir), "give log_dir or log_path, not both"
+            )
         wanted = self.tensor_parallel_size * self.data_parallel_size
         if len(self.devices) < wanted:
             log.warning(
@@ -269,6 +288,8 @@ class VLLMServer:
     @property
     def log_path(self) -> Path | None:
         """The log file of the current (or last) run; the requested path before the first."""
+        if self._active_log is None and self.log_dir is not None:
+            return Path(self.log_dir) / log_file_name(self.port)
         return self._active_log or self._log_path
 
     @property
@@ -518,7 +539,10 @@ class VLLMServer:
 
     def _open_log(self, argv: tuple[str, ...]) -> BinaryIO:
         """Open this run's log (see `open_server_log`), remember where the run starts."""
-        opened = open_server_log(self._log_path, port=self.port, argv=argv)
+        if self.log_dir is not None:
+            opened = open_server_log(self.log_dir, port=self.port, argv=argv, field="log_dir")
+        else:
+            opened = open_server_log(self._log_path, port=self.port, argv=argv)
         self._active_log = opened.path
         self._log_offset = opened.offset
         return opened.handle
