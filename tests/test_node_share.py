@@ -313,6 +313,80 @@ def test_a_retry_by_the_same_parent_never_reads_the_previous_attempts_answer(tmp
     assert second[0]["key"] == second[1]["key"] != first[0]["key"]
 
 
+STEP_RANK = """
+import os, sys, time
+from pathlib import Path
+from verirl._node_share import attempt_key
+
+here, local_rank, ranks = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+(here / f"started-{local_rank}").touch()
+deadline = time.monotonic() + 60  # every rank of the attempt runs, as after its imports
+while len(list(here.glob("started-*"))) < ranks and time.monotonic() < deadline:
+    time.sleep(0.01)
+(here / f"key-{local_rank}").write_text(attempt_key(os.environ, folder=here))
+while len(list(here.glob("key-*"))) < ranks and time.monotonic() < deadline:
+    time.sleep(0.01)
+"""
+
+
+def _step_attempt(tmp_path: Path, name: str, env: dict[str, str], *, wrapped: bool) -> set[str]:
+    """Two local ranks, each behind its own shell when ``wrapped`` (srun's tasks through a
+    wrapper script); the set of keys they computed."""
+    here = tmp_path / name
+    here.mkdir()
+    script = tmp_path / "step_rank.py"
+    script.write_text(STEP_RANK)
+    procs = []
+    for local_rank in ("0", "1"):
+        argv = [sys.executable, str(script), str(here), local_rank, "2"]
+        if wrapped:
+            argv = ["/bin/sh", "-c", '"$@"; exit $?', "sh", *argv]
+        procs.append(subprocess.Popen(argv, env={**os.environ, **env}))
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0
+    return {path.read_text() for path in here.glob("key-*")}
+
+
+def test_the_ranks_of_an_srun_step_share_a_key_through_wrappers_and_a_retry_gets_another(
+    tmp_path,
+):
+    step = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "LOCAL_WORLD_SIZE": "2"}
+    first = _step_attempt(tmp_path, "first", step, wrapped=True)
+    retry = _step_attempt(tmp_path, "retry", step, wrapped=True)  # a retry loop in the step
+    assert len(first) == 1, first  # one key for the node's ranks
+    assert len(retry) == 1, retry
+    assert first != retry
+
+
+def test_the_ranks_a_parent_starts_share_a_key_whatever_their_numbered_arguments(tmp_path):
+    """``mp.spawn`` and DeepSpeed give each rank its own numbers on its command line."""
+    here = tmp_path / "spawn"
+    here.mkdir()
+    script = tmp_path / "step_rank.py"
+    script.write_text(STEP_RANK)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMIX_"))}
+    env.pop("TORCHELASTIC_ERROR_FILE", None)
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(script),
+                str(here),
+                local_rank,
+                "2",
+                f"--local_rank={local_rank}",
+                f"pipe_handle={7 + 4 * int(local_rank)}",
+            ],
+            env=env,
+        )
+        for local_rank in ("0", "1")
+    ]
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0
+    keys = {path.read_text() for path in here.glob("key-*")}
+    assert len(keys) == 1, keys
+
+
 # -- the runtime: which local ranks do node-wide work
 
 

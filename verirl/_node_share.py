@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import stat
 import threading
@@ -86,25 +87,52 @@ def _stat_fields(pid: int | str) -> list[str] | None:
     return fields if len(fields) > _STARTTIME and fields[_STARTTIME].isdigit() else None
 
 
-def _cmdline(pid: int | str) -> bytes | None:
+_DIGITS = re.compile(rb"[0-9]+")
+_SLURM_STEP = ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT")
+_PMIX = ("PMIX_NAMESPACE",)
+
+
+def _shape(pid: int | str) -> bytes | None:
+    """The process's command line with every number made ``#``: the same for each local rank.
+
+    Launchers number their ranks on the command line (``--local_rank=3``,
+    ``mp.spawn``'s ``pipe_handle=11``); the program and its flags stay.
+    """
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
+        return _DIGITS.sub(b"#", Path(f"/proc/{pid}/cmdline").read_bytes())
     except OSError:
         return None
 
 
-def _first_sibling() -> str:
-    """The oldest running process that shares our parent and our command line: this attempt's.
+def _environ_values(pid: int | str, names: tuple[str, ...]) -> tuple[str, ...] | None:
+    """``names``' values in the environment the process started with (``None``: unreadable)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    found: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        name, _, value = item.partition(b"=")
+        text = name.decode("utf-8", "replace")
+        if text in names:
+            found[text] = value.decode("utf-8", "surrogateescape")
+    return tuple(found.get(name, "") for name in names)
 
-    A parent that starts the local ranks again (a retry loop around
-    ``mp.spawn``, a supervisor restarting them) keeps its pid and start time,
-    so the parent alone names every attempt the same. The ranks of one
-    attempt run the same command line side by side; those of the attempt
-    before have all ended. The first of them to have started names the
-    attempt. ``""`` where ``/proc`` cannot tell.
+
+def _first_rank(scope: tuple[str, ...] | None) -> str:
+    """The oldest running process of this attempt's local ranks, as ``pid@start``.
+
+    A rank of this attempt is a process running the same program with the
+    same flags (`_shape`), in the same *scope*: with ``scope`` ``None``, a child
+    of our parent; else a process whose environment holds the same values of
+    ``scope``'s variables (one srun step, through any wrapper). The ranks of
+    the attempt before have all ended, so a retry by the same parent or in
+    the same step gets another first rank, hence another key. ``""`` where
+    ``/proc`` cannot tell.
     """
-    me, parent, mine = os.getpid(), os.getppid(), _cmdline("self")
+    me, parent, mine = os.getpid(), str(os.getppid()), _shape("self")
     own = _stat_fields("self")
+    ours = None if scope is None else _environ_values("self", scope)
     if mine is None or own is None:
         return ""
     oldest = (int(own[_STARTTIME]), me)
@@ -113,38 +141,43 @@ def _first_sibling() -> str:
             if not entry.name.isdigit() or int(entry.name) == me:
                 continue
             fields = _stat_fields(entry.name)
-            if fields is None or fields[1] != str(parent) or fields[0] in ("Z", "X"):
+            if fields is None or fields[0] in ("Z", "X"):
                 continue
-            if _cmdline(entry.name) != mine:
+            if scope is None and fields[1] != parent:
+                continue
+            if _shape(entry.name) != mine:
+                continue
+            if scope is not None and _environ_values(entry.name, scope) != ours:
                 continue
             oldest = min(oldest, (int(fields[_STARTTIME]), int(entry.name)))
     return f"{oldest[1]}@{oldest[0]}"
 
 
 def _launch_attempt(environ: Mapping[str, str]) -> str:
-    """What tells this node attempt from the next: torchrun's attempt folder, else the parent.
+    """What tells this node attempt from the next: torchrun's attempt folder, else the ranks.
 
     torchrun gives each rank ``TORCHELASTIC_ERROR_FILE`` =
     ``<a new temporary folder per agent run>/attempt_<n>/<local rank>/error.json``,
     inherited through any wrapper (a shell, ``verirl launch``). ``srun`` gives
-    each step an id (``SLURM_JOB_ID``, ``SLURM_STEP_ID``, and a requeue's
-    ``SLURM_RESTART_COUNT``) and PMIx launchers a namespace, inherited alike.
-    Other launchers (``mp.spawn``, a supervisor) start every local rank as a
-    child of one process: its pid and start time, and this attempt's first
-    rank (`_first_sibling`), since the same parent may start the ranks again.
-    That first rank must still run when the others compute the key, as a
-    leader does while it trains (one that fails at once, before the others
-    have started, leaves them waiting to their deadline).
+    each step an id (``SLURM_JOB_ID``, ``SLURM_STEP_ID``, a requeue's
+    ``SLURM_RESTART_COUNT``) and PMIx launchers a namespace, inherited alike;
+    other launchers (``mp.spawn``, a supervisor) start every local rank as a
+    child of one process (its pid and start time). Within a step or under one
+    parent the ranks may be started again (a retry loop): the attempt's first
+    rank (`_first_rank`) tells the attempts apart. That first rank must still
+    run when the others compute the key, as a leader does while it trains (one
+    that fails at once, before the others have started, leaves them waiting
+    to their deadline).
     """
     error_file = environ.get("TORCHELASTIC_ERROR_FILE", "")
     if error_file and error_file != os.devnull:
         return os.path.dirname(os.path.dirname(error_file))  # noqa: PTH120
-    step = [environ.get(name, "") for name in ("SLURM_JOB_ID", "SLURM_STEP_ID")]
-    if all(step):  # one srun step (its tasks, through any wrapper); the next srun is another
-        return "slurm:" + ".".join([*step, environ.get("SLURM_RESTART_COUNT", "0")])
-    if environ.get("PMIX_NAMESPACE"):  # one PMIx job (mpirun, srun --mpi=pmix)
-        return f"pmix:{environ['PMIX_NAMESPACE']}"
-    return f"{_parent_identity()}/{_first_sibling()}"
+    if environ.get("SLURM_JOB_ID") and environ.get("SLURM_STEP_ID"):
+        step = ".".join(environ.get(name, "") for name in _SLURM_STEP)
+        return f"slurm:{step}/{_first_rank(_SLURM_STEP)}"
+    if environ.get("PMIX_NAMESPACE"):
+        return f"pmix:{environ['PMIX_NAMESPACE']}/{_first_rank(_PMIX)}"
+    return f"{_parent_identity()}/{_first_rank(None)}"
 
 
 def attempt_key(environ: Mapping[str, str], *, folder: Path, request: str | None = None) -> str:
