@@ -310,9 +310,17 @@ elif where == "as the command returns":
         quiet(**kwargs)
     program._note_signals = first_quiet
     verirl.cli.main = lambda *a: 0
-else:  # during the teardown after it
+elif where == "in the teardown":
     process.stop_all_servers = send
     verirl.cli.main = lambda *a: 0
+else:  # while the interpreter exits: a hook registered by the command, run after run()
+    import atexit
+    def main(*args):
+        atexit.register(send)
+        print(json.dumps({{"exit_code": 0}}))  # the command's own document, written
+        return 0
+    import json
+    verirl.cli.main = main
 sys.exit(program.run())
 """
 
@@ -332,6 +340,17 @@ def test_a_signal_at_any_moment_gives_its_code_and_one_json_document(tmp_path, w
 
 
 ANY_MESSAGE = {signal.SIGINT: "interrupted (SIGINT)", signal.SIGTERM: "terminated (SIGTERM)"}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_interpreter_exits_sets_the_code_and_adds_no_document(tmp_path, signum):
+    result = subprocess.run(
+        [sys.executable, "-c", SIGNAL_RUN.format(where="while exiting", signum=int(signum))],
+        capture_output=True, text=True, env=clean_environ(tmp_path), timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 128 + signum, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert json.loads(result.stdout) == {"exit_code": 0}  # the one document, as written
 
 
 def test_serve_json_prints_one_line_when_ready_and_nothing_after(tmp_path):

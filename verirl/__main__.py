@@ -11,6 +11,8 @@ start-up (coverage's) is set aside, as `verirl.cli` does for serve and launch.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -67,6 +69,7 @@ def run() -> int:
     )
 
     reserve_standard_fds()
+    atexit.register(_late_signal_exit)  # registered first, so it runs after every later hook
     previous = signal.getsignal(signal.SIGTERM)
     # SIG_IGN was inherited and is meant; a Python-level handler can only have been set by
     # this interpreter's own start-up (coverage's patch, say): the program sets it aside.
@@ -95,7 +98,32 @@ def run() -> int:
         signal_document(sys.argv[1:], code)
     if received is not None or code == _CTRL_C:  # a signal: no pool's thread may hold the exit
         arm_exit_deadline(code)
+    _EXIT_CODE[:] = [code]
     return code
+
+
+_EXIT_CODE: list[int] = []
+_LATE = (signal.SIGINT, signal.SIGTERM)
+
+
+def _late_signal_exit() -> None:
+    """The last exit hook: a SIGTERM or Ctrl-C that came after `run` returned still sets the code.
+
+    The interpreter's exit (joining threads, other exit hooks) takes time, and
+    both signals are only noted by then; after this hook they are blocked, so
+    none can end the process by signal once its handlers are gone.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        signal.pthread_sigmask(signal.SIG_BLOCK, _LATE)
+    pending = signal.sigpending() if hasattr(signal, "sigpending") else set()
+    received = program_received()
+    late = received if received is not None else next((s for s in _LATE if s in pending), None)
+    if late is None or not _EXIT_CODE or _EXIT_CODE[0] == 128 + late:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            stream.flush()
+    os._exit(128 + late)
 
 
 def _signal_code(error: KeyboardInterrupt | SystemExit) -> int:
