@@ -353,6 +353,48 @@ def test_a_signal_while_the_interpreter_exits_sets_the_code_and_adds_no_document
     assert json.loads(result.stdout) == {"exit_code": 0}  # the one document, as written
 
 
+def test_launch_documents_carry_the_exit_code_on_usage_errors_too(tmp_path):
+    for argv in (["launch", "--json", "--gpus", "x", "--", "true"],
+                 ["launch", "--json", "--bogus", "--", "true"]):  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-m", "verirl", *argv], capture_output=True, text=True,
+            env=clean_environ(tmp_path), timeout=60, check=False,
+        )  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        document = json.loads(result.stdout)
+        assert document["exit_code"] == 2 == document["error"]["code"], document
+
+
+def test_launch_json_with_an_unwritable_stderr_still_runs_the_command(tmp_path):
+    with open(os.devnull) as read_only:  # noqa: PTH123 - a descriptor opened for reading only
+        result = subprocess.run(
+            [sys.executable, "-m", "verirl", "launch", "--json", "--gpus", "1", "--mode",
+             "colocate", "--", sys.executable, "-c", "print('x' * 100)"],
+            stdout=subprocess.PIPE, stderr=read_only, text=True, env=clean_environ(tmp_path),
+            timeout=120, check=False,
+        )  # fmt: skip
+    assert result.returncode == 0
+    assert json.loads(result.stdout) == {"exit_code": 0}
+
+
+def test_a_commands_own_json_flag_is_not_launchs(tmp_path):
+    """``launch python train.py --json`` (no ``--``): a signal's document only if launch had it."""
+    code = (
+        "import sys; from verirl import _cli_output as out; out.decide_json(False); "
+        "out.signal_document(sys.argv[1:], 143); "
+        "out.decide_json(True); out.signal_document(sys.argv[1:], 143)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, "launch", "--gpus", "1", "python3", "t.py", "--json"],
+        capture_output=True, text=True, env=clean_environ(tmp_path), timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "error": {"code": 143, "message": "terminated (SIGTERM)"},
+        "exit_code": 143,
+    }  # one document: the second call's, when the parsed flags asked for it
+
+
 def test_serve_json_prints_one_line_when_ready_and_nothing_after(tmp_path):
     port = unshared_port()
     argv = [sys.executable, "-m", "verirl", "serve", "--json", "--gpus", "2", "--model", "m",

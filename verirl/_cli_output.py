@@ -13,6 +13,7 @@ print "Exception ignored … BrokenPipeError" and turn the exit code into 120).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -24,6 +25,8 @@ __all__ = [
     "STDERR",
     "STDOUT",
     "Channel",
+    "command_word",
+    "decide_json",
     "document_written",
     "json_text",
     "reserve_standard_fds",
@@ -145,6 +148,19 @@ SIGNAL_MESSAGES = {
 }
 
 
+_DECIDED: list[bool] = []
+
+
+def decide_json(wanted: bool) -> None:
+    """Note what the parsed command line said of ``--json`` (a command's own ``--json`` is not)."""
+    _DECIDED[:] = [wanted]
+
+
+def command_word(argv: Sequence[str]) -> str | None:
+    """The subcommand: the first word of ``argv`` not an option (top-level flags take no value)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
 def signal_document(argv: Sequence[str], code: int) -> None:
     """The ``--json`` document of a run a signal ended before the command wrote one.
 
@@ -152,13 +168,13 @@ def signal_document(argv: Sequence[str], code: int) -> None:
     ends the run before `verirl.cli` can write the document: ``python -m
     verirl`` writes it here, so that ``--json`` still means one document.
     """
-    if document_written() or not wants_json(argv):
+    wanted = _DECIDED[0] if _DECIDED else wants_json(argv)
+    if document_written() or not wanted:
         return
     document: dict[str, object] = {
         "error": {"code": code, "message": SIGNAL_MESSAGES.get(code, f"exit code {code}")}
     }
-    command = next((arg for arg in argv if not arg.startswith("-")), None)
-    if command == "launch":
+    if command_word(argv) == "launch":
         document["exit_code"] = code
     write_document(document)
 
@@ -185,13 +201,22 @@ def _reserve(fd: int) -> None:
                 os.close(opened)
 
 
+def _writable(fd: int) -> bool:
+    try:
+        mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+    except OSError:
+        return False
+    return mode in (os.O_WRONLY, os.O_RDWR)
+
+
 @contextlib.contextmanager
 def stdout_to_stderr() -> Iterator[None]:
     """Send what goes to descriptor 1 (children included) to descriptor 2 inside the block.
 
     ``launch --json``: the training command's own output must not mix with the
     one JSON document on stdout. Nothing is changed when either descriptor is
-    unusable.
+    unusable. A descriptor 2 that cannot be written (``2</dev/null``) gets the
+    command's output to ``/dev/null`` instead: the command must not fail on it.
     """
     STDOUT.flush()
     try:
@@ -200,7 +225,14 @@ def stdout_to_stderr() -> Iterator[None]:
         yield
         return
     try:
-        os.dup2(2, 1)
+        if _writable(2):
+            os.dup2(2, 1)
+        else:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, 1)
+            finally:
+                os.close(devnull)
     except OSError:
         os.close(saved)
         yield

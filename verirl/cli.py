@@ -62,6 +62,8 @@ from verirl._cli_output import (
     SIGNAL_MESSAGES,
     STDERR,
     STDOUT,
+    command_word,
+    decide_json,
     stdout_to_stderr,
     wants_json,
     write_document,
@@ -1101,13 +1103,16 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
             return parser.parse_args(joined)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else EXIT_ERROR
-        _print_parse_output(captured, code, json_wanted=wants_json(argv))
+        launch = command_word(argv) == "launch"
+        _print_parse_output(captured, code, json_wanted=wants_json(argv), launch=launch)
         raise SystemExit(code) from None
     finally:
         _PARSE_OUTPUT.reset(token)
 
 
-def _print_parse_output(captured: list[tuple[str, str]], code: int, *, json_wanted: bool) -> None:
+def _print_parse_output(
+    captured: list[tuple[str, str]], code: int, *, json_wanted: bool, launch: bool = False
+) -> None:
     errors = "".join(text for text, channel in captured if channel == "stderr")
     if errors:
         STDERR.write(errors)
@@ -1119,6 +1124,8 @@ def _print_parse_output(captured: list[tuple[str, str]], code: int, *, json_want
     document: dict[str, object]
     if code != EXIT_OK:
         document = _error_document(code, errors.strip() or "usage error")
+        if launch:  # launch's documents always carry its exit code
+            document["exit_code"] = code
     elif any(channel == "version" for _, channel in captured):
         document = {"version": __version__}
     else:
@@ -1150,6 +1157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.verbose += args.top_verbose
     args.quiet += args.top_quiet
     args.json = args.json or args.top_json
+    decide_json(args.json)
     args.json_emitted = False
     restore_logging = _configure_logging(args.verbose - args.quiet)
     message = ""
