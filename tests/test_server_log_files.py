@@ -117,15 +117,19 @@ def test_a_fifo_is_refused_at_once_with_nothing_spawned(tmp_path, servers, where
     assert server.pid is None
 
 
-@pytest.mark.parametrize("spelling", ["new/", "new//", "deep/er/"])
-def test_a_folder_spelled_with_a_trailing_slash_is_a_folder(tmp_path, servers, spelling):
+@pytest.mark.parametrize(
+    ("spelling", "meant"),
+    [("new/", "new"), ("new//", "new"), ("deep/er/", "deep/er"), ("new/.", "new"),
+     ("new/./", "new"), ("new/sub/..", "new")],
+)  # fmt: skip
+def test_a_folder_spelled_with_a_trailing_slash_is_a_folder(tmp_path, servers, spelling, meant):
     requested = str(tmp_path) + os.sep + spelling
     server = servers(log_path=requested)
     with server:
         pass
-    folder = Path(requested)
+    folder = tmp_path / meant
     assert folder.is_dir()
-    assert server.log_path == folder / f"vllm-serve-{server.port}.log"
+    assert server.log_path.resolve() == folder / f"vllm-serve-{server.port}.log"
     assert "Uvicorn running" in server.log_path.read_text()
 
 

@@ -170,8 +170,9 @@ def to_log_path(value: str | os.PathLike[str] | None) -> Path | None:
     problem = _unportable(text)
     if problem:
         raise ConfigError.invalid("log_path", value, problem)
-    if text.endswith(_SEPARATORS):  # `Path` forgets the slash that says "a folder"
-        return FolderPath(text)
+    last = os.path.basename(text.rstrip("".join(_SEPARATORS)))  # noqa: PTH119
+    if text.endswith(_SEPARATORS) or last in (os.curdir, os.pardir):
+        return FolderPath(text)  # `Path` forgets the slash (and a last ".") that say "a folder"
     if os.path.isdir(text):  # noqa: PTH112 - a folder now is a folder at start, or an error
         return KeptFolder(text)
     return Path(text)
