@@ -739,6 +739,25 @@ def test_vllm_args_that_change_verirls_own_flags_are_refused(  # noqa: PLR0917
     assert "VERIRL_VLLM_ARGS='<hidden>'" in err
 
 
+# Flags verirl does not set that break its GPU plan or its wait on the port.
+PLAN_SPELLINGS = ["-pp 2", "--pipeline-parallel-size 2", "--pipeline_parallel_size=2",
+                  "-dpl 1", "--data-parallel-size-local 1", "--uds /tmp/vllm.sock"]  # fmt: skip
+
+
+@pytest.mark.parametrize("spelled", PLAN_SPELLINGS)
+def test_server_flags_that_break_verirls_plan_or_wait_are_refused(clean_env, capsys, spelled):
+    words = spelled.split()
+    with pytest.raises(ConfigError, match=r"^extra_args=.*is refused: "):
+        VLLMServer("m", extra_args=words)
+    with pytest.raises(ConfigError, match=r"^vllm_args=.*is refused: "):
+        TrainingRuntime.from_settings(gpu_count=2, vllm_args=words, environ={})
+    code = main(["launch", "--gpus", "2", "--model", "m", f"--vllm-args={spelled}", "--", "true"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "--vllm-args='<hidden>'" in err
+    assert "is refused: " in err
+
+
 @pytest.mark.parametrize("spelled", OWN_SPELLINGS)
 def test_the_library_refuses_server_flags_that_change_verirls_own(clean_env, spelled, monkeypatch):
     """The same rule without the CLI: ``VLLMServer(extra_args=)``, ``from_settings(vllm_args=)``

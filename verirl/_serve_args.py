@@ -55,12 +55,31 @@ OWN_FLAGS = (
 )
 """The flags `vllm_serve_args` sets: verirl waits on them, so extra flags must not change them."""
 
-_OWN_SHORT = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size"}  # vLLM's aliases
+PLAN_FLAGS = {
+    "--pipeline-parallel-size": "verirl plans the server's GPUs as tensor x data parallel",
+    "--data-parallel-size-local": "verirl plans the server's GPUs as tensor x data parallel",
+    "--uds": "the server would listen on a socket, not on the port verirl waits on",
+}
+"""Flags verirl does not set but that break its plan or its wait: refused like `OWN_FLAGS`."""
+
+_OWN_SHORT = {  # vLLM's aliases
+    "-tp": "--tensor-parallel-size",
+    "-dp": "--data-parallel-size",
+    "-pp": "--pipeline-parallel-size",
+    "-dpl": "--data-parallel-size-local",
+}
+
+
+def own_flag_reason(flag: str) -> str:
+    """Why `own_flag`'s ``flag`` is refused, for an error message."""
+    return PLAN_FLAGS.get(flag, "verirl sets it itself and waits on it")
+
+
 _MIN_ABBREVIATION = 4  # "--po": shorter prefixes match too many of vLLM's flags to mean ours
 
 
 def own_flag(extra_args: Sequence[str]) -> tuple[str, str] | None:
-    """The first of ``extra_args`` that would set one of `OWN_FLAGS`: (as written, the flag).
+    """The first of ``extra_args`` setting one of `OWN_FLAGS`/`PLAN_FLAGS`: (as written, the flag).
 
     Spelled any way the servers' parsers take it: ``--port 9``, ``--port=9``,
     ``--max_model_len``, an abbreviation (``--po``), vLLM's ``-tp``/``-dp``.
@@ -74,8 +93,9 @@ def own_flag(extra_args: Sequence[str]) -> tuple[str, str] | None:
         if not name.startswith("--") or len(name) < _MIN_ABBREVIATION:
             continue
         spelled = "--" + name[2:].replace("_", "-")
-        exact = [flag for flag in OWN_FLAGS if flag == spelled]
-        matches = exact or [flag for flag in OWN_FLAGS if flag.startswith(spelled)]
+        refused = (*OWN_FLAGS, *PLAN_FLAGS)
+        exact = [flag for flag in refused if flag == spelled]
+        matches = exact or [flag for flag in refused if flag.startswith(spelled)]
         if matches:
             return name, matches[0]
     return None

@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 
 from verirl._secrets import redact_argv, shown_command
-from verirl._serve_args import own_flag
+from verirl._serve_args import PLAN_FLAGS, own_flag
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
@@ -118,8 +118,12 @@ def to_extra_args(value: Iterable[str]) -> tuple[str, ...]:
         raise ConfigError.invalid(
             "extra_args",
             shown_command(list(args)),
-            f"{written} sets the server's {flag}, which verirl sets itself and waits on; "
-            "give it as the server's own field instead",
+            f"{written} sets the server's {flag}, which "
+            + (
+                f"is refused: {PLAN_FLAGS[flag]}"
+                if flag in PLAN_FLAGS
+                else "verirl sets itself and waits on; give it as the server's own field instead"
+            ),
         )
     return args
 

@@ -71,7 +71,7 @@ from verirl._cli_output import (
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT
 from verirl._net import url_host
 from verirl._secrets import HIDDEN, redact_argv, secrets_in_environ, shown_command
-from verirl._serve_args import own_flag
+from verirl._serve_args import own_flag, own_flag_reason
 from verirl._settings import Settings, split_args, split_command
 from verirl._signals import SIGTERM_POLICY, exit_on_sigterm, sigterm_pending
 from verirl._validate import check_port, check_seconds, parse_int, parse_seconds
@@ -456,6 +456,14 @@ _OWN_FLAG_SOURCES = {
 }
 
 
+def _refusal(flag: str) -> str:
+    """Why a ``--vllm-args`` flag is refused, and where to set what it meant."""
+    source = _OWN_FLAG_SOURCES.get(flag)
+    if source is None:
+        return f"is refused: {own_flag_reason(flag)}"
+    return f"verirl sets itself and waits on; set it with {source} instead"
+
+
 def _vllm_args(args: argparse.Namespace) -> list[str] | None:
     """``--vllm-args`` split; one that changes a server flag verirl sets itself is refused.
 
@@ -478,8 +486,7 @@ def _vllm_args(args: argparse.Namespace) -> list[str] | None:
         raise ConfigError.invalid(
             source,
             HIDDEN,
-            f"{written} sets the server's {flag}, which verirl sets itself and waits on; "
-            f"set it with {_OWN_FLAG_SOURCES[flag]} instead",
+            f"{written} sets the server's {flag}, which {_refusal(flag)}",
         )
     return given
 
