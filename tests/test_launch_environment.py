@@ -120,9 +120,38 @@ def test_a_flag_wins_over_the_callers_variable_in_what_the_command_sees(tmp_path
     assert json.loads(out.read_text()) == {
         "VERIRL_GPU_COUNT": "1", "VERIRL_MAX_MODEL_LEN": "2048", "VERIRL_VLLM_MODE": "colocate",
         "VERIRL_OUTPUT_DIR": str(run), "VERIRL_SHUTDOWN_TIMEOUT": "7.0",
-        "VERIRL_VLLM_STARTUP_TIMEOUT": "700",  # colocate: no flag given, the caller's stays
+        "VERIRL_VLLM_STARTUP_TIMEOUT": None,  # colocate: no server, none of its settings
         "VERIRL_HUB_REVISION": "kept",
     }  # fmt: skip
+
+
+SERVER_SETTINGS = {"VERIRL_VLLM_PORT": "9000", "VERIRL_VLLM_COMMAND": "false",
+                   "VERIRL_VLLM_ARGS": "--enforce-eager", "VERIRL_VLLM_LOG_DIR": "/nonexistent",
+                   "VERIRL_VLLM_STARTUP_TIMEOUT": "5", "VERIRL_VLLM_UNRESPONSIVE_TIMEOUT": "5",
+                   "VERIRL_VLLM_GPUS": "1"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("layout", "gone"),
+    [("colocate", {"VERIRL_VLLM_PORT", "VERIRL_VLLM_COMMAND", "VERIRL_VLLM_ARGS",
+                   "VERIRL_VLLM_LOG_DIR", "VERIRL_VLLM_STARTUP_TIMEOUT",
+                   "VERIRL_VLLM_UNRESPONSIVE_TIMEOUT"}),
+     ("remote-server", {"VERIRL_VLLM_COMMAND", "VERIRL_VLLM_ARGS", "VERIRL_VLLM_LOG_DIR",
+                        "VERIRL_VLLM_GPUS"})],
+)  # fmt: skip
+def test_settings_of_a_server_the_layout_never_starts_here_are_not_passed_on(
+    monkeypatch, layout, gone
+):
+    for name, value in SERVER_SETTINGS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("VERIRL_VLLM_LOG_DIR")  # an existing folder is checked at configuration
+    runtime = TrainingRuntime.from_settings(**LAYOUTS[layout], environ={})
+    env = _training_environment(runtime, None, runtime.topology.server_url)
+    for name in SERVER_SETTINGS:
+        if name in gone:
+            assert name not in env, name
+        elif name in os.environ:
+            assert env[name] == os.environ[name], name  # still this run's
 
 
 @pytest.mark.parametrize("port_of", ["vllm", "group"])

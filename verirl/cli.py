@@ -683,6 +683,11 @@ def _public_address(host: str) -> str | None:
     return bare
 
 
+_COLOCATE_UNUSED = ("vllm_port", "vllm_command", "vllm_args", "vllm_log_dir",
+                    "vllm_startup_timeout", "vllm_unresponsive_timeout")  # fmt: skip
+_REMOTE_UNUSED = ("vllm_command", "vllm_args", "vllm_log_dir", "vllm_gpus")
+
+
 def _training_environment(
     runtime: TrainingRuntime,
     resume: str | None,
@@ -692,12 +697,18 @@ def _training_environment(
     """What the command runs with: the caller's environment, with this run's values on top.
 
     Every variable launch exports describes this run: one the layout does not
-    set (``VERIRL_VLLM_URL`` in colocate mode) is removed, and one a flag
+    use (``VERIRL_VLLM_URL`` and the server's settings in colocate mode, how
+    to start a server when it runs elsewhere) is removed, and one a flag
     overrode (``flags``: `_flag_variables`) holds the flag's value, never
     passed on stale from the caller's environment.
     """
     env = {**os.environ, **(flags or {})}
     topology = runtime.topology
+    unused: tuple[str, ...] = _REMOTE_UNUSED if topology.remote_host is not None else ()
+    if topology.mode == "colocate":
+        unused = _COLOCATE_UNUSED
+    for field in unused:  # settings of a server this layout never starts here
+        env.pop(Settings.variable(field), None)
     if topology.remote_host is None:  # vLLM is elsewhere: the GPUs are the launcher's to hand out
         env["CUDA_VISIBLE_DEVICES"] = map_visible_devices(
             topology.training_devices, env.get("CUDA_VISIBLE_DEVICES")
