@@ -158,3 +158,18 @@ def test_the_cli_names_the_flag_and_the_variable(command, visible):
     assert result.returncode == 2, result.stderr
     assert "--gpus=2" in result.stderr
     assert f"CUDA_VISIBLE_DEVICES={visible!r}" in result.stderr
+
+
+@pytest.mark.parametrize("visible", ["+", "GPU-a,,x", "0,0"])
+def test_doctor_blames_the_variable_not_torch(visible):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERIRL_")}
+    env["CUDA_VISIBLE_DEVICES"] = visible
+    result = subprocess.run(
+        [sys.executable, "-m", "verirl", "doctor"],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode != 0, result.stderr
+    assert "torch failed to load" not in result.stdout + result.stderr
+    assert f"CUDA_VISIBLE_DEVICES={visible!r}" in result.stderr

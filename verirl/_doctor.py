@@ -29,7 +29,7 @@ from verirl._secrets import redact_argv, redact_text, scrub
 from verirl._version import __version__
 from verirl.distenv import DistributedEnv
 from verirl.envserver import HttpEnvServerProbe
-from verirl.errors import VeriRLError
+from verirl.errors import ConfigError, VeriRLError
 from verirl.topology import TRL_GROUP_PORT, detect_gpu_count
 from verirl.vllm_server import VLLMServer
 
@@ -144,6 +144,9 @@ def examine(
         problems.append((EXIT_VLLM, f"vLLM launch: {launch}"))
     try:
         gpus = str(detect_gpu_count())
+    except ConfigError as exc:  # CUDA_VISIBLE_DEVICES that names no GPU: the variable's fault
+        gpus = f"unknown: {exc}"
+        problems.append((EXIT_ERROR, f"GPUs visible: {gpus}"))
     except Exception as exc:  # noqa: BLE001 - a broken torch install is a finding, not a crash
         gpus = f"unknown: torch failed to load ({type(exc).__name__}: {exc})"
         problems.append((EXIT_ERROR, f"GPUs visible: {gpus}"))
