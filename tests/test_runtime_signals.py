@@ -156,3 +156,29 @@ def test_a_signal_during_start_exits_at_once_despite_a_phase_still_waiting(signu
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+SIGNALLED_OFF_THE_MAIN_THREAD = SLOW_START.replace(
+    'print("waiting", flush=True)',
+    "threading.Event().wait(1)  # the main thread blocks in its wait meanwhile\n"
+    "        signal.pthread_kill(threading.get_ident(), SIGNUM)  # handled here, not in main",
+).replace("import signal, threading", "import signal, threading\nSIGNUM = %d")
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, -signal.SIGINT),
+                                              (signal.SIGTERM, 143)])  # fmt: skip
+def test_a_signal_another_thread_catches_during_start_still_ends_it(signum, code):
+    """A process-wide signal the kernel hands to a phase's thread, not to the waiting main one.
+
+    The C-level handler then only marks Python's handler as due; a main thread
+    blocked on a lock without a timeout would run it when the phase ends (here
+    after 120 s). The start-up wait wakes often enough to run it at once.
+    """
+    script = SIGNALLED_OFF_THE_MAIN_THREAD % (signum, find_free_port())
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        assert proc.wait(timeout=20) == code
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

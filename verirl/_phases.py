@@ -19,9 +19,21 @@ from typing import Any, ParamSpec, TypeVar
 
 import attrs
 
-__all__ = ["DaemonExecutor", "PhaseTiming", "Phases"]
+__all__ = ["SIGNAL_CHECK", "DaemonExecutor", "PhaseTiming", "Phases"]
 
 log = logging.getLogger("verirl.runtime")
+
+SIGNAL_CHECK = 0.2
+"""Seconds `Phases.wait` blocks at most before the interpreter may run a due signal handler.
+
+Python runs a handler (SIGTERM's ``SystemExit``, SIGINT's ``KeyboardInterrupt``)
+in the main thread, between two bytecodes. A lock wait without a timeout ends
+early only if the signal interrupts that very wait. When the kernel hands the
+signal to another thread (a download's worker), or it lands just before the
+main thread blocks (a loaded machine preempts it there), the handler is only
+marked as due, and would run when the last phase ends: for a download the Hub
+holds, a minute or more after the signal.
+"""
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
@@ -108,9 +120,12 @@ class Phases:
         """Every phase's timing once all are done; the first failure's error as soon as it fails."""
         pending: set[concurrent.futures.Future[Any]] = {*self._windows, self._cancelled}
         done: set[concurrent.futures.Future[Any]] = set()
-        # Woken by each phase that ends (or by `cancel`), until all are done or one failed.
+        # Woken by each phase that ends (or by `cancel`), until all are done or one failed;
+        # and every `SIGNAL_CHECK` seconds, so that a signal's handler runs (see there).
         while pending - {self._cancelled} and not any(f.exception() for f in done):
-            newly, pending = concurrent.futures.wait(pending, return_when=FIRST_COMPLETED)
+            newly, pending = concurrent.futures.wait(
+                pending, timeout=SIGNAL_CHECK, return_when=FIRST_COMPLETED
+            )
             done |= newly
             if self._cancelled in newly:
                 raise self._cancelled.exception()  # type: ignore[misc]
