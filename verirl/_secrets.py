@@ -162,7 +162,7 @@ _PARAM_WORDS = frozenset({"sig", "signature", "pwd", "pass", "jwt", "session", "
 # secret-like (X-Api-Key, Private-Token, X-Auth-Token); an auth scheme before the value is kept.
 _HEADER_NAME = re.compile(r"(?<![A-Za-z0-9_-])([A-Za-z][A-Za-z0-9_-]*)[ \t]*:[ \t]*")
 _HEADER_VALUE = re.compile(
-    r"((?:bearer|basic|token|digest|negotiate|apikey|dpop|hoba|mutual|ntlm)[ \t]+)?([^\s'\"]+)",
+    r"((?:bearer|basic|token|digest|negotiate|apikey|dpop|hoba|mutual|ntlm)\b[ \t]*)?([^\s'\"]*)",
     re.IGNORECASE,
 )
 _HEADER_NAMES = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
@@ -268,14 +268,14 @@ def _redact_split_line(arg: str, secrets: Sequence[str]) -> str:
     A word is judged without the quotes around it (``"--api-key`` is the flag,
     ``'HF_TOKEN=V`` the assignment) and shown as written unless it is hidden.
     """
+    arg = _redact_params(arg)  # a header or a query split over words (-H "Authorization: Bearer V)
     words = arg.split()
     bare = [word.strip(_QUOTES) or word for word in words]
-    redacted = _redact_words(bare, secrets)
+    redacted = _redact_words(bare, secrets, shell=False)  # no word of it is split again
     shown = [
         word if new == old else new for word, old, new in zip(words, bare, redacted, strict=True)
     ]
-    # A header or a query split over words (``-H "Authorization: Bearer V``) is found in the line.
-    return _redact_params(arg if shown == words else " ".join(shown))
+    return arg if shown == words else _redact_params(" ".join(shown))
 
 
 def _redact_shell_line(arg: str, secrets: Sequence[str]) -> str:
@@ -284,8 +284,8 @@ def _redact_shell_line(arg: str, secrets: Sequence[str]) -> str:
     A line shlex cannot split (an unbalanced quote: ``# don't``) is split on
     white space instead: it is never returned unredacted.
     """
-    if not any(char.isspace() for char in arg):
-        return arg
+    if not any(char.isspace() or char in _QUOTES or char == "\\" for char in arg):
+        return arg  # a plain word: nothing to split or unquote
     try:
         words = shlex.split(arg)
     except ValueError:
@@ -296,7 +296,7 @@ def _redact_shell_line(arg: str, secrets: Sequence[str]) -> str:
     return arg if redacted == words else shlex.join(redacted)
 
 
-def _redact_words(argv: Sequence[str], secrets: Sequence[str]) -> list[str]:
+def _redact_words(argv: Sequence[str], secrets: Sequence[str], *, shell: bool = True) -> list[str]:
     shown: list[str] = []
     hide_next = False
     for arg in argv:
@@ -313,7 +313,9 @@ def _redact_words(argv: Sequence[str], secrets: Sequence[str]) -> list[str]:
         if equals and _ASSIGNMENT.fullmatch(name) and _secret_name(name):
             shown.append(f"{name}={HIDDEN}")  # HF_TOKEN=V, as `env` and a shell take it
             continue
-        shown.append(redact_text(_redact_shell_line(arg, secrets)))
+        # a header or query first, whole: split, "Authorization: Bearer V" would lose its name
+        text = _redact_params(arg)
+        shown.append(redact_text(_redact_shell_line(text, secrets) if shell else text))
     return shown
 
 
