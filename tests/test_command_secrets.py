@@ -4,10 +4,17 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import subprocess
+import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from verirl import ConfigError, TrainingRuntime, VLLMServer
+from verirl import ConfigError, HttpEnvServerProbe, TrainingRuntime, VLLMServer
+from verirl._secrets import HIDDEN, redact_argv, redact_text, shown_command
 from verirl.cli import main
 
 SECRET = "sk-SECRETvalue42"
@@ -92,3 +99,226 @@ def test_from_settings_never_shows_a_secret_of_vllm_command(no_settings, command
     with pytest.raises(ConfigError) as caught:
         TrainingRuntime.from_settings(gpu_count=2, model="m", vllm_command=command)
     assert SECRET not in str(caught.value)
+
+
+# ---------------------------------------------------------------- a hostile review's leaks
+# Each of these reached a log line or an error before: an unbalanced quote in a shell line, an
+# abbreviated secret flag (argparse takes --api-k for --api-key), an HTTP header's credential,
+# a secret in a URL's query. Secrets are open-ended: a token's alphabet, any length.
+
+token = st.text(
+    st.sampled_from("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.~+/="),
+    min_size=8, max_size=40,
+).map(lambda s: "S3cr" + s)  # fmt: skip
+SECRET_FLAGS = ["--api-key", "--hub-token", "--token", "--password", "--secret", "--access-token",
+                "--api_key", "--hub_token", "--access_token"]  # fmt: skip
+ABBREVIATIONS = sorted({flag[:end] for flag in SECRET_FLAGS for end in range(4, len(flag) + 1)})
+PLAIN_FLAGS = ["--top-k", "--max-tokens", "--port", "--tokenizer", "--tokenizer-mode", "--seed",
+               "--path", "--model", "--max-model-len", "--served-model-name", "--host"]  # fmt: skip
+HEADERS = [
+    "Authorization: Bearer {v}",
+    "authorization:bearer {v}",
+    "Authorization: Basic {v}",
+    "AUTHORIZATION: Token {v}",
+    "Proxy-Authorization: Bearer {v}",
+    "Authorization: {v}",
+    "X-Api-Key: {v}",
+    "x-auth-token:{v}",
+    "Private-Token: {v}",
+]
+QUERY_NAMES = ["token", "access_token", "api_key", "apikey", "key", "sig", "signature",
+               "password", "secret", "auth", "client_secret", "X-Amz-Signature",
+               "X-Amz-Credential", "X-Amz-Security-Token", "refresh_token", "id_token"]  # fmt: skip
+UNBALANCED = [" # don't", ' "oops', " 'x", " it's", ' a"b']
+
+
+def _shell_forms(value: str) -> list[str]:
+    """Shell lines (``sh -c LINE``) that carry ``value`` in each way a secret travels."""
+    return [
+        f"true --api-key {value}",
+        f"true --api-key={value}",
+        f"HF_TOKEN={value} true",
+        f"true --api-k {value}",
+        f"true --hub_t={value}",
+        f"curl -H 'Authorization: Bearer {value}' http://h/",
+        f'curl -H "X-Api-Key: {value}" http://h/',
+        f"curl 'http://h/x?a=1&token={value}'",
+        f"curl http://u:{value}@h/x",
+    ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=token,
+    form=st.integers(0, 8),
+    tail=st.sampled_from(UNBALANCED),
+    head=st.sampled_from(["", "echo hi; ", "cd /x && "]),
+)
+def test_a_shell_line_whose_quotes_do_not_balance_never_shows_its_secret(value, form, tail, head):
+    line = head + _shell_forms(value)[form] + tail
+    with pytest.raises(ValueError):
+        shlex.split(line)  # the case shlex cannot split
+    for shown in (
+        shlex.join(redact_argv(["sh", "-c", line])),
+        shlex.join(redact_argv(["bash", "-lc", line, "--"])),
+        " ".join(redact_argv([line])),
+        str(shown_command(line)),
+        str(shown_command(["sh", "-c", line])),
+    ):
+        assert value not in shown, (line, shown)
+        assert HIDDEN in shown or "***@" in shown
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=token,
+    flag=st.sampled_from(ABBREVIATIONS),
+    upper=st.booleans(),
+    equals=st.booleans(),
+    before=st.lists(st.sampled_from(["serve", "--port", "9", "-v", "--top-k", "5"]), max_size=4),
+)
+def test_an_abbreviated_secret_flag_hides_its_value(value, flag, upper, equals, before):
+    flag = flag.upper() if upper else flag
+    words = [f"{flag}={value}"] if equals else [flag, value]
+    argv = [*before, *words]
+    shown = redact_argv(argv)
+    assert value not in shlex.join(shown)
+    assert shown[: len(before)] == before
+    assert value not in str(shown_command(shlex.join(argv)))
+    assert value not in shlex.join(redact_argv(["sh", "-c", shlex.join(argv)]))
+
+
+def test_the_abbreviation_rule_hides_only_prefixes_of_secret_flags():
+    # as written, a prefix of a secret flag, 4 characters or more (dashes included)
+    for flag in ["--ap", "--api", "--api-k", "--hub-t", "--pass", "--acc", "--sec", "--api_k",
+                 "--to", "--tok", "--toke"]:  # fmt: skip
+        assert redact_argv([flag, "V4lue"]) == [flag, HIDDEN], flag
+    # --tok also abbreviates --tokenizer (argparse: ambiguous where both exist): hidden anyway
+    for flag in [*PLAIN_FLAGS, "--a", "--", "-t", "--tokenizer=x", "--api-server-count"]:
+        assert redact_argv([flag, "V4lue"]) == [flag, "V4lue"], flag
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=token, header=st.sampled_from(HEADERS), flag=st.sampled_from(["-H", "--header"]))
+def test_a_header_credential_is_hidden(value, header, flag):
+    text = header.format(v=value)
+    for shown in (
+        shlex.join(redact_argv(["curl", flag, text, "http://h/"])),
+        shlex.join(redact_argv(["curl", f"{flag}={text}", "http://h/"])),
+        shlex.join(redact_argv(["sh", "-c", shlex.join(["curl", flag, text, "http://h/"])])),
+        shlex.join(redact_argv(["sh", "-c", f'curl {flag} "{text}" # don\'t'])),
+        str(shown_command(f'curl {flag} "{text}" http://h/')),
+        str(shown_command(f'curl {flag} "{text}')),
+        redact_text(f"request failed: {text}"),
+    ):
+        assert value not in shown, shown
+        assert HIDDEN in shown
+    if " " in header.split(":", 1)[1].strip():  # the scheme stays: what kind of credential it was
+        scheme = header.split(":", 1)[1].split()[0]
+        assert scheme in redact_text(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=token,
+    name=st.sampled_from(QUERY_NAMES),
+    sep=st.sampled_from(["?", "#"]),
+    before=st.lists(st.sampled_from(["a=1", "page=2", "x", "next=a?b"]), max_size=3),
+    after=st.lists(st.sampled_from(["b=2", "format=json"]), max_size=2),
+    userinfo=st.booleans(),
+)
+def test_a_secret_query_parameter_is_hidden(*, value, name, sep, before, after, userinfo):
+    query = "&".join([*before, f"{name}={value}", *after])
+    url = f"http://{'u:pw@' if userinfo else ''}127.0.0.1:1/x{sep}{query}"
+    for shown in (
+        redact_text(url),
+        redact_text(f"GET {url} failed"),
+        shlex.join(redact_argv(["curl", url])),
+        shlex.join(redact_argv(["python", "t.py", f"--endpoint={url}"])),
+        shlex.join(redact_argv(["sh", "-c", f"curl '{url}' # don't"])),
+        str(shown_command(f"curl {shlex.quote(url)}")),
+    ):
+        assert value not in shown, shown
+        assert f"{name}={HIDDEN}" in shown
+    assert "u:pw" not in redact_text(url)  # the password goes too
+
+
+def test_a_plain_query_stays_readable():
+    assert redact_text("http://h:1/x?page=2&format=json") == "http://h:1/x?page=2&format=json"
+    assert redact_text("Content-Type: application/json") == "Content-Type: application/json"
+    assert redact_argv(["--tokenizer", "t", "--max-tokens", "9"]) == [
+        "--tokenizer", "t", "--max-tokens", "9"]  # fmt: skip
+
+
+LEAKY = "sk-LEAKYvalue77"
+
+
+@pytest.mark.parametrize(
+    "extra_args",
+    [
+        ["--port", "9", f'sh -c "x --api-key {LEAKY} # don\'t"'],
+        [f"x --api-key {LEAKY} # don't", 7],
+        ["--api-k", LEAKY, 7],
+        ["--hub-t", LEAKY, "\x00"],
+        ["-H", f"Authorization: Bearer {LEAKY}", 7],
+        [f"--url=http://h/?token={LEAKY}", 7],
+    ],
+    ids=["unbalanced-port", "unbalanced", "abbreviated", "abbreviated-null", "header", "query"],
+)
+def test_the_library_error_never_shows_these_secrets(extra_args):
+    with pytest.raises(ConfigError) as caught:
+        VLLMServer("m", extra_args=extra_args)
+    assert LEAKY not in str(caught.value)
+    assert LEAKY not in repr(caught.value.value)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["wait-env", f"http://127.0.0.1:1/?token={LEAKY}"],
+        ["wait-env", f"http://127.0.0.1:1/x?a=1&api_key={LEAKY}"],
+        ["wait-env", f"http://127.0.0.1:1/#access_token={LEAKY}"],
+        ["wait-env", "--json", f"http://127.0.0.1:1/?sig={LEAKY}"],
+        ["launch", "--gpus", "1", "--env-url", f"http://127.0.0.1:1/?token={LEAKY}", "--", "true"],
+        ["launch", "--gpus", "1", "--hub-endpoint", f"http://h/?token={LEAKY}", "--", "true"],
+    ],
+)
+def test_a_url_error_never_shows_a_query_secret(capsys, no_settings, monkeypatch, argv):
+    monkeypatch.delenv("VERIRL_HUB_REPO_ID", raising=False)
+    code, out, err = _run_leaky(capsys, argv)
+    assert code == 2
+    assert HIDDEN in out + err
+
+
+def _run_leaky(capsys, argv):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert LEAKY not in out + err, (argv, out, err)
+    return code, out, err
+
+
+def test_the_probe_never_shows_a_query_secret():
+    with pytest.raises(ConfigError) as caught:
+        HttpEnvServerProbe(f"http://127.0.0.1:1/?token={LEAKY}")
+    assert LEAKY not in str(caught.value) + repr(caught.value.value)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["sh", "-c", f"true --api-key {LEAKY} # don't"],
+        [sys.executable, "-c", "pass", "--api-k", LEAKY],
+        [sys.executable, "-c", "pass", "-H", f"Authorization: Bearer {LEAKY}"],
+        [sys.executable, "-c", "pass", f"http://h/x?token={LEAKY}"],
+    ],
+    ids=["unbalanced", "abbreviated", "header", "query"],
+)
+def test_launch_running_line_never_shows_these_secrets(command):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERIRL_")}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "verirl", "-v", "launch", "--gpus", "1", "--", *command],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert "running" in result.stderr, result.stderr
+    assert LEAKY not in result.stderr + result.stdout

@@ -290,7 +290,7 @@ class HubCheckpointSource:
         while url is not None:
             if url in seen or len(seen) >= _MAX_TREE_PAGES:
                 msg = f"cannot list {self.description}: the tree listing does not end"
-                raise CheckpointSourceError(msg) from ValueError(url)
+                raise CheckpointSourceError(msg) from ValueError(redact_url(url))
             seen.add(url)
             response = get_session().get(url, headers=headers, params=params, timeout=self.timeout)
             hf_raise_for_status(response)

@@ -367,7 +367,8 @@ def _api_server_argv(argv: list[str], module: str) -> list[str]:
                 model,
                 *argv[index + 4 :],
             ]
-    msg = f"trl's build_command no longer starts with `-m {_CLI_MODULE} serve MODEL`: {argv[:6]}"
+    shown = redact_argv(argv[:6])
+    msg = f"trl's build_command no longer starts with `-m {_CLI_MODULE} serve MODEL`: {shown}"
     raise VLLMServerError(msg)
 
 

@@ -15,6 +15,7 @@ import os
 import socket
 from collections.abc import Collection
 
+from verirl._secrets import redact_text
 from verirl.errors import ConfigError, PortInUseError, VLLMServerError
 
 __all__ = ["check_port_free", "connect_host", "find_free_port", "port_is_free", "url_host"]
@@ -48,7 +49,9 @@ def _bind_addresses(host: str, port: int) -> list[tuple[int, int, int, tuple[obj
     try:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
-        raise ConfigError.invalid("host", host, f"cannot be resolved ({exc.strerror})") from None
+        raise ConfigError.invalid(
+            "host", redact_text(host), f"cannot be resolved ({exc.strerror})"
+        ) from None
     unique = dict.fromkeys(
         (family, kind, proto, address) for family, kind, proto, _, address in found
     )
@@ -86,7 +89,7 @@ def check_port_free(host: str, port: int) -> None:
                     ) from exc
                 unavailable += 1
     if unavailable == len(addresses):
-        raise ConfigError.invalid("host", host, "is not an address of this machine")
+        raise ConfigError.invalid("host", redact_text(host), "is not an address of this machine")
 
 
 def port_is_free(port: int, *, host: str = "127.0.0.1") -> bool:

@@ -13,8 +13,8 @@ import base64
 import json
 import re
 import shlex
-from collections.abc import Iterable, Mapping, Sequence
-from urllib.parse import quote, quote_plus
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from urllib.parse import quote, quote_plus, unquote
 
 from verirl.errors import ConfigError
 
@@ -124,23 +124,94 @@ def _scrub_bytes(arg: object, secret: str) -> object:
 
 
 def redact_text(value: str) -> str:
-    """``value`` (a URL, a ``host``, any string a user gave) safe to echo: no ``user:password@``.
+    """``value`` (a URL, a ``host``, any string a user gave) safe to echo.
 
-    Everything before the *last* ``@`` goes, after the ``scheme://`` if the
-    value starts with one: ``http://u:pw@h:1/x`` gives ``http://***@h:1/x``,
-    ``u:pw@h`` gives ``***@h``. No attempt is made to find where a URL's
-    authority ends (a password may hold ``/``, ``?``, ``#`` or ``:``, and a
-    malformed value splits differently for every parser), so a value with an
-    ``@`` in its path is redacted too: over-redaction is accepted, a leak is
-    not. A value without ``@`` comes back unchanged. Use it on every
-    user-given string that may carry credentials before it goes into a
-    message, a log line or a repr.
+    Hidden: a URL's ``user:password@``, the value of a query or fragment
+    parameter named like a secret (``?token=V``, ``&api_key=V``,
+    ``#access_token=V``, ``?X-Amz-Signature=V``, ``?sig=V``: see
+    `_secret_param`), and the credential of an HTTP header that carries one
+    (``Authorization: Bearer V`` keeps its scheme, ``X-Api-Key: V``,
+    ``Cookie: V``) wherever it appears in ``value``.
+
+    For ``user:password@``, everything before the *last* ``@`` goes, after the
+    ``scheme://`` if the value starts with one: ``http://u:pw@h:1/x`` gives
+    ``http://***@h:1/x``, ``u:pw@h`` gives ``***@h``. No attempt is made to
+    find where a URL's authority ends (a password may hold ``/``, ``?``,
+    ``#`` or ``:``, and a malformed value splits differently for every
+    parser), so a value with an ``@`` in its path is redacted too:
+    over-redaction is accepted, a leak is not. Use it on every user-given
+    string that may carry credentials before it goes into a message, a log
+    line or a repr.
     """
+    value = _redact_params(value)
     if "@" not in value:
         return value
     match = _SCHEME.match(value)
     prefix = match.group(0) if match else ""
     return f"{prefix}***@{value.rpartition('@')[2]}"
+
+
+# A query or fragment parameter's name: it follows ?, &, ; or #. The value of a secret one runs
+# to the next & or # or white space (a ? ; or quote is taken in: hiding too much beats showing a
+# part). Names are found without consuming values, so "?a=b?token=V" still finds token.
+_PARAM_NAME = re.compile(r"(?<=[?&;#])([^=&#;?\s]+)=")
+_PARAM_VALUE = re.compile(r"[^&#\s]*")
+_PARAM_WORDS = frozenset({"sig", "signature", "pwd", "pass", "jwt", "session", "sessionid",
+                          "sid", "cookie", "code", "bearer"})  # fmt: skip
+# An HTTP header that carries a credential: Authorization or Cookie, or a name whose last word is
+# secret-like (X-Api-Key, Private-Token, X-Auth-Token); an auth scheme before the value is kept.
+_HEADER_NAME = re.compile(r"(?<![A-Za-z0-9_-])([A-Za-z][A-Za-z0-9_-]*)[ \t]*:[ \t]*")
+_HEADER_VALUE = re.compile(
+    r"((?:bearer|basic|token|digest|negotiate|apikey|dpop|hoba|mutual|ntlm)\b[ \t]*)?([^\s'\"]*)",
+    re.IGNORECASE,
+)
+_HEADER_NAMES = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
+# A credential after the Bearer scheme, wherever it stands (``--header=Bearer V``).
+_BEARER = re.compile(r"(?<![A-Za-z0-9_-])bearer[ \t]+", re.IGNORECASE)
+_BEARER_VALUE = re.compile(r"[^\s'\"]+")
+
+
+def _secret_param(name: str) -> bool:
+    """Whether a query parameter holds a secret (any word of its name is token, key, sig, …)."""
+    words = _WORD.findall(unquote(name).lower())
+    return any(word in _SECRET_WORDS or word in _PARAM_WORDS for word in words)
+
+
+def _secret_header(name: str) -> bool:
+    return name.lower() in _HEADER_NAMES or _secret_name(name)
+
+
+def _hide_after(
+    text: str,
+    names: re.Pattern[str],
+    secret: Callable[[str], bool],
+    values: re.Pattern[str],
+    group: int,
+) -> str:
+    """``text`` with ``values``' ``group`` hidden after each name (``names``) ``secret`` accepts.
+
+    Only a hidden value is consumed: a name inside another's shown value is still found.
+    """
+    shown: list[str] = []
+    position = 0
+    for found in names.finditer(text):
+        if found.start() < position or not secret(found.group(found.lastindex or 0)):
+            continue
+        value = values.match(text, found.end())
+        if value is None or not value.group(group) or value.group(group) == HIDDEN:
+            continue
+        shown += [text[position : value.start(group)], HIDDEN]
+        position = value.end(group)
+    return "".join([*shown, text[position:]])
+
+
+def _redact_params(value: str) -> str:
+    """``value`` without secret query parameters' values and header credentials."""
+    if "=" in value:
+        value = _hide_after(value, _PARAM_NAME, _secret_param, _PARAM_VALUE, 0)
+    if ":" in value:
+        value = _hide_after(value, _HEADER_NAME, _secret_header, _HEADER_VALUE, 2)
+    return _hide_after(value, _BEARER, lambda _: True, _BEARER_VALUE, 0)
 
 
 def redact_url(url: str) -> str:
@@ -154,32 +225,78 @@ _WORD = re.compile(r"[A-Za-z0-9]+")
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _secret_name(name: str) -> bool:
-    """Whether a flag or variable name holds a secret (its last word is token, key, …).
+# Flags that hold a secret, dashes for underscores: a flag written as a prefix of one of these
+# (argparse takes an unambiguous abbreviation: ``--api-k V`` is ``--api-key V``) holds it too.
+_SECRET_FLAGS = ("--api-key", "--api-token", "--hub-token", "--hf-token", "--token", "--secret",
+                 "--auth-token", "--access-token", "--password", "--passwd")  # fmt: skip
+_MIN_ABBREVIATION = 4  # "--ap": shorter ("--a", "--") abbreviates too many flags to mean one
 
-    ``--api-key``, ``--hf-token``, ``--hub_token``, ``HF_TOKEN``,
-    ``WANDB_API_KEY``, ``--password``: over-redaction (``--pad-token``) is
-    accepted, a leak is not.
+
+def _secret_name(name: str) -> bool:
+    """Whether a flag or variable name holds a secret.
+
+    Its last word is token, key, secret, password, … (``--api-key``,
+    ``--hf-token``, ``--hub_token``, ``HF_TOKEN``, ``WANDB_API_KEY``,
+    ``--password``), or it is a ``--`` flag of at least 4 characters (dashes
+    included) that, *as written*, is a prefix of a secret flag in
+    ``_SECRET_FLAGS`` (``_`` read as ``-``, any case), as argparse takes an
+    unambiguous abbreviation: ``--ap``, ``--api-k``, ``--hub-t``, ``--pass``,
+    ``--acc``, ``--sec``. The flag must be the shorter one: ``--tokenizer`` is
+    not a prefix of ``--token`` and is not secret, nor are ``--top-k``,
+    ``--max-tokens``, ``--port``, ``--seed``. ``--tok``/``--toke`` (a prefix of
+    both ``--token`` and ``--tokenizer``, which argparse calls ambiguous where
+    a parser has both) *are* hidden, like every short abbreviation of a secret
+    flag (``--to``, ``--pa``, ``--se``): over-redaction (``--pad-token``, an
+    abbreviation meant for another flag) is accepted, a leak is not.
     """
-    words = _WORD.findall(name.lower())
-    return bool(words) and words[-1] in _SECRET_WORDS
+    lowered = name.lower()
+    words = _WORD.findall(lowered)
+    if words and words[-1] in _SECRET_WORDS:
+        return True
+    if not lowered.startswith("--") or len(lowered) < _MIN_ABBREVIATION:
+        return False
+    flag = lowered.replace("_", "-")
+    return any(secret.startswith(flag) for secret in _SECRET_FLAGS)
+
+
+_QUOTES = "'\"`"
+
+
+def _redact_split_line(arg: str, secrets: Sequence[str]) -> str:
+    """A line whose quotes do not balance, redacted word by word on white space.
+
+    A word is judged without the quotes around it (``"--api-key`` is the flag,
+    ``'HF_TOKEN=V`` the assignment) and shown as written unless it is hidden.
+    """
+    arg = _redact_params(arg)  # a header or a query split over words (-H "Authorization: Bearer V)
+    words = arg.split()
+    bare = [word.strip(_QUOTES) or word for word in words]
+    redacted = _redact_words(bare, secrets, shell=False)  # no word of it is split again
+    shown = [
+        word if new == old else new for word, old, new in zip(words, bare, redacted, strict=True)
+    ]
+    return arg if shown == words else _redact_params(" ".join(shown))
 
 
 def _redact_shell_line(arg: str, secrets: Sequence[str]) -> str:
-    """A shell line (``sh -c '...'``) with its words redacted; any other word as it is."""
-    if not any(char.isspace() for char in arg):
-        return arg
+    """A shell line (``sh -c '...'``) with its words redacted; any other word as it is.
+
+    A line shlex cannot split (an unbalanced quote: ``# don't``) is split on
+    white space instead: it is never returned unredacted.
+    """
+    if not any(char.isspace() or char in _QUOTES or char == "\\" for char in arg):
+        return arg  # a plain word: nothing to split or unquote
     try:
         words = shlex.split(arg)
     except ValueError:
-        return arg
-    if len(words) < 2:  # noqa: PLR2004 - one word: nothing to split
+        return _redact_split_line(arg, secrets)
+    if words == [arg]:  # one word, nothing to unquote: nothing more to split
         return arg
     redacted = _redact_words(words, secrets)
     return arg if redacted == words else shlex.join(redacted)
 
 
-def _redact_words(argv: Sequence[str], secrets: Sequence[str]) -> list[str]:
+def _redact_words(argv: Sequence[str], secrets: Sequence[str], *, shell: bool = True) -> list[str]:
     shown: list[str] = []
     hide_next = False
     for arg in argv:
@@ -196,7 +313,9 @@ def _redact_words(argv: Sequence[str], secrets: Sequence[str]) -> list[str]:
         if equals and _ASSIGNMENT.fullmatch(name) and _secret_name(name):
             shown.append(f"{name}={HIDDEN}")  # HF_TOKEN=V, as `env` and a shell take it
             continue
-        shown.append(redact_text(_redact_shell_line(arg, secrets)))
+        # a header or query first, whole: split, "Authorization: Bearer V" would lose its name
+        text = _redact_params(arg)
+        shown.append(redact_text(_redact_shell_line(text, secrets) if shell else text))
     return shown
 
 
@@ -205,10 +324,13 @@ def redact_argv(argv: Iterable[str], *, secrets: Iterable[str | None] = ()) -> l
 
     Hidden: the value of a flag named like a secret (``--api-key V``,
     ``--hub_token=V``, ``--password V``: the last word of the name is token,
-    key, secret, password, …), of a ``NAME=V`` assignment named so
-    (``HF_TOKEN=V``), the same inside a shell line (``sh -c '...'``), a URL's
-    ``user:password@``, and every form of each of ``secrets`` (the Hub token
-    verirl was given) wherever it appears.
+    key, secret, password, …; or an abbreviation such as ``--api-k V``: see
+    `_secret_name`), of a ``NAME=V`` assignment named so (``HF_TOKEN=V``), the
+    same inside a shell line (``sh -c '...'``, split on white space when its
+    quotes do not balance), what `redact_text` hides (a URL's
+    ``user:password@``, ``?token=V``, ``Authorization: Bearer V``), and every
+    form of each of ``secrets`` (the Hub token verirl was given) wherever it
+    appears.
     """
     known = [secret for secret in secrets if secret]
     shown = _redact_words(list(argv), known)
@@ -241,7 +363,7 @@ def shown_command(value: object) -> object:
         try:
             words = shlex.split(value)
         except ValueError:
-            words = value.split()
+            return _redact_split_line(value, [])
         return " ".join(redact_argv(words))
     if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
         return type(value)(redact_argv(value))

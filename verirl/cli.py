@@ -70,7 +70,7 @@ from verirl._cli_output import (
 )
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT
 from verirl._net import url_host
-from verirl._secrets import HIDDEN, redact_argv, secrets_in_environ, shown_command
+from verirl._secrets import HIDDEN, redact_argv, redact_text, secrets_in_environ, shown_command
 from verirl._serve_args import own_flag, own_flag_reason
 from verirl._settings import Settings, split_args, split_command
 from verirl._signals import SIGTERM_POLICY, exit_on_sigterm, sigterm_pending
@@ -274,7 +274,7 @@ def _refuse_unused(args: argparse.Namespace) -> None:
             value = getattr(args, dest, None)
             if value is not None:
                 why = "not used without a Hub repo: pass --hub-repo or set VERIRL_HUB_REPO_ID"
-                raise ConfigError.invalid(flag, value, why)
+                raise ConfigError.invalid(flag, redact_text(str(value)), why)  # a URL's password
 
 
 _SERVER_ONLY = ("model", "vllm_command", "vllm_args", "log_dir", "vllm_port",
@@ -610,7 +610,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         flag = (
             "--vllm-host" if args.vllm_host is not None else Settings.variable("vllm_remote_host")
         )
-        raise ConfigError.invalid(flag, topology.remote_host, "serve starts a local server")
+        raise ConfigError.invalid(
+            flag, redact_text(topology.remote_host), "serve starts a local server"
+        )
     if not topology.is_local_server:
         reason = (
             "serve needs a local server-mode topology: 2 or more GPUs, mode auto or server "
