@@ -190,6 +190,9 @@ class Scene:
         launch.append("--")
         # a launch inside launch: the recorder in the inner launch's command group
         commands["nested-launch"] = [*launch, py, *recorder]
+        # ... or the middle's child of the inner launch's command (its own group, no marker)
+        for mode in ("ignore", "die"):
+            commands[f"nested-{mode}-middle-waits"] = [*launch, *commands[f"{mode}-middle-waits"]]
         argv = [*launch, *commands[shape]]
         with self.stderr_path.open("w") as sink:  # a file: an orphan holding a pipe cannot hang us
             self.proc = subprocess.Popen(
@@ -354,3 +357,17 @@ def test_a_signal_reaches_a_child_in_its_own_group_without_environment_exactly_o
     assert scene.signals() == [sig.name], scene.stderr  # once: not lost, not doubled
     assert code in (128 + sig, 0), scene.stderr
     assert ("outlived" in scene.stderr) == (middle == "ignore"), scene.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("middle", ["ignore", "die"])
+def test_a_signal_reaches_an_unmarked_child_under_a_nested_launch_exactly_once(
+    scenes: Callable[..., Scene], middle: str, sig: signal.Signals
+) -> None:
+    scene = scenes(f"nested-{middle}-middle-waits", _grace(middle))
+    scene.wait_for(scene.armed.exists, "the middle process")
+    scene.proc.send_signal(sig)
+    scene.proc.wait(timeout=DEADLINE * 3)
+    assert not scene.survivors(timeout=1), scene.stderr
+    # from the inner launch alone, which finds it below its command's job
+    assert scene.signals() == [sig.name], scene.stderr

@@ -36,7 +36,8 @@ passing it on, launch does): a rank of
 torchrun (``TORCHELASTIC_RUN_ID`` in its environment) while its parent lives,
 as torchrun forwards the signal to the ranks it started in sessions of their
 own, and a rank stops what it started; and a process of a nested ``verirl
-launch`` (a marker after ours in its environment) while that inner launch
+launch`` (a marker after ours in its environment, or, for one that dropped
+its environment, such a launch among its ancestors) while that inner launch
 lives, as it passes the signal on to its own command the same way. Each
 time all those signalled are gone within the grace, launch looks again: a
 process found then (an orphan adopted once its parent died of the signal, or
@@ -136,13 +137,13 @@ def _launch_pid(marker: str) -> int | None:
     return int(pid) if pid.isdigit() else None
 
 
-def _marked(process: psutil.Process, marker: str) -> bool:
-    """Whether ``process``'s environment carries ``marker`` (it descends from the command)."""
+def _markers(process: psutil.Process) -> list[str]:
+    """The launch markers in ``process``'s environment, outermost first."""
     try:
         value = process.environ().get(LAUNCH_MARKER_VAR, "")
     except (psutil.Error, OSError):
-        return False
-    return marker in value.split(",")
+        return []
+    return value.split(",") if value else []
 
 
 class _Command:
@@ -171,6 +172,7 @@ class _Command:
         self.seen: dict[int, psutil.Process] = {}
         self.pending: list[psutil.Process] = []  # left to a parent of the command to signal
         self.signum: int = signal.SIGTERM
+        self.inner: set[int] = set()  # pids of nested launches, named in markers after ours
         self.signalled: set[psutil.Process] = set()  # got self.signum (or left to a forwarder)
         try:
             self.leader: psutil.Process | None = psutil.Process(child.pid)
@@ -222,7 +224,20 @@ class _Command:
 
     def _found(self, process: psutil.Process, me: int) -> bool:
         """Whether ``process`` is the command's: in its group, an adopted orphan, or marked."""
-        return self.in_group(process) or self._adopted(process, me) or _marked(process, self.marker)
+        if self.in_group(process) or self._adopted(process, me):
+            self._note_inner_launches(_markers(process))
+            return True
+        return self._note_inner_launches(_markers(process))
+
+    def _note_inner_launches(self, markers: list[str]) -> bool:
+        """Whether ``markers`` carry ours; the launches named after it go to ``inner``."""
+        if self.marker not in markers:
+            return False
+        for marker in markers[markers.index(self.marker) + 1 :]:
+            pid = _launch_pid(marker)
+            if pid is not None:
+                self.inner.add(pid)
+        return True
 
     def _adopted(self, process: psutil.Process, me: int) -> bool:
         """Whether ``process`` is an orphan of the command reparented to launch (the subreaper)."""
@@ -257,6 +272,8 @@ class _Command:
             environ = process.environ()
             if self._under_inner_launch(process, environ.get(LAUNCH_MARKER_VAR, "")):
                 return True
+            if self._below_inner_launch(process):
+                return True
             parent = process.ppid()
             if "TORCHELASTIC_RUN_ID" not in environ:
                 return False
@@ -285,6 +302,23 @@ class _Command:
             with contextlib.suppress(psutil.Error, OSError):
                 if inner is None or inner.create_time() <= process.create_time():
                     return True
+        return False
+
+    def _below_inner_launch(self, process: psutil.Process) -> bool:
+        """Whether a live inner ``verirl launch`` is an ancestor of ``process`` (marked or not).
+
+        That launch finds it (below its command, as its orphan, or below a
+        process of its own command) and passes the signal on to it.
+        """
+        me = os.getpid()
+        with contextlib.suppress(psutil.Error, OSError):
+            parent = process.parent()
+            for _ in range(256):  # a bound, should the tree change under the walk
+                if parent is None or parent.pid in (me, 0, 1):
+                    return False
+                if parent.pid in self.inner and _alive(parent):
+                    return True
+                parent = parent.parent()
         return False
 
     def _running(self, pid: int) -> bool:
