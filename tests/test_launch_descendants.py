@@ -54,6 +54,8 @@ def note(signum, _frame):
 
 signal.signal(signal.SIGINT, note)
 signal.signal(signal.SIGTERM, note)
+# started with both blocked (by MIDDLE's "spawn"): a signal that came meanwhile is noted now
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 with open(ready + ".tmp", "w") as sink:
     sink.write(f"{os.getpid()} {os.getsid(0)} {os.getpgrp()}")
 os.replace(ready + ".tmp", ready)
@@ -98,16 +100,52 @@ signal.signal(signal.SIGTERM, forward)
 sys.exit(rank.wait())
 """
 
+MIDDLE = """
+import os, signal, subprocess, sys, threading, time
+# A job of the command, in its group, that starts the recorder in a group of its own
+# (setpgid, not setsid) with an empty environment: outside the command's group, no
+# marker, and not an orphan while this middle process lives.
+mode, armed, recorder = sys.argv[1], sys.argv[2], sys.argv[3:]
+
+def start():
+    subprocess.Popen([sys.executable, *recorder], preexec_fn=os.setpgrp, env={})
+    ready, deadline = recorder[-1], time.monotonic() + 60
+    while not os.path.exists(ready) and time.monotonic() < deadline:
+        threading.Event().wait(0.01)
+
+def spawn(_signum, _frame):
+    # blocked in the recorder until its handlers are set
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    start()
+    os._exit(0)
+
+if mode == "ignore":  # ignores SIGTERM and SIGINT: SIGKILL alone ends it
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    start()
+elif mode == "die":  # dies of the signal at once, its child orphaned then
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # sh started it ignoring SIGINT
+    start()
+else:  # "spawn": on the signal, starts the recorder, then exits
+    signal.signal(signal.SIGTERM, spawn)
+    signal.signal(signal.SIGINT, spawn)
+open(armed, "w").close()
+threading.Event().wait(300)
+"""
+
 
 class Scene:
     """One ``verirl launch`` of a command that starts a recorder somewhere below it."""
 
-    def __init__(self, tmp_path: Path, shape: str) -> None:
+    def __init__(self, tmp_path: Path, shape: str, grace: float = 20) -> None:
         for name, text in (("recorder", RECORDER), ("daemonize", DAEMONIZE),
-                           ("forwarder", FORWARDER)):  # fmt: skip
+                           ("forwarder", FORWARDER), ("middle", MIDDLE)):  # fmt: skip
             (tmp_path / f"{name}.py").write_text(textwrap.dedent(text))
+        self.tmp_path = tmp_path
         self.record = tmp_path / "signals"
         self.ready = tmp_path / "ready"
+        self.armed = tmp_path / "armed"
         self.stderr_path = tmp_path / "launch.err"
         recorder = [str(tmp_path / "recorder.py"), str(self.record), str(self.ready)]
         py = sys.executable
@@ -135,9 +173,26 @@ class Scene:
             # a parent that dies of the signal without passing it on
             "setsid-under-sh": ["sh", "-c", f"setsid {py} {' '.join(recorder)}; exit $?"],
         }
-        launch = [py, "-m", "verirl", "launch", "--gpus", "1", "--shutdown-timeout", "20", "--"]
+        wait_armed = (
+            f"i=0; while [ ! -e {self.armed} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done"
+        )
+        for mode in ("ignore", "die", "spawn"):
+            middle = f"{py} {tmp_path / 'middle.py'} {mode} {self.armed} {' '.join(recorder)}"
+            # the middle is a background job left running when the command exits ...
+            commands[f"{mode}-middle-exits"] = ["sh", "-c", f"{middle} & {wait_armed}; exit 0"]
+            # ... or an orphan of a subshell (adopted by launch) while the command runs
+            commands[f"{mode}-middle-waits"] = [
+                "sh",
+                "-c",
+                f"({middle} &); {wait_armed}; exec sleep 300",
+            ]
+        launch = [py, "-m", "verirl", "launch", "--gpus", "1", "--shutdown-timeout", f"{grace:g}"]
+        launch.append("--")
         # a launch inside launch: the recorder in the inner launch's command group
         commands["nested-launch"] = [*launch, py, *recorder]
+        # ... or the middle's child of the inner launch's command (its own group, no marker)
+        for mode in ("ignore", "die"):
+            commands[f"nested-{mode}-middle-waits"] = [*launch, *commands[f"{mode}-middle-waits"]]
         argv = [*launch, *commands[shape]]
         with self.stderr_path.open("w") as sink:  # a file: an orphan holding a pipe cannot hang us
             self.proc = subprocess.Popen(
@@ -166,10 +221,27 @@ class Scene:
             self.recorder = psutil.Process(pid)
         return session, group
 
+    def survivors(self, timeout: float) -> list[psutil.Process]:
+        """The scene's processes (``tmp_path`` in their command line) alive after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = []
+            for process in psutil.process_iter(["cmdline", "status"]):
+                if process.info["status"] == psutil.STATUS_ZOMBIE or process.pid == os.getpid():
+                    continue
+                if any(str(self.tmp_path) in arg for arg in process.info["cmdline"] or ()):
+                    left.append(process)
+            if not left or time.monotonic() >= deadline:
+                return left
+            psutil.wait_procs([], timeout=0.05)
+
     def close(self) -> None:
         if self.recorder is not None:
             with contextlib.suppress(psutil.Error):
                 self.recorder.kill()
+        for process in self.survivors(timeout=0):
+            with contextlib.suppress(psutil.Error):
+                process.kill()
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -179,12 +251,12 @@ class Scene:
 
 
 @pytest.fixture
-def scenes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], Scene]]:
+def scenes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Scene]]:
     clear_verirl_env(monkeypatch, tmp_path)
     started: list[Scene] = []
 
-    def start(shape: str) -> Scene:
-        scene = Scene(tmp_path, shape)
+    def start(shape: str, grace: float = 20) -> Scene:
+        scene = Scene(tmp_path, shape, grace)
         started.append(scene)
         return scene
 
@@ -244,3 +316,58 @@ def test_a_signal_reaches_the_command_of_a_nested_launch_exactly_once(
     assert scene.signals() == [sig.name], scene.stderr  # from the inner launch alone
     assert code in (128 + sig, 0), scene.stderr
     assert "outlived" not in scene.stderr
+
+
+MIDDLES = ["ignore", "die", "spawn"]
+"""How the middle process meets SIGTERM/SIGINT: ignores it (and outlives the grace), dies of
+it (its child is adopted by launch then), or starts its child only then and exits."""
+
+
+def _grace(middle: str) -> float:
+    """Short where the middle outlives it anyway; long where nothing should."""
+    return 4 if middle == "ignore" else 20
+
+
+@pytest.mark.parametrize("middle", MIDDLES)
+def test_a_child_in_its_own_group_without_environment_under_a_leftover_gets_sigterm_once(
+    scenes: Callable[..., Scene], middle: str
+) -> None:
+    scene = scenes(f"{middle}-middle-exits", _grace(middle))
+    code = scene.proc.wait(timeout=DEADLINE * 3)
+    assert code == 0, scene.stderr  # the command's own code
+    assert scene.ready.exists(), scene.stderr  # the recorder ran
+    assert not scene.survivors(timeout=1), scene.stderr
+    assert scene.signals() == ["SIGTERM"], scene.stderr  # asked once, before any SIGKILL
+    assert "left" in scene.stderr
+    # SIGKILL only when a process really outlived the grace: the middle that ignores SIGTERM
+    assert ("outlived" in scene.stderr) == (middle == "ignore"), scene.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("middle", MIDDLES)
+def test_a_signal_reaches_a_child_in_its_own_group_without_environment_exactly_once(
+    scenes: Callable[..., Scene], middle: str, sig: signal.Signals
+) -> None:
+    scene = scenes(f"{middle}-middle-waits", _grace(middle))
+    scene.wait_for(scene.armed.exists, "the middle process")
+    scene.proc.send_signal(sig)
+    code = scene.proc.wait(timeout=DEADLINE * 3)
+    assert scene.ready.exists(), scene.stderr  # the recorder ran
+    assert not scene.survivors(timeout=1), scene.stderr
+    assert scene.signals() == [sig.name], scene.stderr  # once: not lost, not doubled
+    assert code in (128 + sig, 0), scene.stderr
+    assert ("outlived" in scene.stderr) == (middle == "ignore"), scene.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("middle", ["ignore", "die"])
+def test_a_signal_reaches_an_unmarked_child_under_a_nested_launch_exactly_once(
+    scenes: Callable[..., Scene], middle: str, sig: signal.Signals
+) -> None:
+    scene = scenes(f"nested-{middle}-middle-waits", _grace(middle))
+    scene.wait_for(scene.armed.exists, "the middle process")
+    scene.proc.send_signal(sig)
+    scene.proc.wait(timeout=DEADLINE * 3)
+    assert not scene.survivors(timeout=1), scene.stderr
+    # from the inner launch alone, which finds it below its command's job
+    assert scene.signals() == [sig.name], scene.stderr

@@ -26,17 +26,33 @@ left the group or the session (a daemon, torchrun's ranks) as well as its
 descendants; launch is also a child subreaper (Linux) and checks the
 command's process group, so a process that dropped its environment
 (``env -i``, ``setsid env -i``) is still found, as a member of the group or as
-an orphan reparented to launch. On a signal, each process of the command gets it once: the group
-by ``killpg``; a process outside the group (a daemon, a ``setsid`` child) gets
-it from launch, except a process that a live process of the command passes
-it on to (should that one die without passing it on, launch does): a rank of
+an orphan reparented to launch; and every descendant of a process found
+(a child that set up a group of its own and dropped its environment under a
+parent that still lives) is found too. On a signal, each process of the
+command gets it once: the group by ``killpg``; a process outside the group
+(a daemon, a ``setsid`` child) gets it from launch, except a process that
+a live process of the command passes it on to (should that one die without
+passing it on, launch does): a rank of
 torchrun (``TORCHELASTIC_RUN_ID`` in its environment) while its parent lives,
 as torchrun forwards the signal to the ranks it started in sessions of their
 own, and a rank stops what it started; and a process of a nested ``verirl
-launch`` (a marker after ours in its environment) while that inner launch
-lives, as it passes the signal on to its own command the same way. After the grace,
-whatever is left is SIGKILLed. When the command exits on its own, what it
-left running gets SIGTERM the same way, the grace, then SIGKILL.
+launch`` (a marker after ours in its environment, or, for one that dropped
+its environment, such a launch among its ancestors) while that inner launch
+lives, as it passes the signal on to its own command the same way. Each
+time all those signalled are gone within the grace, launch looks again: a
+process found then (an orphan adopted once its parent died of the signal, or
+one started since) gets the same signal once, from launch, and the rest of
+the grace; a process that got it is never sent it again
+(each is known by pid and creation time). After the grace, whatever is left
+is SIGKILLed, and launch keeps looking (a few seconds at most) until a look
+finds nothing new, as a killed parent's orphans are only reparented to launch
+once it is gone. When the command exits on its own, what it left running
+gets SIGTERM the same way, the grace, then SIGKILL.
+
+A known limit: launch cannot tell that some other parent passes signals on to
+a child it started outside the group (in a session or group of its own), so
+such a child gets the signal twice, once from launch and once from its
+parent; only torchrun's ranks and a nested launch's command are recognised.
 
 The server watchdog (`verirl._watchdog`) reaches the main thread here the
 same way a SIGTERM does, as the policy's interrupt: its `VLLMServerError`
@@ -49,6 +65,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import secrets
@@ -71,6 +88,8 @@ log = logging.getLogger(__name__)
 _STOPPING = (signal.SIGINT, signal.SIGTERM)
 _REAP_WAIT = 1.0
 """Seconds to wait for the adopted orphans launch signalled to end, to reap them."""
+_KILL_WAIT = 3.0
+"""Seconds the final SIGKILL looks again for processes of the command (orphans adopted late)."""
 
 LAUNCH_MARKER_VAR = "VERIRL_LAUNCH_MARKER"
 """In the command's environment: comma-separated markers, one per enclosing ``verirl launch``."""
@@ -118,13 +137,13 @@ def _launch_pid(marker: str) -> int | None:
     return int(pid) if pid.isdigit() else None
 
 
-def _marked(process: psutil.Process, marker: str) -> bool:
-    """Whether ``process``'s environment carries ``marker`` (it descends from the command)."""
+def _markers(process: psutil.Process) -> list[str]:
+    """The launch markers in ``process``'s environment, outermost first."""
     try:
         value = process.environ().get(LAUNCH_MARKER_VAR, "")
     except (psutil.Error, OSError):
-        return False
-    return marker in value.split(",")
+        return []
+    return value.split(",") if value else []
 
 
 class _Command:
@@ -153,35 +172,72 @@ class _Command:
         self.seen: dict[int, psutil.Process] = {}
         self.pending: list[psutil.Process] = []  # left to a parent of the command to signal
         self.signum: int = signal.SIGTERM
+        self.inner: set[int] = set()  # pids of nested launches, named in markers after ours
+        self.signalled: set[psutil.Process] = set()  # got self.signum (or left to a forwarder)
         try:
             self.leader: psutil.Process | None = psutil.Process(child.pid)
         except psutil.Error:
             self.leader = None
 
     def collect(self) -> list[psutil.Process]:
-        """The command's processes alive now (the command itself left out), remembered."""
-        found: list[psutil.Process] = []
-        if self.leader is not None and self.child.returncode is None:
-            with contextlib.suppress(psutil.Error):
-                found += self.leader.children(recursive=True)
+        """The command's processes alive now (the command itself left out), remembered.
+
+        Found: the members of the command's group, the orphans adopted by
+        launch, the processes carrying the marker, and every descendant of
+        those and of the command while it runs (a child that left the group
+        and cleared its environment under a parent that is still alive).
+        """
         me = os.getpid()
+        found: dict[int, psutil.Process] = {}
+        children: dict[int, list[psutil.Process]] = {}
         for process in psutil.process_iter():
             try:
-                if process.pid in (me, self.child.pid) or process.create_time() < self.since:
+                if process.pid == me or process.create_time() < self.since:
                     continue
+                children.setdefault(process.ppid(), []).append(process)
             except (psutil.Error, OSError):
                 continue
-            if (
-                self.in_group(process)
-                or self._adopted(process, me)
-                or _marked(process, self.marker)
-            ):
-                found.append(process)
-        for process in found:
+            if process.pid != self.child.pid and self._found(process, me):
+                found[process.pid] = process
+        roots = list(found)
+        if self.leader is not None and self.child.returncode is None:
+            roots.append(self.child.pid)
+        self._add_descendants(found, roots, children)
+        for process in found.values():
             known = self.seen.get(process.pid)
             if known is None or not _alive(known):
                 self.seen[process.pid] = process
         return [process for process in self.seen.values() if _alive(process)]
+
+    def _add_descendants(
+        self,
+        found: dict[int, psutil.Process],
+        roots: list[int],
+        children: dict[int, list[psutil.Process]],
+    ) -> None:
+        """Add to ``found`` the descendants of ``roots`` (pids), from one scan's ``children``."""
+        while roots:
+            for process in children.get(roots.pop(), ()):
+                if process.pid not in found and process.pid != self.child.pid:
+                    found[process.pid] = process
+                    roots.append(process.pid)
+
+    def _found(self, process: psutil.Process, me: int) -> bool:
+        """Whether ``process`` is the command's: in its group, an adopted orphan, or marked."""
+        if self.in_group(process) or self._adopted(process, me):
+            self._note_inner_launches(_markers(process))
+            return True
+        return self._note_inner_launches(_markers(process))
+
+    def _note_inner_launches(self, markers: list[str]) -> bool:
+        """Whether ``markers`` carry ours; the launches named after it go to ``inner``."""
+        if self.marker not in markers:
+            return False
+        for marker in markers[markers.index(self.marker) + 1 :]:
+            pid = _launch_pid(marker)
+            if pid is not None:
+                self.inner.add(pid)
+        return True
 
     def _adopted(self, process: psutil.Process, me: int) -> bool:
         """Whether ``process`` is an orphan of the command reparented to launch (the subreaper)."""
@@ -216,6 +272,8 @@ class _Command:
             environ = process.environ()
             if self._under_inner_launch(process, environ.get(LAUNCH_MARKER_VAR, "")):
                 return True
+            if self._below_inner_launch(process):
+                return True
             parent = process.ppid()
             if "TORCHELASTIC_RUN_ID" not in environ:
                 return False
@@ -246,6 +304,23 @@ class _Command:
                     return True
         return False
 
+    def _below_inner_launch(self, process: psutil.Process) -> bool:
+        """Whether a live inner ``verirl launch`` is an ancestor of ``process`` (marked or not).
+
+        That launch finds it (below its command, as its orphan, or below a
+        process of its own command) and passes the signal on to it.
+        """
+        me = os.getpid()
+        with contextlib.suppress(psutil.Error, OSError):
+            parent = process.parent()
+            for _ in range(256):  # a bound, should the tree change under the walk
+                if parent is None or parent.pid in (me, 0, 1):
+                    return False
+                if parent.pid in self.inner and _alive(parent):
+                    return True
+                parent = parent.parent()
+        return False
+
     def _running(self, pid: int) -> bool:
         """Whether ``pid`` is a live process of the command: the command itself, or one found."""
         if pid == self.child.pid:
@@ -264,15 +339,35 @@ class _Command:
         _signal_group(self.child, signum)
         self.signum = signum
         self.pending = []
+        self.signalled = set()
+        self._deliver(processes, grouped=True)
+        return processes
+
+    def signal_new(self) -> list[psutil.Process]:
+        """The signal passed on, once, to each process found since; all alive now.
+
+        A process found late (an orphan adopted once its parent died of the
+        signal, one started since) gets it from us, in the group or not,
+        unless a live process of the command passes it on; one that got it
+        already does not get it again.
+        """
+        processes = self.collect()
+        self._deliver(processes, grouped=False)
+        return processes
+
+    def _deliver(self, processes: list[psutil.Process], *, grouped: bool) -> None:
+        """The signal to each of ``processes`` not given it yet (``grouped``: after killpg)."""
         for process in processes:
-            if self.in_group(process):
+            if process in self.signalled:  # pid and creation time: a reused pid is another
+                continue
+            self.signalled.add(process)
+            if grouped and self.in_group(process):
                 continue
             if self.forwarded_by_parent(process):
                 self.pending.append(process)
                 continue
             with contextlib.suppress(psutil.Error):
-                process.send_signal(signum)  # psutil refuses a pid that was reused
-        return processes
+                process.send_signal(self.signum)  # psutil refuses a pid that was reused
 
     def pass_to_orphans(self) -> None:
         """The signal to each process left to a forwarder that died without passing it on.
@@ -290,16 +385,49 @@ class _Command:
                     process.send_signal(self.signum)
 
     def kill(self) -> None:
-        """SIGKILL the group and every process of the command still found."""
+        """SIGKILL the group and every process of the command found, until none is new.
+
+        A killed parent's orphans are reparented to launch only once it is
+        gone, so after each round launch waits for what it killed to die (at
+        most `_KILL_WAIT` s in all), looks again, and kills what is new.
+        """
         with contextlib.suppress(OSError):
             os.killpg(self.child.pid, signal.SIGKILL)
         with contextlib.suppress(OSError):
             if self.child.returncode is None:
                 self.child.kill()
+        deadline = time.monotonic() + _KILL_WAIT
+        killed: set[psutil.Process] = set()
         with contextlib.suppress(Exception):
-            for process in self.collect():
-                with contextlib.suppress(psutil.Error):
-                    process.kill()
+            for round_ in itertools.count():
+                fresh = [process for process in self.collect() if process not in killed]
+                if not fresh and round_:
+                    return
+                for process in fresh:
+                    killed.add(process)
+                    with contextlib.suppress(psutil.Error):
+                        process.kill()
+                if not self._wait_killed(killed, deadline):
+                    return
+
+    def _wait_killed(self, killed: Collection[psutil.Process], deadline: float) -> bool:
+        """Wait for the command and ``killed`` to die (zombies count); False at ``deadline``.
+
+        Launch's own children among them (adopted orphans) are reaped; the
+        command is left unreaped (`_reap` reads its exit status).
+        """
+        while True:
+            alive = [process for process in killed if _alive(process)]
+            if not alive and self.exited():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if alive:  # short steps: psutil waits on another's zombie until its timeout
+                with contextlib.suppress(psutil.Error, OSError):
+                    psutil.wait_procs(alive, timeout=min(left, 0.05))
+            else:  # the command alone, SIGKILLed: gone within milliseconds
+                time.sleep(min(left, 0.005))
 
     def exited(self) -> bool:
         """Whether the command itself has exited, without reaping it (its pid is the group id)."""
@@ -332,6 +460,18 @@ class _Command:
             time.sleep(min(delay, deadline - now))  # a signal interrupts it: "interrupted again"
             delay = min(delay * 2, 0.05)
         return True
+
+    def wait_rounds(self, processes: list[psutil.Process], deadline: float) -> bool:
+        """Wait until the command and all its processes are gone; False at the deadline.
+
+        Each time those awaited are gone, launch looks again: a process found
+        then gets the signal once (`signal_new`), and the wait goes on.
+        """
+        while self.wait_gone(processes, deadline):
+            processes = self.signal_new()
+            if not processes:
+                return True
+        return False
 
 
 def _alive(process: psutil.Process) -> bool:
@@ -384,9 +524,10 @@ def _stop_command(
                 child.pid,
                 grace,
             )
-            if not tracked.wait_gone(processes, deadline):
+            # a process found meanwhile (an orphan adopted as its parent died) gets it once too
+            if not tracked.wait_rounds(processes, deadline):
                 raise subprocess.TimeoutExpired(child.args, grace)  # noqa: TRY301 - handled below
-            stopped = not tracked.collect()  # anything started meanwhile: SIGKILL below
+            stopped = True
         except subprocess.TimeoutExpired:
             log.warning("the training command outlived its %gs grace: sending SIGKILL", grace)
         except (KeyboardInterrupt, SystemExit):  # a second Ctrl-C, or SIGTERM after a Ctrl-C
@@ -425,7 +566,7 @@ def _end_leftovers(command: _Command, grace: float) -> None:
     done = False
     try:
         processes = command.signal_once(signal.SIGTERM)
-        done = command.wait_gone(processes, time.monotonic() + grace) and not command.collect()
+        done = command.wait_rounds(processes, time.monotonic() + grace)
         if not done:
             log.warning("processes of the training command outlived the grace: sending SIGKILL")
     finally:
