@@ -249,3 +249,38 @@ def test_a_second_sigterm_in_the_grace_is_ignored_and_not_passed_on(
     code = launch.release()
     assert code == 143, launch.stderr
     assert launch.signals() == ["SIGTERM"], launch.stderr
+
+
+ANOTHER_THREAD_TAKES_IT = """
+import signal, sys, threading, time
+from pathlib import Path
+started = Path(sys.argv[1])
+
+def take_it():  # the kernel may hand a process-directed signal to any thread
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+threading.Thread(target=take_it, daemon=True).start()
+sys.argv = ["verirl", "launch", "--gpus", "1", "--mode", "colocate", "--shutdown-timeout", "20",
+            "--", sys.executable, "-c",
+            f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(120)"]
+from verirl.__main__ import run
+sys.exit(run())
+"""
+
+
+def test_a_sigterm_another_thread_of_launch_takes_is_still_passed_on(tmp_path: Path) -> None:
+    """Python runs the handler in the main thread, which waits for the command: not forever."""
+    started = tmp_path / "started"
+    begun = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", ANOTHER_THREAD_TAKES_IT, str(started)],
+        capture_output=True, text=True, timeout=110, check=False,
+    )  # fmt: skip
+    took = time.monotonic() - begun
+    assert result.returncode == 143, result.stderr[-2000:]
+    assert started.exists()
+    assert took < 60, (took, result.stderr[-2000:])  # the command sleeps 120 s unless signalled
+    assert "passed SIGTERM on to the training command" in result.stderr

@@ -69,14 +69,17 @@ import itertools
 import logging
 import os
 import secrets
+import select
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 
 import psutil
 
+from verirl._phases import SIGNAL_CHECK
 from verirl._process import death_signal_preexec, set_child_subreaper, spawn
 from verirl._secrets import redact_argv, secrets_in_environ
 from verirl.errors import VLLMServerError
@@ -442,12 +445,26 @@ class _Command:
         return info is not None
 
     def wait_exited(self) -> None:
-        """Block until the command exits, leaving it unreaped (a signal interrupts the wait)."""
-        if not hasattr(os, "waitid"):
-            self.child.wait()
-            return
-        with contextlib.suppress(ChildProcessError):
-            os.waitid(os.P_PID, self.child.pid, os.WEXITED | os.WNOWAIT)
+        """Block until the command exits, leaving it unreaped; a signal's handler runs meanwhile.
+
+        A wait with no timeout would hold a signal that another thread took, or
+        that came just before the wait began, until the command ends (see
+        `SIGNAL_CHECK`): launch would pass a preemption on only when it no
+        longer matters. So the wait wakes every `SIGNAL_CHECK` seconds, and at
+        once when the command exits (its pidfd becomes readable, on Linux).
+        """
+        pidfd = None
+        with contextlib.suppress(AttributeError, OSError):
+            pidfd = os.pidfd_open(self.child.pid)
+        try:
+            while not self.exited():
+                if pidfd is not None:
+                    select.select([pidfd], [], [], SIGNAL_CHECK)
+                else:
+                    threading.Event().wait(SIGNAL_CHECK)
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
 
     def wait_gone(self, processes: list[psutil.Process], deadline: float) -> bool:
         """Wait until the command and ``processes`` are gone; False at the deadline."""
