@@ -134,11 +134,16 @@ def test_the_default_launch_without_vllm_says_how_to_install_it():
     assert INSTALL_HINT in str(caught.value)
 
 
-def _plan(server: VLLMServer):
+def _plan(server: VLLMServer, extra: tuple[str, ...] | list[str] = ()):
+    """The launch plan through TRL's real parser; ``extra`` after the server's own flags.
+
+    ``extra`` bypasses `VLLMServer`'s own check of ``extra_args`` (which refuses
+    verirl's own flags first): what TRL's parser makes of them is checked too.
+    """
     from verirl._launch import VLLMInstall, import_trl_serve, plan_launch
 
     return plan_launch(
-        server.serve_args,
+        [*server.serve_args, *extra],
         command=None,
         environ={},
         trl=import_trl_serve(),
@@ -151,8 +156,10 @@ def _plan(server: VLLMServer):
 def test_trls_abbreviations_cannot_move_the_port_or_the_model(extra):
     from verirl import ConfigError
 
+    with pytest.raises(ConfigError, match=r"^extra_args=.*which verirl sets itself"):
+        VLLMServer("m", port=8123, extra_args=extra)  # refused before any parser runs
     with pytest.raises(ConfigError, match=r"pass (port|model)= instead"):
-        _plan(VLLMServer("m", port=8123, extra_args=extra))
+        _plan(VLLMServer("m", port=8123), extra)  # and by TRL's parser behind it
 
 
 def test_trls_parser_prints_nothing_and_hides_the_flags(capsys):
@@ -160,7 +167,7 @@ def test_trls_parser_prints_nothing_and_hides_the_flags(capsys):
 
     for extra in (["--help"], ["--api-key", "sk-SECRET123", "--port", "x"]):
         with pytest.raises(ConfigError) as caught:
-            _plan(VLLMServer("m", extra_args=extra))
+            _plan(VLLMServer("m"), extra)
         assert "sk-SECRET123" not in str(caught.value)
     assert "invalid int value: 'x'" in str(caught.value)
     assert capsys.readouterr() == ("", "")
