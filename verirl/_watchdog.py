@@ -22,6 +22,7 @@ never acts.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -200,7 +201,8 @@ class ServerWatchdog:
         """Wait (bounded) for the thread to end, e.g. once the server is gone."""
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+            with contextlib.suppress(RuntimeError):  # a signal cut `start` short: it never ran
+                thread.join(timeout)
 
     # ------------------------------------------------------------ the thread
 
