@@ -213,6 +213,12 @@ class Scene:
             assert time.monotonic() < deadline, f"timed out waiting for {what}: {self.stderr}"
             psutil.wait_procs([], timeout=0.02)
 
+    def signal_once_armed(self, sig: signal.Signals) -> int:
+        """Send ``sig`` to launch once the middle process is set up; launch's exit code."""
+        self.wait_for(self.armed.exists, "the middle process")
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=DEADLINE * 3)
+
     def wait_for_recorder(self) -> tuple[int, int]:
         """The recorder's session and group, once it has its handlers."""
         self.wait_for(self.ready.exists, "the recorder")
@@ -349,9 +355,7 @@ def test_a_signal_reaches_a_child_in_its_own_group_without_environment_exactly_o
     scenes: Callable[..., Scene], middle: str, sig: signal.Signals
 ) -> None:
     scene = scenes(f"{middle}-middle-waits", _grace(middle))
-    scene.wait_for(scene.armed.exists, "the middle process")
-    scene.proc.send_signal(sig)
-    code = scene.proc.wait(timeout=DEADLINE * 3)
+    code = scene.signal_once_armed(sig)
     assert scene.ready.exists(), scene.stderr  # the recorder ran
     assert not scene.survivors(timeout=1), scene.stderr
     assert scene.signals() == [sig.name], scene.stderr  # once: not lost, not doubled
@@ -365,9 +369,7 @@ def test_a_signal_reaches_an_unmarked_child_under_a_nested_launch_exactly_once(
     scenes: Callable[..., Scene], middle: str, sig: signal.Signals
 ) -> None:
     scene = scenes(f"nested-{middle}-middle-waits", _grace(middle))
-    scene.wait_for(scene.armed.exists, "the middle process")
-    scene.proc.send_signal(sig)
-    scene.proc.wait(timeout=DEADLINE * 3)
+    scene.signal_once_armed(sig)
     assert not scene.survivors(timeout=1), scene.stderr
     # from the inner launch alone, which finds it below its command's job
     assert scene.signals() == [sig.name], scene.stderr
