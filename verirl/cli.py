@@ -422,7 +422,7 @@ def _settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _flag_variables(args: argparse.Namespace) -> dict[str, str]:
+def _flag_variables(args: argparse.Namespace, given: Mapping[str, Any]) -> dict[str, str]:
     """The settings' variables whose values launch's flags gave, as the command should see them.
 
     A flag wins over its variable; a caller's ``VERIRL_VLLM_PORT=9000`` under
@@ -430,7 +430,7 @@ def _flag_variables(args: argparse.Namespace) -> dict[str, str]:
     """
     variables = Settings.variables()
     exported: dict[str, str] = {}
-    for field, value in _settings_from_args(args).items():
+    for field, value in given.items():
         if value is None or field not in variables or isinstance(value, bool):
             continue
         if isinstance(value, (list, tuple)):
@@ -748,10 +748,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
     _refuse_unused(args)
     from verirl._supervise import run_command  # noqa: PLC0415 - psutil, only for launch
 
-    runtime = _runtime_from_args(args)
+    given = _settings_from_args(args)  # split and checked once, for the runtime and the command
+    runtime = TrainingRuntime.from_settings(**given)
     with runtime as session:
         env = _training_environment(
-            runtime, session.resume_from_checkpoint, session.server_url, _flag_variables(args)
+            runtime,
+            session.resume_from_checkpoint,
+            session.server_url,
+            _flag_variables(args, given),
         )
         visible = env.get("CUDA_VISIBLE_DEVICES")
         gpus = f"GPUs {visible or '-'}"
