@@ -76,3 +76,28 @@ def test_the_message_names_what_the_user_gave(clean, capsys, case):
     assert message.startswith(name), message
     assert not message.startswith(DERIVED), message
     assert "remote_host" not in message, message  # a library field, in no user's words
+
+
+# A refused combination of a flag and a variable: (flags, variables, the one named first, the other)
+MIXED = [
+    (["--gpus", "2"], {"VERIRL_VLLM_GPUS": "5"}, "--gpus", "VERIRL_VLLM_GPUS=5"),
+    ([], {"VERIRL_VLLM_GPUS": "5", "CUDA_VISIBLE_DEVICES": "0,1"}, "--gpus", "VERIRL_VLLM_GPUS=5"),
+    (["--gpus", "1", "--vllm-host", "10.0.0.1"], {"VERIRL_VLLM_MODE": "colocate"},
+     "VERIRL_VLLM_MODE", None),
+    (["--gpus", "1", "--mode", "colocate"], {"VERIRL_VLLM_HOST": "10.0.0.1"}, "--mode",
+     "VERIRL_VLLM_HOST='10.0.0.1'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", MIXED)
+def test_a_refused_combination_names_the_variable_it_was_weighed_against(clean, capsys, case):
+    flags, variables, first, inherited = case
+    for key, value in variables.items():
+        clean.setenv(key, value)
+    code = main(["launch", *flags, "--", "true"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    message = re.sub(r"^.*? ERROR verirl: ", "", err.strip().splitlines()[-1])
+    assert message.startswith(first), message
+    if inherited is not None:
+        assert inherited in message, message

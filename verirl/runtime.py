@@ -223,8 +223,30 @@ def _plan(read: Read) -> VLLMTopology:
             )  # fmt: skip
     except ConfigError as exc:
         if exc.field == "gpu_count" and read.name("gpu_count") is None:  # detected
-            raise read.unset_gpu_count(exc.reason or str(exc), count) from exc
-        raise
+            reason = (exc.reason or str(exc)) + _inherited(read, "VERIRL_GPU_COUNT")
+            raise read.unset_gpu_count(reason, count) from exc
+        note = _inherited(read, exc.field)
+        if not note:
+            raise
+        extended = None if exc.reason is None else exc.reason + note
+        raise ConfigError(
+            f"{exc}{note}", field=exc.field, value=exc.value, reason=extended
+        ) from exc
+
+
+def _inherited(read: Read, named: str | None) -> str:
+    """The plan's other values that came from variables, for an error about a combination.
+
+    The error names one setting; the others it was weighed against may come
+    from the environment, where the user would not look for them.
+    """
+    fields = ("gpu_count", "vllm_gpus", "mode", "max_model_len", "vllm_port", "vllm_remote_host")
+    inherited = [
+        f"{variable}={getattr(read.settings, field)!r}"
+        for field in fields
+        if (variable := read.name(field)) not in (None, field, named)
+    ]
+    return f" (from the environment: {', '.join(inherited)})" if inherited else ""
 
 
 def topology_from_settings(
