@@ -2,7 +2,7 @@
 
 **One signal, once.** The command runs in a process group of its own (in
 launch's session, so it still writes to the terminal), and each SIGINT or
-SIGTERM that launch receives is passed on to that whole group exactly once.
+SIGTERM that launch receives is passed on to each of its processes exactly once.
 From a terminal, Ctrl-C signals only launch's group, so the command does not
 get a second copy straight from the terminal; a ``sh -c 'python train.py'``
 wrapper's python gets it as it would from a terminal. That matters because
@@ -29,8 +29,10 @@ command's process group, so a process that dropped its environment
 an orphan reparented to launch; and every descendant of a process found
 (a child that set up a group of its own and dropped its environment under a
 parent that still lives) is found too. On a signal, each process of the
-command gets it once: the group by ``killpg``; a process outside the group
-(a daemon, a ``setsid`` child) gets it from launch, except a process that
+command gets it once, from launch, one process at a time (a ``killpg``
+would also reach a process forked after launch looked, or one leaving the
+group as it lands, which the next look would then signal again), except a
+process outside the group that
 a live process of the command passes it on to (should that one die without
 passing it on, launch does): a rank of
 torchrun (``TORCHELASTIC_RUN_ID`` in its environment) while its parent lives,
@@ -68,6 +70,7 @@ import functools
 import itertools
 import logging
 import os
+import pathlib
 import secrets
 import select
 import shlex
@@ -75,7 +78,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import psutil
 
@@ -93,6 +96,8 @@ _REAP_WAIT = 1.0
 """Seconds to wait for the adopted orphans launch signalled to end, to reap them."""
 _KILL_WAIT = 3.0
 """Seconds the final SIGKILL looks again for processes of the command (orphans adopted late)."""
+_QUIET_GAP = 0.005
+"""Seconds between `_Command.quiet`'s two looks: longer than the blink of a fork."""
 
 LAUNCH_MARKER_VAR = "VERIRL_LAUNCH_MARKER"
 """In the command's environment: comma-separated markers, one per enclosing ``verirl launch``."""
@@ -206,6 +211,7 @@ class _Command:
         if self.leader is not None and self.child.returncode is None:
             roots.append(self.child.pid)
         self._add_descendants(found, roots, children)
+        self._add_adopted_now(found, me)
         for process in found.values():
             known = self.seen.get(process.pid)
             if known is None or not _alive(known):
@@ -224,6 +230,52 @@ class _Command:
                 if process.pid not in found and process.pid != self.child.pid:
                     found[process.pid] = process
                     roots.append(process.pid)
+
+    def _add_adopted_now(self, found: dict[int, psutil.Process], me: int) -> None:
+        """Add launch's adopted orphans and their children, read at once from ``/proc``.
+
+        The scan above takes a while; a daemon that changes its pid faster
+        (fork, the parent exits) is missed by it, but each hop is reparented
+        to launch (the subreaper), where this cheap second look finds it.
+        """
+        for pid in self._near(me):
+            if pid in found or pid == self.child.pid:
+                continue
+            try:
+                process = psutil.Process(pid)
+                if process.create_time() >= self.since:
+                    found[pid] = process
+            except (psutil.Error, OSError):
+                continue
+
+    def _near(self, me: int) -> list[int]:
+        """Launch's children and grandchildren, but for what it had before the command.
+
+        An adopted orphan that ended is reaped here (it is launch's zombie).
+        """
+        children = [pid for pid in _children_of(me) if pid not in self.others]
+        for pid in children:
+            if pid != self.child.pid:  # the command is reaped by its Popen
+                with contextlib.suppress(OSError):
+                    os.waitpid(pid, os.WNOHANG)
+        return children + [grandchild for pid in children for grandchild in _children_of(pid)]
+
+    def quiet(self) -> bool:
+        """Whether no process runs near launch (`_near`), in two looks `_QUIET_GAP` s apart.
+
+        A look at the whole process table takes longer than a daemon that
+        changes its pid needs to move on, so an empty look does not prove
+        that nothing is left; this one, cheap and repeated, does: such a
+        daemon is always launch's child or grandchild (launch is the
+        subreaper), alive before its parent exits.
+        """
+        me = os.getpid()
+        for look in range(2):
+            if look:
+                time.sleep(_QUIET_GAP)
+            if any(_running_pid(pid) for pid in self._near(me) if pid != self.child.pid):
+                return False
+        return True
 
     def _found(self, process: psutil.Process, me: int) -> bool:
         """Whether ``process`` is the command's: in its group, an adopted orphan, or marked."""
@@ -278,7 +330,7 @@ class _Command:
             if self._below_inner_launch(process):
                 return True
             parent = process.ppid()
-            if "TORCHELASTIC_RUN_ID" not in environ:
+            if not _started_by_torchrun_inside(environ):
                 return False
         except (psutil.Error, OSError):
             return False
@@ -334,16 +386,20 @@ class _Command:
     def signal_once(self, signum: int) -> list[psutil.Process]:
         """``signum`` to each process of the command exactly once; what was found then.
 
-        The group gets it by ``killpg``; outside the group, only an orphan
-        (no live process of the command to pass it on: a parent, an inner
-        launch) gets it from us.
+        Each process found gets it from us, one by one, the command last: a
+        ``killpg`` would also reach a process forked after the look (or one
+        that leaves the group as the signal lands) without launch knowing, and
+        the next look would signal it again. What is forked later is found by
+        `signal_new`. Outside the group, a process that a live process of the
+        command passes signals on to (a torchrun rank, an inner launch's
+        command) is left to it.
         """
         processes = self.collect()
-        _signal_group(self.child, signum)
         self.signum = signum
         self.pending = []
         self.signalled = set()
-        self._deliver(processes, grouped=True)
+        self._deliver(processes)
+        self._signal_command(signum)
         return processes
 
     def signal_new(self) -> list[psutil.Process]:
@@ -355,22 +411,31 @@ class _Command:
         already does not get it again.
         """
         processes = self.collect()
-        self._deliver(processes, grouped=False)
+        self._deliver(processes)
         return processes
 
-    def _deliver(self, processes: list[psutil.Process], *, grouped: bool) -> None:
-        """The signal to each of ``processes`` not given it yet (``grouped``: after killpg)."""
+    def _deliver(self, processes: list[psutil.Process]) -> None:
+        """The signal to each of ``processes`` not given it yet, unless a forwarder passes it."""
         for process in processes:
             if process in self.signalled:  # pid and creation time: a reused pid is another
                 continue
             self.signalled.add(process)
-            if grouped and self.in_group(process):
-                continue
-            if self.forwarded_by_parent(process):
+            if not self.in_group(process) and self.forwarded_by_parent(process):
                 self.pending.append(process)
                 continue
             with contextlib.suppress(psutil.Error):
                 process.send_signal(self.signum)  # psutil refuses a pid that was reused
+
+    def _signal_command(self, signum: int) -> None:
+        """``signum`` to the command itself, unless it has exited (its pid is not reused then)."""
+        if self.exited():
+            return
+        try:
+            os.kill(self.child.pid, signum)
+        except ProcessLookupError:
+            pass
+        except OSError as exc:
+            log.warning("cannot signal the training command (pid %d): %s", self.child.pid, exc)
 
     def pass_to_orphans(self) -> None:
         """The signal to each process left to a forwarder that died without passing it on.
@@ -404,7 +469,7 @@ class _Command:
         with contextlib.suppress(Exception):
             for round_ in itertools.count():
                 fresh = [process for process in self.collect() if process not in killed]
-                if not fresh and round_:
+                if not fresh and round_ and self.quiet():
                     return
                 for process in fresh:
                     killed.add(process)
@@ -486,9 +551,48 @@ class _Command:
         """
         while self.wait_gone(processes, deadline):
             processes = self.signal_new()
-            if not processes:
+            if not processes and self.quiet():
                 return True
         return False
+
+
+def _children_of(pid: int) -> list[int]:
+    """The children of ``pid``, read from ``/proc`` at once ([] where there is none)."""
+    try:
+        tasks = list(pathlib.Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return []
+    found: list[int] = []
+    for task in tasks:
+        with contextlib.suppress(OSError, ValueError):
+            found += [int(child) for child in (task / "children").read_text("ascii").split()]
+    return found
+
+
+def _running_pid(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie has), read from ``/proc``."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    end = stat.rfind(b")")
+    return stat[end + 2 : end + 3] not in (b"Z", b"X", b"x", b"")
+
+
+def _started_by_torchrun_inside(environ: Mapping[str, str]) -> bool:
+    """Whether ``environ`` is a rank's that a torchrun agent of the command started.
+
+    The agent gives each rank an error file of its own
+    (``TORCHELASTIC_ERROR_FILE``) and the run's ``TORCHELASTIC_RUN_ID``; a
+    value launch itself has (launch run by torchrun, or a stale variable) was
+    inherited, not set by an agent inside the command.
+    """
+    if "TORCHELASTIC_RUN_ID" not in environ:
+        return False
+    error_file = environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:  # blank when the agent logs to /dev/null
+        return error_file != os.environ.get("TORCHELASTIC_ERROR_FILE")
+    return environ["TORCHELASTIC_RUN_ID"] != os.environ.get("TORCHELASTIC_RUN_ID")
 
 
 def _alive(process: psutil.Process) -> bool:
@@ -499,18 +603,6 @@ def _alive(process: psutil.Process) -> bool:
         return False
     except psutil.Error:
         return True
-
-
-def _signal_group(child: subprocess.Popen[bytes], signum: int) -> None:
-    """``signum`` to the command's process group (to the command alone if it left it)."""
-    try:
-        os.killpg(child.pid, signum)
-    except ProcessLookupError:
-        with contextlib.suppress(OSError):
-            if child.returncode is None:
-                child.send_signal(signum)
-    except OSError as exc:
-        log.warning("cannot signal the training command's process group %d: %s", child.pid, exc)
 
 
 def _tracker(child: subprocess.Popen[bytes]) -> _Command:
@@ -572,6 +664,9 @@ def _reap(child: subprocess.Popen[bytes]) -> int:
 def _end_leftovers(command: _Command, grace: float) -> None:
     """The command exited on its own: SIGTERM what it left running, ``grace`` s, then SIGKILL."""
     left = command.collect()
+    looked = time.monotonic() + grace
+    while not left and not command.quiet() and time.monotonic() < looked:
+        left = command.collect()  # a process that changes its pid: look again
     if not left:
         return
     log.warning(

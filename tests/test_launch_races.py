@@ -1,0 +1,248 @@
+"""Class: the command's descendants, at awkward moments. Each process gets a signal once.
+
+The sweep in ``test_launch_descendants`` places one process in each shape;
+these place processes that change while launch passes the signal on:
+
+- a command forking every few milliseconds (a child forked between launch's
+  look and its signal must not get the signal twice),
+- children that leave the group as the signal lands (``setsid`` in the handler),
+- a child in a session of its own under a parent that ignores SIGTERM, with a
+  ``TORCHELASTIC_RUN_ID`` launch itself inherited (launch is not torchrun's
+  agent, so the child is not torchrun's rank and must get the signal),
+- a daemon that changes its pid faster than a look at the process table.
+
+Real processes: ``python -m verirl launch --gpus 1`` (no server) and programs
+that append ``pid signal`` to a file for each signal they get.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from _support import clear_verirl_env
+
+DEADLINE = 30.0
+"""Seconds any one awaited event may take (a loaded CI machine starts Pythons slowly)."""
+
+FORKER = """
+import os, signal, sys, threading, time
+record, armed = sys.argv[1], sys.argv[2]
+
+def noted(signum, _frame):
+    with open(record, "a") as sink:
+        sink.write(f"{os.getpid()} {signum}\\n")
+    # The youngest (forked while launch looked) outlive the others, so that a duplicate sent
+    # once those are gone still finds them; it interrupts the sleep and is noted too.
+    time.sleep(max(0.3, 3.0 - 30 * (time.monotonic() - born)))
+    os._exit(0)
+
+signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # the parent leaves its children behind
+end, forks = time.monotonic() + 60, 0
+while time.monotonic() < end:
+    if os.fork() == 0:
+        born = time.monotonic()
+        signal.signal(signal.SIGTERM, noted)
+        threading.Event().wait(0.3)
+        os._exit(0)
+    forks += 1
+    if forks == 200:
+        open(armed, "w").close()
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+    time.sleep(0.003)
+"""
+
+LEAVER = """
+import os, signal, sys, threading
+record, armed = sys.argv[1], sys.argv[2]
+
+def leave(signum, _frame):
+    try:
+        os.setsid()  # out of the command's group as the signal lands
+    except PermissionError:  # a second signal: out already
+        pass
+    with open(record, "a") as sink:
+        sink.write(f"{os.getpid()} {signum}\\n")
+
+signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+for child in range(5):
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, leave)
+        open(f"{armed}.{child}", "w").close()
+        threading.Event().wait(3.0)
+        os._exit(0)
+while not all(os.path.exists(f"{armed}.{child}") for child in range(5)):
+    threading.Event().wait(0.01)
+open(armed, "w").close()
+threading.Event().wait(60)
+"""
+
+IGNORING_PARENT = """
+import os, signal, subprocess, sys, threading
+record, armed = sys.argv[1], sys.argv[2]
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # passes nothing on
+child = subprocess.Popen([sys.executable, "-c", f'''
+import os, signal, sys, threading
+def noted(signum, _frame):
+    with open({record!r}, "a") as sink:
+        sink.write(f"{{os.getpid()}} {{signum}}\\\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, noted)
+open({armed!r}, "w").close()
+threading.Event().wait(60)
+'''], start_new_session=True)
+child.wait()
+"""
+
+HOPPER = """
+import os, signal, sys, time
+record = sys.argv[1]
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if os.fork() != 0:
+    os._exit(0)  # the command exits at once; the daemon goes on
+end = time.monotonic() + 60
+while time.monotonic() < end:
+    if os.fork() != 0:
+        os._exit(0)  # a new pid at every hop, reparented to launch
+    os.setsid()
+    with open(record, "a") as sink:  # a sign of life at each hop
+        sink.write(f"{os.getpid()} 0\\n")
+    time.sleep(0.005)
+"""
+
+
+class Race:
+    """One ``verirl launch`` of one of the programs above."""
+
+    def __init__(self, tmp_path: Path, program: str, grace: float, env: dict[str, str]) -> None:
+        self.tmp_path = tmp_path
+        self.script = tmp_path / "program.py"
+        self.script.write_text(textwrap.dedent(program))
+        self.record = tmp_path / "signals"
+        self.armed = tmp_path / "armed"
+        self.stderr_path = tmp_path / "launch.err"
+        argv = [sys.executable, "-m", "verirl", "launch", "--gpus", "1",
+                "--shutdown-timeout", f"{grace:g}", "--",
+                sys.executable, str(self.script), str(self.record), str(self.armed)]  # fmt: skip
+        with self.stderr_path.open("w") as sink:
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=subprocess.DEVNULL,
+                stderr=sink,
+                start_new_session=True,
+                env={**os.environ, **env},
+            )
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def wait_armed(self) -> None:
+        deadline = time.monotonic() + DEADLINE
+        while not self.armed.exists():
+            assert self.proc.poll() is None, self.stderr
+            assert time.monotonic() < deadline, f"the program never got set up: {self.stderr}"
+            psutil.wait_procs([], timeout=0.01)
+
+    def signalled(self) -> collections.Counter[int]:
+        """How many signals each pid recorded."""
+        lines = self.record.read_text().split("\n") if self.record.exists() else []
+        return collections.Counter(int(line.split()[0]) for line in lines if line.strip())
+
+    def survivors(self) -> list[psutil.Process]:
+        """The programs' processes (the script's path in their command line) running now."""
+        left = []
+        for process in psutil.process_iter(["cmdline", "status"]):
+            if process.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if any(str(self.tmp_path) in arg for arg in process.info["cmdline"] or ()):
+                left.append(process)
+        return left
+
+    def close(self) -> None:
+        for _ in range(50):  # a hopper's pid changes: kill until none is left
+            left = self.survivors()
+            if not left:
+                break
+            for process in left:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+@pytest.fixture
+def races(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Race]]:
+    clear_verirl_env(monkeypatch, tmp_path)
+    started: list[Race] = []
+
+    def start(program: str, *, grace: float = 10, env: dict[str, str] | None = None) -> Race:
+        race = Race(tmp_path, program, grace, env or {})
+        started.append(race)
+        return race
+
+    yield start
+    for race in started:
+        race.close()
+
+
+def test_a_child_forked_as_the_signal_is_passed_on_gets_it_once(races) -> None:
+    race = races(FORKER)
+    race.wait_armed()
+    race.proc.send_signal(signal.SIGTERM)
+    assert race.proc.wait(timeout=DEADLINE * 2) == 0, race.stderr  # the forker's own exit
+    counts = race.signalled()
+    assert counts, race.stderr  # its children got it (from launch: the forker passes nothing on)
+    assert [pid for pid, count in counts.items() if count > 1] == [], counts
+
+
+def test_a_child_leaving_the_group_as_the_signal_lands_gets_it_once(races) -> None:
+    race = races(LEAVER)
+    race.wait_armed()
+    race.proc.send_signal(signal.SIGTERM)
+    assert race.proc.wait(timeout=DEADLINE * 2) == 0, race.stderr
+    counts = race.signalled()
+    assert len(counts) == 5, (counts, race.stderr)
+    assert set(counts.values()) == {1}, counts
+
+
+def test_an_inherited_torchelastic_run_id_does_not_make_launch_leave_the_signal_to_a_parent(
+    races,
+) -> None:
+    # launch run under torchrun (or with a stale variable): the command's child in a session of
+    # its own is no rank of a torchrun inside the command, and its parent passes nothing on
+    env = {"TORCHELASTIC_RUN_ID": "outer-job", "TORCHELASTIC_ERROR_FILE": "/tmp/outer/error.json"}
+    race = races(IGNORING_PARENT, grace=20, env=env)
+    race.wait_armed()
+    race.proc.send_signal(signal.SIGTERM)
+    assert race.proc.wait(timeout=DEADLINE * 2) == 0, race.stderr  # not SIGKILLed after the grace
+    assert list(race.signalled().values()) == [1], race.stderr
+    assert "SIGKILL" not in race.stderr.split("passed SIGTERM on")[-1].replace("SIGKILL in", "")
+
+
+def test_a_daemon_changing_its_pid_faster_than_a_look_does_not_outlive_launch(races) -> None:
+    race = races(HOPPER, grace=1)
+    assert race.proc.wait(timeout=DEADLINE * 2) == 0, race.stderr
+    assert "left 1 process(es) running" in race.stderr, race.stderr
+    # a look at the process table can miss it (that is the point): its signs of life must stop
+    hops = race.record.stat().st_size
+    psutil.wait_procs([], timeout=0.5)  # a hundred hops, were it alive
+    assert race.record.stat().st_size == hops, race.stderr
+    assert race.survivors() == [], race.stderr
