@@ -100,6 +100,7 @@ _JIT_MODULE = "transformers.trainer_jit_checkpoint"
 
 _ACTIVE_LOCK = threading.Lock()
 _ACTIVE: list[PreemptionCallback] = []  # at most one: the callback now in charge
+_STALE: list[PreemptionCallback] = []  # closed off the main thread, their handlers still set
 
 
 def _check_signals(value: object) -> tuple[signal.Signals, ...]:
@@ -173,6 +174,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         self._stopping = False
         self._stopped_at: int | None = None
         self._active = False
+        self._stale: set[int] = set()  # handlers to give back, from the main thread
         self._previous: dict[int, _Handler] = {}  # signal -> the handler ours replaced
         self._jit_set_aside = False
         self._marker: Path | None = None  # the sentinel this callback wrote before its save
@@ -337,6 +339,10 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
                 "/".join(signum.name for signum in self._signals),
             )
             return
+        with _ACTIVE_LOCK:
+            stale = list(_STALE)
+        for callback in stale:  # a handler left by a callback closed off the main thread
+            callback._give_back(set(callback._stale))  # noqa: SLF001 - the same class
         for signum in self._signals:
             current = signal.getsignal(signum)
             jit = _jit_manager(current) if signum == signal.SIGTERM else None
@@ -372,9 +378,20 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
             )
 
     def _uninstall(self, keep: set[int]) -> bool:
-        """Put back each handler ours replaced, except those in ``keep``; True if any kept."""
+        """Put back each handler ours replaced, except those in ``keep``; True if any kept.
+
+        Off the main thread no handler can be set: those to give back are
+        marked stale, and given back from the main thread, by the next
+        callback's install or by the first such signal (which then goes where
+        it would have gone without us).
+        """
         if threading.current_thread() is not threading.main_thread():
-            return False
+            stale = {signum for signum in self._previous if signum not in keep}
+            with _ACTIVE_LOCK:
+                self._stale |= stale
+                if self._stale and self not in _STALE:
+                    _STALE.append(self)
+            return any(signum in keep for signum in self._previous)
         kept = False
         for signum, previous in list(self._previous.items()):
             current = signal.getsignal(signum)
@@ -394,12 +411,48 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
                 signal.signal(signum, previous)
         return kept
 
+    def _give_back(self, signals: set[int]) -> dict[int, _Handler]:
+        """From the main thread: put back the stale handlers of ``signals``; those put back."""
+        given: dict[int, _Handler] = {}
+        for signum in signals:
+            previous = self._previous.pop(signum, signal.SIG_DFL)
+            if signal.getsignal(signum) == self._on_signal:
+                signal.signal(signum, previous)
+            given[signum] = previous
+        with _ACTIVE_LOCK:
+            self._stale -= signals
+            if not self._stale and self in _STALE:
+                _STALE.remove(self)
+        return given
+
+    def _pass_on_stale(self, signum: int, frame: types.FrameType | None) -> None:
+        """A signal to a handler closed off the main thread: on to where it goes now.
+
+        To the callback in charge if it takes that signal (one whose training
+        runs in a thread has no handler of its own), else to the handler ours
+        replaced, as if ours had been given back in time.
+        """
+        with _ACTIVE_LOCK:
+            active = next((each for each in _ACTIVE if signum in each.signals), None)
+        if active is not None and active is not self:
+            active._on_signal(signum, frame)  # noqa: SLF001 - the same class
+            return
+        previous = self._give_back({signum})[signum]
+        log.info("%s: this PreemptionCallback was closed; passed on to %r", _name(signum), previous)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signum)  # the default action, now that it is set again
+
     def _stop_cooperating(self) -> None:
         remove, self._remove_cooperation = self._remove_cooperation, None
         if remove is not None:
             remove()
 
     def _on_signal(self, signum: int, _frame: types.FrameType | None) -> None:
+        if signum in self._stale:
+            self._pass_on_stale(signum, _frame)
+            return
         if signum == signal.SIGTERM:
             sent, cause = SIGTERM_POLICY.take_interrupt()
             if sent:  # the watchdog's interrupt, not a preemption: never swallowed

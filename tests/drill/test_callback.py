@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -143,6 +145,56 @@ def test_a_newer_callback_takes_over_and_the_older_does_nothing(trainer_objects)
     newer.on_train_end(args, state, control)
     assert newer.stopped_at == 1
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def _in_thread(function, *args):
+    thread = threading.Thread(target=function, args=args)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_a_newer_callback_in_a_thread_gets_the_signal_the_older_one_still_receives(
+    trainer_objects,
+):
+    args, state, control = trainer_objects
+    older, newer = PreemptionCallback(), PreemptionCallback(exit_code=None)
+    older.on_train_begin(args, state, control)  # main thread: its handlers are set
+    _in_thread(newer.on_train_begin, args, state, control)  # takes over; can set none
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert newer.stop_requested  # not swallowed by the older one's handler
+    assert not older.stop_requested
+    _in_thread(_step, newer, args, state, control)
+    assert control.should_save
+    _in_thread(newer.on_train_end, args, state, control)
+    assert newer.stopped_at == 1
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_after_train_ended_in_a_thread_a_signal_ends_the_process_as_without_the_callback(
+    tmp_path, sig
+):
+    # the handlers could not be given back from that thread: the signal must not be swallowed
+    script = tmp_path / "ended.py"
+    script.write_text(
+        "import os, signal, threading, types\n"
+        "from transformers import TrainerControl, TrainerState, TrainingArguments\n"
+        "from verirl.preemption import PreemptionCallback\n"
+        f"args = TrainingArguments(output_dir={str(tmp_path)!r}, use_cpu=True, report_to='none')\n"
+        "state, control = TrainerState(), TrainerControl()\n"
+        "callback = PreemptionCallback()\n"
+        "callback.on_train_begin(args, state, control)\n"
+        "ended = threading.Thread(target=callback.on_train_end, args=(args, state, control))\n"
+        "ended.start(); ended.join()\n"
+        f"os.kill(os.getpid(), {int(sig)})\n"
+        "threading.Event().wait(30)\n"
+        "print('still running after the signal')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
+    )
+    # SIGTERM's default action; SIGINT's KeyboardInterrupt, which Python ends with by SIGINT
+    assert done.returncode == -sig, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("code", [0, 256, "143", True, 1.5])
