@@ -128,6 +128,8 @@ def test_wait_env_healthy_and_unhealthy(capsys):
 def test_a_url_password_is_never_printed(capsys, clean_env, command, monkeypatch):
     # A launch that can happen here (no trl/vllm in this suite), so that doctor finds no problem.
     monkeypatch.setenv("VERIRL_VLLM_COMMAND", f"{sys.executable} -m fakes.vllm_serve")
+    monkeypatch.setenv("VERIRL_GPU_COUNT", "1")  # no GPU here: a count to plan for
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     with FakeEnvServer() as server:
         url = server.url.replace("http://", "http://user:pa55word@")
         args = ["wait-env", url, "--timeout", "30"] if command == "wait-env" else ["doctor"]

@@ -642,14 +642,31 @@ def test_the_colocate_cap_is_a_warning_with_both_numbers(clean_env, capsys, leng
 def test_doctor_is_a_preflight(tmp_path, env_server):
     closed = f"http://127.0.0.1:{unshared_port()}"
     free = str(unshared_port())
+    counted = {"VERIRL_GPU_COUNT": "1"}  # no GPU here: a count to plan for
     runs = {
         "env down": (
             ["--env-url", closed, "--vllm-port", free],
-            {"VERIRL_VLLM_COMMAND": FAKE_VLLM},
+            {"VERIRL_VLLM_COMMAND": FAKE_VLLM, **counted},
         ),
-        "no launch": (["--env-url", env_server, "--vllm-port", free], {}),
-        "both": (["--env-url", closed, "--vllm-port", free], {}),
-        "remote": (["--env-url", env_server], {"VERIRL_VLLM_HOST": "vllm-node"}),
+        "no launch": (["--env-url", env_server, "--vllm-port", free], counted),
+        "both": (["--env-url", closed, "--vllm-port", free], counted),
+        "remote": (["--env-url", env_server], {"VERIRL_VLLM_HOST": "vllm-node", **counted}),
+        "no program": (
+            ["--env-url", env_server, "--vllm-port", free],
+            {"VERIRL_VLLM_COMMAND": f"{tmp_path}/no-such-program --serve", **counted},
+        ),
+        "no GPU": (
+            ["--env-url", env_server, "--vllm-port", free],
+            {"VERIRL_VLLM_COMMAND": FAKE_VLLM, "CUDA_VISIBLE_DEVICES": ""},  # on any machine
+        ),
+        "hidden GPUs": (
+            ["--env-url", env_server, "--vllm-port", free],
+            {
+                "VERIRL_VLLM_COMMAND": FAKE_VLLM,
+                "VERIRL_GPU_COUNT": "2",
+                "CUDA_VISIBLE_DEVICES": "0",
+            },
+        ),
     }
     codes = {}
     for name, (argv, extra) in runs.items():
@@ -663,6 +680,9 @@ def test_doctor_is_a_preflight(tmp_path, env_server):
         "no launch": (4, True),  # no trl/vllm in this suite's interpreter
         "both": (3, True),
         "remote": (0, False),  # nothing starts here: the ports are not this machine's concern
+        "no program": (4, True),  # launch: "cannot be started (No such file or directory)"
+        "no GPU": (2, True),  # launch without --gpus: "no GPU was detected"
+        "hidden GPUs": (2, True),  # launch: VERIRL_GPU_COUNT=2 that CUDA_VISIBLE_DEVICES hides
     }
 
 
@@ -671,7 +691,7 @@ def test_doctor_with_everything_usable_exits_0(tmp_path, env_server):
     result = subprocess.run(
         [sys.executable, "-m", "verirl", "doctor", "--env-url", env_server, "--vllm-port", free],
         capture_output=True, text=True, timeout=120, check=False,
-        env=clean_environ(tmp_path, VERIRL_VLLM_COMMAND=FAKE_VLLM),
+        env=clean_environ(tmp_path, VERIRL_VLLM_COMMAND=FAKE_VLLM, VERIRL_GPU_COUNT="1"),
     )  # fmt: skip
     group_port_free = nothing_listens(51216)
     assert result.returncode == (0 if group_port_free else 4), result.stderr

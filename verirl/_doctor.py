@@ -6,11 +6,14 @@ ports are free, the env server's health and whether a Hub token is set
 
 doctor is a preflight: `examine` also returns the problems, each with the
 exit code the command that runs into it would end with (3: the env server is
-not healthy; 4: no vLLM server can be started here, or its port is taken;
-1: torch fails to load). The Hub token is looked up the way huggingface_hub
-looks it up (``HF_TOKEN``, ``HUGGING_FACE_HUB_TOKEN``, the file at
-``HF_TOKEN_PATH``, else ``$HF_HOME/token`` written by ``hf auth login``),
-by huggingface_hub itself, within a deadline.
+not healthy; 4: no vLLM server can be started here (nothing to launch, or a
+`VERIRL_VLLM_COMMAND` whose program is not there), or its port is taken; 2:
+no GPU to plan for (none visible and no ``VERIRL_GPU_COUNT``, or a count
+``CUDA_VISIBLE_DEVICES`` hides); 1: torch fails to load). The Hub token is
+looked up the way huggingface_hub looks it up (``HF_TOKEN``,
+``HUGGING_FACE_HUB_TOKEN``, the file at ``HF_TOKEN_PATH``, else
+``$HF_HOME/token`` written by ``hf auth login``), by huggingface_hub itself,
+within a deadline.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import importlib.metadata
 import os
 import platform
 import shlex
+import shutil
 import sys
 import threading
 from collections.abc import Sequence
@@ -30,14 +34,14 @@ from verirl._version import __version__
 from verirl.distenv import DistributedEnv
 from verirl.envserver import HttpEnvServerProbe
 from verirl.errors import ConfigError, VeriRLError
-from verirl.topology import TRL_GROUP_PORT, detect_gpu_count
+from verirl.topology import TRL_GROUP_PORT, check_visible_gpus, detect_gpu_count
 from verirl.vllm_server import VLLMServer
 
-__all__ = ["EXIT_ENV_SERVER", "EXIT_ERROR", "EXIT_VLLM", "examine", "hub_token_row",
-           "machine_report"]  # fmt: skip
+__all__ = ["EXIT_CONFIG", "EXIT_ENV_SERVER", "EXIT_ERROR", "EXIT_VLLM", "examine",
+           "hub_token_row", "machine_report"]  # fmt: skip
 
-EXIT_ERROR, EXIT_ENV_SERVER, EXIT_VLLM = 1, 3, 4
-_PRIORITY = (EXIT_ENV_SERVER, EXIT_VLLM, EXIT_ERROR)  # which problem decides the exit code
+EXIT_ERROR, EXIT_CONFIG, EXIT_ENV_SERVER, EXIT_VLLM = 1, 2, 3, 4
+_PRIORITY = (EXIT_ENV_SERVER, EXIT_VLLM, EXIT_CONFIG, EXIT_ERROR)  # which problem decides
 TOKEN_LOOKUP_TIMEOUT = 10.0
 """Seconds huggingface_hub may take to find the token (an OIDC exchange or an OAuth refresh)."""
 
@@ -60,6 +64,8 @@ def _launch_row(vllm_command: Sequence[str] | None, remote_host: str | None) -> 
         return f"not started here: vLLM runs on VERIRL_VLLM_HOST={redact_text(remote_host)}", True
     if vllm_command is not None:
         shown = shlex.join(redact_text(part) for part in redact_argv(vllm_command))
+        if shutil.which(vllm_command[0]) is None:  # what launch would fail on (exit 4)
+            return f"cannot start: VERIRL_VLLM_COMMAND={shown}: its program is not found", False
         return f"command: VERIRL_VLLM_COMMAND={shown}", True
     try:
         plan = VLLMServer("MODEL").launch_plan()
@@ -126,11 +132,12 @@ def examine(
     hub_token: str | None,
     vllm_command: Sequence[str] | None = None,
     vllm_remote_host: str | None = None,
+    gpu_count: int | None = None,
 ) -> tuple[list[tuple[str, str]], list[tuple[int, str]]]:
     """The doctor's rows, (label, value), in the order printed; and the problems found.
 
-    A problem is (exit code, what): the first of the codes in the order 3, 4, 1
-    is doctor's exit code.
+    A problem is (exit code, what): the first of the codes in the order 3, 4,
+    2, 1 is doctor's exit code. ``gpu_count``: ``VERIRL_GPU_COUNT``'s value.
     """
     rows: list[tuple[str, str]] = [
         ("python", f"{platform.python_version()} ({sys.executable})"),
@@ -143,13 +150,16 @@ def examine(
     if not usable:
         problems.append((EXIT_VLLM, f"vLLM launch: {launch}"))
     try:
-        gpus = str(detect_gpu_count())
+        detected = detect_gpu_count()
+        gpus = str(detected)
     except ConfigError as exc:  # CUDA_VISIBLE_DEVICES that names no GPU: the variable's fault
         gpus = f"unknown: {exc}"
         problems.append((EXIT_ERROR, f"GPUs visible: {gpus}"))
     except Exception as exc:  # noqa: BLE001 - a broken torch install is a finding, not a crash
         gpus = f"unknown: torch failed to load ({type(exc).__name__}: {exc})"
         problems.append((EXIT_ERROR, f"GPUs visible: {gpus}"))
+    else:
+        problems += _gpu_count_problems(detected, gpu_count)
     rows.append(("GPUs visible", gpus))
     rows.append(("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")))
     for label, port in (("vLLM port", vllm_port), ("TRL group port", TRL_GROUP_PORT)):
@@ -174,6 +184,23 @@ def examine(
     )
     problems.sort(key=lambda problem: _PRIORITY.index(problem[0]))
     return rows, problems
+
+
+def _gpu_count_problems(detected: int, gpu_count: int | None) -> list[tuple[int, str]]:
+    """Why ``launch``/``serve`` without ``--gpus`` could not plan here (exit 2), if so."""
+    if gpu_count is None:
+        if detected > 0:
+            return []
+        why = (
+            "GPUs visible: none, and VERIRL_GPU_COUNT is unset: launch and serve need "
+            "--gpus N or VERIRL_GPU_COUNT"
+        )
+        return [(EXIT_CONFIG, why)]
+    try:
+        check_visible_gpus(gpu_count, os.environ, field="VERIRL_GPU_COUNT")
+    except ConfigError as exc:
+        return [(EXIT_CONFIG, str(exc))]
+    return []
 
 
 def machine_report(
