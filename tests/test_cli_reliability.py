@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 from _support import nothing_listens, unshared_port
 from fakes import FakeEnvServer
+from fakes.hub import serve_fake_hub
 from verirl import ConfigError, TrainingRuntime, VLLMServer
 from verirl.cli import main
 
@@ -164,6 +165,26 @@ def test_every_command_survives_a_lost_output_channel(tmp_path, env_server, stre
         if proc.returncode != code or shown:
             failures.append((name, proc.returncode, code, proc.captured[-600:]))  # type: ignore[attr-defined]
     assert not failures, failures
+
+
+@pytest.mark.parametrize("how", ["closed", "none", "broken"])
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_a_hub_download_survives_a_lost_output_channel(tmp_path, stream, how):
+    # huggingface_hub's progress bars write to stderr from the download threads
+    env = clean_environ(tmp_path)
+    del env["HF_HUB_OFFLINE"]
+    with serve_fake_hub() as hub:
+        hub.add_checkpoint("org/run", "checkpoint-10", 10, size=3_000_000)
+        argv = ["resume", "--hub-repo", "org/run", "--hub-endpoint", hub.endpoint,
+                "--output-dir", str(tmp_path / "out"), "--resume", "latest"]  # fmt: skip
+        with started(argv, env, stream, how) as (proc, _other):
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"the download hung with {stream} {how}")
+    assert proc.returncode == 0, proc.captured  # type: ignore[attr-defined]
+    assert not [word for word in BAD_OUTPUT if word in proc.captured]  # type: ignore[attr-defined]
+    assert (tmp_path / "out" / "_verirl-hub-download" / "checkpoint-10" / "optimizer.pt").is_file()
 
 
 @pytest.mark.parametrize("how", ["closed", "none", "broken"])

@@ -68,10 +68,13 @@ def _argv(how: str, tmp_path: Path, hub: FakeHub) -> list[str]:
         return [sys.executable, "-c", IN_A_LIBRARY, str(tmp_path / "download"), hub.endpoint]
     out = tmp_path / "out"
     out.mkdir()
+    source = ["--output-dir", str(out), "--hub-repo", REPO, "--hub-endpoint", hub.endpoint,
+              "--resume", "latest"]  # fmt: skip
+    if how == "cli-resume":  # the download in the command's own main thread
+        return [sys.executable, "-m", "verirl", "resume", *source]
     return [
         sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--mode", "colocate",
-        "--output-dir", str(out), "--hub-repo", REPO, "--hub-endpoint", hub.endpoint,
-        "--resume", "latest", "--", sys.executable, "-c", "pass",
+        *source, "--", sys.executable, "-c", "pass",
     ]  # fmt: skip
 
 
@@ -82,7 +85,7 @@ def _expected(how: str, signum: int) -> int:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-@pytest.mark.parametrize("how", ["library", "cli-launch"])
+@pytest.mark.parametrize("how", ["library", "cli-launch", "cli-resume"])
 @pytest.mark.parametrize("held", ["download", "listing"])
 def test_a_signal_while_the_hub_hangs_ends_the_process_within_the_bound(
     tmp_path, hub, how, signum, held

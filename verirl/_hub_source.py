@@ -15,6 +15,7 @@ import errno
 import logging
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -341,14 +342,20 @@ class HubCheckpointSource:
     def _download_all(self, filenames: Sequence[str], commit: str, local_dir: Path) -> None:
         """Download ``filenames`` at ``commit`` into ``local_dir``, ``max_workers`` at once."""
         workers = max(1, min(self.max_workers, len(filenames)))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="verirl-hub") as pool:
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="verirl-hub")
+        try:
             futures = [pool.submit(self._download, name, commit, local_dir) for name in filenames]
-            try:
-                for future in futures:
-                    future.result()
-            except Exception as exc:
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise self._error("download from", exc) from exc
+            for future in futures:
+                future.result()
+        except Exception as exc:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise self._error("download from", exc) from exc
+        except BaseException:
+            # A signal (SystemExit, KeyboardInterrupt): no wait for the requests in flight,
+            # which may take minutes; the process's exit deadline bounds what is left.
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
 
     def _download(self, filename: str, commit: str, local_dir: Path) -> Path:
         from huggingface_hub import hf_hub_download  # noqa: PLC0415
@@ -365,6 +372,7 @@ class HubCheckpointSource:
             token=self._token,
             etag_timeout=self.timeout,
             library_name="verirl",
+            tqdm_class=_progress_bar(),
         )
         return Path(path)
 
@@ -579,3 +587,23 @@ def _status_code(exc: BaseException) -> int | None:
     response = getattr(exc, "response", None)
     status = getattr(response, "status_code", None)
     return status if isinstance(status, int) else None
+
+
+def _progress_bar() -> type | None:
+    """huggingface_hub's progress bar, or a silent one when stderr cannot take it.
+
+    With no stderr (``2>&-``, ``pythonw``) or a closed one, tqdm raises while
+    it holds its class-wide lock, and every other download thread then waits
+    on that lock forever: the download, and the process's exit, would hang.
+    """
+    stream = sys.stderr
+    if stream is not None and not getattr(stream, "closed", False):
+        return None  # huggingface_hub's own (and its HF_HUB_DISABLE_PROGRESS_BARS)
+    from huggingface_hub.utils.tqdm import tqdm as hub_tqdm  # noqa: PLC0415
+
+    class Silent(hub_tqdm):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+    return Silent
