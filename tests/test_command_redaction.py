@@ -105,3 +105,52 @@ def test_the_null_byte_refusal_hides_it(capsys, monkeypatch):
     assert code == 2
     assert "COMMAND" in captured.err
     assert TOKEN not in captured.err + captured.out
+
+
+@pytest.mark.parametrize("where", ["HF_HOME", "HF_TOKEN_PATH"])
+def test_a_token_from_the_saved_login_is_hidden(tmp_path, where):
+    # huggingface_hub sends it with no variable set: it is a secret the command line may carry
+    home = tmp_path / "hf-home"
+    home.mkdir()
+    token_file = home / "token" if where == "HF_HOME" else tmp_path / "elsewhere"
+    token_file.write_text(TOKEN + "\n")
+    env = {"HF_HOME": str(home)} if where == "HF_HOME" else {"HF_TOKEN_PATH": str(token_file)}
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        env[name] = ""
+    ran = run_launch([sys.executable, "-c", "pass", "--push", TOKEN], env)
+    cannot = run_launch(["/nonexistent/train", TOKEN], env)
+    assert ran.returncode == 0, ran.stderr
+    assert cannot.returncode == 127, cannot.stderr
+    for result in (ran, cannot):
+        assert HIDDEN in result.stderr, result.stderr
+        assert TOKEN not in result.stderr + result.stdout
+
+
+def test_a_token_file_that_is_a_fifo_does_not_block(tmp_path, monkeypatch):
+    fifo = tmp_path / "token"
+    os.mkfifo(fifo)
+    monkeypatch.setenv("HF_TOKEN_PATH", str(fifo))
+    assert _secrets.known_secrets({"HF_TOKEN_PATH": str(fifo)}) == []
+    assert redact_argv(["python", "t.py"]) == ["python", "t.py"]
+
+
+def test_the_server_log_hides_what_the_running_line_hides(tmp_path, monkeypatch):
+    from verirl import VLLMServer, VLLMServerError
+
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    server = VLLMServer(
+        "m", port=_free_port(), command=["/bin/sh", "-c", "exit 1", TOKEN], log_dir=tmp_path,
+        startup_timeout=60,
+    )  # fmt: skip
+    with pytest.raises(VLLMServerError) as raised:
+        server.start()
+    log_text = b"".join(path.read_bytes() for path in tmp_path.iterdir())
+    assert b"--- verirl" in log_text
+    assert TOKEN.encode() not in log_text
+    assert TOKEN not in str(raised.value)
+
+
+def _free_port() -> int:
+    from _support import unshared_port
+
+    return unshared_port()

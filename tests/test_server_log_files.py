@@ -14,6 +14,7 @@ was given (the default folder is made again), never a file written at its path.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -26,6 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _checkpoint_support import log_lines, unencodable
 from _support import unshared_port
 from verirl import _server_log
 from verirl._readiness import LogWatch
@@ -174,6 +176,30 @@ def test_a_log_that_is_not_utf8_still_explains_the_exit(tmp_path, servers):
     assert "CUDA out of memory" in tail
     assert "\ufffd" in tail
     str(caught.value).encode("utf-8")  # a report can carry it
+
+
+@pytest.mark.parametrize("where", ["model", "extra_args", "command"])
+def test_an_argv_that_is_not_utf8_starts_and_is_logged_as_utf8(tmp_path, where, caplog):
+    caplog.set_level(logging.DEBUG, logger="verirl")
+    raw = os.fsdecode(b"m\xff")  # a name from bytes that are not UTF-8 (surrogate-escaped)
+    command = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    kwargs: dict[str, object] = {"extra_args": [f"--served-model-name={raw}"]}
+    if where == "command":
+        command.append(raw)
+    if where != "extra_args":
+        kwargs = {}
+    server = VLLMServer(
+        raw if where == "model" else "m", port=unshared_port(), command=command,
+        log_path=tmp_path / "x.log", startup_timeout=30.0, **kwargs,  # type: ignore[arg-type]
+    )  # fmt: skip
+    try:
+        with pytest.raises(VLLMServerExited):  # the program's own exit, not a UnicodeEncodeError
+            server.start()
+    finally:
+        server.stop()
+    assert b"m\\xff" in (tmp_path / "x.log").read_bytes().splitlines()[0]  # shown as \xff
+    assert unencodable(log_lines(caplog)) == []  # verirl's own lines: UTF-8 they can be written
+    caplog.clear()
 
 
 # ---------------------------------------------------------------- reading the tail

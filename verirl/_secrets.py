@@ -10,18 +10,24 @@ scrubbed is every spelling of the secret a message could carry: raw, as
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import os
 import re
 import shlex
+import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from urllib.parse import quote, quote_plus, unquote
 
+from verirl._fs import printable
 from verirl.errors import ConfigError
 
 __all__ = [
     "HIDDEN",
     "check_token",
     "hub_token_in_use",
+    "known_secrets",
     "redact_argv",
     "redact_text",
     "redact_url",
@@ -329,14 +335,17 @@ def redact_argv(argv: Iterable[str], *, secrets: Iterable[str | None] = ()) -> l
     same inside a shell line (``sh -c '...'``, split on white space when its
     quotes do not balance), what `redact_text` hides (a URL's
     ``user:password@``, ``?token=V``, ``Authorization: Bearer V``), and every
-    form of each of ``secrets`` (the Hub token verirl was given) wherever it
-    appears.
+    form of each of ``secrets`` (the Hub token verirl was given) and of
+    `known_secrets` (this process's secret variables, the saved Hub login)
+    wherever it appears. Bytes that are not UTF-8 (surrogate-escaped) are
+    shown escaped (the byte 0xff as backslash, x, f, f), so that any UTF-8
+    log can hold the line.
     """
-    known = [secret for secret in secrets if secret]
+    known = [secret for secret in (*secrets, *known_secrets()) if secret]
     shown = _redact_words(list(argv), known)
     for secret in known:
         shown = [scrub(arg, secret, HIDDEN) for arg in shown]
-    return shown
+    return [printable(arg) for arg in shown]  # bytes that are not UTF-8 shown as \xff
 
 
 def secrets_in_environ(environ: Mapping[str, str]) -> list[str]:
@@ -350,6 +359,41 @@ def secrets_in_environ(environ: Mapping[str, str]) -> list[str]:
         for name, value in environ.items()
         if _secret_name(name) and len(value) >= _MIN_SCRUBBED
     ]
+
+
+def known_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The secrets a command line may carry unnamed: `secrets_in_environ` and the saved Hub token.
+
+    The saved token is the file huggingface_hub itself reads when no variable
+    gives one (``HF_TOKEN_PATH``, else ``$HF_HOME/token`` as ``hf auth login``
+    writes it): read here without huggingface_hub, without blocking (a FIFO
+    or a folder there is no token).
+    """
+    env = os.environ if environ is None else environ
+    found = secrets_in_environ(env)
+    saved = _saved_hub_token(env)
+    if saved is not None and saved not in found:
+        found.append(saved)
+    return found
+
+
+def _saved_hub_token(environ: Mapping[str, str]) -> str | None:
+    cache = environ.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
+    home = environ.get("HF_HOME") or str(Path(cache) / "huggingface")
+    named = environ.get("HF_TOKEN_PATH") or str(Path(home) / "token")
+    path = Path(os.path.expandvars(named)).expanduser()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    with contextlib.closing(os.fdopen(fd, "rb")) as file:
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            token = file.read(4096).decode("utf-8", "replace").strip()
+        except OSError:
+            return None
+    return token if len(token) >= _MIN_SCRUBBED else None
 
 
 def shown_command(value: object) -> object:

@@ -264,7 +264,9 @@ def open_server_log(
             os.close(folder)
     try:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        handle.write(f"--- verirl {stamp}: {shlex.join(redact_argv(argv))}\n".encode())
+        header = f"--- verirl {stamp}: {shlex.join(redact_argv(argv))}\n"
+        # argv may hold bytes that are not UTF-8 (surrogate-escaped): written back as they were
+        handle.write(header.encode("utf-8", "surrogateescape"))
         _check_regular(handle, path, field)
         offset = handle.tell()
     except OSError as exc:

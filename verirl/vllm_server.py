@@ -57,6 +57,7 @@ from verirl._child_env import (
     map_visible_devices,
     vllm_child_environ,
 )
+from verirl._fs import printable
 from verirl._launch import (
     COMMAND_HINT,
     INSTALL_HINT,
@@ -480,9 +481,9 @@ class VLLMServer:
             "started vLLM server (pid %d, GPUs %s) for %s at %s; log: %s; launch: %s",
             popen.pid,
             environ["CUDA_VISIBLE_DEVICES"],
-            self.model,
+            printable(self.model),
             self.base_url,
-            self._active_log,
+            None if self._active_log is None else printable(self._active_log),
             plan.reason,
         )
         return tree
