@@ -101,3 +101,30 @@ def test_a_refused_combination_names_the_variable_it_was_weighed_against(clean, 
     assert message.startswith(first), message
     if inherited is not None:
         assert inherited in message, message
+
+
+# (command, flags, variables, the name first): derived fields must not appear anywhere in the line
+ANYWHERE = [
+    ("serve", ["--dedicated", "--gpus", "2", "--tensor-parallel-size", "2",
+               "--data-parallel-size", "2"], {}, "--tensor-parallel-size"),
+    ("serve", ["--gpus", "8", "--tensor-parallel-size", "2", "--data-parallel-size", "2",
+               "--vllm-gpus", "2"], {}, "--vllm-gpus"),
+    ("serve", ["--gpus", "8", "--data-parallel-size", "2", "--vllm-gpus", "3"], {}, "--vllm-gpus"),
+    ("launch", ["--gpus", "2", "--vllm-port", "29500", "--vllm-command", "/x"],
+     {"MASTER_PORT": "29500"}, "MASTER_PORT"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ANYWHERE)
+def test_no_derived_field_anywhere_in_the_message(clean, capsys, case):
+    command, flags, variables, first = case
+    for key, value in variables.items():
+        clean.setenv(key, value)
+    tail = ["--model", "m"] if command == "serve" else ["--model", "m", "--", "true"]
+    code = main([command, *flags, *tail])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    message = re.sub(r"^.*? ERROR verirl: ", "", err.strip().splitlines()[-1])
+    assert message.startswith(first), message
+    fields = ("tensor_parallel_size", "data_parallel_size", "vllm_gpus", "vllm_port", "gpu_count")
+    assert not [field for field in fields if field in message], message

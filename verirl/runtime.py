@@ -332,13 +332,15 @@ def _check_args(args: object) -> tuple[str, ...]:
 
 
 def check_master_port(
-    topology: VLLMTopology, dist: DistributedEnv, port_name: str = "port"
+    topology: VLLMTopology, dist: DistributedEnv, port_name: str | None = None
 ) -> None:
     """Refuse a ``MASTER_PORT`` that is a port the local vLLM server binds on this host.
 
     torch's rendezvous store listens on ``MASTER_PORT``; the server started
     here listens on its port and, for TRL's weight sync, on TRL's group port.
     Two listeners on one port: one of them fails at start-up, or later.
+    ``port_name``: where the server's port came from, when a variable gave it
+    (an argument, a flag or the default is shown as the number alone).
     """
     if not topology.is_local_server:
         return
@@ -347,7 +349,8 @@ def check_master_port(
         master = int(raw) if raw is not None else None
     except ValueError:
         return
-    taken = {topology.port: f"the vLLM server's port ({port_name}={topology.port})",
+    named = f"{port_name}={topology.port}" if port_name and port_name.isupper() else topology.port
+    taken = {topology.port: f"the vLLM server's port ({named})",
              TRL_GROUP_PORT: f"TRL's weight-sync group port ({TRL_GROUP_PORT})"}  # fmt: skip
     if master in taken:
         reason = (
@@ -602,7 +605,7 @@ class TrainingRuntime:
         else:
             startup = read.settings.vllm_startup_timeout or VLLM_STARTUP_TIMEOUT
         dist = DistributedEnv.single_node(environ=env, avoid_ports=avoided_ports(topology.port))
-        check_master_port(topology, dist, read.name("vllm_port") or "vllm_port")
+        check_master_port(topology, dist, read.name("vllm_port"))
         runtime = cls(
             topology,
             model=model,

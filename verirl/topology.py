@@ -173,7 +173,9 @@ class _PlanInputs:
         if tensor_parallel is None:
             if self.vllm_gpus is not None and self.vllm_gpus % dp:
                 raise ConfigError.invalid(
-                    "vllm_gpus", self.vllm_gpus, f"must be a multiple of data_parallel_size={dp}"
+                    "vllm_gpus",
+                    self.vllm_gpus,
+                    f"must be a multiple of the data-parallel size {dp}",
                 )
             tensor_parallel = 1 if self.vllm_gpus is None else self.vllm_gpus // dp
         parallel = tensor_parallel * dp
@@ -181,7 +183,8 @@ class _PlanInputs:
             raise ConfigError.invalid(
                 "vllm_gpus",
                 self.vllm_gpus,
-                f"must equal tensor_parallel_size * data_parallel_size = {parallel}",
+                f"must equal the tensor-parallel size times the data-parallel size "
+                f"({tensor_parallel} x {dp} = {parallel})",
             )
         return tensor_parallel, parallel
 
@@ -322,6 +325,13 @@ class VLLMTopology:
                 "remote_host", wanted.remote_host, "a dedicated vLLM node runs the server itself"
             )
         if vllm_gpus > wanted.gpu_count:
+            if wanted.vllm_gpus is None:  # tensor-parallel times data-parallel size, as given
+                raise ConfigError.invalid(
+                    "tensor_parallel_size",
+                    tensor_parallel,
+                    f"times the data-parallel size {wanted.data_parallel_size} is {vllm_gpus} "
+                    f"GPUs, more than the node's {wanted.gpu_count}",
+                )
             raise ConfigError.invalid(
                 "vllm_gpus", vllm_gpus, f"exceeds the node's {wanted.gpu_count} GPU(s)"
             )
