@@ -154,3 +154,43 @@ def _free_port() -> int:
     from _support import unshared_port
 
     return unshared_port()
+
+
+def test_a_secret_variable_that_is_not_utf8_is_hidden_and_breaks_nothing():
+    value = os.fsdecode(b"S3cretBytes\xff\xfe0123")
+    argv = ["python", "t.py", "--push", value]
+    shown = _secrets.shown_line(argv, secrets=_secrets.secrets_in_environ({"MY_API_KEY": value}))
+    assert "S3cretBytes" not in shown
+    shown.encode("utf-8")  # one line any UTF-8 log can hold
+    result = run_launch([sys.executable, "-c", "pass"], {"MY_API_KEY": value})
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("HF_HUB_DISABLE_IMPLICIT_TOKEN", "true"), ("OPENAI_API_KEY", "EMPTY"), ("X_TOKEN", "1")],
+)
+def test_a_secret_named_setting_does_not_hide_ordinary_words(name, value):
+    argv = [sys.executable, "-c", "pass", "--bf16", "true", "--tag", "EMPTY", "--output_dir",
+            "/data/trueskill-run"]  # fmt: skip
+    assert _secrets.secrets_in_environ({name: value}) == []
+    result = run_launch(argv, {name: value})
+    assert result.returncode == 0, result.stderr
+    assert "--bf16 true --tag EMPTY --output_dir /data/trueskill-run" in result.stderr
+
+
+def test_the_saved_login_is_found_where_huggingface_hub_finds_it(tmp_path, monkeypatch):
+    # XDG_CACHE_HOME set but empty: huggingface_hub uses it as given, a path relative to the cwd
+    (tmp_path / "huggingface").mkdir()
+    (tmp_path / "huggingface" / "token").write_text(TOKEN)
+    monkeypatch.chdir(tmp_path)
+    env = {"XDG_CACHE_HOME": "", "HOME": str(tmp_path / "home")}
+    assert _secrets.known_secrets(env) == [TOKEN]
+    check = "from huggingface_hub import get_token; import sys; sys.stdout.write(get_token() or '')"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING", "XDG_"))}
+    found = subprocess.run(
+        [sys.executable, "-c", check], env={**clean, **env}, capture_output=True, text=True,
+        timeout=60, check=True, cwd=tmp_path,
+    ).stdout  # fmt: skip
+    assert found == TOKEN  # the same file as huggingface_hub's own

@@ -27,6 +27,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from verirl._fs import printable
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT, vllm_distribution
 from verirl._net import port_is_free
 from verirl._secrets import redact_argv, redact_text, scrub
@@ -63,7 +64,7 @@ def _launch_row(vllm_command: Sequence[str] | None, remote_host: str | None) -> 
     if remote_host is not None:
         return f"not started here: vLLM runs on VERIRL_VLLM_HOST={redact_text(remote_host)}", True
     if vllm_command is not None:
-        shown = shlex.join(redact_text(part) for part in redact_argv(vllm_command))
+        shown = printable(shlex.join(redact_text(part) for part in redact_argv(vllm_command)))
         if shutil.which(vllm_command[0]) is None:  # what launch would fail on (exit 4)
             return f"cannot start: VERIRL_VLLM_COMMAND={shown}: its program is not found", False
         return f"command: VERIRL_VLLM_COMMAND={shown}", True

@@ -17,7 +17,6 @@ import re
 import shlex
 import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from urllib.parse import quote, quote_plus, unquote
 
 from verirl._fs import printable
@@ -35,10 +34,15 @@ __all__ = [
     "scrub_exception",
     "secrets_in_environ",
     "shown_command",
+    "shown_line",
 ]
 
 HIDDEN = "<hidden>"
 _MIN_SCRUBBED = 4  # shorter strings would scrub ordinary words; tokens are much longer
+_MIN_ENVIRON_SECRET = 8
+"""A variable named like a secret with a shorter value holds a setting (``=true``, ``=EMPTY``)."""
+_NOT_SECRETS = frozenset({"true", "false", "yes", "no", "none", "null", "empty", "disabled",
+                          "enabled", "unset", "changeme", "dummy", "placeholder"})  # fmt: skip
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
@@ -81,20 +85,29 @@ def hub_token_in_use(explicit: str | None) -> str | None:
 
 
 def _forms(secret: str) -> list[str]:
+    raw = _utf8(secret)
     forms = {
         secret,
         repr(secret)[1:-1],
         ascii(secret)[1:-1],
         repr(secret.encode("utf-8", "backslashreplace"))[2:-1],
-        quote(secret),
-        quote(secret, safe=""),
-        quote_plus(secret),
+        quote(raw),
+        quote(raw, safe=""),
+        quote_plus(raw),
         json.dumps(secret)[1:-1],
         base64.b64encode(secret.encode("utf-8", "backslashreplace")).decode(),
         base64.b64encode(f"Bearer {secret}".encode("utf-8", "backslashreplace")).decode(),
     }
     # Longest first, so that a form containing another is replaced whole.
     return sorted((f for f in forms if len(f) >= _MIN_SCRUBBED), key=len, reverse=True)
+
+
+def _utf8(text: str) -> bytes:
+    """``text``'s bytes: escaped bytes (``os.fsdecode``) as they were, other surrogates escaped."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace")
 
 
 def scrub(text: str, secret: str | None, placeholder: str = "<token>") -> str:
@@ -337,15 +350,19 @@ def redact_argv(argv: Iterable[str], *, secrets: Iterable[str | None] = ()) -> l
     ``user:password@``, ``?token=V``, ``Authorization: Bearer V``), and every
     form of each of ``secrets`` (the Hub token verirl was given) and of
     `known_secrets` (this process's secret variables, the saved Hub login)
-    wherever it appears. Bytes that are not UTF-8 (surrogate-escaped) are
-    shown escaped (the byte 0xff as backslash, x, f, f), so that any UTF-8
-    log can hold the line.
+    wherever it appears. `shown_line` is the same as one line any UTF-8 log
+    can hold.
     """
     known = [secret for secret in (*secrets, *known_secrets()) if secret]
     shown = _redact_words(list(argv), known)
     for secret in known:
         shown = [scrub(arg, secret, HIDDEN) for arg in shown]
-    return [printable(arg) for arg in shown]  # bytes that are not UTF-8 shown as \xff
+    return shown
+
+
+def shown_line(argv: Iterable[str], *, secrets: Iterable[str | None] = ()) -> str:
+    """`redact_argv` joined as a shell line; bytes that are not UTF-8 shown as `printable` does."""
+    return printable(shlex.join(redact_argv(argv, secrets=secrets)))
 
 
 def secrets_in_environ(environ: Mapping[str, str]) -> list[str]:
@@ -357,7 +374,9 @@ def secrets_in_environ(environ: Mapping[str, str]) -> list[str]:
     return [
         value
         for name, value in environ.items()
-        if _secret_name(name) and len(value) >= _MIN_SCRUBBED
+        if _secret_name(name)
+        and len(value) >= _MIN_ENVIRON_SECRET
+        and value.strip().lower() not in _NOT_SECRETS
     ]
 
 
@@ -378,10 +397,16 @@ def known_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
 
 
 def _saved_hub_token(environ: Mapping[str, str]) -> str | None:
-    cache = environ.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
-    home = environ.get("HF_HOME") or str(Path(cache) / "huggingface")
-    named = environ.get("HF_TOKEN_PATH") or str(Path(home) / "token")
-    path = Path(os.path.expandvars(named)).expanduser()
+    # As huggingface_hub.constants has it: a variable set but empty is used as it is.
+    def expanded(text: str) -> str:
+        return os.path.expandvars(os.path.expanduser(text))  # noqa: PTH111 - its own order
+
+    if environ.get("HUGGINGFACE_CO_STAGING", "").upper() in {"1", "ON", "YES", "TRUE"}:
+        path = os.path.join(os.path.expanduser("~"), ".cache", "huggingface_staging", "token")  # noqa: PTH111, PTH118
+    else:
+        cache = environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))  # noqa: PTH111, PTH118
+        home = expanded(environ.get("HF_HOME", os.path.join(cache, "huggingface")))  # noqa: PTH118
+        path = expanded(environ.get("HF_TOKEN_PATH", os.path.join(home, "token")))  # noqa: PTH118
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (OSError, ValueError):

@@ -21,7 +21,6 @@ import contextlib
 import errno
 import logging
 import os
-import shlex
 import stat
 import tempfile
 import time
@@ -32,7 +31,7 @@ from typing import BinaryIO
 import attrs
 
 from verirl._fs import printable
-from verirl._launch import redact_argv
+from verirl._secrets import shown_line
 from verirl.errors import ConfigError
 
 __all__ = [
@@ -264,9 +263,7 @@ def open_server_log(
             os.close(folder)
     try:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        header = f"--- verirl {stamp}: {shlex.join(redact_argv(argv))}\n"
-        # argv may hold bytes that are not UTF-8 (surrogate-escaped): written back as they were
-        handle.write(header.encode("utf-8", "surrogateescape"))
+        handle.write(f"--- verirl {stamp}: {shown_line(argv)}\n".encode())
         _check_regular(handle, path, field)
         offset = handle.tell()
     except OSError as exc:

@@ -73,7 +73,6 @@ import os
 import pathlib
 import secrets
 import select
-import shlex
 import signal
 import subprocess
 import threading
@@ -82,9 +81,10 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 import psutil
 
+from verirl._fs import printable
 from verirl._phases import SIGNAL_CHECK
 from verirl._process import death_signal_preexec, set_child_subreaper, spawn
-from verirl._secrets import redact_argv, secrets_in_environ
+from verirl._secrets import redact_argv, secrets_in_environ, shown_line
 from verirl.errors import VLLMServerError
 
 __all__ = ["LAUNCH_MARKER_VAR", "run_command"]
@@ -469,7 +469,7 @@ class _Command:
         with contextlib.suppress(Exception):
             for round_ in itertools.count():
                 fresh = [process for process in self.collect() if process not in killed]
-                if not fresh and round_ and self.quiet():
+                if not fresh and round_ and (self.quiet() or time.monotonic() >= deadline):
                     return
                 for process in fresh:
                     killed.add(process)
@@ -551,8 +551,11 @@ class _Command:
         """
         while self.wait_gone(processes, deadline):
             processes = self.signal_new()
-            if not processes and self.quiet():
-                return True
+            if not processes:
+                if self.quiet():
+                    return True
+                if time.monotonic() >= deadline:  # something near launch that no look finds
+                    return False
         return False
 
 
@@ -738,10 +741,10 @@ def _run(
                 child = spawn(functools.partial(_start, command, env, started))
             except (OSError, subprocess.SubprocessError) as exc:
                 secrets_ = secrets_in_environ(env)
-                shown = shlex.join(redact_argv(command, secrets=secrets_))
+                shown = shown_line(command, secrets=secrets_)
                 # The command is shown redacted; an OSError's own text would repeat argv[0].
                 strerror = exc.strerror if isinstance(exc, OSError) else None
-                (why,) = redact_argv([strerror or str(exc)], secrets=secrets_)
+                why = printable(redact_argv([strerror or str(exc)], secrets=secrets_)[0])
                 log.error("cannot run %s: %s", shown, why)  # noqa: TRY400 - no traceback for a missing program
                 return 127
             tracked.append(_Command(child, marker, since, others))

@@ -68,6 +68,7 @@ from verirl._cli_output import (
     wants_json,
     write_document,
 )
+from verirl._fs import printable
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT
 from verirl._net import url_host
 from verirl._secrets import HIDDEN, redact_argv, redact_text, secrets_in_environ, shown_command
@@ -763,7 +764,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             gpus = f"the GPUs as launched (CUDA_VISIBLE_DEVICES={visible or 'unset'})"
         log.info(
             "running %s on %s (resume: %s)",
-            shlex.join(shown),
+            printable(shlex.join(shown)),
             gpus,
             session.resume_from_checkpoint or "fresh start",
         )
