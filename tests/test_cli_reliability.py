@@ -669,12 +669,19 @@ def test_doctor_is_a_preflight(tmp_path, env_server):
             ["--env-url", closed, "--vllm-port", free],
             {"VERIRL_VLLM_COMMAND": FAKE_VLLM, **counted},
         ),
-        "no launch": (["--env-url", env_server, "--vllm-port", free], counted),
+        "no launch": (  # two GPUs: server mode
+            ["--env-url", env_server, "--vllm-port", free],
+            {"VERIRL_GPU_COUNT": "2"},
+        ),
+        "colocate": (  # one GPU: no server to start here, whatever the command says
+            ["--env-url", env_server, "--vllm-port", free],
+            {"VERIRL_VLLM_COMMAND": f"{tmp_path}/no-such-program", **counted},
+        ),
         "both": (["--env-url", closed, "--vllm-port", free], counted),
         "remote": (["--env-url", env_server], {"VERIRL_VLLM_HOST": "vllm-node", **counted}),
         "no program": (
             ["--env-url", env_server, "--vllm-port", free],
-            {"VERIRL_VLLM_COMMAND": f"{tmp_path}/no-such-program --serve", **counted},
+            {"VERIRL_VLLM_COMMAND": f"{tmp_path}/no-such-program --serve", "VERIRL_GPU_COUNT": "2"},
         ),
         "no GPU": (
             ["--env-url", env_server, "--vllm-port", free],
@@ -701,6 +708,7 @@ def test_doctor_is_a_preflight(tmp_path, env_server):
         "no launch": (4, True),  # no trl/vllm in this suite's interpreter
         "both": (3, True),
         "remote": (0, False),  # nothing starts here: the ports are not this machine's concern
+        "colocate": (0, False),
         "no program": (4, True),  # launch: "cannot be started (No such file or directory)"
         "no GPU": (2, True),  # launch without --gpus: "no GPU was detected"
         "hidden GPUs": (2, True),  # launch: VERIRL_GPU_COUNT=2 that CUDA_VISIBLE_DEVICES hides
@@ -708,14 +716,20 @@ def test_doctor_is_a_preflight(tmp_path, env_server):
 
 
 def test_doctor_with_everything_usable_exits_0(tmp_path, env_server):
-    free = str(unshared_port())
-    result = subprocess.run(
-        [sys.executable, "-m", "verirl", "doctor", "--env-url", env_server, "--vllm-port", free],
-        capture_output=True, text=True, timeout=120, check=False,
-        env=clean_environ(tmp_path, VERIRL_VLLM_COMMAND=FAKE_VLLM, VERIRL_GPU_COUNT="1"),
-    )  # fmt: skip
-    group_port_free = nothing_listens(51216)
-    assert result.returncode == (0 if group_port_free else 4), result.stderr
+    # two GPUs: server mode, so the launch and both ports are checked. TRL's group port is
+    # fixed and another test may hold it meanwhile: a run counts when it was the same before
+    # and after (busy throughout: 4 is right).
+    for _ in range(5):
+        before = nothing_listens(51216)
+        result = subprocess.run(
+            [sys.executable, "-m", "verirl", "doctor", "--env-url", env_server,
+             "--vllm-port", str(unshared_port())],
+            capture_output=True, text=True, timeout=120, check=False,
+            env=clean_environ(tmp_path, VERIRL_VLLM_COMMAND=FAKE_VLLM, VERIRL_GPU_COUNT="2"),
+        )  # fmt: skip
+        if nothing_listens(51216) == before:
+            break
+    assert result.returncode == (0 if before else 4), result.stderr
 
 
 @pytest.mark.parametrize("command", ["serve", "launch"])

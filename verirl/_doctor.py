@@ -59,10 +59,14 @@ def _version_of(distribution: str) -> str:
         return "missing"
 
 
-def _launch_row(vllm_command: Sequence[str] | None, remote_host: str | None) -> tuple[str, bool]:
+def _launch_row(
+    vllm_command: Sequence[str] | None, remote_host: str | None, *, local: bool
+) -> tuple[str, bool]:
     """What `VLLMServer` would run here, and why, or why it cannot; and whether it can."""
     if remote_host is not None:
         return f"not started here: vLLM runs on VERIRL_VLLM_HOST={redact_text(remote_host)}", True
+    if not local:
+        return "not started here: colocate mode (vLLM runs inside the trainer)", True
     if vllm_command is not None:
         shown = printable(shlex.join(redact_text(part) for part in redact_argv(vllm_command)))
         if shutil.which(vllm_command[0]) is None:  # what launch would fail on (exit 4)
@@ -73,6 +77,20 @@ def _launch_row(vllm_command: Sequence[str] | None, remote_host: str | None) -> 
     except VeriRLError as exc:  # in the command line's words: doctor is a command
         return f"cannot start: {str(exc).replace(COMMAND_HINT, CLI_COMMAND_HINT)}", False
     return f"{plan.kind}: {plan.reason}", True
+
+
+def _local_server() -> bool:
+    """Whether `launch` here, as the variables set it, would start a vLLM server on this host.
+
+    Colocate mode starts none, so nothing about a server launch matters; a
+    layout that cannot be planned is checked as one that starts a server.
+    """
+    try:
+        from verirl.runtime import topology_from_settings  # noqa: PLC0415
+
+        return topology_from_settings().is_local_server
+    except Exception:  # noqa: BLE001 - reported by the GPU rows, not here
+        return True
 
 
 def _sources_of(token: str) -> str:
@@ -146,7 +164,8 @@ def examine(
     ]
     problems: list[tuple[int, str]] = []
     rows += [(name, _version_of(name)) for name in ("trl", "vllm", "torch", "transformers")]
-    launch, usable = _launch_row(vllm_command, vllm_remote_host)
+    local = vllm_remote_host is None and _local_server()
+    launch, usable = _launch_row(vllm_command, vllm_remote_host, local=local)
     rows.append(("vLLM launch", launch))
     if not usable:
         problems.append((EXIT_VLLM, f"vLLM launch: {launch}"))
@@ -166,7 +185,7 @@ def examine(
     for label, port in (("vLLM port", vllm_port), ("TRL group port", TRL_GROUP_PORT)):
         free = port_is_free(port)
         rows.append((f"{label} {port}", "free" if free else "IN USE"))
-        if not free and vllm_remote_host is None:
+        if not free and local:
             problems.append((EXIT_VLLM, f"{label} {port} is in use"))
     if probe is not None:
         healthy = probe.check()

@@ -171,12 +171,12 @@ class _Command:
         child: subprocess.Popen[bytes],
         marker: str,
         since: float,
-        others: Collection[int] = (),
+        others: Mapping[int, float] | None = None,
     ) -> None:
         self.child = child
         self.marker = marker
         self.since = since
-        self.others = frozenset(others)
+        self.others = dict(others or {})  # pid → creation time
         self.seen: dict[int, psutil.Process] = {}
         self.pending: list[psutil.Process] = []  # left to a parent of the command to signal
         self.signum: int = signal.SIGTERM
@@ -253,7 +253,7 @@ class _Command:
 
         An adopted orphan that ended is reaped here (it is launch's zombie).
         """
-        children = [pid for pid in _children_of(me) if pid not in self.others]
+        children = [pid for pid in _children_of(me) if not self._other(pid)]
         for pid in children:
             if pid != self.child.pid:  # the command is reaped by its Popen
                 with contextlib.suppress(OSError):
@@ -277,6 +277,21 @@ class _Command:
                 return False
         return True
 
+    def _other(self, pid: int, process: psutil.Process | None = None) -> bool:
+        """Whether ``pid`` is one of launch's processes from before the command (``others``).
+
+        Those are launch's descendants then (the vLLM server and its workers),
+        known by pid and creation time: one orphaned since (a worker of a
+        server that crashed) is adopted by launch but is not the command's.
+        """
+        created = self.others.get(pid)
+        if created is None:
+            return False
+        try:
+            return (process or psutil.Process(pid)).create_time() == created
+        except (psutil.Error, OSError):
+            return True  # gone: nothing to find
+
     def _found(self, process: psutil.Process, me: int) -> bool:
         """Whether ``process`` is the command's: in its group, an adopted orphan, or marked."""
         if self.in_group(process) or self._adopted(process, me):
@@ -297,7 +312,7 @@ class _Command:
     def _adopted(self, process: psutil.Process, me: int) -> bool:
         """Whether ``process`` is an orphan of the command reparented to launch (the subreaper)."""
         try:
-            return process.ppid() == me and process.pid not in self.others
+            return process.ppid() == me and not self._other(process.pid, process)
         except (psutil.Error, OSError):
             return False
 
@@ -732,9 +747,11 @@ def _run(
     tracked: list[_Command],
 ) -> int:
     """`run_command`'s body, with launch a child subreaper."""
-    others: list[int] = []
+    others: dict[int, float] = {}
     with contextlib.suppress(psutil.Error):
-        others = [process.pid for process in psutil.Process().children()]
+        for process in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                others[process.pid] = process.create_time()
     try:
         try:
             try:
