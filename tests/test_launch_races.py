@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _support import clear_verirl_env
+from _support import clear_verirl_env, unshared_port
 
 DEADLINE = 30.0
 """Seconds any one awaited event may take (a loaded CI machine starts Pythons slowly)."""
@@ -246,3 +246,53 @@ def test_a_daemon_changing_its_pid_faster_than_a_look_does_not_outlive_launch(ra
     psutil.wait_procs([], timeout=0.5)  # a hundred hops, were it alive
     assert race.record.stat().st_size == hops, race.stderr
     assert race.survivors() == [], race.stderr
+
+
+SERVER = """
+import os, signal, sys, time
+record, armed = sys.argv[1], sys.argv[2]  # then the flags verirl gives a server: ignored
+
+def noted(signum, _frame):
+    with open(record, "a") as sink:
+        sink.write(f"{os.getpid()} {signum}\\n")
+    time.sleep(1.0)  # a duplicate sent meanwhile interrupts the sleep and is noted too
+    os._exit(0)
+
+signal.signal(signal.SIGTERM, noted)
+signal.signal(signal.SIGINT, noted)
+open(armed, "w").close()
+time.sleep(120)  # never ready: the inner launch is still starting it
+"""
+
+
+def test_a_nested_launchs_server_starting_gets_the_signal_once(tmp_path, monkeypatch) -> None:
+    # The outer launch's command is an inner launch whose vLLM server is still starting (no
+    # command of its own yet): the inner launch stops its server; the outer must leave it be.
+    clear_verirl_env(monkeypatch, tmp_path)
+    script = tmp_path / "server.py"
+    script.write_text(textwrap.dedent(SERVER))
+    record, armed = tmp_path / "signals", tmp_path / "armed"
+    server = f"{sys.executable} {script} {record} {armed}"
+    launch = [sys.executable, "-m", "verirl", "launch", "--shutdown-timeout", "10"]
+    argv = [*launch, "--gpus", "1", "--", "env", "CUDA_VISIBLE_DEVICES=0,1",
+            *launch, "--gpus", "2", "--model", "m", "--vllm-command", server,
+            "--vllm-port", str(unshared_port()), "--", sys.executable, "-c", "pass"]  # fmt: skip
+    stderr = tmp_path / "launch.err"
+    with stderr.open("w") as sink:
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + DEADLINE
+        while not armed.exists():
+            assert proc.poll() is None, stderr.read_text()
+            assert time.monotonic() < deadline, stderr.read_text()
+            psutil.wait_procs([], timeout=0.01)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=DEADLINE * 2) == 143, stderr.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    counts = collections.Counter(int(line.split()[0]) for line in record.read_text().splitlines())
+    assert list(counts.values()) == [1], (counts, stderr.read_text())

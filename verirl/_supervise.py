@@ -38,7 +38,8 @@ passing it on, launch does): a rank of
 torchrun (``TORCHELASTIC_RUN_ID`` in its environment) while its parent lives,
 as torchrun forwards the signal to the ranks it started in sessions of their
 own, and a rank stops what it started; and a process of a nested ``verirl
-launch`` (a marker after ours in its environment, or, for one that dropped
+launch`` (a marker after ours in its environment: the inner launch marks its
+vLLM server too, from its start (`mark_this_launch`), or, for one that dropped
 its environment, such a launch among its ancestors) while that inner launch
 lives, as it passes the signal on to its own command the same way. Each
 time all those signalled are gone within the grace, launch looks again: a
@@ -87,7 +88,7 @@ from verirl._process import death_signal_preexec, set_child_subreaper, spawn
 from verirl._secrets import redact_argv, secrets_in_environ, shown_line
 from verirl.errors import VLLMServerError
 
-__all__ = ["LAUNCH_MARKER_VAR", "run_command"]
+__all__ = ["LAUNCH_MARKER_VAR", "mark_this_launch", "run_command"]
 
 log = logging.getLogger(__name__)
 
@@ -438,6 +439,8 @@ class _Command:
             if not self.in_group(process) and self.forwarded_by_parent(process):
                 self.pending.append(process)
                 continue
+            if _ending(process):  # ended since the look: it would never handle the signal
+                continue
             with contextlib.suppress(psutil.Error):
                 process.send_signal(self.signum)  # psutil refuses a pid that was reused
 
@@ -460,7 +463,7 @@ class _Command:
         passed it.
         """
         for process in list(self.pending):
-            if not _alive(process):
+            if _ending(process):
                 self.pending.remove(process)
             elif not self.forwarded_by_parent(process):
                 self.pending.remove(process)
@@ -572,6 +575,16 @@ class _Command:
                 if time.monotonic() >= deadline:  # something near launch that no look finds
                     return False
         return False
+
+
+def _ending(process: psutil.Process) -> bool:
+    """Whether ``process`` has ended or is ending (a zombie, or its memory already released)."""
+    if not _alive(process):
+        return True
+    try:
+        return not pathlib.Path(f"/proc/{process.pid}/cmdline").read_bytes()
+    except OSError:
+        return not _alive(process)
 
 
 def _children_of(pid: int) -> list[int]:
@@ -702,6 +715,19 @@ def _end_leftovers(command: _Command, grace: float) -> None:
     finally:
         if not done:
             command.kill()
+
+
+def mark_this_launch() -> None:
+    """Append a marker of this launch to `LAUNCH_MARKER_VAR` in ``os.environ``, for what it starts.
+
+    The vLLM server a nested ``verirl launch`` starts, before its command,
+    then carries the inner launch's marker after the outer one's: the outer
+    launch leaves signalling it to the inner one, as it does for the inner
+    command's processes (`run_command` appends a marker of its own for those).
+    """
+    outer = os.environ.get(LAUNCH_MARKER_VAR, "")
+    marker = f"{os.getpid()}-{secrets.token_hex(8)}"
+    os.environ[LAUNCH_MARKER_VAR] = f"{outer},{marker}" if outer else marker
 
 
 def run_command(command: Sequence[str], env: dict[str, str], grace: float) -> int:

@@ -747,8 +747,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise ConfigError.invalid("COMMAND", shown, "must not contain a null byte")
     grace = _launch_grace(args)
     _refuse_unused(args)
-    from verirl._supervise import run_command  # noqa: PLC0415 - psutil, only for launch
+    from verirl._supervise import mark_this_launch, run_command  # noqa: PLC0415 - psutil
 
+    mark_this_launch()  # the vLLM server started here is known as this launch's
     given = _settings_from_args(args)  # split and checked once, for the runtime and the command
     runtime = TrainingRuntime.from_settings(**given)
     with runtime as session:
