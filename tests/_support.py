@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import signal
 import socket
+import subprocess
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -133,6 +135,17 @@ def kill_all(processes: Iterable[psutil.Process]) -> None:
         except psutil.Error:
             continue
     still_alive(procs, timeout=10)
+
+
+def end_launch(proc: subprocess.Popen[bytes], processes: Iterable[psutil.Process]) -> None:
+    """Test teardown: SIGKILL ``processes``, then the launch ``proc`` and its group; reap it."""
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def unshared_port(host: str = "127.0.0.1") -> int:

@@ -92,12 +92,7 @@ MIXED = [
 @pytest.mark.parametrize("case", MIXED)
 def test_a_refused_combination_names_the_variable_it_was_weighed_against(clean, capsys, case):
     flags, variables, first, inherited = case
-    for key, value in variables.items():
-        clean.setenv(key, value)
-    code = main(["launch", *flags, "--", "true"])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    message = re.sub(r"^.*? ERROR verirl: ", "", err.strip().splitlines()[-1])
+    message = _refusal(clean, capsys, ["launch", *flags, "--", "true"], variables)
     assert message.startswith(first), message
     if inherited is not None:
         assert inherited in message, message
@@ -118,13 +113,18 @@ ANYWHERE = [
 @pytest.mark.parametrize("case", ANYWHERE)
 def test_no_derived_field_anywhere_in_the_message(clean, capsys, case):
     command, flags, variables, first = case
-    for key, value in variables.items():
-        clean.setenv(key, value)
     tail = ["--model", "m"] if command == "serve" else ["--model", "m", "--", "true"]
-    code = main([command, *flags, *tail])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    message = re.sub(r"^.*? ERROR verirl: ", "", err.strip().splitlines()[-1])
+    message = _refusal(clean, capsys, [command, *flags, *tail], variables)
     assert message.startswith(first), message
     fields = ("tensor_parallel_size", "data_parallel_size", "vllm_gpus", "vllm_port", "gpu_count")
     assert not [field for field in fields if field in message], message
+
+
+def _refusal(clean, capsys, argv, variables):
+    """The one error line of ``argv`` run with ``variables`` set (exit 2), without its prefix."""
+    for key, value in variables.items():
+        clean.setenv(key, value)
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    return re.sub(r"^.*? ERROR verirl: ", "", err.strip().splitlines()[-1])

@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _support import clear_verirl_env, still_alive
+from _support import clear_verirl_env, end_launch, still_alive
 
 DEADLINE = 30.0
 """Seconds any one awaited event may take (a loaded CI machine starts Pythons slowly)."""
@@ -245,13 +245,7 @@ class Scene:
         if self.recorder is not None:
             with contextlib.suppress(psutil.Error):
                 self.recorder.kill()
-        for process in self.survivors(timeout=0):
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        end_launch(self.proc, self.survivors(timeout=0))
         if self.recorder is not None:
             still_alive([self.recorder], timeout=10)
 

@@ -18,7 +18,6 @@ that append ``pid signal`` to a file for each signal they get.
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import signal
 import subprocess
@@ -31,7 +30,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _support import clear_verirl_env, unshared_port
+from _support import clear_verirl_env, end_launch, unshared_port
 
 DEADLINE = 30.0
 """Seconds any one awaited event may take (a loaded CI machine starts Pythons slowly)."""
@@ -179,13 +178,8 @@ class Race:
             left = self.survivors()
             if not left:
                 break
-            for process in left:
-                with contextlib.suppress(psutil.Error):
-                    process.kill()
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+            end_launch(self.proc, left)
+        end_launch(self.proc, [])
 
 
 @pytest.fixture
@@ -291,8 +285,6 @@ def test_a_nested_launchs_server_starting_gets_the_signal_once(tmp_path, monkeyp
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=DEADLINE * 2) == 143, stderr.read_text()
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        end_launch(proc, [])
     counts = collections.Counter(int(line.split()[0]) for line in record.read_text().splitlines())
     assert list(counts.values()) == [1], (counts, stderr.read_text())

@@ -12,7 +12,6 @@ duplicate sent after the first one still finds it alive and is counted.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import signal
@@ -26,7 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _support import clear_verirl_env, still_alive
+from _support import clear_verirl_env, end_launch, still_alive
 from verirl._supervise import _stop_command
 
 DEADLINE = 30.0
@@ -110,13 +109,7 @@ class Launch:
         return self.proc.wait(timeout=DEADLINE)
 
     def close(self) -> None:
-        for process in self.command:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        end_launch(self.proc, self.command)
         still_alive(self.command, timeout=10)
 
 
