@@ -222,6 +222,8 @@ def test_doctor_reports_without_leaking_the_token(capsys, clean_env, monkeypatch
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "token"))
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     monkeypatch.setenv("HF_TOKEN", "hf_supersecret")
+    monkeypatch.setenv("VERIRL_GPU_COUNT", "2")  # server mode: a server to launch here
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     with FakeEnvServer() as server:
         url = server.url
         # This suite's interpreter has neither trl nor vllm: no vLLM launch is possible (4).

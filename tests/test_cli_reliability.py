@@ -687,6 +687,18 @@ def test_doctor_is_a_preflight(tmp_path, env_server):
             ["--env-url", env_server, "--vllm-port", free],
             {"VERIRL_VLLM_COMMAND": FAKE_VLLM, "CUDA_VISIBLE_DEVICES": ""},  # on any machine
         ),
+        "server on 1 GPU": (  # launch: "server mode needs more GPUs than the 1 given to vLLM"
+            ["--env-url", env_server, "--vllm-port", free],
+            {"VERIRL_VLLM_COMMAND": FAKE_VLLM, "VERIRL_VLLM_MODE": "server", **counted},
+        ),
+        "own flag in args": (  # launch: --tensor-parallel-size is verirl's own
+            ["--env-url", env_server, "--vllm-port", free],
+            {
+                "VERIRL_VLLM_COMMAND": FAKE_VLLM,
+                "VERIRL_GPU_COUNT": "2",
+                "VERIRL_VLLM_ARGS": "--tensor-parallel-size=4",
+            },
+        ),
         "hidden GPUs": (
             ["--env-url", env_server, "--vllm-port", free],
             {
@@ -711,7 +723,9 @@ def test_doctor_is_a_preflight(tmp_path, env_server):
         "colocate": (0, False),
         "no program": (4, True),  # launch: "cannot be started (No such file or directory)"
         "no GPU": (2, True),  # launch without --gpus: "no GPU was detected"
-        "hidden GPUs": (2, True),  # launch: VERIRL_GPU_COUNT=2 that CUDA_VISIBLE_DEVICES hides
+        "hidden GPUs": (2, True),
+        "server on 1 GPU": (2, True),
+        "own flag in args": (2, True),  # launch: VERIRL_GPU_COUNT=2 that CUDA_VISIBLE_DEVICES hides
     }
 
 

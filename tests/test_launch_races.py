@@ -18,6 +18,7 @@ that append ``pid signal`` to a file for each signal they get.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import signal
 import subprocess
@@ -30,7 +31,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _support import clear_verirl_env, end_launch, unshared_port
+from _support import clear_verirl_env, end_launch, still_alive, unshared_port
 
 DEADLINE = 30.0
 """Seconds any one awaited event may take (a loaded CI machine starts Pythons slowly)."""
@@ -122,6 +123,28 @@ while time.monotonic() < end:
     with open(record, "a") as sink:  # a sign of life at each hop
         sink.write(f"{os.getpid()} 0\\n")
     time.sleep(0.005)
+"""
+
+
+HEADLESS = """
+import ctypes, os, signal, subprocess, sys, threading
+record, armed = sys.argv[1], sys.argv[2]
+if len(sys.argv) == 3:  # the command: starts the headless process, then exits at once
+    subprocess.Popen([sys.executable, __file__, record, armed, "child"])
+    while not os.path.exists(armed):
+        threading.Event().wait(0.01)
+    sys.exit(0)
+
+def note():  # in a thread: the main thread is gone (the process shows as a zombie, "Zl")
+    while True:
+        signum = signal.sigwait({signal.SIGTERM, signal.SIGINT})
+        with open(record, "a") as sink:
+            sink.write(f"{os.getpid()} {signum}\\n")
+
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+threading.Thread(target=note).start()
+open(armed, "w").close()
+ctypes.CDLL(None).pthread_exit(None)  # the main thread ends; the process goes on
 """
 
 
@@ -288,3 +311,79 @@ def test_a_nested_launchs_server_starting_gets_the_signal_once(tmp_path, monkeyp
         end_launch(proc, [])
     counts = collections.Counter(int(line.split()[0]) for line in record.read_text().splitlines())
     assert list(counts.values()) == [1], (counts, stderr.read_text())
+
+
+def test_a_process_whose_main_thread_ended_is_signalled_once_and_ended(races) -> None:
+    race = races(HEADLESS, grace=1)
+    try:
+        assert race.proc.wait(timeout=DEADLINE * 2) == 0, race.stderr
+        assert "left 1 process(es) running" in race.stderr, race.stderr
+        counts = race.signalled()
+        assert list(counts.values()) == [1], race.stderr  # SIGTERM once, then SIGKILL
+        (headless,) = counts
+        assert not Path(f"/proc/{headless}").exists(), race.stderr  # zombie-like, yet alive
+    finally:  # its command line reads empty: the fixture's look by command line misses it
+        for pid in race.signalled():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+HELPER = """
+import os, signal, sys, threading
+record = sys.argv[1]
+
+def noted(signum, _frame):
+    with open(record, "a") as sink:
+        sink.write(f"{os.getpid()} {signum}\\n")
+    os._exit(0)
+
+signal.signal(signal.SIGTERM, noted)
+signal.signal(signal.SIGINT, noted)
+open(record + ".ready", "w").close()
+threading.Event().wait(120)
+"""
+
+
+def test_a_process_the_server_orphans_after_the_command_started_is_not_the_commands(
+    tmp_path, monkeypatch
+) -> None:
+    # The vLLM server launch started leaves a helper orphaned (reparented to launch, the
+    # subreaper) while the command runs: it is the server's, stopped with the server.
+    clear_verirl_env(monkeypatch, tmp_path)
+    (tmp_path / "helper.py").write_text(textwrap.dedent(HELPER))
+    record = tmp_path / "helper-signals"
+    go = tmp_path / "go"
+    py = sys.executable
+    server = (  # the server's child, a subshell, starts the helper once the command runs, exits
+        f"sh -c '(while [ ! -e {go} ]; do sleep 0.05; done; {py} {tmp_path / 'helper.py'} "
+        f'{record} &) & exec {py} -m fakes.vllm_serve "$@"\' server'
+    )
+    command = (
+        f"import pathlib, threading; pathlib.Path({str(go)!r}).touch(); ready = "
+        f"pathlib.Path({str(record)!r} + '.ready')\n"
+        "while not ready.exists(): threading.Event().wait(0.02)"
+    )
+    argv = [py, "-m", "verirl", "launch", "--gpus", "2", "--model", "m", "--vllm-command", server,
+            "--vllm-port", str(unshared_port()), "--shutdown-timeout", "5", "--", py, "-c",
+            command]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=DEADLINE * 3, check=False)
+    try:
+        assert done.returncode == 0, done.stderr
+        assert "left" not in done.stderr, done.stderr  # not blamed on the command
+        assert (tmp_path / "helper-signals.ready").exists()
+        helpers = [int(line.split()[0]) for line in record.read_text().splitlines()]
+        assert len(helpers) == 1, done.stderr  # one signal, from the server's teardown
+        assert _gone(helpers[0]), done.stderr
+    finally:
+        for process in psutil.process_iter(["cmdline"]):
+            if any(str(tmp_path) in arg for arg in process.info["cmdline"] or ()):
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has ended within `DEADLINE` (a zombie no one reaps counts as ended)."""
+    try:
+        return still_alive([psutil.Process(pid)], timeout=DEADLINE) == []
+    except psutil.NoSuchProcess:
+        return True

@@ -8,8 +8,9 @@ doctor is a preflight: `examine` also returns the problems, each with the
 exit code the command that runs into it would end with (3: the env server is
 not healthy; 4: no vLLM server can be started here (nothing to launch, or a
 `VERIRL_VLLM_COMMAND` whose program is not there), or its port is taken; 2:
-no GPU to plan for (none visible and no ``VERIRL_GPU_COUNT``, or a count
-``CUDA_VISIBLE_DEVICES`` hides); 1: torch fails to load). The Hub token is
+the job cannot be planned from the variables, as `TrainingRuntime.from_settings`
+plans it for ``verirl launch``; 1: torch fails to load). In colocate mode no
+server starts here, so its launch and ports are not checked. The Hub token is
 looked up the way huggingface_hub looks it up (``HF_TOKEN``,
 ``HUGGING_FACE_HUB_TOKEN``, the file at ``HF_TOKEN_PATH``, else
 ``$HF_HOME/token`` written by ``hf auth login``), by huggingface_hub itself,
@@ -35,7 +36,7 @@ from verirl._version import __version__
 from verirl.distenv import DistributedEnv
 from verirl.envserver import HttpEnvServerProbe
 from verirl.errors import ConfigError, VeriRLError
-from verirl.topology import TRL_GROUP_PORT, check_visible_gpus, detect_gpu_count
+from verirl.topology import TRL_GROUP_PORT, detect_gpu_count
 from verirl.vllm_server import VLLMServer
 
 __all__ = ["EXIT_CONFIG", "EXIT_ENV_SERVER", "EXIT_ERROR", "EXIT_VLLM", "examine",
@@ -79,18 +80,22 @@ def _launch_row(
     return f"{plan.kind}: {plan.reason}", True
 
 
-def _local_server() -> bool:
-    """Whether `launch` here, as the variables set it, would start a vLLM server on this host.
+def _layout() -> tuple[bool, str | None]:
+    """Whether `launch`, as the variables set it, starts a vLLM server here; why it cannot plan.
 
-    Colocate mode starts none, so nothing about a server launch matters; a
-    layout that cannot be planned is checked as one that starts a server.
+    The runtime is built as ``verirl launch`` builds it from the variables
+    (nothing is started): colocate mode and a remote server start none here,
+    so nothing about a server launch matters; a layout that cannot be planned
+    is what launch would end on (exit 2), not the server launch after it.
     """
-    try:
-        from verirl.runtime import topology_from_settings  # noqa: PLC0415
+    from verirl.runtime import TrainingRuntime  # noqa: PLC0415
 
-        return topology_from_settings().is_local_server
-    except Exception:  # noqa: BLE001 - reported by the GPU rows, not here
-        return True
+    try:
+        return TrainingRuntime.from_settings().topology.is_local_server, None
+    except ConfigError as exc:
+        return False, str(exc)
+    except Exception:  # noqa: BLE001 - the rows below say what is wrong
+        return True, None
 
 
 def _sources_of(token: str) -> str:
@@ -151,12 +156,11 @@ def examine(
     hub_token: str | None,
     vllm_command: Sequence[str] | None = None,
     vllm_remote_host: str | None = None,
-    gpu_count: int | None = None,
 ) -> tuple[list[tuple[str, str]], list[tuple[int, str]]]:
     """The doctor's rows, (label, value), in the order printed; and the problems found.
 
     A problem is (exit code, what): the first of the codes in the order 3, 4,
-    2, 1 is doctor's exit code. ``gpu_count``: ``VERIRL_GPU_COUNT``'s value.
+    2, 1 is doctor's exit code.
     """
     rows: list[tuple[str, str]] = [
         ("python", f"{platform.python_version()} ({sys.executable})"),
@@ -164,22 +168,23 @@ def examine(
     ]
     problems: list[tuple[int, str]] = []
     rows += [(name, _version_of(name)) for name in ("trl", "vllm", "torch", "transformers")]
-    local = vllm_remote_host is None and _local_server()
-    launch, usable = _launch_row(vllm_command, vllm_remote_host, local=local)
+    local, unplanned = _layout()
+    if unplanned is not None:
+        launch, usable = "unknown: launch and serve cannot plan the layout (below)", True
+        problems.append((EXIT_CONFIG, f"layout: {unplanned}"))
+    else:
+        launch, usable = _launch_row(vllm_command, vllm_remote_host, local=local)
     rows.append(("vLLM launch", launch))
     if not usable:
         problems.append((EXIT_VLLM, f"vLLM launch: {launch}"))
     try:
-        detected = detect_gpu_count()
-        gpus = str(detected)
+        gpus = str(detect_gpu_count())
     except ConfigError as exc:  # CUDA_VISIBLE_DEVICES that names no GPU: the variable's fault
         gpus = f"unknown: {exc}"
         problems.append((EXIT_ERROR, f"GPUs visible: {gpus}"))
     except Exception as exc:  # noqa: BLE001 - a broken torch install is a finding, not a crash
         gpus = f"unknown: torch failed to load ({type(exc).__name__}: {exc})"
         problems.append((EXIT_ERROR, f"GPUs visible: {gpus}"))
-    else:
-        problems += _gpu_count_problems(detected, gpu_count)
     rows.append(("GPUs visible", gpus))
     rows.append(("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")))
     for label, port in (("vLLM port", vllm_port), ("TRL group port", TRL_GROUP_PORT)):
@@ -204,23 +209,6 @@ def examine(
     )
     problems.sort(key=lambda problem: _PRIORITY.index(problem[0]))
     return rows, problems
-
-
-def _gpu_count_problems(detected: int, gpu_count: int | None) -> list[tuple[int, str]]:
-    """Why ``launch``/``serve`` without ``--gpus`` could not plan here (exit 2), if so."""
-    if gpu_count is None:
-        if detected > 0:
-            return []
-        why = (
-            "GPUs visible: none, and VERIRL_GPU_COUNT is unset: launch and serve need "
-            "--gpus N or VERIRL_GPU_COUNT"
-        )
-        return [(EXIT_CONFIG, why)]
-    try:
-        check_visible_gpus(gpu_count, os.environ, field="VERIRL_GPU_COUNT")
-    except ConfigError as exc:
-        return [(EXIT_CONFIG, str(exc))]
-    return []
 
 
 def machine_report(

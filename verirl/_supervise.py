@@ -254,7 +254,9 @@ class _Command:
 
         An adopted orphan that ended is reaped here (it is launch's zombie).
         """
-        children = [pid for pid in _children_of(me) if not self._other(pid)]
+        children = [
+            pid for pid in _children_of(me) if not self._other(pid) and not self._foreign(pid)
+        ]
         for pid in children:
             if pid != self.child.pid:  # the command is reaped by its Popen
                 with contextlib.suppress(OSError):
@@ -313,9 +315,32 @@ class _Command:
     def _adopted(self, process: psutil.Process, me: int) -> bool:
         """Whether ``process`` is an orphan of the command reparented to launch (the subreaper)."""
         try:
-            return process.ppid() == me and not self._other(process.pid, process)
+            parent = process.ppid()
         except (psutil.Error, OSError):
             return False
+        return (
+            parent == me
+            and not self._other(process.pid, process)
+            and not self._foreign(process.pid)
+        )
+
+    def _foreign(self, pid: int) -> bool:
+        """Whether ``pid`` carries launch markers, but not the command's (launch's own server's).
+
+        Launch's vLLM server and what it starts carry launch's marker
+        (`mark_this_launch`) and not the command's, also when started after
+        the command (not in ``others``); one with no marker at all (it cleared
+        its environment) may be the command's.
+        """
+        try:
+            environ = pathlib.Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            return False
+        prefix = LAUNCH_MARKER_VAR.encode() + b"="
+        for entry in environ.split(b"\0"):
+            if entry.startswith(prefix):
+                return self.marker.encode() not in entry[len(prefix) :].split(b",")
+        return False
 
     def reap_adopted(self) -> None:
         """Reap the adopted orphans that have ended (each a zombie of launch's until then)."""
@@ -581,6 +606,8 @@ def _ending(process: psutil.Process) -> bool:
     """Whether ``process`` has ended or is ending (a zombie, or its memory already released)."""
     if not _alive(process):
         return True
+    if _threads_run(process.pid):  # its main thread ended, others run: cmdline reads empty
+        return False
     try:
         return not pathlib.Path(f"/proc/{process.pid}/cmdline").read_bytes()
     except OSError:
@@ -602,12 +629,20 @@ def _children_of(pid: int) -> list[int]:
 
 def _running_pid(pid: int) -> bool:
     """Whether ``pid`` is a process that has not ended (a zombie has), read from ``/proc``."""
+    return _state(pathlib.Path(f"/proc/{pid}/stat")) not in _ENDED or _threads_run(pid)
+
+
+_ENDED = (b"Z", b"X", b"x", b"")
+
+
+def _state(stat_file: pathlib.Path) -> bytes:
+    """The state letter in a ``/proc`` ``stat`` file (b"" when it cannot be read)."""
     try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_bytes()
+        stat = stat_file.read_bytes()
     except OSError:
-        return False
+        return b""
     end = stat.rfind(b")")
-    return stat[end + 2 : end + 3] not in (b"Z", b"X", b"x", b"")
+    return stat[end + 2 : end + 3]
 
 
 def _started_by_torchrun_inside(environ: Mapping[str, str]) -> bool:
@@ -627,13 +662,28 @@ def _started_by_torchrun_inside(environ: Mapping[str, str]) -> bool:
 
 
 def _alive(process: psutil.Process) -> bool:
-    """Running and not a zombie (an orphan's zombie may never be reaped in a container)."""
+    """Running and not a zombie (an orphan's zombie may never be reaped in a container).
+
+    A process whose main thread has ended shows as a zombie while its other
+    threads run: it is alive.
+    """
     try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        if not process.is_running():
+            return False
+        return process.status() != psutil.STATUS_ZOMBIE or _threads_run(process.pid)
     except psutil.NoSuchProcess:
         return False
     except psutil.Error:
         return True
+
+
+def _threads_run(pid: int) -> bool:
+    """Whether a thread of ``pid`` other than a zombie main thread still runs (``/proc``)."""
+    try:
+        tasks = list(pathlib.Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return False
+    return any(_state(task / "stat") not in _ENDED for task in tasks if task.name != str(pid))
 
 
 def _tracker(child: subprocess.Popen[bytes]) -> _Command:

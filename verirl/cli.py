@@ -805,7 +805,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         hub_token=settings.hub_token,
         vllm_command=settings.vllm_command,
         vllm_remote_host=settings.vllm_remote_host,
-        gpu_count=settings.gpu_count,
     )
     width = max(len(name) for name, _ in rows)
     text = "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
