@@ -292,7 +292,7 @@ def serve(tmp_path: Path, **fake_env: str) -> Iterator[tuple[subprocess.Popen[by
     """`python -m verirl serve` on the fake server, stderr to a file; killed if still running."""
     port = find_free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VERIRL_", "FAKE_VLLM_"))}
-    env.update(fake_env)
+    env.update(fake_env, PYTHONFAULTHANDLER="1")  # a hang is explained (see _wait_or_dump)
     stderr = tmp_path / "stderr"
     command = [sys.executable, "-m", "verirl", "serve", "--gpus", "2", "--model", "m",
                "--vllm-port", str(port), "--vllm-command", f"{sys.executable} -m fakes.vllm_serve",
@@ -312,6 +312,17 @@ def serve(tmp_path: Path, **fake_env: str) -> Iterator[tuple[subprocess.Popen[by
             with contextlib.suppress(psutil.NoSuchProcess):
                 child.kill()
         psutil.wait_procs(leftovers, timeout=10)
+
+
+def _wait_or_dump(proc: subprocess.Popen[bytes], stderr: Path) -> None:
+    """Wait for serve to exit; if it hangs, fail with every thread's stack (faulthandler)."""
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER=1: the stacks go to stderr
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        pytest.fail(f"serve still running 60 s after the signal:\n{stderr.read_text()[-6000:]}")
 
 
 def server_started(proc: subprocess.Popen[bytes], tmp_path: Path) -> bool:
@@ -345,7 +356,7 @@ def test_serve_exit_code_on_a_signal_does_not_depend_on_when(tmp_path, stage, si
         if stage == "tearing down":
             wait_for(lambda: "SIGTERM received" in stderr.read_text(), proc, "the teardown")
             proc.send_signal(sig)  # during the teardown (or after it): still 143
-        proc.wait(timeout=60)
+        _wait_or_dump(proc, stderr)
     log = stderr.read_text()
     assert proc.returncode == code, log
     _, alive = psutil.wait_procs(children, timeout=10)
