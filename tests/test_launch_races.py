@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -257,7 +258,8 @@ def test_an_inherited_torchelastic_run_id_does_not_make_launch_leave_the_signal_
 def test_a_daemon_changing_its_pid_faster_than_a_look_does_not_outlive_launch(races) -> None:
     race = races(HOPPER, grace=1)
     assert race.proc.wait(timeout=DEADLINE * 2) == 0, race.stderr
-    assert "left 1 process(es) running" in race.stderr, race.stderr
+    # one, or two when the look lands mid-hop (the parent has forked, not yet exited)
+    assert re.search(r"left [12] process\(es\) running", race.stderr), race.stderr
     # a look at the process table can miss it (that is the point): its signs of life must stop
     hops = race.record.stat().st_size
     psutil.wait_procs([], timeout=0.5)  # a hundred hops, were it alive

@@ -59,7 +59,14 @@ sys.exit(128 + first[0] if first else 0)
 class Launch:
     """``verirl launch`` of the recorder in a session of its own, as a terminal job would be."""
 
-    def __init__(self, tmp_path: Path, *, wrapped: bool = False, flags: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        tmp_path: Path,
+        *,
+        wrapped: bool = False,
+        left_behind: bool = False,
+        flags: tuple[str, ...] = (),
+    ):
         script = tmp_path / "recorder.py"
         script.write_text(textwrap.dedent(RECORDER))
         self.record = tmp_path / "signals"
@@ -68,6 +75,10 @@ class Launch:
         command = [sys.executable, str(script), str(self.record), str(self.ready)]
         if wrapped:  # sh stays between launch and python (a last command would be exec'd)
             command = ["sh", "-c", f"{shlex.join(command)}; exit $?"]
+        if left_behind:  # the command exits 3 once the recorder it leaves running is ready
+            ready = shlex.quote(str(self.ready))
+            wait = f"until [ -e {ready} ]; do sleep 0.01; done"
+            command = ["sh", "-c", f"{shlex.join(command)} & {wait}; exit 3"]
         argv = [sys.executable, "-m", "verirl", "launch", "--gpus", "1", *flags, "--", *command]
         with self.stderr_path.open("w") as sink:  # a file: an orphan holding a pipe cannot hang us
             self.proc = subprocess.Popen(
@@ -94,7 +105,7 @@ class Launch:
         self.wait_for(self.ready.exists, "the command")
         pid, ppid, pgid = map(int, self.ready.read_text().split())
         self.command = [psutil.Process(pid)]
-        if ppid != self.proc.pid:
+        if ppid != self.proc.pid and psutil.pid_exists(ppid):
             self.command.append(psutil.Process(ppid))  # the sh wrapper
         return pid, ppid, pgid
 
@@ -277,3 +288,38 @@ def test_a_sigterm_another_thread_of_launch_takes_is_still_passed_on(tmp_path: P
     assert started.exists()
     assert took < 60, (took, result.stderr[-2000:])  # the command sleeps 120 s unless signalled
     assert "passed SIGTERM on to the training command" in result.stderr
+
+
+def test_a_sigterm_while_what_the_command_left_has_its_grace_lets_that_grace_run(
+    tmp_path: Path, launches: list[Launch]
+) -> None:
+    """The leftovers have their SIGTERM already: a preemption now neither kills them nor
+    changes launch's exit code, which stays the command's."""
+    launch = Launch(tmp_path, left_behind=True, flags=("--shutdown-timeout", "300"))
+    launches.append(launch)
+    launch.wait_until_running()
+    launch.wait_for(launch.signals, "the leftover to get its SIGTERM")
+    launch.wait_for(lambda: "left 1 process(es) running" in launch.stderr, "launch's report")
+    launch.proc.send_signal(signal.SIGTERM)
+    launch.wait_for(lambda: "its grace goes on" in launch.stderr, "launch to note the SIGTERM")
+    assert launch.command[0].is_running(), launch.stderr
+    code = launch.release()
+    assert code == 3, launch.stderr
+    assert launch.signals() == ["SIGTERM"], launch.stderr
+    assert "SIGKILL to" not in launch.stderr
+
+
+def test_a_ctrl_c_while_what_the_command_left_has_its_grace_kills_it_and_keeps_the_code(
+    tmp_path: Path, launches: list[Launch]
+) -> None:
+    launch = Launch(tmp_path, left_behind=True, flags=("--shutdown-timeout", "300"))
+    launches.append(launch)
+    launch.wait_until_running()
+    launch.wait_for(lambda: "left 1 process(es) running" in launch.stderr, "launch's report")
+    launch.wait_for(launch.signals, "the leftover to get its SIGTERM")
+    launch.proc.send_signal(signal.SIGINT)
+    code = launch.proc.wait(timeout=DEADLINE)
+    assert code == 3, launch.stderr
+    assert "interrupted: sending SIGKILL to what the training command left" in launch.stderr
+    assert not still_alive(launch.command, timeout=10), launch.stderr
+    assert launch.signals() == ["SIGTERM"], launch.stderr

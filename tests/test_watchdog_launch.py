@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from _support import nothing_listens, unshared_port
-from verirl._watchdog import HEALTH_INTERVAL
+from verirl._watchdog import EXIT_POLL, HEALTH_INTERVAL
 
 DEADLINE = 5.0
 """The issue's bound: launch exits within this many seconds of the death, plus the save."""
@@ -37,16 +37,23 @@ if resume:
     open(os.path.join(out, "resumed-from"), "w").write(f"{resume} {state['global_step']}")
     sys.exit(0)
 step = 7
+slow = os.environ.get("TRAIN_SAVES_SLOWLY") == "1"  # the save ends when the test sends SIGUSR1
+if slow:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 def save_and_stop(signum, frame):
-    # What PreemptionCallback does: a complete checkpoint (trainer_state.json last), then 143.
+    # What PreemptionCallback does: a complete checkpoint (trainer_state.json last), then 128+N.
     open(os.path.join(out, "got-sigterm"), "w").write(repr(time.monotonic()))
+    if slow:
+        signal.sigwait({signal.SIGUSR1})
     folder = os.path.join(out, f"checkpoint-{step}")
     os.makedirs(folder)
     open(os.path.join(folder, "model.safetensors"), "wb").write(b"weights")
     json.dump({"global_step": step}, open(os.path.join(folder, "trainer_state.json"), "w"))
-    sys.exit(143)
+    sys.exit(128 + signum)
 ignore = os.environ.get("TRAIN_IGNORES_SIGTERM") == "1"
 signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore else save_and_stop)
+if slow:
+    signal.signal(signal.SIGINT, save_and_stop)  # Modal's preemption
 open(os.path.join(out, "pid"), "w").write(str(os.getpid()))
 threading.Event().wait(120)
 sys.exit(0)
@@ -246,3 +253,41 @@ def test_the_bound_from_the_variable_reaches_the_runtime(clean_env: None) -> Non
     env = {"VERIRL_GPU_COUNT": "2", "VERIRL_VLLM_UNRESPONSIVE_TIMEOUT": "12.5"}
     assert TrainingRuntime.from_settings(environ=env).vllm_unresponsive_timeout == 12.5
     assert TrainingRuntime.from_settings(gpu_count=2).vllm_unresponsive_timeout == 60.0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_server_dying_while_the_command_saves_after_a_preemption_does_not_cut_the_save(
+    tmp_path: Path, jobs: list[Job], sig: signal.Signals
+) -> None:
+    """Modal preempts with SIGINT, Kubernetes with SIGTERM; the server may die meanwhile.
+
+    The command has the whole grace to save: the watchdog, stopped once the
+    signal is passed on, must not interrupt the wait and SIGKILL it.
+    """
+    job = Job(tmp_path, "--shutdown-timeout", "120", env={"TRAIN_SAVES_SLOWLY": "1"})
+    jobs.append(job)
+    server, trainer = job.wait_for_training()
+    processes = job.everything()
+    job.proc.send_signal(sig)
+    deadline = time.monotonic() + 30
+    while not (job.out / "got-sigterm").exists():
+        assert time.monotonic() < deadline, job.stderr
+        assert job.proc.poll() is None, job.stderr
+        psutil.wait_procs([], timeout=0.02)
+    server.kill()
+    # The watchdog looks at its server's exit every EXIT_POLL s: ten of its looks and more.
+    gone, _ = psutil.wait_procs([trainer], timeout=20 * EXIT_POLL)
+    assert not gone, job.stderr  # still saving
+    assert job.proc.poll() is None, job.stderr
+    trainer.send_signal(signal.SIGUSR1)  # the save completes
+    code = job.proc.wait(timeout=60)
+    stderr = job.stderr
+    assert code == 128 + sig, stderr
+    assert json.loads((job.out / "checkpoint-7" / "trainer_state.json").read_text()) == {
+        "global_step": 7
+    }
+    assert "SIGKILL to the training command" not in stderr
+    assert "Traceback" not in stderr
+    _, alive = psutil.wait_procs(processes, timeout=10)
+    assert not alive, alive
+    assert nothing_listens(job.port)

@@ -50,7 +50,9 @@ the grace; a process that got it is never sent it again
 is SIGKILLed, and launch keeps looking (a few seconds at most) until a look
 finds nothing new, as a killed parent's orphans are only reparented to launch
 once it is gone. When the command exits on its own, what it left running
-gets SIGTERM the same way, the grace, then SIGKILL.
+gets SIGTERM the same way, the grace, then SIGKILL; a SIGTERM to launch then
+changes nothing (they have theirs), a Ctrl-C SIGKILLs them at once, and
+launch's exit code stays the command's.
 
 A known limit: launch cannot tell that some other parent passes signals on to
 a child it started outside the group (in a session or group of its own), so
@@ -61,7 +63,9 @@ The server watchdog (`verirl._watchdog`) reaches the main thread here the
 same way a SIGTERM does, as the policy's interrupt: its `VLLMServerError`
 arrives in the wait for the command, which then gets SIGTERM and the grace
 like on a preemption (so a trainer with a save-on-SIGTERM callback writes
-its checkpoint), and the error propagates (``launch`` exits 4).
+its checkpoint), and the error propagates (``launch`` exits 4). Once the
+command has exited or a signal is being passed on, the watchdog is stopped
+(``ending``): a server dying during a grace does not cut it short.
 """
 
 from __future__ import annotations
@@ -692,20 +696,30 @@ def _tracker(child: subprocess.Popen[bytes]) -> _Command:
 
 
 def _stop_command(
-    child: subprocess.Popen[bytes], signum: int, grace: float, command: _Command | None = None
+    child: subprocess.Popen[bytes],
+    signum: int,
+    grace: float,
+    command: _Command | None = None,
+    ending: Callable[[], object] | None = None,
 ) -> int:
     """Pass ``signum`` on to each process of the command once, wait ``grace`` s, then SIGKILL.
 
-    A further signal at any point (a second Ctrl-C, SIGTERM after a Ctrl-C)
-    SIGKILLs the group at once: the ``finally`` sees to it even when that
-    signal lands between two statements here.
+    ``ending`` (the runtime's ``stop_watchdog``) is called first: while the
+    command saves, a vLLM server that dies (a platform's SIGTERM reaches it
+    too) must not cut the grace short; a `VLLMServerError` that was already
+    on its way is logged, and the wait goes on. A further signal at any point
+    (a second Ctrl-C, SIGTERM after a Ctrl-C) SIGKILLs the group at once: the
+    ``finally`` sees to it even when that signal lands between two statements
+    here.
     """
     tracked = command or _tracker(child)
-    if tracked.exited() and not tracked.collect():  # it ended as the signal came
-        return _reap(child)
     stopped = False
     try:
         try:
+            _call_ending(ending)
+            if tracked.exited() and not tracked.collect():  # it ended as the signal came
+                stopped = True
+                return _reap(child)
             deadline = time.monotonic() + grace
             processes = tracked.signal_once(signum)
             log.warning(
@@ -715,7 +729,7 @@ def _stop_command(
                 grace,
             )
             # a process found meanwhile (an orphan adopted as its parent died) gets it once too
-            if not tracked.wait_rounds(processes, deadline):
+            if not _wait_through_server_failure(tracked, processes, deadline):
                 raise subprocess.TimeoutExpired(child.args, grace)  # noqa: TRY301 - handled below
             stopped = True
         except subprocess.TimeoutExpired:
@@ -726,6 +740,37 @@ def _stop_command(
         if not stopped:
             tracked.kill()
     return _reap(child)
+
+
+def _call_ending(ending: Callable[[], object] | None) -> None:
+    """Call ``ending``; its failure is logged (the command must still be stopped)."""
+    if ending is None:
+        return
+    try:
+        ending()
+    except Exception:
+        log.exception("stopping the server watchdog failed")
+
+
+def _wait_through_server_failure(
+    tracked: _Command, processes: list[psutil.Process], deadline: float
+) -> bool:
+    """`_Command.wait_rounds`, carried on through a `VLLMServerError` raised meanwhile.
+
+    The watchdog is stopped before a grace begins, but its interrupt may
+    already be on its way: the command saving its checkpoint still gets the
+    whole grace.
+    """
+    while True:
+        try:
+            return tracked.wait_rounds(processes, deadline)
+        except VLLMServerError as exc:  # noqa: PERF203 - resumes the wait
+            log.warning(
+                "the vLLM server failed while the training command had its grace (%s); "
+                "the grace goes on",
+                exc,
+            )
+            processes = tracked.collect()
 
 
 def _kill_command(child: subprocess.Popen[bytes], command: _Command | None = None) -> None:
@@ -743,28 +788,59 @@ def _reap(child: subprocess.Popen[bytes]) -> int:
 
 
 def _end_leftovers(command: _Command, grace: float) -> None:
-    """The command exited on its own: SIGTERM what it left running, ``grace`` s, then SIGKILL."""
-    left = command.collect()
-    looked = time.monotonic() + grace
-    while not left and not command.quiet() and time.monotonic() < looked:
-        left = command.collect()  # a process that changes its pid: look again
-    if not left:
-        return
-    log.warning(
-        "the training command left %d process(es) running (pids %s): SIGTERM, SIGKILL in %gs",
-        len(left),
-        ", ".join(str(process.pid) for process in left),
-        grace,
-    )
+    """The command exited on its own: SIGTERM what it left running, ``grace`` s, then SIGKILL.
+
+    Those processes already have their SIGTERM, so a SIGTERM to launch during
+    the grace (a preemption) changes nothing: the grace goes on. A Ctrl-C
+    SIGKILLs them at once. Either way launch's exit code stays the command's.
+    """
     done = False
     try:
+        left = _look_for_leftovers(command, time.monotonic() + grace)
+        if not left:
+            done = True
+            return
+        log.warning(
+            "the training command left %d process(es) running (pids %s): SIGTERM, SIGKILL in %gs",
+            len(left),
+            ", ".join(str(process.pid) for process in left),
+            grace,
+        )
+        deadline = time.monotonic() + grace
         processes = command.signal_once(signal.SIGTERM)
-        done = command.wait_rounds(processes, time.monotonic() + grace)
+        while True:
+            try:
+                done = _wait_through_server_failure(command, processes, deadline)
+                break
+            except SystemExit:
+                log.warning(
+                    "SIGTERM received: what the training command left running has it "
+                    "already; its grace goes on"
+                )
+                processes = command.collect()
         if not done:
             log.warning("processes of the training command outlived the grace: sending SIGKILL")
+    except KeyboardInterrupt:
+        log.warning("interrupted: sending SIGKILL to what the training command left running")
     finally:
         if not done:
             command.kill()
+
+
+def _look_for_leftovers(command: _Command, until: float) -> list[psutil.Process]:
+    """What the exited command left running; a SIGTERM meanwhile does not stop the look."""
+    while True:
+        try:
+            left = command.collect()
+            while not left and not command.quiet() and time.monotonic() < until:
+                left = command.collect()  # a process that changes its pid: look again
+        except SystemExit:  # noqa: PERF203 - resumes the look
+            log.warning(
+                "SIGTERM received: the training command has exited; what it left running "
+                "gets SIGTERM and the grace"
+            )
+        else:
+            return left
 
 
 def mark_this_launch() -> None:
@@ -780,7 +856,13 @@ def mark_this_launch() -> None:
     os.environ[LAUNCH_MARKER_VAR] = f"{outer},{marker}" if outer else marker
 
 
-def run_command(command: Sequence[str], env: dict[str, str], grace: float) -> int:
+def run_command(
+    command: Sequence[str],
+    env: dict[str, str],
+    grace: float,
+    *,
+    ending: Callable[[], object] | None = None,
+) -> int:
     """Run ``command``; return its exit code (128+N when it died of signal N).
 
     The command runs in a process group of its own (see the module
@@ -792,7 +874,10 @@ def run_command(command: Sequence[str], env: dict[str, str], grace: float) -> in
     kernel if verirl itself dies. Whatever interrupts verirl here, nothing the
     command started outlives this call (see `LAUNCH_MARKER_VAR`). A
     `VLLMServerError` raised here (the watchdog's interrupt) stops the
-    command as SIGTERM does, then propagates.
+    command as SIGTERM does, then propagates. ``ending`` (``verirl launch``
+    passes the runtime's ``stop_watchdog``) is called as soon as the command
+    has exited or a signal is being passed on to it: a server failing after
+    that must not cut short the grace of the command or of what it left.
     """
     marker = f"{os.getpid()}-{secrets.token_hex(8)}"
     outer = env.get(LAUNCH_MARKER_VAR, "")
@@ -803,7 +888,14 @@ def run_command(command: Sequence[str], env: dict[str, str], grace: float) -> in
     subreaper = set_child_subreaper(True)
     try:
         return _run(
-            command, env, grace, marker=marker, since=since, started=started, tracked=tracked
+            command,
+            env,
+            grace,
+            marker=marker,
+            since=since,
+            started=started,
+            tracked=tracked,
+            ending=ending,
         )
     finally:
         if subreaper is not None:
@@ -821,6 +913,7 @@ def _run(
     since: float,
     started: list[subprocess.Popen[bytes]],
     tracked: list[_Command],
+    ending: Callable[[], object] | None,
 ) -> int:
     """`run_command`'s body, with launch a child subreaper."""
     others: dict[int, float] = {}
@@ -842,13 +935,14 @@ def _run(
                 return 127
             tracked.append(_Command(child, marker, since, others))
             tracked[0].wait_exited()
+            _call_ending(ending)
             _end_leftovers(tracked[0], grace)
             code = _reap(child)
         except VLLMServerError:
             if not started:
                 raise
             log.error("stopping the training command: the vLLM server it uses failed")  # noqa: TRY400 - logged by the watchdog
-            code = _stop_command(started[0], signal.SIGTERM, grace, _first(tracked))
+            code = _stop_command(started[0], signal.SIGTERM, grace, _first(tracked), ending)
             log.info(
                 "the training command exited with %d after the vLLM server failed", _code(code)
             )
@@ -857,7 +951,7 @@ def _run(
             if not started:
                 raise  # it never ran
             signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
-            code = _stop_command(started[0], signum, grace, _first(tracked))
+            code = _stop_command(started[0], signum, grace, _first(tracked), ending)
     except BaseException:
         if started and (started[0].returncode is None or tracked):
             _kill_command(started[0], _first(tracked))

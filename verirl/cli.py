@@ -771,7 +771,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         )
         _exit_if_sigterm_was_lost()  # never start the command after a SIGTERM
         # The watchdog's VLLMServerExited interrupts this: the command gets SIGTERM, then exit 4.
-        code = run_command(command, env, grace)
+        # Once the command has ended or is being stopped, a server dying fails nothing.
+        code = run_command(command, env, grace, ending=runtime.stop_watchdog)
         runtime.stop_watchdog()  # the command has ended: a server dying now fails nothing
     log.info("training command exited with %d; everything torn down", code)
     return code
