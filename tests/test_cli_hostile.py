@@ -32,7 +32,7 @@ COMMANDS: dict[str, tuple[list[str], list[str]]] = {
                 "--model", "--vllm-command", "--log-dir", "--output-dir",
                 "--hub-repo", "--hub-endpoint", "--hub-revision", "--resume", "--env-url",
                 "--env-timeout", "--shutdown-timeout", "--vllm-startup-timeout"],
-               ["--gpus", "1", "--env-timeout", "0"]),
+               ["--gpus", "1"]),
     "doctor": (["--env-url", "--vllm-port"], []),
 }  # fmt: skip
 NUMERIC = {"--gpus", "--max-model-len", "--vllm-gpus", "--vllm-port", "--timeout",

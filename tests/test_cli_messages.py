@@ -165,6 +165,13 @@ CASES = [
     Case("launch-endpoint-without-repo",
          ["launch", "--gpus", "1", "--hub-endpoint", "http://hub", "--", "true"], {}, 2,
          (f"--hub-endpoint='http://hub': {NO_HUB_REPO}",)),
+    Case("launch-env-timeout-without-env-server",
+         ["launch", "--gpus", "1", "--env-timeout", "5", "--", "true"], {}, 2,
+         (("--env-timeout=5.0: not used without an env server: pass --env-url or set "
+           "VERIRL_ENV_SERVER_URL"),)),
+    Case("env-timeout-with-env-server-from-variable",
+         ["launch", "--gpus", "1", "--env-timeout", "0.01", "--", "true"],
+         {"VERIRL_ENV_SERVER_URL": "http://127.0.0.1:9"}, 3),
     # ... but a variable set for the whole job is no contradiction, nor is auto mode on one GPU
     Case("colocate-port-from-variable", ["plan", "--gpus", "1", "--mode", "colocate"],
          {"VERIRL_VLLM_PORT": "9000"}, 0),

@@ -843,3 +843,34 @@ def test_the_library_refuses_server_flags_that_change_verirls_own(clean_env, spe
 def test_server_flags_verirl_does_not_set_are_accepted_by_the_library():
     server = VLLMServer("m", extra_args=["--enforce-eager", "--dtype", "half", "--api-key", "k"])
     assert server.extra_args == ("--enforce-eager", "--dtype", "half", "--api-key", "k")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"VERIRL_VLLM_ARGS": "--gpu-memory-utilization=0.5", "VERIRL_GPU_COUNT": "2"},
+        {"VERIRL_VLLM_ARGS": "--port 9", "VERIRL_GPU_COUNT": "2"},
+        {"VERIRL_VLLM_MODE": "server", "VERIRL_GPU_COUNT": "1"},
+        {"VERIRL_RESUME_FROM_CHECKPOINT": "latest", "VERIRL_GPU_COUNT": "1"},
+    ],
+    ids=["own flag", "own port", "server on 1 GPU", "latest, no source"],
+)
+def test_doctor_says_what_launch_would_refuse_in_launchs_words(tmp_path, extra):
+    """The preflight's exit code and reason are launch's own, word for word."""
+    environ = clean_environ(tmp_path, VERIRL_VLLM_COMMAND=FAKE_VLLM, **extra)
+    runs = {}
+    for command in (["launch", "--", "true"], ["doctor"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "verirl", *command], capture_output=True, text=True,
+            env=environ, timeout=120, check=False,
+        )  # fmt: skip
+        runs[command[0]] = result
+    launch, doctor = runs["launch"], runs["doctor"]
+    assert launch.returncode in (2, 5), launch.stderr
+    assert doctor.returncode == launch.returncode, (launch.stderr, doctor.stderr)
+    (refusal,) = [line for line in launch.stderr.splitlines() if " ERROR " in line]
+    reason = refusal.split("ERROR verirl: ", 1)[1]
+    assert any(
+        line.endswith(f": {reason}") and "not usable: " in line
+        for line in doctor.stderr.splitlines()
+    ), (reason, doctor.stderr)

@@ -20,6 +20,7 @@ a failure reproduces on every run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import math
 import os
@@ -277,6 +278,9 @@ def _renderings(value: object) -> list[str]:
             out += [os.path.expanduser(str(Path(value)))]  # noqa: PTH111 - Path's raises for ~nouser
         if re.fullmatch(r"\s*[0-9]+\s*", value):
             out.append(str(int(value)))  # "007" shown as 7 is shown
+        if re.fullmatch(r"\s*[0-9.eE+-]+\s*", value):
+            with contextlib.suppress(ValueError):
+                out.append(str(float(value)))  # a number of seconds, shown as parsed
         if "@" in value:  # what looks like URL credentials is shown redacted
             out += [redact_url(value), repr(redact_url(value))]
     if isinstance(value, Mapping):
@@ -1014,8 +1018,8 @@ def test_cli_launch(cli_sandbox, capsys, sandbox, data):
     pairs = cli_pairs(data, "launch", cli_sandbox, exclude=("--vllm-host", "--vllm-command"))
     # Always given, so that the installed trl (if any) is never started.
     pairs.append(("--vllm-command", data.draw(_vllm_commands(sandbox))))
-    if "--env-timeout" not in dict(pairs):
-        pairs.append(("--env-timeout", "0.01"))
+    if "--env-url" in dict(pairs) and "--env-timeout" not in dict(pairs):
+        pairs.append(("--env-timeout", "0.01"))  # without a URL, --env-timeout is refused
     for flag, value in pairs:
         if flag == "--log-dir":
             assume(not value.startswith(("/", "~")) and ".." not in value)  # stay inside tmp

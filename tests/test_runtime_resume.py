@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from _support import Recorder
 from verirl import (
     CheckpointNotFoundError,
     ConfigError,
@@ -85,3 +86,24 @@ def test_hand_built_runtime_blank_request_is_a_fresh_start():
 def test_resume_from_must_be_text(bad):
     with pytest.raises(ConfigError, match=r"^resume_from="):
         colocated(resume_from=bad)
+
+
+@pytest.mark.parametrize("request_", ["latest", " last-checkpoint "])
+def test_latest_without_sources_is_refused_before_anything_starts(request_):
+    """No server is launched (minutes on a GPU) only to be torn down for a request no
+    source can answer; the environment is not touched either."""
+    factory = Recorder()
+    env: dict[str, str] = {}
+    rt = TrainingRuntime(
+        VLLMTopology.plan(2, max_model_len=64, port=find_free_port()),
+        environ=env,
+        server_factory=factory,
+        resume_from=request_,
+    )
+    with pytest.raises(CheckpointNotFoundError, match="no sources configured"):
+        rt.refuse_unfindable()
+    with pytest.raises(CheckpointNotFoundError, match="no sources configured"):
+        rt.start()
+    assert factory.servers == []
+    assert env == {}
+    assert rt.session is None

@@ -9,7 +9,9 @@ exit code the command that runs into it would end with (3: the env server is
 not healthy; 4: no vLLM server can be started here (nothing to launch, or a
 `VERIRL_VLLM_COMMAND` whose program is not there), or its port is taken; 2:
 the job cannot be planned from the variables, as `TrainingRuntime.from_settings`
-plans it for ``verirl launch``; 1: torch fails to load). In colocate mode no
+plans it for ``verirl launch``; 5: it asks for the latest checkpoint with no
+source to find one in; 1: torch fails to load). The layout's refusals are in
+the command line's words, as launch would print them. In colocate mode no
 server starts here, so its launch and ports are not checked. The Hub token is
 looked up the way huggingface_hub looks it up (``HF_TOKEN``,
 ``HUGGING_FACE_HUB_TOKEN``, the file at ``HF_TOKEN_PATH``, else
@@ -26,7 +28,7 @@ import shlex
 import shutil
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from verirl._fs import printable
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT, vllm_distribution
@@ -35,15 +37,15 @@ from verirl._secrets import redact_argv, redact_text, scrub
 from verirl._version import __version__
 from verirl.distenv import DistributedEnv
 from verirl.envserver import HttpEnvServerProbe
-from verirl.errors import ConfigError, VeriRLError
+from verirl.errors import CheckpointNotFoundError, ConfigError, VeriRLError
 from verirl.topology import TRL_GROUP_PORT, detect_gpu_count
 from verirl.vllm_server import VLLMServer
 
-__all__ = ["EXIT_CONFIG", "EXIT_ENV_SERVER", "EXIT_ERROR", "EXIT_VLLM", "examine",
-           "hub_token_row", "machine_report"]  # fmt: skip
+__all__ = ["EXIT_CHECKPOINT", "EXIT_CONFIG", "EXIT_ENV_SERVER", "EXIT_ERROR", "EXIT_VLLM",
+           "examine", "hub_token_row", "machine_report"]  # fmt: skip
 
-EXIT_ERROR, EXIT_CONFIG, EXIT_ENV_SERVER, EXIT_VLLM = 1, 2, 3, 4
-_PRIORITY = (EXIT_ENV_SERVER, EXIT_VLLM, EXIT_CONFIG, EXIT_ERROR)  # which problem decides
+EXIT_ERROR, EXIT_CONFIG, EXIT_ENV_SERVER, EXIT_VLLM, EXIT_CHECKPOINT = 1, 2, 3, 4, 5
+_PRIORITY = (EXIT_ENV_SERVER, EXIT_VLLM, EXIT_CONFIG, EXIT_CHECKPOINT, EXIT_ERROR)  # which decides
 TOKEN_LOOKUP_TIMEOUT = 10.0
 """Seconds huggingface_hub may take to find the token (an OIDC exchange or an OAuth refresh)."""
 
@@ -80,22 +82,35 @@ def _launch_row(
     return f"{plan.kind}: {plan.reason}", True
 
 
-def _layout() -> tuple[bool, str | None]:
-    """Whether `launch`, as the variables set it, starts a vLLM server here; why it cannot plan.
+def _layout(
+    explain: Callable[[VeriRLError], str], precheck: Callable[[], object] | None
+) -> tuple[bool, list[tuple[int, str]]]:
+    """Whether `launch`, as the variables set it, starts a vLLM server here; what it refuses.
 
     The runtime is built as ``verirl launch`` builds it from the variables
-    (nothing is started): colocate mode and a remote server start none here,
-    so nothing about a server launch matters; a layout that cannot be planned
-    is what launch would end on (exit 2), not the server launch after it.
+    (nothing is started), after ``precheck`` (the command line's own checks
+    of the variables): colocate mode and a remote server start none here, so
+    nothing about a server launch matters; a layout that cannot be planned
+    is what launch would end on (exit 2), not the server launch after it, and
+    a checkpoint request no source can answer is exit 5. ``explain`` puts an
+    error in the words the caller would see it in.
     """
     from verirl.runtime import TrainingRuntime  # noqa: PLC0415
 
     try:
-        return TrainingRuntime.from_settings().topology.is_local_server, None
+        if precheck is not None:
+            precheck()
+        runtime = TrainingRuntime.from_settings()
     except ConfigError as exc:
-        return False, str(exc)
+        return False, [(EXIT_CONFIG, f"layout: {explain(exc)}")]
     except Exception:  # noqa: BLE001 - the rows below say what is wrong
-        return True, None
+        return True, []
+    local = runtime.topology.is_local_server
+    try:
+        runtime.refuse_unfindable()
+    except CheckpointNotFoundError as exc:
+        return local, [(EXIT_CHECKPOINT, f"checkpoint: {explain(exc)}")]
+    return local, []
 
 
 def _sources_of(token: str) -> str:
@@ -156,11 +171,13 @@ def examine(
     hub_token: str | None,
     vllm_command: Sequence[str] | None = None,
     vllm_remote_host: str | None = None,
+    explain: Callable[[VeriRLError], str] = str,
+    precheck: Callable[[], object] | None = None,
 ) -> tuple[list[tuple[str, str]], list[tuple[int, str]]]:
     """The doctor's rows, (label, value), in the order printed; and the problems found.
 
     A problem is (exit code, what): the first of the codes in the order 3, 4,
-    2, 1 is doctor's exit code.
+    2, 5, 1 is doctor's exit code. ``explain`` and ``precheck``: see `_layout`.
     """
     rows: list[tuple[str, str]] = [
         ("python", f"{platform.python_version()} ({sys.executable})"),
@@ -168,10 +185,10 @@ def examine(
     ]
     problems: list[tuple[int, str]] = []
     rows += [(name, _version_of(name)) for name in ("trl", "vllm", "torch", "transformers")]
-    local, unplanned = _layout()
-    if unplanned is not None:
+    local, refused = _layout(explain, precheck)
+    problems += refused
+    if any(code == EXIT_CONFIG for code, _ in refused):
         launch, usable = "unknown: launch and serve cannot plan the layout (below)", True
-        problems.append((EXIT_CONFIG, f"layout: {unplanned}"))
     else:
         launch, usable = _launch_row(vllm_command, vllm_remote_host, local=local)
     rows.append(("vLLM launch", launch))

@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import contextvars
+import functools
 import ipaddress
 import json
 import logging
@@ -269,13 +270,29 @@ def _refuse_unused(args: argparse.Namespace) -> None:
             # Server flags and commands may hold an --api-key.
             shown = HIDDEN if dest == "vllm_args" else shown_command(value)
             raise ConfigError.invalid(_UNUSED_FLAGS[dest], shown, f"not used: {why}")
-    hub_repo = os.environ.get(Settings.variable("hub_repo_id"), "").strip() or None
-    if getattr(args, "hub_repo", None) is None and hub_repo is None:
-        for dest, flag in (("hub_revision", "--hub-revision"), ("hub_endpoint", "--hub-endpoint")):
-            value = getattr(args, dest, None)
-            if value is not None:
-                why = "not used without a Hub repo: pass --hub-repo or set VERIRL_HUB_REPO_ID"
-                raise ConfigError.invalid(flag, redact_text(str(value)), why)  # a URL's password
+    _refuse_without_what_they_tune(args)
+
+
+_TUNERS = (
+    # flags that tune something → (the flag and the setting that give that something, what)
+    ("hub_revision", "--hub-revision", "hub_repo", "hub_repo_id", "a Hub repo", "--hub-repo"),
+    ("hub_endpoint", "--hub-endpoint", "hub_repo", "hub_repo_id", "a Hub repo", "--hub-repo"),
+    ("env_timeout", "--env-timeout", "env_url", "env_url", "an env server", "--env-url"),
+)
+
+
+def _refuse_without_what_they_tune(args: argparse.Namespace) -> None:
+    """A flag that tunes a part the job does not have (no Hub repo, no env server) is an error."""
+    for dest, flag, owner, field, what, owner_flag in _TUNERS:
+        value = getattr(args, dest, None)
+        if value is None or getattr(args, owner, None) is not None:
+            continue
+        variable = Settings.variable(field)
+        if os.environ.get(variable, "").strip():
+            continue
+        why = f"not used without {what}: pass {owner_flag} or set {variable}"
+        shown = value if isinstance(value, float) else redact_text(str(value))  # a URL's password
+        raise ConfigError.invalid(flag, shown, why)
 
 
 _SERVER_ONLY = ("model", "vllm_command", "vllm_args", "log_dir", "vllm_port",
@@ -782,8 +799,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """A table of what this machine has for a GRPO job; non-zero when something is not usable.
 
     3: the env server it checks is not healthy; else 4: no vLLM server can start
-    here (no launch possible, or its port in use); else 1 (torch fails to load,
-    the Hub token cannot be looked up).
+    here (no launch possible, or its port in use); else 2: launch would refuse
+    the settings; else 5: launch would find no checkpoint (``latest`` with no
+    source); else 1 (torch fails to load, the Hub token cannot be looked up).
     """
     # Inputs first, so that a bad one is the only line printed.
     settings = Settings.from_environ()
@@ -806,6 +824,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         hub_token=settings.hub_token,
         vllm_command=settings.vllm_command,
         vllm_remote_host=settings.vllm_remote_host,
+        explain=functools.partial(_in_cli_words, args),
+        # launch's own check of VERIRL_VLLM_ARGS, as for a launch given no --vllm-args
+        precheck=functools.partial(_vllm_args, argparse.Namespace(vllm_args=None)),
     )
     width = max(len(name) for name, _ in rows)
     text = "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
@@ -1064,6 +1085,13 @@ def _owning_sigterm() -> Iterator[None]:
                 signal.signal(signal.SIGTERM, previous)
 
 
+def _in_cli_words(args: argparse.Namespace, exc: VeriRLError) -> str:
+    """``exc`` as `main` reports it: flags and variables, not the library's fields."""
+    if isinstance(exc, ConfigError):
+        exc = _flag_error(args, exc)
+    return _message(args, exc)
+
+
 def _message(args: argparse.Namespace, exc: VeriRLError) -> str:
     """The one line reported for ``exc``: in the command line's words (flags, variables)."""
     message = str(exc)
@@ -1197,9 +1225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     stack.enter_context(stdout_to_stderr())
                 code: int = args.func(args)
         except VeriRLError as exc:
-            if isinstance(exc, ConfigError):
-                exc = _flag_error(args, exc)
-            message = _message(args, exc)
+            message = _in_cli_words(args, exc)
             log.error("%s", message)  # noqa: TRY400 - the message, not a traceback
             code = _exit_code(exc)
         except KeyboardInterrupt:

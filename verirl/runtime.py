@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-from verirl._checkpoint import resume_request
+from verirl._checkpoint import RESUME_KEYWORDS, resume_request
 from verirl._node_share import (
     NODE_WAIT_TIMEOUT,
     CheckpointResolving,
@@ -59,6 +59,7 @@ from verirl.checkpoints import (
 from verirl.distenv import DistributedEnv, avoided_ports
 from verirl.envserver import EnvServerProbe, HttpEnvServerProbe
 from verirl.errors import (
+    CheckpointNotFoundError,
     ConfigError,
     EnvServerUnavailable,
     VeriRLError,
@@ -642,8 +643,20 @@ class TrainingRuntime:
         dist = self.dist_env
         return self.topology.is_local_server and (dist is None or dist.is_local_main)
 
+    def refuse_unfindable(self) -> None:
+        """`CheckpointNotFoundError` now when ``resume_from`` asks for a checkpoint no source has.
+
+        ``"latest"`` with no source configured can never be found: `start`
+        checks it before anything starts (no server launched only to be torn
+        down), and ``verirl doctor`` reports it as the exit 5 launch would end with.
+        """
+        request = self.resume_from.strip() if isinstance(self.resume_from, str) else None
+        if request in RESUME_KEYWORDS - {AUTO} and not _has_sources(self.checkpoints):
+            raise CheckpointNotFoundError(request, ())
+
     def start(self) -> RuntimeSession:
         """Run every start-up phase; return the session or raise the first phase error."""
+        self.refuse_unfindable()
         with self._lock:
             if self._started:
                 msg = "TrainingRuntime is already started; stop() it first"
