@@ -224,9 +224,11 @@ def nothing_listens(port: int) -> bool:
 
 
 ZL_PROGRAM = """
-import ctypes, os, subprocess, sys, threading, time
+import ctypes, os, signal, subprocess, sys, threading, time
 # A Zl process: its main thread ends (pthread_exit) while another thread runs on.
 ready, forks = sys.argv[1], int(sys.argv[2])
+if sys.argv[3:] == ["ignore-sigterm"]:  # SIGKILL alone ends it
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
 first = [subprocess.Popen(sleeper).pid for _ in range(forks)]  # forked by the main thread
 me = os.getpid()
