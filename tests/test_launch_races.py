@@ -346,13 +346,42 @@ threading.Event().wait(120)
 """
 
 
+ZL_HELPER = """
+import ctypes, os, signal, sys, threading, time
+# HELPER with its main thread ended (pthread_exit) while a thread waits for the signal: a Zl
+# process, whose environment (the server's marker, launch's) reads only through that thread.
+record = sys.argv[1]
+stopping = {signal.SIGINT, signal.SIGTERM}
+signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
+me = os.getpid()
+
+def noted():
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until the main thread has ended
+        with open(f"/proc/{me}/task/{me}/stat", "rb") as stat:
+            if stat.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                break
+        time.sleep(0.005)
+    open(record + ".ready", "w").close()
+    signum = signal.sigwait(stopping)
+    with open(record, "a") as sink:
+        sink.write(f"{me} {signum}\\n")
+    os._exit(0)
+
+threading.Thread(target=noted).start()
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+@pytest.mark.parametrize("helper", [HELPER, ZL_HELPER], ids=["plain", "main-thread-ended"])
 def test_a_process_the_server_orphans_after_the_command_started_is_not_the_commands(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, helper
 ) -> None:
     # The vLLM server launch started leaves a helper orphaned (reparented to launch, the
-    # subreaper) while the command runs: it is the server's, stopped with the server.
+    # subreaper) while the command runs: it is the server's, stopped with the server. Also
+    # when its main thread has ended (Zl): its markers are read through its live thread.
     clear_verirl_env(monkeypatch, tmp_path)
-    (tmp_path / "helper.py").write_text(textwrap.dedent(HELPER))
+    (tmp_path / "helper.py").write_text(textwrap.dedent(helper))
     record = tmp_path / "helper-signals"
     go = tmp_path / "go"
     py = sys.executable
