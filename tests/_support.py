@@ -93,6 +93,18 @@ def descendants() -> set[psutil.Process]:
     return {proc for proc in children if alive(proc)}
 
 
+def naming(text: str) -> list[psutil.Process]:
+    """Live processes but this one with ``text`` in their command line (a Zl one's too)."""
+    me, found = os.getpid(), []
+    for proc in psutil.process_iter():
+        if proc.pid == me or not alive(proc):
+            continue
+        with contextlib.suppress(OSError):  # psutil's cmdline() reads a Zl process's empty
+            if text.encode() in _procfs.read(proc.pid, "cmdline"):
+                found.append(proc)
+    return found
+
+
 def session_processes(tag: str) -> set[psutil.Process]:
     """Every live process this test session started that can still be found."""
     return descendants() | tagged_processes(tag)

@@ -25,7 +25,6 @@ to a file.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -37,8 +36,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _support import alive, clear_verirl_env, end_launch, still_alive
-from verirl import _procfs
+from _support import clear_verirl_env, end_launch, naming, still_alive
 
 DEADLINE = 30.0
 """Seconds any one awaited event may take (a loaded CI machine starts Pythons slowly)."""
@@ -270,14 +268,7 @@ class Scene:
         """The scene's processes (``tmp_path`` in their command line) alive after ``timeout`` s."""
         deadline = time.monotonic() + timeout
         while True:
-            left = []
-            for process in psutil.process_iter():
-                # verirl's /proc reads: a Zl process reads as a zombie with no command line else
-                if process.pid == os.getpid() or not alive(process):
-                    continue
-                with contextlib.suppress(OSError):
-                    if str(self.tmp_path).encode() in _procfs.read(process.pid, "cmdline"):
-                        left.append(process)
+            left = naming(str(self.tmp_path))  # a Zl process's too
             if not left or time.monotonic() >= deadline:
                 return left
             psutil.wait_procs([], timeout=0.05)

@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _support import clear_verirl_env, end_launch, still_alive, unshared_port
+from _support import clear_verirl_env, end_launch, naming, still_alive, unshared_port
 
 DEADLINE = 30.0
 """Seconds any one awaited event may take (a loaded CI machine starts Pythons slowly)."""
@@ -189,13 +189,7 @@ class Race:
 
     def survivors(self) -> list[psutil.Process]:
         """The programs' processes (the script's path in their command line) running now."""
-        left = []
-        for process in psutil.process_iter(["cmdline", "status"]):
-            if process.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if any(str(self.tmp_path) in arg for arg in process.info["cmdline"] or ()):
-                left.append(process)
-        return left
+        return naming(str(self.tmp_path))  # a Zl process's too
 
     def close(self) -> None:
         for _ in range(50):  # a hopper's pid changes: kill until none is left
@@ -324,7 +318,7 @@ def test_a_process_whose_main_thread_ended_is_signalled_once_and_ended(races) ->
         assert list(counts.values()) == [1], race.stderr  # SIGTERM once, then SIGKILL
         (headless,) = counts
         assert not Path(f"/proc/{headless}").exists(), race.stderr  # zombie-like, yet alive
-    finally:  # its command line reads empty: the fixture's look by command line misses it
+    finally:  # killed by pid too, should it have survived
         for pid in race.signalled():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -406,10 +400,9 @@ def test_a_process_the_server_orphans_after_the_command_started_is_not_the_comma
         assert len(helpers) == 1, done.stderr  # one signal, from the server's teardown
         assert _gone(helpers[0]), done.stderr
     finally:
-        for process in psutil.process_iter(["cmdline"]):
-            if any(str(tmp_path) in arg for arg in process.info["cmdline"] or ()):
-                with contextlib.suppress(psutil.Error):
-                    process.kill()
+        for process in naming(str(tmp_path)):
+            with contextlib.suppress(psutil.Error):
+                process.kill()
 
 
 def _gone(pid: int) -> bool:
