@@ -8,6 +8,7 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,7 +17,7 @@ import psutil
 import pytest
 
 from fakes.vllm import FakeVLLMServer
-from verirl import VLLMTopology, find_free_port
+from verirl import VLLMTopology, _procfs, find_free_port
 from verirl._net import port_is_free
 from verirl.runtime import ServerHandle
 from verirl.vllm_server import MARKER_VAR
@@ -51,9 +52,13 @@ class FakeClock:
 
 
 def alive(process: psutil.Process) -> bool:
-    """Running and not a zombie (PID 1 in a container may never reap an orphan's zombie)."""
+    """Running and not a zombie (PID 1 in a container may never reap an orphan's zombie).
+
+    A process whose main thread has ended while others run (Zl) reads as a
+    zombie to psutil but is alive: verirl's own `verirl._procfs.running` tells.
+    """
     try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        return process.is_running() and _procfs.running(process.pid)
     except psutil.NoSuchProcess:
         return False
 
@@ -69,7 +74,10 @@ def tagged_processes(tag: str) -> set[psutil.Process]:
     found = set()
     for proc in psutil.process_iter():
         try:
-            if proc.pid != me and proc.environ().get(SESSION_VAR) == tag and alive(proc):
+            if proc.pid == me:
+                continue
+            environ = _procfs.environ(proc.pid)  # psutil's fails for a Zl process
+            if environ is not None and environ.get(SESSION_VAR) == tag and alive(proc):
                 found.add(proc)
         except (psutil.Error, OSError):
             continue
@@ -85,6 +93,18 @@ def descendants() -> set[psutil.Process]:
     return {proc for proc in children if alive(proc)}
 
 
+def naming(text: str) -> list[psutil.Process]:
+    """Live processes but this one with ``text`` in their command line (a Zl one's too)."""
+    me, found = os.getpid(), []
+    for proc in psutil.process_iter():
+        if proc.pid == me or not alive(proc):
+            continue
+        with contextlib.suppress(OSError):  # psutil's cmdline() reads a Zl process's empty
+            if text.encode() in _procfs.read(proc.pid, "cmdline"):
+                found.append(proc)
+    return found
+
+
 def session_processes(tag: str) -> set[psutil.Process]:
     """Every live process this test session started that can still be found."""
     return descendants() | tagged_processes(tag)
@@ -92,9 +112,10 @@ def session_processes(tag: str) -> set[psutil.Process]:
 
 def describe(proc: psutil.Process) -> str:
     """``pid: cmdline`` plus the server marker when it carries one, for a failure message."""
-    try:
-        cmdline = " ".join(proc.cmdline()) or proc.name()
-        marker = proc.environ().get(MARKER_VAR)
+    try:  # through verirl's /proc reads: psutil's fail for a Zl process
+        argv = _procfs.read(proc.pid, "cmdline").split(b"\0")
+        cmdline = " ".join(arg.decode(errors="replace") for arg in argv if arg) or proc.name()
+        marker = (_procfs.environ(proc.pid) or {}).get(MARKER_VAR)
     except (psutil.Error, OSError) as exc:
         return f"{proc.pid}: ({type(exc).__name__})"
     extra = f" [{MARKER_VAR}={marker}]" if marker is not None else ""
@@ -212,3 +233,66 @@ def nothing_listens(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+ZL_PROGRAM = """
+import ctypes, os, signal, subprocess, sys, threading, time
+# A Zl process: its main thread ends (pthread_exit) while another thread runs on.
+ready, forks = sys.argv[1], int(sys.argv[2])
+if sys.argv[3:] == ["ignore-sigterm"]:  # SIGKILL alone ends it
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
+first = [subprocess.Popen(sleeper).pid for _ in range(forks)]  # forked by the main thread
+me = os.getpid()
+
+def run():
+    second = [subprocess.Popen(sleeper).pid for _ in range(forks)]  # forked by this thread
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until the main thread has ended
+        with open(f"/proc/{me}/task/{me}/stat", "rb") as stat:
+            if stat.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                break
+        time.sleep(0.005)
+    with open(ready + ".tmp", "w") as sink:
+        sink.write(" ".join(map(str, [me, *first, *second])))
+    os.replace(ready + ".tmp", ready)
+    threading.Event().wait(300)
+
+threading.Thread(target=run).start()
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+class ZlProcess:
+    """A real Zl process (main thread ended, another running), child of this test process.
+
+    It forks ``forks`` sleepers from its main thread before that ends, and as
+    many from its live thread. `close` kills it and them, and reaps it.
+    """
+
+    def __init__(self, folder: Path, *, env: dict[str, str] | None = None, forks: int = 0) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        script = folder / "zl.py"
+        script.write_text(ZL_PROGRAM)
+        ready = folder / "zl.ready"
+        self.popen = subprocess.Popen(
+            [sys.executable, str(script), str(ready), str(forks)], env=env
+        )
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert self.popen.poll() is None, "the Zl program exited"
+            assert time.monotonic() < deadline, "the Zl program did not get ready"
+            time.sleep(0.01)
+        self.pid, *self.children = map(int, ready.read_text().split())
+
+    def close(self) -> None:
+        """SIGKILL the process and its sleepers; reap it."""
+        for pid in (self.pid, *self.children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.popen.wait()
+        left = []
+        for pid in self.children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                left.append(psutil.Process(pid))
+        still_alive(left, timeout=10)

@@ -25,7 +25,6 @@ to a file.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -37,7 +36,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _support import clear_verirl_env, end_launch, still_alive
+from _support import clear_verirl_env, end_launch, naming, still_alive
 
 DEADLINE = 30.0
 """Seconds any one awaited event may take (a loaded CI machine starts Pythons slowly)."""
@@ -63,6 +62,38 @@ got.wait(300)
 # Stay a moment after the first signal, so that a duplicate still finds us and is counted.
 threading.Event().wait(1.0)
 sys.exit(0)
+"""
+
+ZL_RECORDER = """
+import ctypes, os, signal, sys, threading, time
+# RECORDER with its main thread ended (pthread_exit) while a thread records: a Zl process,
+# which psutil reads as a zombie with no environment.
+record, ready = sys.argv[1], sys.argv[2]
+stopping = {signal.SIGINT, signal.SIGTERM}
+signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
+me = os.getpid()
+
+def note():
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until the main thread has ended
+        with open(f"/proc/{me}/task/{me}/stat", "rb") as stat:
+            if stat.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                break
+        time.sleep(0.005)
+    with open(ready + ".tmp", "w") as sink:
+        sink.write(f"{me} {os.getsid(0)} {os.getpgrp()}")
+    os.replace(ready + ".tmp", ready)
+    signum = signal.sigwait(stopping)
+    until = time.monotonic() + 1.0  # a duplicate within a second is noted too
+    while signum is not None:
+        with open(record, "a") as sink:
+            sink.write(signal.Signals(signum).name + "\\n")
+        info = signal.sigtimedwait(stopping, max(until - time.monotonic(), 0))
+        signum = None if info is None else info.si_signo
+    os._exit(0)
+
+threading.Thread(target=note).start()
+ctypes.CDLL(None).pthread_exit(None)
 """
 
 DAEMONIZE = """
@@ -140,7 +171,8 @@ class Scene:
 
     def __init__(self, tmp_path: Path, shape: str, grace: float = 20) -> None:
         for name, text in (("recorder", RECORDER), ("daemonize", DAEMONIZE),
-                           ("forwarder", FORWARDER), ("middle", MIDDLE)):  # fmt: skip
+                           ("forwarder", FORWARDER), ("middle", MIDDLE),
+                           ("zl_recorder", ZL_RECORDER)):  # fmt: skip
             (tmp_path / f"{name}.py").write_text(textwrap.dedent(text))
         self.tmp_path = tmp_path
         self.record = tmp_path / "signals"
@@ -148,6 +180,7 @@ class Scene:
         self.armed = tmp_path / "armed"
         self.stderr_path = tmp_path / "launch.err"
         recorder = [str(tmp_path / "recorder.py"), str(self.record), str(self.ready)]
+        zl_recorder = [str(tmp_path / "zl_recorder.py"), str(self.record), str(self.ready)]
         py = sys.executable
         wait_ready = (
             f"i=0; while [ ! -e {self.ready} ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done"
@@ -190,6 +223,10 @@ class Scene:
         launch.append("--")
         # a launch inside launch: the recorder in the inner launch's command group
         commands["nested-launch"] = [*launch, py, *recorder]
+        # both again with a recorder whose main thread has ended (Zl): its environment (torchrun's
+        # variables, the launch markers) reads only through its live thread
+        commands["zl-forwarder"] = [py, str(tmp_path / "forwarder.py"), *zl_recorder]
+        commands["zl-nested-launch"] = [*launch, py, *zl_recorder]
         # ... or the middle's child of the inner launch's command (its own group, no marker)
         for mode in ("ignore", "die"):
             commands[f"nested-{mode}-middle-waits"] = [*launch, *commands[f"{mode}-middle-waits"]]
@@ -231,12 +268,7 @@ class Scene:
         """The scene's processes (``tmp_path`` in their command line) alive after ``timeout`` s."""
         deadline = time.monotonic() + timeout
         while True:
-            left = []
-            for process in psutil.process_iter(["cmdline", "status"]):
-                if process.info["status"] == psutil.STATUS_ZOMBIE or process.pid == os.getpid():
-                    continue
-                if any(str(self.tmp_path) in arg for arg in process.info["cmdline"] or ()):
-                    left.append(process)
+            left = naming(str(self.tmp_path))  # a Zl process's too
             if not left or time.monotonic() >= deadline:
                 return left
             psutil.wait_procs([], timeout=0.05)
@@ -314,6 +346,25 @@ def test_a_signal_reaches_the_command_of_a_nested_launch_exactly_once(
     code = scene.proc.wait(timeout=DEADLINE * 2)
     assert not still_alive([scene.recorder, *inner], timeout=1), scene.stderr
     assert scene.signals() == [sig.name], scene.stderr  # from the inner launch alone
+    assert code in (128 + sig, 0), scene.stderr
+    assert "outlived" not in scene.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("shape", ["zl-forwarder", "zl-nested-launch"])
+def test_a_signal_reaches_a_process_whose_main_thread_ended_exactly_once(
+    scenes: Callable[[str], Scene], shape: str, sig: signal.Signals
+) -> None:
+    """Its parent (torchrun's agent, an inner launch) passes the signal on: launch must read
+    the environment that says so through a live thread, or the process gets it twice."""
+    scene = scenes(shape)
+    scene.wait_for_recorder()
+    assert scene.recorder is not None
+    assert scene.recorder.status() == psutil.STATUS_ZOMBIE  # to psutil; alive all the same
+    scene.proc.send_signal(sig)
+    code = scene.proc.wait(timeout=DEADLINE * 2)
+    assert not still_alive([scene.recorder], timeout=1), scene.stderr
+    assert scene.signals() == [sig.name], scene.stderr  # once: not lost, not doubled
     assert code in (128 + sig, 0), scene.stderr
     assert "outlived" not in scene.stderr
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _support import clear_verirl_env, end_launch, still_alive, unshared_port
+from _support import clear_verirl_env, end_launch, naming, still_alive, unshared_port
 
 DEADLINE = 30.0
 """Seconds any one awaited event may take (a loaded CI machine starts Pythons slowly)."""
@@ -189,13 +189,7 @@ class Race:
 
     def survivors(self) -> list[psutil.Process]:
         """The programs' processes (the script's path in their command line) running now."""
-        left = []
-        for process in psutil.process_iter(["cmdline", "status"]):
-            if process.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if any(str(self.tmp_path) in arg for arg in process.info["cmdline"] or ()):
-                left.append(process)
-        return left
+        return naming(str(self.tmp_path))  # a Zl process's too
 
     def close(self) -> None:
         for _ in range(50):  # a hopper's pid changes: kill until none is left
@@ -324,7 +318,7 @@ def test_a_process_whose_main_thread_ended_is_signalled_once_and_ended(races) ->
         assert list(counts.values()) == [1], race.stderr  # SIGTERM once, then SIGKILL
         (headless,) = counts
         assert not Path(f"/proc/{headless}").exists(), race.stderr  # zombie-like, yet alive
-    finally:  # its command line reads empty: the fixture's look by command line misses it
+    finally:  # killed by pid too, should it have survived
         for pid in race.signalled():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -346,13 +340,42 @@ threading.Event().wait(120)
 """
 
 
+ZL_HELPER = """
+import ctypes, os, signal, sys, threading, time
+# HELPER with its main thread ended (pthread_exit) while a thread waits for the signal: a Zl
+# process, whose environment (the server's marker, launch's) reads only through that thread.
+record = sys.argv[1]
+stopping = {signal.SIGINT, signal.SIGTERM}
+signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
+me = os.getpid()
+
+def noted():
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until the main thread has ended
+        with open(f"/proc/{me}/task/{me}/stat", "rb") as stat:
+            if stat.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                break
+        time.sleep(0.005)
+    open(record + ".ready", "w").close()
+    signum = signal.sigwait(stopping)
+    with open(record, "a") as sink:
+        sink.write(f"{me} {signum}\\n")
+    os._exit(0)
+
+threading.Thread(target=noted).start()
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+@pytest.mark.parametrize("helper", [HELPER, ZL_HELPER], ids=["plain", "main-thread-ended"])
 def test_a_process_the_server_orphans_after_the_command_started_is_not_the_commands(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, helper
 ) -> None:
     # The vLLM server launch started leaves a helper orphaned (reparented to launch, the
-    # subreaper) while the command runs: it is the server's, stopped with the server.
+    # subreaper) while the command runs: it is the server's, stopped with the server. Also
+    # when its main thread has ended (Zl): its markers are read through its live thread.
     clear_verirl_env(monkeypatch, tmp_path)
-    (tmp_path / "helper.py").write_text(textwrap.dedent(HELPER))
+    (tmp_path / "helper.py").write_text(textwrap.dedent(helper))
     record = tmp_path / "helper-signals"
     go = tmp_path / "go"
     py = sys.executable
@@ -377,10 +400,9 @@ def test_a_process_the_server_orphans_after_the_command_started_is_not_the_comma
         assert len(helpers) == 1, done.stderr  # one signal, from the server's teardown
         assert _gone(helpers[0]), done.stderr
     finally:
-        for process in psutil.process_iter(["cmdline"]):
-            if any(str(tmp_path) in arg for arg in process.info["cmdline"] or ()):
-                with contextlib.suppress(psutil.Error):
-                    process.kill()
+        for process in naming(str(tmp_path)):
+            with contextlib.suppress(psutil.Error):
+                process.kill()
 
 
 def _gone(pid: int) -> bool:

@@ -387,6 +387,69 @@ def test_the_ranks_a_parent_starts_share_a_key_whatever_their_numbered_arguments
     assert len(keys) == 1, keys
 
 
+ZL_STEP_RANK = """
+import ctypes, os, sys, threading, time
+from pathlib import Path
+from verirl._node_share import attempt_key
+
+# STEP_RANK's work in a thread; in the ranks ZL_RANKS names, the main thread ends first (the
+# rank shows as Zl)
+here, local_rank, ranks = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+zl = local_rank in os.environ["ZL_RANKS"].split(",")
+me = os.getpid()
+
+def work():
+    deadline = time.monotonic() + 60
+    while zl and time.monotonic() < deadline:  # until the main thread has ended
+        stat = Path(f"/proc/{me}/task/{me}/stat").read_bytes()
+        if stat.rsplit(b")", 1)[1].split()[0] == b"Z":
+            break
+        time.sleep(0.005)
+    (here / f"started-{local_rank}").touch()
+    while len(list(here.glob("started-*"))) < ranks and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (here / f"key-{local_rank}").write_text(attempt_key(os.environ, folder=here))
+    while len(list(here.glob("key-*"))) < ranks and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+thread = threading.Thread(target=work)
+thread.start()
+if zl:
+    ctypes.CDLL(None).pthread_exit(None)
+thread.join()
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a Zl process is Linux's")
+@pytest.mark.parametrize("zl_ranks", [("0",), ("0", "1")], ids=["rank-0", "both"])
+@pytest.mark.parametrize("scope", ["srun", "parent"])
+def test_a_rank_whose_main_thread_ended_still_counts_for_the_key(tmp_path, scope, zl_ranks):
+    """A rank whose main thread ended while its others train (Zl: /proc reads it as a zombie
+    with an empty command line and environment) is alive: the ranks still share a key."""
+    script = tmp_path / "zl_rank.py"
+    script.write_text(ZL_STEP_RANK)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMIX_"))}
+    env.pop("TORCHELASTIC_ERROR_FILE", None)
+    if scope == "srun":
+        env.update({"SLURM_JOB_ID": "78", "SLURM_STEP_ID": "0", "LOCAL_WORLD_SIZE": "2"})
+    env["ZL_RANKS"] = ",".join(zl_ranks)
+    keys = []
+    for attempt in ("first", "retry"):  # a retry gets another key: the first rank is another
+        here = tmp_path / attempt
+        here.mkdir()
+        procs = []
+        for local_rank in ("0", "1"):
+            argv = [sys.executable, str(script), str(here), local_rank, "2"]
+            procs.append(subprocess.Popen(argv, env=env))
+        for proc in procs:
+            assert proc.wait(timeout=120) == 0
+        keys.append({path.read_text() for path in here.glob("key-*")})
+    first, retry = keys
+    assert len(first) == 1, first  # one key for the node's ranks
+    assert len(retry) == 1, retry
+    assert first != retry
+
+
 # -- the runtime: which local ranks do node-wide work
 
 

@@ -7,12 +7,21 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
 
+from _support import ZL_PROGRAM, ZlProcess, alive, still_alive
 from verirl import _process
-from verirl._process import ProcessTree, death_signal_preexec, popen_in_session, spawn
+from verirl._process import (
+    MARKER_VAR,
+    ProcessTree,
+    _marked_processes,
+    death_signal_preexec,
+    popen_in_session,
+    spawn,
+)
 
 linux_only = pytest.mark.skipif(
     sys.platform != "linux", reason="PR_SET_PDEATHSIG and os.waitid(WNOWAIT) are Linux's"
@@ -92,3 +101,58 @@ def test_exit_status_is_read_without_reaping(tmp_path):
     assert popen.returncode is None
     assert tree.gone(rescan=False)  # reaps
     assert popen.returncode == 3
+
+
+@linux_only
+def test_a_marked_process_whose_main_thread_ended_is_found(tmp_path):
+    """A Zl process (main thread ended, others run) reads as a zombie with no environment to
+    psutil; the marker search must still find it: it is alive and holds what it held."""
+    marker = uuid.uuid4().hex
+    zl = ZlProcess(tmp_path, env={**os.environ, MARKER_VAR: marker})
+    try:
+        found = [process.pid for process in _marked_processes(marker, time.time() - 60)]
+        assert found == [zl.pid]
+    finally:
+        zl.close()
+
+
+ORPHANING_SERVER = """
+import os, sys, time
+# A server whose worker leaves its session and is orphaned (to init): only the marker finds it.
+zl_script, ready = sys.argv[1], sys.argv[2]
+middle = os.fork()
+if middle == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, zl_script, ready, "0", "ignore-sigterm"])
+    os._exit(0)
+os.waitpid(middle, 0)
+time.sleep(300)
+"""
+
+
+@linux_only
+def test_an_orphaned_worker_whose_main_thread_ended_is_taken_down(tmp_path):
+    """The worker ignores SIGTERM and runs on in a thread (Zl): found by the marker, seen alive
+    through the grace, SIGKILLed."""
+    (tmp_path / "zl.py").write_text(ZL_PROGRAM)
+    ready = tmp_path / "ready"
+    marker = uuid.uuid4().hex
+    argv = [sys.executable, "-c", ORPHANING_SERVER, str(tmp_path / "zl.py"), str(ready)]
+    with (tmp_path / "out.log").open("wb") as log:
+        popen = spawn(lambda: popen_in_session(argv, {**os.environ, MARKER_VAR: marker}, log))
+    tree = ProcessTree(popen, marker)
+    worker = None
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert time.monotonic() < deadline, Path(tmp_path / "out.log").read_text()
+            time.sleep(0.01)
+        worker = psutil.Process(int(ready.read_text().split()[0]))
+        assert worker.ppid() != popen.pid  # orphaned: not the server's descendant any more
+        assert tree.shutdown(0.5) is False  # it outlived SIGTERM: SIGKILL was needed
+        assert not still_alive([worker], timeout=5)
+    finally:
+        tree.kill_now()
+        if worker is not None and alive(worker):
+            worker.kill()

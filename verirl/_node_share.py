@@ -37,6 +37,7 @@ from typing import Protocol
 
 import attrs
 
+from verirl import _procfs
 from verirl._checkpoint import shorten
 from verirl._fs import flock_with_deadline, printable, read_capped
 from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError
@@ -69,22 +70,8 @@ class CheckpointResolving(Protocol):
 def _parent_identity() -> str:
     """The parent's pid and start time: the launcher process all local ranks share."""
     ppid = os.getppid()
-    fields = _stat_fields(ppid)
-    started = fields[_STARTTIME] if fields is not None else "?"
-    return f"{ppid}@{started}"
-
-
-_STARTTIME = 19  # /proc/PID/stat's field 22 (start time, in clock ticks after boot), from field 3
-
-
-def _stat_fields(pid: int | str) -> list[str] | None:
-    """``/proc/PID/stat`` from field 3 (the state) on, or ``None`` when unreadable."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return None
-    fields = text.rsplit(")", 1)[-1].split()
-    return fields if len(fields) > _STARTTIME and fields[_STARTTIME].isdigit() else None
+    started = _procfs.start_time(ppid)
+    return f"{ppid}@{'?' if started is None else started}"
 
 
 _DIGITS = re.compile(rb"[0-9]+")
@@ -92,22 +79,27 @@ _SLURM_STEP = ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT")
 _PMIX = ("PMIX_NAMESPACE",)
 
 
-def _shape(pid: int | str) -> bytes | None:
+def _shape(pid: int) -> bytes | None:
     """The process's command line with every number made ``#``: the same for each local rank.
 
     Launchers number their ranks on the command line (``--local_rank=3``,
-    ``mp.spawn``'s ``pipe_handle=11``); the program and its flags stay.
+    ``mp.spawn``'s ``pipe_handle=11``); the program and its flags stay. Read
+    through a live thread when the main one has ended (`verirl._procfs.read`):
+    a rank training on in its threads still has its command line.
     """
     try:
-        return _DIGITS.sub(b"#", Path(f"/proc/{pid}/cmdline").read_bytes())
+        return _DIGITS.sub(b"#", _procfs.read(pid, "cmdline"))
     except OSError:
         return None
 
 
-def _environ_values(pid: int | str, names: tuple[str, ...]) -> tuple[str, ...] | None:
-    """``names``' values in the environment the process started with (``None``: unreadable)."""
+def _environ_values(pid: int, names: tuple[str, ...]) -> tuple[str, ...] | None:
+    """``names``' values in the environment the process started with (``None``: unreadable).
+
+    Read through a live thread when the main one has ended (`verirl._procfs.read`).
+    """
     try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
+        raw = _procfs.read(pid, "environ")
     except OSError:
         return None
     found: dict[str, str] = {}
@@ -127,29 +119,34 @@ def _first_rank(scope: tuple[str, ...] | None) -> str:
     of our parent; else a process whose environment holds the same values of
     ``scope``'s variables (one srun step, through any wrapper). The ranks of
     the attempt before have all ended, so a retry by the same parent or in
-    the same step gets another first rank, hence another key. ``""`` where
-    ``/proc`` cannot tell.
+    the same step gets another first rank, hence another key. A rank whose
+    main thread has ended while its others run (Zl) still runs. ``""`` where
+    ``/proc`` cannot tell (our own command line or environment unreadable:
+    it would match a kernel thread's).
     """
-    me, parent, mine = os.getpid(), str(os.getppid()), _shape("self")
-    own = _stat_fields("self")
-    ours = None if scope is None else _environ_values("self", scope)
-    if mine is None or own is None:
+    me, parent = os.getpid(), str(os.getppid())
+    mine, own = _shape(me), _procfs.stat_fields(me)
+    ours = None if scope is None else _environ_values(me, scope)
+    if not mine or own is None or (scope is not None and ours is None):
         return ""
-    oldest = (int(own[_STARTTIME]), me)
+    oldest = (int(own[_procfs.STARTTIME]), me)
     with contextlib.suppress(OSError):
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit() or int(entry.name) == me:
                 continue
-            fields = _stat_fields(entry.name)
-            if fields is None or fields[0] in ("Z", "X"):
+            pid = int(entry.name)
+            fields = _procfs.stat_fields(pid)
+            if fields is None or (
+                fields[0] in _procfs.ENDED_STATES and not _procfs.threads_run(pid)
+            ):
                 continue
             if scope is None and fields[1] != parent:
                 continue
-            if _shape(entry.name) != mine:
+            if _shape(pid) != mine:
                 continue
-            if scope is not None and _environ_values(entry.name, scope) != ours:
+            if scope is not None and _environ_values(pid, scope) != ours:
                 continue
-            oldest = min(oldest, (int(fields[_STARTTIME]), int(entry.name)))
+            oldest = min(oldest, (int(fields[_procfs.STARTTIME]), pid))
     return f"{oldest[1]}@{oldest[0]}"
 
 

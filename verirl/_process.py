@@ -43,6 +43,7 @@ from typing import Any, BinaryIO, Protocol
 import attrs
 import psutil
 
+from verirl import _procfs
 from verirl._signals import SIGTERM_POLICY
 
 __all__ = [
@@ -301,9 +302,13 @@ if hasattr(os, "register_at_fork"):
 
 
 def _alive(process: psutil.Process) -> bool:
-    """Running and not a zombie (an orphan's zombie may never be reaped in a container)."""
+    """Running and not a zombie (an orphan's zombie may never be reaped in a container).
+
+    A process whose main thread has ended while others run (Zl) reads as a
+    zombie to psutil, yet it is alive and may hold a GPU: `verirl._procfs` tells.
+    """
     try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        return process.is_running() and _procfs.running(process.pid)
     except psutil.NoSuchProcess:
         return False
     except psutil.Error:
@@ -326,17 +331,20 @@ def _marked_processes(marker: str, since: float) -> Iterator[psutil.Process]:
     """Processes created after ``since`` whose environment carries ``marker``.
 
     Every process the server starts inherits the marker, so this finds its
-    workers even after they left its session and were orphaned.
+    workers even after they left its session and were orphaned. The
+    environment is read through `verirl._procfs`: psutil's fails for a worker
+    whose main thread has ended while its others run (Zl).
     """
     me = os.getpid()
     for process in psutil.process_iter():
         try:
             if process.pid == me or process.create_time() < since:
                 continue
-            if process.environ().get(MARKER_VAR) == marker:
-                yield process
         except (psutil.Error, OSError):
             continue
+        environ = _procfs.environ(process.pid)
+        if environ is not None and environ.get(MARKER_VAR) == marker:
+            yield process
 
 
 @attrs.define(eq=False)

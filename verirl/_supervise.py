@@ -75,7 +75,6 @@ import functools
 import itertools
 import logging
 import os
-import pathlib
 import secrets
 import select
 import signal
@@ -86,6 +85,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 import psutil
 
+from verirl import _procfs
 from verirl._fs import printable
 from verirl._phases import SIGNAL_CHECK
 from verirl._process import death_signal_preexec, set_child_subreaper, spawn
@@ -151,11 +151,13 @@ def _launch_pid(marker: str) -> int | None:
 
 
 def _markers(process: psutil.Process) -> list[str]:
-    """The launch markers in ``process``'s environment, outermost first."""
-    try:
-        value = process.environ().get(LAUNCH_MARKER_VAR, "")
-    except (psutil.Error, OSError):
-        return []
+    """The launch markers in ``process``'s environment, outermost first.
+
+    Read through `verirl._procfs`: psutil's ``environ()`` fails for a process
+    whose main thread has ended while others run (Zl), which is still ours.
+    """
+    environ = _procfs.environ(process.pid)
+    value = "" if environ is None else environ.get(LAUNCH_MARKER_VAR, "")
     return value.split(",") if value else []
 
 
@@ -334,10 +336,11 @@ class _Command:
         Launch's vLLM server and what it starts carry launch's marker
         (`mark_this_launch`) and not the command's, also when started after
         the command (not in ``others``); one with no marker at all (it cleared
-        its environment) may be the command's.
+        its environment) may be the command's. Read through a live thread when
+        the main one has ended (`verirl._procfs.read`).
         """
         try:
-            environ = pathlib.Path(f"/proc/{pid}/environ").read_bytes()
+            environ = _procfs.read(pid, "environ")
         except OSError:
             return False
         prefix = LAUNCH_MARKER_VAR.encode() + b"="
@@ -366,10 +369,13 @@ class _Command:
         own (``TORCHELASTIC_RUN_ID`` in their environment); a rank stops what
         it started itself (its data loader workers). A nested ``verirl
         launch`` does, to each process of its own command. Any other process
-        outside the group gets the signal from launch.
+        outside the group gets the signal from launch. The environment is
+        read through `verirl._procfs` (a Zl process's too).
         """
+        environ = _procfs.environ(process.pid)
+        if environ is None:
+            return False
         try:
-            environ = process.environ()
             if self._under_inner_launch(process, environ.get(LAUNCH_MARKER_VAR, "")):
                 return True
             if self._below_inner_launch(process):
@@ -610,43 +616,22 @@ def _ending(process: psutil.Process) -> bool:
     """Whether ``process`` has ended or is ending (a zombie, or its memory already released)."""
     if not _alive(process):
         return True
-    if _threads_run(process.pid):  # its main thread ended, others run: cmdline reads empty
+    if _procfs.threads_run(process.pid):  # its main thread ended, others run
         return False
     try:
-        return not pathlib.Path(f"/proc/{process.pid}/cmdline").read_bytes()
+        return not _procfs.read(process.pid, "cmdline")
     except OSError:
         return not _alive(process)
 
 
 def _children_of(pid: int) -> list[int]:
-    """The children of ``pid``, read from ``/proc`` at once ([] where there is none)."""
-    try:
-        tasks = list(pathlib.Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return []
-    found: list[int] = []
-    for task in tasks:
-        with contextlib.suppress(OSError, ValueError):
-            found += [int(child) for child in (task / "children").read_text("ascii").split()]
-    return found
+    """The children of ``pid``, of every thread, read from ``/proc`` at once ([] if none)."""
+    return _procfs.children(pid)
 
 
 def _running_pid(pid: int) -> bool:
-    """Whether ``pid`` is a process that has not ended (a zombie has), read from ``/proc``."""
-    return _state(pathlib.Path(f"/proc/{pid}/stat")) not in _ENDED or _threads_run(pid)
-
-
-_ENDED = (b"Z", b"X", b"x", b"")
-
-
-def _state(stat_file: pathlib.Path) -> bytes:
-    """The state letter in a ``/proc`` ``stat`` file (b"" when it cannot be read)."""
-    try:
-        stat = stat_file.read_bytes()
-    except OSError:
-        return b""
-    end = stat.rfind(b")")
-    return stat[end + 2 : end + 3]
+    """Whether ``pid`` is a process that has not ended (a zombie has, a Zl one has not)."""
+    return _procfs.running(pid)
 
 
 def _started_by_torchrun_inside(environ: Mapping[str, str]) -> bool:
@@ -669,25 +654,14 @@ def _alive(process: psutil.Process) -> bool:
     """Running and not a zombie (an orphan's zombie may never be reaped in a container).
 
     A process whose main thread has ended shows as a zombie while its other
-    threads run: it is alive.
+    threads run: it is alive (`verirl._procfs.running`).
     """
     try:
-        if not process.is_running():
-            return False
-        return process.status() != psutil.STATUS_ZOMBIE or _threads_run(process.pid)
+        return process.is_running() and _procfs.running(process.pid)
     except psutil.NoSuchProcess:
         return False
     except psutil.Error:
         return True
-
-
-def _threads_run(pid: int) -> bool:
-    """Whether a thread of ``pid`` other than a zombie main thread still runs (``/proc``)."""
-    try:
-        tasks = list(pathlib.Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return False
-    return any(_state(task / "stat") not in _ENDED for task in tasks if task.name != str(pid))
 
 
 def _tracker(child: subprocess.Popen[bytes]) -> _Command:
