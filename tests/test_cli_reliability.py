@@ -739,7 +739,8 @@ def test_doctor_with_everything_usable_exits_0(tmp_path, env_server):
             [sys.executable, "-m", "verirl", "doctor", "--env-url", env_server,
              "--vllm-port", str(unshared_port())],
             capture_output=True, text=True, timeout=120, check=False,
-            env=clean_environ(tmp_path, VERIRL_VLLM_COMMAND=FAKE_VLLM, VERIRL_GPU_COUNT="2"),
+            env=clean_environ(tmp_path, VERIRL_VLLM_COMMAND=FAKE_VLLM, VERIRL_GPU_COUNT="2",
+                              VERIRL_MODEL="m"),
         )  # fmt: skip
         if nothing_listens(51216) == before:
             break
@@ -852,8 +853,17 @@ def test_server_flags_verirl_does_not_set_are_accepted_by_the_library():
         {"VERIRL_VLLM_ARGS": "--port 9", "VERIRL_GPU_COUNT": "2"},
         {"VERIRL_VLLM_MODE": "server", "VERIRL_GPU_COUNT": "1"},
         {"VERIRL_RESUME_FROM_CHECKPOINT": "latest", "VERIRL_GPU_COUNT": "1"},
+        {"VERIRL_GPU_COUNT": "2"},  # a local server, and no VERIRL_MODEL for it
+        {"VERIRL_SHUTDOWN_TIMEOUT": "abc", "VERIRL_GPU_COUNT": "1"},
     ],
-    ids=["own flag", "own port", "server on 1 GPU", "latest, no source"],
+    ids=[
+        "own flag",
+        "own port",
+        "server on 1 GPU",
+        "latest, no source",
+        "no model",
+        "shutdown timeout",
+    ],  # fmt: skip
 )
 def test_doctor_says_what_launch_would_refuse_in_launchs_words(tmp_path, extra):
     """The preflight's exit code and reason are launch's own, word for word."""

@@ -107,6 +107,13 @@ def _layout(
         return True, []
     local = runtime.topology.is_local_server
     try:
+        if runtime.starts_server and runtime.server_factory is not None:
+            runtime.server_factory(runtime.topology)  # built, not started: no model is exit 2
+    except ConfigError as exc:
+        return local, [(EXIT_CONFIG, f"vLLM server: {explain(exc)}")]
+    except Exception:  # noqa: BLE001 - the launch row below says what is wrong
+        return local, []
+    try:
         runtime.refuse_unfindable()
     except CheckpointNotFoundError as exc:
         return local, [(EXIT_CHECKPOINT, f"checkpoint: {explain(exc)}")]
@@ -187,7 +194,7 @@ def examine(
     rows += [(name, _version_of(name)) for name in ("trl", "vllm", "torch", "transformers")]
     local, refused = _layout(explain, precheck)
     problems += refused
-    if any(code == EXIT_CONFIG for code, _ in refused):
+    if any(what.startswith("layout: ") for _, what in refused):
         launch, usable = "unknown: launch and serve cannot plan the layout (below)", True
     else:
         launch, usable = _launch_row(vllm_command, vllm_remote_host, local=local)

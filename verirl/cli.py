@@ -752,6 +752,12 @@ def _launch_grace(args: argparse.Namespace) -> float:
     return parse_seconds(SHUTDOWN_TIMEOUT_VARIABLE, raw)
 
 
+def _launch_prechecks(args: argparse.Namespace) -> None:
+    """The checks of the variables launch makes before it plans (doctor makes them too)."""
+    _launch_grace(args)
+    _vllm_args(args)
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
     """The whole lifecycle around a training command."""
     command = list(args.command)
@@ -818,15 +824,19 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             raise exc.renamed("--env-url" if from_flag else Settings.variable("env_url")) from exc
     from verirl._doctor import examine  # noqa: PLC0415 - loads what it reports on
 
+    as_launch = argparse.Namespace(
+        **{**vars(args), "model": None, "gpus": None, "vllm_args": None, "shutdown_timeout": None}
+    )
+
     rows, problems = examine(
         vllm_port=vllm_port,
         probe=probe,
         hub_token=settings.hub_token,
         vllm_command=settings.vllm_command,
         vllm_remote_host=settings.vllm_remote_host,
-        explain=functools.partial(_in_cli_words, args),
-        # launch's own check of VERIRL_VLLM_ARGS, as for a launch given no --vllm-args
-        precheck=functools.partial(_vllm_args, argparse.Namespace(vllm_args=None)),
+        # in the words of a launch given no flags, after launch's own checks of the variables
+        explain=functools.partial(_in_cli_words, as_launch),
+        precheck=functools.partial(_launch_prechecks, as_launch),
     )
     width = max(len(name) for name, _ in rows)
     text = "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
