@@ -255,3 +255,29 @@ def test_nodes_with_different_rank_counts_are_not_second_guessed():
     # 3 ranks on node 0 and 2 on node 1: ranks 3 and 4 live on node 1.
     uneven = {**NODE_1, "RANK": "4", "WORLD_SIZE": "5", "LOCAL_WORLD_SIZE": "2"}
     assert DistributedEnv.single_node(environ=uneven).rank == 4
+
+
+# -- one node: RANK is LOCAL_RANK (hostile review round 7, B2)
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        # a caller's stale RANK=3 on a 4-process node
+        {"RANK": "3", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"},
+        # torchrun's one node says so with GROUP_WORLD_SIZE=1
+        {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "1"},
+    ],
+    ids=["world-is-local-world", "one-group"],
+)
+def test_on_one_node_a_rank_other_than_the_local_rank_names_both(environ):
+    with pytest.raises(ConfigError) as info:
+        DistributedEnv.single_node(environ={**environ, "MASTER_PORT": "29500"})
+    assert info.value.field == "RANK"
+    assert f"RANK={environ['RANK']!r}" in str(info.value)
+    assert f"LOCAL_RANK={environ['LOCAL_RANK']}" in str(info.value)
+
+
+def test_on_one_node_matching_ranks_are_fine():
+    node = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    assert DistributedEnv.single_node(environ={**node, "GROUP_WORLD_SIZE": "1"}).rank == 1

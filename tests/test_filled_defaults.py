@@ -40,7 +40,11 @@ def test_what_is_filled_in_passes_the_checks_given_values_pass(environ):
     [({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2"}, "LOCAL_RANK", "RANK"),
      ({"RANK": "3", "WORLD_SIZE": "4", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "4"}, "RANK",
       "LOCAL_RANK"),
-     ({"GROUP_RANK": "1"}, "GROUP_RANK", "WORLD_SIZE")],
+     ({"GROUP_RANK": "1"}, "GROUP_RANK", "WORLD_SIZE"),
+     # one node (WORLD_SIZE == LOCAL_WORLD_SIZE, or torchrun's GROUP_WORLD_SIZE=1): RANK=1
+     # against the LOCAL_RANK=0 filled in
+     ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, "RANK", "LOCAL_RANK"),
+     ({"RANK": "1", "WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "1"}, "RANK", "LOCAL_RANK")],
 )  # fmt: skip
 def test_a_contradicting_default_names_the_given_variable_and_the_unset_one(environ, given, unset):
     with pytest.raises(ConfigError) as info:
@@ -48,3 +52,12 @@ def test_a_contradicting_default_names_the_given_variable_and_the_unset_one(envi
     assert info.value.field == given  # the user's words
     assert str(info.value).startswith(f"{given}={environ[given]!r}: contradicts")
     assert f"set {unset}" in str(info.value) or f" and {unset}" in str(info.value)
+
+
+def test_on_one_node_a_filled_local_rank_is_named_with_the_given_rank():
+    with pytest.raises(ConfigError) as info:
+        DistributedEnv.single_node(
+            environ={"RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_PORT": "1"}
+        )
+    assert "RANK='1'" in str(info.value)
+    assert "LOCAL_RANK=0" in str(info.value)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+
+import pytest
 
 from verirl._stop import StopRequests
 from verirl.errors import VLLMServerExited
@@ -55,3 +59,37 @@ def test_requests_from_other_threads_reach_the_listener():
     thread.start()
     thread.join(timeout=5)
     assert got.wait(timeout=5)
+
+
+def test_a_signal_handler_may_remove_a_listener_while_the_main_thread_holds_the_lock(tmp_path):
+    # PreemptionCallback's handler removes its listener; the main thread may be inside the
+    # registry then (here: removing that same listener). A plain lock hangs: run it apart.
+    script = tmp_path / "reentry.py"
+    script.write_text(
+        "import os, signal\n"
+        "from verirl._stop import StopRequests\n"
+        "stops = StopRequests()\n"
+        "remove = stops.listen(print)\n"
+        "class Firing:\n"
+        "    def __init__(self, lock):\n"
+        "        self.lock, self.armed = lock, True\n"
+        "    def __enter__(self):\n"
+        "        self.lock.__enter__()\n"
+        "        if self.armed:\n"
+        "            self.armed = False\n"
+        "            os.kill(os.getpid(), signal.SIGUSR1)  # handled here, the lock held\n"
+        "        return self\n"
+        "    def __exit__(self, *exc):\n"
+        "        return self.lock.__exit__(*exc)\n"
+        "signal.signal(signal.SIGUSR1, lambda *_: remove())\n"
+        "stops._lock = Firing(stops._lock)\n"
+        "remove()\n"
+        "print('listening' if stops.listening else 'removed')\n"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("deadlock: the handler waited for the lock the main thread holds")
+    assert (done.returncode, done.stdout) == (0, "removed\n"), done.stderr

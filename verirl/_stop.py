@@ -13,6 +13,7 @@ the program ends with the right cause (and the CLI with the right exit code).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -26,10 +27,15 @@ StopListener = Callable[[BaseException], None]
 
 
 class StopRequests:
-    """The process-wide registry of stop listeners; thread-safe."""
+    """The process-wide registry of stop listeners; thread-safe and signal-safe.
+
+    A signal handler may take the lock while the main thread holds it
+    (`PreemptionCallback`'s handler removes its listener): re-entrant, and each
+    locked section leaves no half-done state for a handler to trip on.
+    """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._listeners: list[StopListener] = []
         self._first: BaseException | None = None
 
@@ -39,9 +45,9 @@ class StopRequests:
             self._listeners.append(listener)
 
         def remove() -> None:
-            with self._lock:
-                if listener in self._listeners:
-                    self._listeners.remove(listener)
+            # One list call, not check-then-remove: a handler run in between removes it first.
+            with self._lock, contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
 
         return remove
 

@@ -120,6 +120,7 @@ class _Launcher:
         self.check_local_rank()
         self.check_local_world_size()
         self.check_node()
+        self.check_one_node()
 
     def check_node(self) -> None:
         """The node index against the node count, the other spelling and the global rank."""
@@ -156,6 +157,29 @@ class _Launcher:
                 f"must be {name} * LOCAL_WORLD_SIZE + LOCAL_RANK = {node} * {local_world} + "
                 f"{self.local_rank} = {expected} (check the launcher's --node-rank on each node)",
             )
+
+    def check_one_node(self) -> None:
+        """On one node, ``RANK`` is ``LOCAL_RANK``: a stale ``RANK`` from elsewhere is refused.
+
+        One node: ``WORLD_SIZE == LOCAL_WORLD_SIZE`` (every rank is here), or
+        ``GROUP_WORLD_SIZE=1`` (torchrun's node count), with no node index needed.
+        """
+        rank, local_rank = self.rank, self.local_rank
+        if rank is None or local_rank is None or rank == local_rank:
+            return
+        world, local_world = self.world_size, self.local_world_size
+        if self.group_world_size == 1:
+            why = "GROUP_WORLD_SIZE=1"
+        elif world is not None and world == local_world:
+            why = f"WORLD_SIZE=LOCAL_WORLD_SIZE={world}"
+        else:
+            return
+        raise ConfigError.invalid(
+            "RANK",
+            self.env["RANK"],
+            f"must equal LOCAL_RANK={local_rank} on one node ({why}): a RANK left over from "
+            "another job? let the launcher set both",
+        )
 
     def check_rank(self) -> None:
         rank, world_size = self.rank, self.world_size

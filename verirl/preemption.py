@@ -98,7 +98,10 @@ _Handler = Callable[[int, types.FrameType | None], Any] | int | signal.Handlers 
 _UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
 _JIT_MODULE = "transformers.trainer_jit_checkpoint"
 
-_ACTIVE_LOCK = threading.Lock()
+# Re-entrant: a signal handler (`PreemptionCallback._on_signal`) takes it, and may run on the
+# main thread while that thread holds it. Each section below is one list call or a snapshot,
+# so a handler run in its middle sees and leaves whole lists.
+_ACTIVE_LOCK = threading.RLock()
 _ACTIVE: list[PreemptionCallback] = []  # at most one: the callback now in charge
 _STALE: list[PreemptionCallback] = []  # closed off the main thread, their handlers still set
 
@@ -167,7 +170,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
             check_int("exit_code", exit_code, 1, 255)
         self._signals = _check_signals(signals)
         self._exit_code = exit_code
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # `_on_request` may run on the main thread, a handler too
         self._requested = threading.Event()
         self._error: BaseException | None = None
         self._signalled: int | None = None  # the first preemption signal of this train()
@@ -309,9 +312,9 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
 
     def _deactivate(self, *, keep: set[int]) -> None:
         self._active = False
-        with _ACTIVE_LOCK:
-            if self in _ACTIVE:
-                _ACTIVE.remove(self)
+        # One list call, not check-then-remove: a handler run in between may remove it first.
+        with _ACTIVE_LOCK, contextlib.suppress(ValueError):
+            _ACTIVE.remove(self)
         remove, self._remove_listener = self._remove_listener, None
         if remove is not None:
             remove()
@@ -406,23 +409,29 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
                     signal.signal(signum, self._on_signal)
                 kept = True
                 continue
-            del self._previous[signum]
+            # Put back first, forget after: a handler run in between (a second Ctrl-C) gives
+            # back all ours it still finds, and its exception ends this loop where it is.
             if current == self._on_signal:
                 signal.signal(signum, previous)
+            self._previous.pop(signum, None)
         return kept
 
     def _give_back(self, signals: set[int]) -> dict[int, _Handler]:
         """From the main thread: put back the stale handlers of ``signals``; those put back."""
         given: dict[int, _Handler] = {}
         for signum in signals:
-            previous = self._previous.pop(signum, signal.SIG_DFL)
+            # Put back first, forget after: a signal handled in between still finds the handler
+            # ours replaced (popped first, it would find none and act as the default).
+            previous = self._previous.get(signum, signal.SIG_DFL)
             if signal.getsignal(signum) == self._on_signal:
                 signal.signal(signum, previous)
+            self._previous.pop(signum, None)
             given[signum] = previous
         with _ACTIVE_LOCK:
             self._stale -= signals
-            if not self._stale and self in _STALE:
-                _STALE.remove(self)
+            if not self._stale:
+                with contextlib.suppress(ValueError):  # a handler run in between removed it
+                    _STALE.remove(self)
         return given
 
     def _pass_on_stale(self, signum: int, frame: types.FrameType | None) -> None:

@@ -368,3 +368,106 @@ def test_the_repr_names_the_signals_and_the_exit():
     )
     assert PreemptionCallback().exit_code == 143
     assert PreemptionCallback(exit_code=None).exit_code is None
+
+
+_FIRING = (
+    "import os, signal, sys\n"
+    "from transformers import TrainerControl, TrainerState, TrainingArguments\n"
+    "import verirl.preemption as preemption\n"
+    "from verirl._signals import SIGTERM_POLICY\n"
+    "from verirl._stop import STOP_REQUESTS\n"
+    "from verirl.errors import VLLMServerExited\n"
+    "from verirl.preemption import PreemptionCallback\n"
+    "args = TrainingArguments(output_dir=sys.argv[1], use_cpu=True, report_to='none')\n"
+    "state, control = TrainerState(), TrainerControl()\n"
+    "error = VLLMServerExited(-9, 'tail')\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+)
+
+
+def _run_script(tmp_path, body):
+    """Run ``body`` after `_FIRING` apart, so that a deadlock fails the test, not hangs it."""
+    script = tmp_path / "firing.py"
+    script.write_text(_FIRING + body)
+    try:
+        return subprocess.run(
+            [sys.executable, str(script), str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("deadlock: a signal handler waited for a lock the main thread holds")
+
+
+def test_the_watchdogs_interrupt_while_the_main_thread_holds_the_callbacks_lock(tmp_path):
+    # The interrupt (a SIGTERM to the main thread) comes while close() is inside the lock that
+    # its handler takes too: it must raise the server's error, every handler given back.
+    done = _run_script(
+        tmp_path,
+        "class Firing:\n"
+        "    def __init__(self, lock):\n"
+        "        self.lock, self.armed = lock, True\n"
+        "    def __enter__(self):\n"
+        "        self.lock.__enter__()\n"
+        "        if self.armed:\n"
+        "            self.armed = False\n"
+        "            try:\n"
+        "                assert SIGTERM_POLICY.interrupt(error)  # handled here, the lock held\n"
+        "            except BaseException:\n"
+        "                self.lock.__exit__(None, None, None)\n"
+        "                raise\n"
+        "        return self\n"
+        "    def __exit__(self, *exc):\n"
+        "        return self.lock.__exit__(*exc)\n"
+        "with SIGTERM_POLICY.held():\n"
+        "    callback = PreemptionCallback()\n"
+        "    callback.on_train_begin(args, state, control)\n"
+        "    preemption._ACTIVE_LOCK = Firing(preemption._ACTIVE_LOCK)\n"
+        "    try:\n"
+        "        callback.close()\n"
+        "    except VLLMServerExited:\n"
+        "        print('raised')\n"
+        "    print(signal.getsignal(signal.SIGTERM) == SIGTERM_POLICY.handle,\n"
+        "          signal.getsignal(signal.SIGINT) is signal.default_int_handler,\n"
+        "          preemption._ACTIVE, STOP_REQUESTS.listening)\n",
+    )
+    assert (done.returncode, done.stdout) == (0, "raised\nTrue True [] False\n"), done.stderr
+
+
+def test_a_signal_while_a_stale_handler_is_given_back_goes_where_it_would_have(tmp_path):
+    # A callback closed in a thread left its SIGTERM handler (over the runtime's policy); the
+    # next callback gives it back from the main thread, and a SIGTERM comes in the middle of
+    # that: it must reach the policy (SystemExit 143), not the default (the process killed).
+    done = _run_script(
+        tmp_path,
+        "import threading\n"
+        "class Firing(dict):\n"
+        "    armed = True\n"
+        "    def _fire(self):\n"
+        "        if Firing.armed:\n"
+        "            Firing.armed = False\n"
+        "            os.kill(os.getpid(), signal.SIGTERM)  # handled here, mid-give-back\n"
+        "    def get(self, *a):\n"
+        "        value = super().get(*a)\n"
+        "        self._fire()\n"
+        "        return value\n"
+        "    def pop(self, *a):\n"
+        "        value = super().pop(*a)\n"
+        "        self._fire()\n"
+        "        return value\n"
+        "with SIGTERM_POLICY.held():\n"
+        "    older = PreemptionCallback(signals=[signal.SIGTERM])\n"
+        "    older.on_train_begin(args, state, control)\n"
+        "    ended = threading.Thread(target=older.close)\n"
+        "    ended.start(); ended.join()\n"
+        "    older._previous = Firing(older._previous)\n"
+        "    newer = PreemptionCallback(signals=[signal.SIGINT])\n"
+        "    try:\n"
+        "        newer.on_train_begin(args, state, control)\n"
+        "    except SystemExit as exc:\n"
+        "        print('exit', exc.code)\n"
+        "    print(signal.getsignal(signal.SIGTERM) == SIGTERM_POLICY.handle)\n",
+    )
+    assert (done.returncode, done.stdout) == (0, "exit 143\nTrue\n"), done.stderr
