@@ -863,7 +863,7 @@ def test_server_flags_verirl_does_not_set_are_accepted_by_the_library():
         "latest, no source",
         "no model",
         "shutdown timeout",
-    ],  # fmt: skip
+    ],
 )
 def test_doctor_says_what_launch_would_refuse_in_launchs_words(tmp_path, extra):
     """The preflight's exit code and reason are launch's own, word for word."""
