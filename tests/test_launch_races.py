@@ -149,6 +149,28 @@ ctypes.CDLL(None).pthread_exit(None)  # the main thread ends; the process goes o
 """
 
 
+REMARKED = """
+import os, signal, subprocess, sys, threading
+record, armed = sys.argv[1], sys.argv[2]
+if len(sys.argv) == 3:  # the command: a daemon with a marker of its own making, then exit
+    env = {**os.environ, "VERIRL_LAUNCH_MARKER": os.environ["REMARK"]}
+    subprocess.Popen([sys.executable, __file__, record, armed, "daemon"], env=env,
+                     start_new_session=True)
+    while not os.path.exists(armed):
+        threading.Event().wait(0.01)
+    sys.exit(0)
+
+def noted(signum, _frame):
+    with open(record, "a") as sink:
+        sink.write(f"{os.getpid()} {signum}\\n")
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, noted)
+open(armed, "w").close()
+threading.Event().wait(60)
+"""
+
+
 class Race:
     """One ``verirl launch`` of one of the programs above."""
 
@@ -411,3 +433,16 @@ def _gone(pid: int) -> bool:
         return still_alive([psutil.Process(pid)], timeout=DEADLINE) == []
     except psutil.NoSuchProcess:
         return True
+
+
+@pytest.mark.parametrize(
+    "remark", ["", "stale", "1-0123456789abcdef"], ids=["blank", "changed", "another launch's"]
+)
+def test_a_daemon_that_rewrote_its_launch_marker_does_not_outlive_launch(races, remark) -> None:
+    """Only launch's exact markers make a process launch's own (its server's): a daemon of the
+    command with a blank, changed or foreign marker is still the command's."""
+    race = races(REMARKED, grace=10, env={"REMARK": remark})
+    assert race.proc.wait(timeout=DEADLINE * 2) == 0, race.stderr
+    assert list(race.signalled().values()) == [1], race.stderr
+    assert "left 1 process(es) running" in race.stderr, race.stderr
+    assert not race.survivors(), race.stderr

@@ -179,11 +179,13 @@ class _Command:
         marker: str,
         since: float,
         others: Mapping[int, float] | None = None,
+        own: str = "",
     ) -> None:
         self.child = child
         self.marker = marker
         self.since = since
         self.others = dict(others or {})  # pid → creation time
+        self.own = own  # launch's own markers: its server's processes carry exactly these
         self.seen: dict[int, psutil.Process] = {}
         self.pending: list[psutil.Process] = []  # left to a parent of the command to signal
         self.signum: int = signal.SIGTERM
@@ -331,14 +333,17 @@ class _Command:
         )
 
     def _foreign(self, pid: int) -> bool:
-        """Whether ``pid`` carries launch markers, but not the command's (launch's own server's).
+        """Whether ``pid`` carries exactly launch's own markers (its server's, not the command's).
 
-        Launch's vLLM server and what it starts carry launch's marker
-        (`mark_this_launch`) and not the command's, also when started after
-        the command (not in ``others``); one with no marker at all (it cleared
-        its environment) may be the command's. Read through a live thread when
-        the main one has ended (`verirl._procfs.read`).
+        Launch's vLLM server and what it starts carry launch's markers as
+        they were when it started (`mark_this_launch`), also when started
+        after the command (not in ``others``). Any other value (none, blank,
+        changed, another launch's) may be the command's: a process of the
+        command that rewrote its environment must not escape. Read through a
+        live thread when the main one has ended (`verirl._procfs.read`).
         """
+        if not self.own:
+            return False
         try:
             environ = _procfs.read(pid, "environ")
         except OSError:
@@ -346,7 +351,7 @@ class _Command:
         prefix = LAUNCH_MARKER_VAR.encode() + b"="
         for entry in environ.split(b"\0"):
             if entry.startswith(prefix):
-                return self.marker.encode() not in entry[len(prefix) :].split(b",")
+                return entry[len(prefix) :] == self.own.encode()
         return False
 
     def reap_adopted(self) -> None:
@@ -866,6 +871,7 @@ def run_command(
             env,
             grace,
             marker=marker,
+            own=outer,
             since=since,
             started=started,
             tracked=tracked,
@@ -884,6 +890,7 @@ def _run(
     grace: float,
     *,
     marker: str,
+    own: str,
     since: float,
     started: list[subprocess.Popen[bytes]],
     tracked: list[_Command],
@@ -907,7 +914,7 @@ def _run(
                 why = printable(redact_argv([strerror or str(exc)], secrets=secrets_)[0])
                 log.error("cannot run %s: %s", shown, why)  # noqa: TRY400 - no traceback for a missing program
                 return 127
-            tracked.append(_Command(child, marker, since, others))
+            tracked.append(_Command(child, marker, since, others, own=own))
             tracked[0].wait_exited()
             _call_ending(ending)
             _end_leftovers(tracked[0], grace)
