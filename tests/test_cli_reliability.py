@@ -884,3 +884,46 @@ def test_doctor_says_what_launch_would_refuse_in_launchs_words(tmp_path, extra):
         line.endswith(f": {reason}") and "not usable: " in line
         for line in doctor.stderr.splitlines()
     ), (reason, doctor.stderr)
+
+
+@pytest.mark.parametrize("closed", [0, 1, 2], ids=["stdin", "stdout", "stderr"])
+def test_a_descriptor_closed_for_launch_is_open_for_its_command(tmp_path, closed):
+    """verirl holds /dev/null on a standard descriptor it was started without; the command
+    it starts inherits that, rather than starting with the descriptor closed (and its first
+    file opened there taken for its output)."""
+    check = "import os; [os.fstat(fd) for fd in (0, 1, 2)]; print('ok')"
+
+    def close_it() -> None:
+        os.close(closed)
+
+    result = subprocess.run(
+        [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--",
+         sys.executable, "-c", check],
+        capture_output=closed == 0, env=clean_environ(tmp_path), timeout=120, check=False,
+        preexec_fn=close_it,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "document"),
+    [
+        (["launch", "--gpus", "x", "python", "t.py", "--json"], False),  # the command's --json
+        (["launch", "--gpus", "x", "--", "python", "t.py", "--json"], False),
+        (["serve", "--gpus", "x", "--vllm-args", "--json"], False),  # a value
+        (["launch", "--gpus", "x", "--json", "true"], True),  # launch's own
+        (["--json", "launch", "--gpus", "x", "true"], True),
+        (["launch", "--js", "--gpus", "x", "true"], True),  # as argparse abbreviates it
+    ],
+)
+def test_only_verirls_own_json_makes_a_usage_error_a_document(tmp_path, argv, document):
+    result = subprocess.run(
+        [sys.executable, "-m", "verirl", *argv], capture_output=True, text=True,
+        env=clean_environ(tmp_path), timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    if document:
+        assert json.loads(result.stdout)["error"]["code"] == 2
+    else:
+        assert result.stdout == "", result.stdout
+        assert "--gpus" in result.stderr

@@ -16,9 +16,10 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TextIO
 
 __all__ = [
@@ -132,13 +133,45 @@ def document_written() -> bool:
     return bool(_WRITTEN)
 
 
-def wants_json(argv: Sequence[str]) -> bool:
-    """Whether ``--json`` (or an abbreviation argparse takes) is among ``argv``'s options."""
+_FLAGS = frozenset({"-h", "--help", "-v", "--verbose", "-q", "--quiet", "--json", "--version",
+                    "--dedicated"})  # fmt: skip
+"""verirl's options that take no value (`wants_json`'s guess when no parser is at hand)."""
+
+
+def _guess_takes_value(command: str | None, option: str) -> bool:  # noqa: ARG001 - same shape
+    return option not in _FLAGS and not re.fullmatch(r"-[vqh]+", option)
+
+
+def wants_json(
+    argv: Sequence[str], *, takes_value: Callable[[str | None, str], bool] | None = None
+) -> bool:
+    """Whether ``--json`` (or an abbreviation argparse takes) is one of verirl's own options.
+
+    Not an option's value (``--vllm-args --json``), nor a word of launch's
+    command (everything from its first word on, or after ``--``).
+    ``takes_value(command, option)`` says whether an option of ``command``
+    (``None``: before the command) takes a value; without it, every option
+    but verirl's few flags is taken to.
+    """
+    takes = takes_value or _guess_takes_value
+    command: str | None = None
+    skip = False
     for arg in argv:
+        if skip:
+            skip = False
+            continue
         if arg == "--":
             break
-        if arg.startswith("--j") and "--json".startswith(arg):
+        if arg == "-" or not arg.startswith("-"):
+            if command is None:
+                command = arg
+            elif command == "launch":
+                break  # the training command's own words
+            continue
+        name, equals, _ = arg.partition("=")
+        if not equals and name.startswith("--j") and "--json".startswith(name):
             return True
+        skip = not equals and takes(command, name)
     return False
 
 
@@ -199,6 +232,7 @@ def _reserve(fd: int) -> None:
             if opened != fd:
                 os.dup2(opened, fd)
                 os.close(opened)
+            os.set_inheritable(fd, True)  # noqa: FBT003 - a child started here must find it open too
 
 
 def _writable(fd: int) -> bool:

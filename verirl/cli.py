@@ -1169,10 +1169,25 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else EXIT_ERROR
         launch = command_word(argv) == "launch"
-        _print_parse_output(captured, code, json_wanted=wants_json(argv), launch=launch)
+        json_wanted = wants_json(argv, takes_value=functools.partial(_takes_value, parser))
+        _print_parse_output(captured, code, json_wanted=json_wanted, launch=launch)
         raise SystemExit(code) from None
     finally:
         _PARSE_OUTPUT.reset(token)
+
+
+def _takes_value(parser: argparse.ArgumentParser, command: str | None, option: str) -> bool:
+    """Whether ``option`` of ``command`` (``None``: verirl's own, before it) takes a value."""
+    target = parser
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps its subparsers only here
+        if isinstance(action, argparse._SubParsersAction) and command is not None:  # noqa: SLF001
+            target = action.choices.get(command, parser)
+    options = target._option_string_actions  # noqa: SLF001
+    found = options.get(option)
+    if found is None and option.startswith("--"):  # an abbreviation argparse would accept
+        matches = {id(a): a for name, a in options.items() if name.startswith(option)}
+        found = next(iter(matches.values())) if len(matches) == 1 else None
+    return found is not None and found.nargs != 0
 
 
 def _print_parse_output(
