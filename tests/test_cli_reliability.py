@@ -927,3 +927,52 @@ def test_only_verirls_own_json_makes_a_usage_error_a_document(tmp_path, argv, do
     else:
         assert result.stdout == "", result.stdout
         assert "--gpus" in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+@pytest.mark.parametrize(
+    ("command", "where"),
+    [
+        (["resume", "--hub-repo", "org/run", "--resume", "latest"], "HF_TOKEN_PATH"),
+        (
+            ["launch", "--gpus", "1", "--hub-repo", "org/run", "--resume", "auto", "--", "true"],
+            "HF_TOKEN_PATH",
+        ),
+        (["doctor"], "HF_TOKEN_PATH"),
+        (["resume", "--hub-repo", "org/run", "--resume", "latest"], "HF_HOME"),
+    ],
+    ids=["resume", "launch", "doctor", "resume, saved login"],
+)
+def test_a_token_file_huggingface_hub_would_block_on_is_exit_2_at_once(
+    tmp_path, kind, command, where
+):
+    """huggingface_hub opens the token file on every request with a plain open(): a FIFO there
+    blocks it forever. verirl names the variable and the path before asking it anything."""
+    path = tmp_path / ("elsewhere" if where == "HF_TOKEN_PATH" else "hf-home") / "token"
+    path.parent.mkdir()
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    env = clean_environ(tmp_path, VERIRL_GPU_COUNT="1")
+    env.pop("HF_HUB_OFFLINE")
+    env["HF_ENDPOINT"] = f"http://127.0.0.1:{unshared_port()}"  # never reached
+    if where == "HF_TOKEN_PATH":
+        env["HF_TOKEN_PATH"] = str(path)
+    result = subprocess.run(
+        [sys.executable, "-m", "verirl", *command], capture_output=True, text=True,
+        env=env, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert f"{where}='{path}'" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_token_in_the_environment_makes_the_token_file_irrelevant(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    env = {"HF_TOKEN": "hf_" + "x" * 30, "HF_TOKEN_PATH": str(tmp_path / "fifo")}
+    from verirl._secrets import refuse_unreadable_token_file
+
+    refuse_unreadable_token_file(env)  # huggingface_hub never opens the file: no error
+    with pytest.raises(ConfigError, match="HF_TOKEN_PATH="):
+        refuse_unreadable_token_file({"HF_TOKEN_PATH": str(tmp_path / "fifo")})

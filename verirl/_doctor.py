@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from verirl._fs import printable
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT, vllm_distribution
 from verirl._net import port_is_free
-from verirl._secrets import redact_argv, redact_text, scrub
+from verirl._secrets import redact_argv, redact_text, refuse_unreadable_token_file, scrub
 from verirl._version import __version__
 from verirl.distenv import DistributedEnv
 from verirl.envserver import HttpEnvServerProbe
@@ -141,6 +141,7 @@ def hub_token_row(explicit: str | None = None) -> tuple[str, bool]:
     """
     if explicit:
         return "set (HF_TOKEN)", True
+    refuse_unreadable_token_file()  # huggingface_hub would block on it: the caller's problem row
     found: list[str | None] = []
     failed: list[BaseException] = []
 
@@ -169,6 +170,20 @@ def hub_token_row(explicit: str | None = None) -> tuple[str, bool]:
     if constants.HF_HUB_DISABLE_IMPLICIT_TOKEN and not (os.environ.get("HF_TOKEN") or "").strip():
         row += ", but HF_HUB_DISABLE_IMPLICIT_TOKEN is set: huggingface_hub does not send it"
     return scrub(row, token), True
+
+
+def _token(hub_token: str | None) -> tuple[str, list[tuple[int, str]]]:
+    """The Hub token's row, and its problem.
+
+    A token file huggingface_hub would block on is launch's exit 2; a lookup
+    that fails or does not answer, 1.
+    """
+    try:
+        row, usable = hub_token_row(hub_token)
+    except ConfigError as exc:
+        row = f"unusable: {exc}"
+        return row, [(EXIT_CONFIG, f"Hub token: {row}")]
+    return row, [] if usable else [(EXIT_ERROR, f"Hub token: {row}")]
 
 
 def examine(
@@ -223,10 +238,9 @@ def examine(
             problems.append((EXIT_ENV_SERVER, f"env server {probe.url} is not reachable/healthy"))
     else:
         rows.append(("env server", "(no --env-url / VERIRL_ENV_SERVER_URL)"))
-    token_row, token_usable = hub_token_row(hub_token)
+    token_row, token_problems = _token(hub_token)
     rows.append(("Hub token", token_row))
-    if not token_usable:
-        problems.append((EXIT_ERROR, f"Hub token: {token_row}"))
+    problems += token_problems
     dist = DistributedEnv.single_node()
     rows.append(
         ("launcher", "none" if "RANK" in dist.defaulted else f"rank {dist.rank}/{dist.world_size}")

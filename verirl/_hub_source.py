@@ -41,7 +41,14 @@ from verirl._checkpoint import (
     user_directory,
 )
 from verirl._download_dir import MARKER, FileEntry, RemoteFolder, fetch_folder, human_size
-from verirl._secrets import check_token, hub_token_in_use, redact_url, scrub, scrub_exception
+from verirl._secrets import (
+    check_token,
+    hub_token_in_use,
+    redact_url,
+    refuse_unreadable_token_file,
+    scrub,
+    scrub_exception,
+)
 from verirl._validate import check_int, check_number, check_seconds
 from verirl._version import __version__
 from verirl.errors import CheckpointSourceError, ConfigError
@@ -360,6 +367,8 @@ class HubCheckpointSource:
     def _download(self, filename: str, commit: str, local_dir: Path) -> Path:
         from huggingface_hub import hf_hub_download  # noqa: PLC0415
 
+        self._refuse_unreadable_token_file()
+
         path = hf_hub_download(
             self.repo_id,
             filename,
@@ -376,8 +385,15 @@ class HubCheckpointSource:
         )
         return Path(path)
 
+    def _refuse_unreadable_token_file(self) -> None:
+        """Without a token of its own, huggingface_hub reads the token file: never a FIFO."""
+        if self._token is None:
+            refuse_unreadable_token_file()
+
     def _api(self) -> HfApi:
         from huggingface_hub import HfApi  # noqa: PLC0415
+
+        self._refuse_unreadable_token_file()
 
         return HfApi(
             endpoint=self.endpoint,

@@ -10,7 +10,6 @@ scrubbed is every spelling of the secret a message could carry: raw, as
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import re
@@ -30,6 +29,7 @@ __all__ = [
     "redact_argv",
     "redact_text",
     "redact_url",
+    "refuse_unreadable_token_file",
     "scrub",
     "scrub_exception",
     "secrets_in_environ",
@@ -77,6 +77,7 @@ def hub_token_in_use(explicit: str | None) -> str | None:
     if explicit:
         return explicit
     try:
+        refuse_unreadable_token_file()  # huggingface_hub would block on it: no token
         from huggingface_hub import get_token  # noqa: PLC0415 - keep import verirl light
 
         return get_token() or None
@@ -396,28 +397,67 @@ def known_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
     return found
 
 
-def _saved_hub_token(environ: Mapping[str, str]) -> str | None:
+def _token_path(environ: Mapping[str, str]) -> str:
+    """Where huggingface_hub reads the saved token (``constants.HF_TOKEN_PATH``'s rules)."""
+
     # As huggingface_hub.constants has it: a variable set but empty is used as it is.
     def expanded(text: str) -> str:
         return os.path.expandvars(os.path.expanduser(text))  # noqa: PTH111 - its own order
 
     if environ.get("HUGGINGFACE_CO_STAGING", "").upper() in {"1", "ON", "YES", "TRUE"}:
-        path = os.path.join(os.path.expanduser("~"), ".cache", "huggingface_staging", "token")  # noqa: PTH111, PTH118
-    else:
-        cache = environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))  # noqa: PTH111, PTH118
-        home = expanded(environ.get("HF_HOME", os.path.join(cache, "huggingface")))  # noqa: PTH118
-        path = expanded(environ.get("HF_TOKEN_PATH", os.path.join(home, "token")))  # noqa: PTH118
+        return os.path.join(os.path.expanduser("~"), ".cache", "huggingface_staging", "token")  # noqa: PTH111, PTH118
+    cache = environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))  # noqa: PTH111, PTH118
+    home = expanded(environ.get("HF_HOME", os.path.join(cache, "huggingface")))  # noqa: PTH118
+    return expanded(environ.get("HF_TOKEN_PATH", os.path.join(home, "token")))  # noqa: PTH118
+
+
+_FILE_KINDS = ((stat.S_ISFIFO, "a FIFO", "block forever"), (stat.S_ISSOCK, "a socket", "fail"),
+               (stat.S_ISDIR, "a directory", "fail"), (stat.S_ISCHR, "a device", "block"),
+               (stat.S_ISBLK, "a device", "block"))  # fmt: skip
+
+
+def refuse_unreadable_token_file(environ: Mapping[str, str] | None = None) -> None:
+    """`ConfigError` when huggingface_hub would look for the token in something not a file.
+
+    With no ``HF_TOKEN``/``HUGGING_FACE_HUB_TOKEN``, huggingface_hub reads
+    the file at ``HF_TOKEN_PATH`` (else ``$HF_HOME/token``) on every request,
+    with a plain ``open``: a FIFO there blocks it forever, with no deadline
+    verirl could set. Checked before anything asks huggingface_hub; the
+    message names the variable and the path, never a token.
+    """
+    env = os.environ if environ is None else environ
+    if any((env.get(name) or "").strip() for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")):
+        return  # huggingface_hub takes the variable and never opens the file
+    path = _token_path(env)
+    try:
+        mode = os.stat(path).st_mode  # noqa: PTH116 - a str that may not be UTF-8
+    except (OSError, ValueError):
+        return  # no file: no saved token
+    for test, kind, effect in _FILE_KINDS:
+        if test(mode):
+            variable = "HF_TOKEN_PATH" if "HF_TOKEN_PATH" in env else "HF_HOME"
+            why = (
+                f"the Hub token file there is {kind}, not a file: huggingface_hub would "
+                f"{effect} reading it; point HF_TOKEN_PATH at the token file, remove it, "
+                "or set HF_TOKEN"
+            )
+            raise ConfigError.invalid(variable, printable(path), why)
+
+
+def _saved_hub_token(environ: Mapping[str, str]) -> str | None:
+    path = _token_path(environ)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (OSError, ValueError):
         return None
-    with contextlib.closing(os.fdopen(fd, "rb")) as file:
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            token = file.read(4096).decode("utf-8", "replace").strip()
-        except OSError:
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a directory: no token
             return None
+        token = os.read(fd, 4096).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     return token if len(token) >= _MIN_SCRUBBED else None
 
 
