@@ -45,7 +45,9 @@ Rules, on top of the one SIGTERM policy (`verirl._signals`):
   (``enable_jit_checkpoint=True``, which this callback replaces, saying so
   once in the log), never over a handler the program set, nor ``SIG_IGN``;
   it is put back at ``on_train_end``. In a thread other than the main one no
-  handler can be installed: only stop requests work there.
+  handler can be installed: only stop requests work there; nor put back: a
+  handler closed there stays until the main thread gives it back, passing
+  signals on meanwhile, and still raises the watchdog's interrupt.
 - A stop request (`verirl._stop.STOP_REQUESTS`, e.g. the vLLM server
   exiting) stops training the same way; the request's error is raised after
   the save instead of the exit.
@@ -318,9 +320,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         remove, self._remove_listener = self._remove_listener, None
         if remove is not None:
             remove()
-        if signal.SIGTERM not in keep:
-            self._stop_cooperating()
-        kept = self._uninstall(keep)
+        kept = self._uninstall(keep)  # SIGTERM given back: it stops cooperating with the policy
         if kept:
             self._requested.set()  # the handlers left in place now only log and ignore
 
@@ -386,7 +386,9 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         Off the main thread no handler can be set: those to give back are
         marked stale, and given back from the main thread, by the next
         callback's install or by the first such signal (which then goes where
-        it would have gone without us).
+        it would have gone without us). A SIGTERM handler still installed,
+        stale or kept, keeps cooperating with the policy, so that the
+        watchdog's interrupt still reaches it (see `_on_signal`).
         """
         if threading.current_thread() is not threading.main_thread():
             stale = {signum for signum in self._previous if signum not in keep}
@@ -414,6 +416,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
             if current == self._on_signal:
                 signal.signal(signum, previous)
             self._previous.pop(signum, None)
+        self._cooperate_while_installed()
         return kept
 
     def _give_back(self, signals: set[int]) -> dict[int, _Handler]:
@@ -432,6 +435,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
             if not self._stale:
                 with contextlib.suppress(ValueError):  # a handler run in between removed it
                     _STALE.remove(self)
+        self._cooperate_while_installed()
         return given
 
     def _pass_on_stale(self, signum: int, frame: types.FrameType | None) -> None:
@@ -458,13 +462,21 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         if remove is not None:
             remove()
 
+    def _cooperate_while_installed(self) -> None:
+        """End the cooperation with the policy once our SIGTERM handler is given back, not before.
+
+        A handler left in place (stale, or kept on the way out) that stopped
+        cooperating would make the watchdog's interrupt a plain SIGTERM.
+        """
+        if signal.SIGTERM not in self._previous:
+            self._stop_cooperating()
+
     def _on_signal(self, signum: int, _frame: types.FrameType | None) -> None:
-        if signum in self._stale:
-            self._pass_on_stale(signum, _frame)
-            return
         if signum == signal.SIGTERM:
+            # Before any routing, a stale handler's included: the watchdog's interrupt is not a
+            # preemption, and is never swallowed nor passed on as a plain SIGTERM.
             sent, cause = SIGTERM_POLICY.take_interrupt()
-            if sent:  # the watchdog's interrupt, not a preemption: never swallowed
+            if sent:
                 if cause is None:
                     log.debug("an interrupt taken back meanwhile: SIGTERM ignored")
                     return
@@ -472,8 +484,13 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
                     "training did not stop at a step end in time after %s: raising it now",
                     type(cause).__name__,
                 )
+                if self._stale:  # on the main thread now: they can go back
+                    self._give_back(set(self._stale))
                 self._deactivate(keep=set())
                 raise cause
+        if signum in self._stale:
+            self._pass_on_stale(signum, _frame)
+            return
         name = _name(signum)
         if self._signalled is not None:
             if signum == signal.SIGINT:

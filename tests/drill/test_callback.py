@@ -471,3 +471,97 @@ def test_a_signal_while_a_stale_handler_is_given_back_goes_where_it_would_have(t
         "    print(signal.getsignal(signal.SIGTERM) == SIGTERM_POLICY.handle)\n",
     )
     assert (done.returncode, done.stdout) == (0, "exit 143\nTrue\n"), done.stderr
+
+
+@pytest.mark.parametrize("left_by", ["takeover", "ended"])
+def test_a_handler_left_by_a_takeover_in_a_thread_still_takes_the_watchdogs_interrupt(
+    tmp_path, left_by
+):
+    # A callback closed in a thread (a newer one took over there, or its train() ended there)
+    # leaves its handlers in place, stale. The watchdog's interrupt, sent when training did not
+    # stop by itself, must still unwind the main thread with the server's error: not be taken
+    # for a preemption (the loop never stops), nor passed on to the policy as a plain SIGTERM.
+    leave = {
+        "takeover": "newer = PreemptionCallback(exit_code=None)\n"
+        "    ended = threading.Thread(target=newer.on_train_begin, args=trainer)\n",
+        "ended": "ended = threading.Thread(target=older.on_train_end, args=trainer)\n",
+    }[left_by]
+    done = _run_script(
+        tmp_path,
+        "import threading\n"
+        "from verirl._watchdog import interrupt_main\n"
+        "with SIGTERM_POLICY.held():\n"
+        "    older = PreemptionCallback()\n"
+        "    older.on_train_begin(args, state, control)\n"
+        "    trainer = (args, state, control)\n"
+        f"    {leave}"
+        "    ended.start(); ended.join()\n"
+        "    assert signal.getsignal(signal.SIGTERM) == older._on_signal  # stale, left in place\n"
+        "    fire = lambda: interrupt_main(error, held=True)  # the watchdog's, after the grace\n"
+        "    watchdog = threading.Thread(target=fire)\n"
+        "    try:\n"
+        "        watchdog.start()\n"
+        "        threading.Event().wait(20)  # a loop stuck in a collective\n"
+        "        print('not interrupted')\n"
+        "    except VLLMServerExited as exc:\n"
+        "        print('raised', exc is error)\n"
+        "    except SystemExit as exc:\n"
+        "        print('exit', exc.code)\n"
+        "    watchdog.join()\n"
+        "    print(signal.getsignal(signal.SIGTERM) == SIGTERM_POLICY.handle,\n"
+        "          signal.getsignal(signal.SIGINT) is signal.default_int_handler,\n"
+        "          SIGTERM_POLICY.fired, preemption._STALE)\n",
+    )
+    assert (done.returncode, done.stdout) == (0, "raised True\nTrue True True []\n"), done.stderr
+
+
+def test_an_interrupt_taken_back_is_ignored_by_a_stale_handler_not_passed_on(trainer_objects):
+    # The runtime stopping normally withdraws a late interrupt: the stale handler it reaches
+    # must not pass it on to the callback in charge as a preemption.
+    args, state, control = trainer_objects
+    with SIGTERM_POLICY.held():
+        older, newer = PreemptionCallback(), PreemptionCallback(exit_code=None)
+        older.on_train_begin(args, state, control)
+        _in_thread(newer.on_train_begin, args, state, control)  # older's handlers left, stale
+        try:
+            error = VLLMServerExited(-9, "")
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            try:
+                assert SIGTERM_POLICY.interrupt(error)  # the stale handler still cooperates
+                assert SIGTERM_POLICY.withdraw(error)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # delivered here: ignored
+            assert not newer.stop_requested
+            assert not SIGTERM_POLICY.fired
+            os.kill(os.getpid(), signal.SIGTERM)  # a real preemption still goes to the newer one
+            assert newer.stop_requested
+        finally:
+            _in_thread(newer.close)
+            older._give_back(set(older._stale))
+        assert signal.getsignal(signal.SIGTERM) == SIGTERM_POLICY.handle
+        assert older._on_signal not in SIGTERM_POLICY._cooperating
+
+
+def _interrupted(error):
+    """The watchdog's interrupt, then a main thread stuck as in a collective."""
+    assert SIGTERM_POLICY.interrupt(error)
+    threading.Event().wait(10)
+
+
+def test_a_stale_handler_given_back_by_a_newer_callback_stops_cooperating(trainer_objects):
+    args, state, control = trainer_objects
+    with SIGTERM_POLICY.held():
+        older, newer = PreemptionCallback(), PreemptionCallback(exit_code=None)
+        older.on_train_begin(args, state, control)
+        _in_thread(older.close)  # stale, still cooperating: its handler is still SIGTERM's
+        assert older._on_signal in SIGTERM_POLICY._cooperating
+        newer.on_train_begin(args, state, control)  # main thread: gives the stale ones back
+        try:
+            assert older._on_signal not in SIGTERM_POLICY._cooperating
+            assert newer._on_signal in SIGTERM_POLICY._cooperating
+            with pytest.raises(VLLMServerExited):
+                _interrupted(VLLMServerExited(-9, ""))
+        finally:
+            newer.close()
+        assert newer._on_signal not in SIGTERM_POLICY._cooperating
+        assert signal.getsignal(signal.SIGTERM) == SIGTERM_POLICY.handle
