@@ -940,8 +940,9 @@ def test_only_verirls_own_json_makes_a_usage_error_a_document(tmp_path, argv, do
         ),
         (["doctor"], "HF_TOKEN_PATH"),
         (["resume", "--hub-repo", "org/run", "--resume", "latest"], "HF_HOME"),
+        (["resume", "--hub-repo", "org/run", "--resume", "latest"], "stored_tokens"),
     ],
-    ids=["resume", "launch", "doctor", "resume, saved login"],
+    ids=["resume", "launch", "doctor", "resume, saved login", "resume, stored tokens"],
 )
 def test_a_token_file_huggingface_hub_would_block_on_is_exit_2_at_once(
     tmp_path, kind, command, where
@@ -950,6 +951,9 @@ def test_a_token_file_huggingface_hub_would_block_on_is_exit_2_at_once(
     blocks it forever. verirl names the variable and the path before asking it anything."""
     path = tmp_path / ("elsewhere" if where == "HF_TOKEN_PATH" else "hf-home") / "token"
     path.parent.mkdir()
+    if where == "stored_tokens":  # read once the saved login gave a token
+        path.write_text("hf_" + "s" * 30)
+        path, where = path.parent / "stored_tokens", "HF_HOME"
     if kind == "fifo":
         os.mkfifo(path)
     else:

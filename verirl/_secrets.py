@@ -428,20 +428,22 @@ def refuse_unreadable_token_file(environ: Mapping[str, str] | None = None) -> No
     env = os.environ if environ is None else environ
     if any((env.get(name) or "").strip() for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")):
         return  # huggingface_hub takes the variable and never opens the file
-    path = _token_path(env)
-    try:
-        mode = os.stat(path).st_mode  # noqa: PTH116 - a str that may not be UTF-8
-    except (OSError, ValueError):
-        return  # no file: no saved token
-    for test, kind, effect in _FILE_KINDS:
-        if test(mode):
-            variable = "HF_TOKEN_PATH" if "HF_TOKEN_PATH" in env else "HF_HOME"
-            why = (
-                f"the Hub token file there is {kind}, not a file: huggingface_hub would "
-                f"{effect} reading it; point HF_TOKEN_PATH at the token file, remove it, "
-                "or set HF_TOKEN"
-            )
-            raise ConfigError.invalid(variable, printable(path), why)
+    token = _token_path(env)
+    # the token file, and the stored_tokens file beside it (read once a token is found there)
+    for path in (token, os.path.join(os.path.dirname(token), "stored_tokens")):  # noqa: PTH118, PTH120
+        try:
+            mode = os.stat(path).st_mode  # noqa: PTH116 - a str that may not be UTF-8
+        except (OSError, ValueError):
+            continue  # no file: nothing read there
+        for test, kind, effect in _FILE_KINDS:
+            if test(mode):
+                variable = "HF_TOKEN_PATH" if "HF_TOKEN_PATH" in env else "HF_HOME"
+                why = (
+                    f"the Hub token file there is {kind}, not a file: huggingface_hub would "
+                    f"{effect} reading it; point HF_TOKEN_PATH at the token file, remove it, "
+                    "or set HF_TOKEN"
+                )
+                raise ConfigError.invalid(variable, printable(path), why)
 
 
 def _saved_hub_token(environ: Mapping[str, str]) -> str | None:
