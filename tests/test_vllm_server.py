@@ -1329,3 +1329,36 @@ def test_from_topology_with_the_real_topology():
     assert list(server.serve_args) == topology.serve_args(MODEL)
     with pytest.raises(ConfigError, match="mode"):
         VLLMServer.from_topology(VLLMTopology.plan(1, max_model_len=8192), model=MODEL)
+
+
+LOGS_ITS_SECRETS = """
+import os, sys
+# What vLLM does at start-up (it logs its non-default arguments), and a program that prints
+# its environment, then dies.
+print(f"non-default args: {sys.argv[1:]!r}", flush=True)
+print(f"HF_TOKEN seen: {os.environ.get('HF_TOKEN')}", flush=True)
+print(f"EXTRA_PASSWORD seen: {os.environ.get('EXTRA_PASSWORD')}", flush=True)
+print("endpoint http://user:hunter2-pw@example.com/x", flush=True)
+sys.exit(1)
+"""
+
+
+def test_the_servers_log_quoted_in_an_error_never_shows_a_secret(tmp_path, monkeypatch):
+    """--api-key, the Hub token and secret variables appear in no error and no log tail."""
+    script = tmp_path / "server.py"
+    script.write_text(LOGS_ITS_SECRETS)
+    secrets = ["sk-TOPSECRET-123456", "hf_SUPERSECRETTOKEN123", "pw-in-env-9876543", "hunter2-pw"]
+    monkeypatch.setenv("HF_TOKEN", secrets[1])
+    server = VLLMServer(
+        "m", port=unshared_port(), command=[sys.executable, str(script)],
+        extra_args=["--api-key", secrets[0]], env={"EXTRA_PASSWORD": secrets[2]},
+        log_path=tmp_path / "server.log", startup_timeout=60,
+    )  # fmt: skip
+    with pytest.raises(VLLMServerExited) as info:
+        server.start()
+    shown = [str(info.value), info.value.log_tail, server.log_tail()]
+    assert "non-default args" in info.value.log_tail  # the tail is quoted, minus the secrets
+    assert "<hidden>" in info.value.log_tail
+    for text in shown:
+        for secret in secrets:
+            assert secret not in text, (secret, text)

@@ -45,7 +45,7 @@ import subprocess
 import threading
 import types
 import uuid
-from collections.abc import Iterable, Mapping  # noqa: F401 - Iterable: see below
+from collections.abc import Iterable, Mapping, Sequence  # noqa: F401 - Iterable: see below
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -84,7 +84,14 @@ from verirl._readiness import (
     UnprovableError,
     wait_for_health,
 )
-from verirl._secrets import redact_argv
+from verirl._secrets import (
+    HIDDEN,
+    known_secrets,
+    redact_argv,
+    redact_text,
+    scrub,
+    secrets_in_environ,
+)
 from verirl._serve_args import vllm_serve_args
 from verirl._server_fields import (
     to_command,
@@ -350,7 +357,8 @@ class VLLMServer:
         check_lines(lines)
         if self._active_log is None:
             return ""
-        return read_log_tail(self._active_log, lines=lines, start=self._log_offset)
+        tail = read_log_tail(self._active_log, lines=lines, start=self._log_offset)
+        return _hide_secrets(tail, self._argv or (), self.env)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -596,3 +604,26 @@ class VLLMServer:
             last_error,
             last_line or "(none yet)",
         )
+
+
+def _hide_secrets(text: str, argv: Sequence[str], env: Mapping[str, str]) -> str:
+    """``text`` (the server's own log) with the secrets verirl knows of hidden.
+
+    vLLM logs its arguments at start-up (``non-default args: {... 'api_key':
+    [...]}``) and a failing program may print its environment: every value
+    `redact_argv` hides in the server's command line, the secret variables of
+    this process and of the server's ``env``, and the saved Hub login are
+    replaced wherever they appear, and URL passwords and credentials as
+    `redact_text` hides them.
+    """
+    secrets = set(known_secrets()) | set(secrets_in_environ(env))
+    for word, shown in zip(argv, redact_argv(argv), strict=True):
+        if word != shown:
+            secrets.add(word)
+            _, equals, value = word.partition("=")
+            if equals and value:
+                secrets.add(value)
+    for secret in sorted(secrets, key=len, reverse=True):  # a longer one before its parts
+        if len(secret) >= 4:  # noqa: PLR2004 - a shorter one would hide ordinary words
+            text = scrub(text, secret, HIDDEN)
+    return "\n".join(redact_text(line) for line in text.split("\n"))
