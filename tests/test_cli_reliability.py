@@ -980,3 +980,23 @@ def test_a_token_in_the_environment_makes_the_token_file_irrelevant(tmp_path):
     refuse_unreadable_token_file(env)  # huggingface_hub never opens the file: no error
     with pytest.raises(ConfigError, match="HF_TOKEN_PATH="):
         refuse_unreadable_token_file({"HF_TOKEN_PATH": str(tmp_path / "fifo")})
+
+
+@pytest.mark.parametrize("clash", ["vLLM port", "TRL group port"])
+def test_doctor_plans_with_the_port_it_is_given_as_launch_would(tmp_path, clash):
+    """``doctor --vllm-port P`` checks the plan launch --vllm-port P would make."""
+    port = unshared_port()
+    flag = str(port) if clash == "vLLM port" else "51216"
+    environ = clean_environ(tmp_path, VERIRL_VLLM_COMMAND=FAKE_VLLM, VERIRL_GPU_COUNT="2",
+                            VERIRL_MODEL="m", MASTER_PORT=flag)  # fmt: skip
+    runs = {}
+    for command in (["launch", "--vllm-port", flag, "--", "true"], ["doctor", "--vllm-port", flag]):
+        runs[command[0]] = subprocess.run(
+            [sys.executable, "-m", "verirl", *command], capture_output=True, text=True,
+            env=environ, timeout=120, check=False,
+        )  # fmt: skip
+    launch, doctor = runs["launch"], runs["doctor"]
+    assert launch.returncode == 2, launch.stderr
+    assert doctor.returncode == 2, doctor.stderr
+    (refusal,) = [line for line in launch.stderr.splitlines() if " ERROR " in line]
+    assert refusal.split("ERROR verirl: ", 1)[1] in doctor.stderr, (launch.stderr, doctor.stderr)

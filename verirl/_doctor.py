@@ -28,7 +28,8 @@ import shlex
 import shutil
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from verirl._fs import printable
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT, vllm_distribution
@@ -83,7 +84,9 @@ def _launch_row(
 
 
 def _layout(
-    explain: Callable[[VeriRLError], str], precheck: Callable[[], object] | None
+    explain: Callable[[VeriRLError], str],
+    precheck: Callable[[], object] | None,
+    given: Mapping[str, Any],
 ) -> tuple[bool, list[tuple[int, str]]]:
     """Whether `launch`, as the variables set it, starts a vLLM server here; what it refuses.
 
@@ -100,7 +103,7 @@ def _layout(
     try:
         if precheck is not None:
             precheck()
-        runtime = TrainingRuntime.from_settings()
+        runtime = TrainingRuntime.from_settings(**given)
     except ConfigError as exc:
         return False, [(EXIT_CONFIG, f"layout: {explain(exc)}")]
     except Exception:  # noqa: BLE001 - the rows below say what is wrong
@@ -195,11 +198,14 @@ def examine(
     vllm_remote_host: str | None = None,
     explain: Callable[[VeriRLError], str] = str,
     precheck: Callable[[], object] | None = None,
+    given: Mapping[str, Any] | None = None,
 ) -> tuple[list[tuple[str, str]], list[tuple[int, str]]]:
     """The doctor's rows, (label, value), in the order printed; and the problems found.
 
     A problem is (exit code, what): the first of the codes in the order 3, 4,
-    2, 5, 1 is doctor's exit code. ``explain`` and ``precheck``: see `_layout`.
+    2, 5, 1 is doctor's exit code. ``explain`` and ``precheck``: see `_layout`;
+    ``given``: `TrainingRuntime.from_settings`'s arguments a flag gave (the
+    port checked), so that the plan is the one launch would make with it.
     """
     rows: list[tuple[str, str]] = [
         ("python", f"{platform.python_version()} ({sys.executable})"),
@@ -207,7 +213,7 @@ def examine(
     ]
     problems: list[tuple[int, str]] = []
     rows += [(name, _version_of(name)) for name in ("trl", "vllm", "torch", "transformers")]
-    local, refused = _layout(explain, precheck)
+    local, refused = _layout(explain, precheck, given or {})
     problems += refused
     if any(what.startswith("layout: ") for _, what in refused):
         launch, usable = "unknown: launch and serve cannot plan the layout (below)", True
