@@ -8,6 +8,7 @@ socket read) and must be interrupted promptly.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import sys
@@ -127,6 +128,46 @@ def test_a_killed_server_interrupts_a_blocking_main_thread_with_its_exit(
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the policy was released
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive
+
+
+def test_a_swallowed_interrupt_still_ends_the_block_with_the_servers_death(
+    tmp_path, default_sigterm, no_stop_state
+):
+    """A retry wrapper that catches every Exception swallows the one interrupt: the block
+    must not then end as if training had succeeded with a dead server."""
+    rt = fake_server_runtime(tmp_path)
+    swallowed: list[BaseException] = []
+
+    def train() -> None:
+        with rt as session:
+            psutil.Process(session.server.pid).kill()  # type: ignore[union-attr]
+            deadline = time.monotonic() + 30
+            while not swallowed and time.monotonic() < deadline:
+                try:
+                    threading.Event().wait(0.05)  # a generation call, retried on any error
+                except Exception as exc:  # noqa: BLE001 - the user's code under test
+                    swallowed.append(exc)
+
+    with pytest.raises(VLLMServerExited) as caught:
+        train()
+    assert swallowed == [caught.value]  # the same death, raised again as the block ends
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_a_failure_handed_over_by_stop_watchdog_is_not_raised_again(
+    tmp_path, default_sigterm, no_stop_state
+):
+    """verirl launch takes the failure itself (stop_watchdog) once its command has ended."""
+    rt = fake_server_runtime(tmp_path)
+    with rt as session:
+        psutil.Process(session.server.pid).kill()  # type: ignore[union-attr]
+        deadline = time.monotonic() + 30
+        while rt._watchdog.failure is None and time.monotonic() < deadline:
+            with contextlib.suppress(VLLMServerExited):
+                threading.Event().wait(0.05)
+        with contextlib.suppress(VLLMServerExited):  # an interrupt on its way lands here
+            assert isinstance(rt.stop_watchdog(), VLLMServerExited)
+    assert rt.session is None
 
 
 def test_a_blocking_socket_read_is_interrupted_too(tmp_path, default_sigterm, no_stop_state):

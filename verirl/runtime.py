@@ -466,6 +466,7 @@ class TrainingRuntime:
     _started: bool = attrs.field(default=False, init=False, repr=False)
     _holds_sigterm: bool = attrs.field(default=False, init=False, repr=False)
     _watchdog: ServerWatchdog | None = attrs.field(default=None, init=False, repr=False)
+    _failure_taken: bool = attrs.field(default=False, init=False, repr=False)
     # start() and stop() from several threads: the state below changes under this lock.
     _lock: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
     _phases: Phases | None = attrs.field(default=None, init=False, repr=False)
@@ -662,6 +663,7 @@ class TrainingRuntime:
                 msg = "TrainingRuntime is already started; stop() it first"
                 raise RuntimeError(msg)
             self._started = True
+            self._failure_taken = False
             self._starting = True
             self._stop_requested = False
         origin = time.monotonic()
@@ -859,7 +861,9 @@ class TrainingRuntime:
         finished job into a failed one. An interrupt the watchdog sent that
         the main thread has not handled yet is taken back.
         """
-        return self._stop_watching(self._watchdog)
+        failure = self._stop_watching(self._watchdog)
+        self._failure_taken = True  # the caller has it: leaving the block does not raise it
+        return failure
 
     @staticmethod
     def _stop_watching(watchdog: ServerWatchdog | None) -> VLLMServerError | None:
@@ -914,5 +918,17 @@ class TrainingRuntime:
     def __enter__(self) -> RuntimeSession:
         return self.start()
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        """`stop`; then the server's death, if the block ended normally after it.
+
+        The watchdog interrupts the block once; code that catches every
+        ``Exception`` (a retry wrapper around a generation call) swallows it,
+        and the block would end as if training had succeeded with a dead
+        server. Unless `stop_watchdog` handed that failure to the caller, it
+        is raised here.
+        """
+        watchdog = self._watchdog
         self.stop()
+        failure = watchdog.failure if watchdog is not None else None
+        if exc_type is None and failure is not None and not self._failure_taken:
+            raise failure
