@@ -172,6 +172,11 @@ CASES = [
     Case("env-timeout-with-env-server-from-variable",
          ["launch", "--gpus", "1", "--env-timeout", "0.01", "--", "true"],
          {"VERIRL_ENV_SERVER_URL": "http://127.0.0.1:9"}, 3),
+    Case("launch-env-url-on-the-vllm-port",
+         ["launch", "--gpus", "2", "--model", "m", "--vllm-port", "18361",
+          "--env-url", "http://127.0.0.1:18361", "--", "true"], {}, 2,
+         (("--env-url='http://127.0.0.1:18361': is on the vLLM server's port (18361) on this "
+          "host"),)),
     # ... but a variable set for the whole job is no contradiction, nor is auto mode on one GPU
     Case("colocate-port-from-variable", ["plan", "--gpus", "1", "--mode", "colocate"],
          {"VERIRL_VLLM_PORT": "9000"}, 0),

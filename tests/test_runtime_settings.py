@@ -176,3 +176,30 @@ def test_vllm_startup_timeout_variable_must_be_positive_and_finite(value):
         TrainingRuntime.from_settings(environ=environ)
     assert info.value.field == "VERIRL_VLLM_STARTUP_TIMEOUT"
     assert repr(value) in str(info.value)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]", "0.0.0.0"])
+@pytest.mark.parametrize("port", [9100, 51216], ids=["vLLM port", "TRL group port"])
+def test_an_env_url_where_the_local_vllm_server_listens_is_refused(host, port):
+    """verirl's own vLLM server would answer the env wait's /health."""
+    url = f"http://{host}:{port}/"
+    with pytest.raises(ConfigError, match=rf"^env_url=.*is on .*port \({port}\)"):
+        TrainingRuntime.from_settings(gpu_count=2, model="m", vllm_port=9100, env_url=url,
+                                      environ={})  # fmt: skip
+    environ = {"VERIRL_ENV_SERVER_URL": url, "VERIRL_GPU_COUNT": "2", "VERIRL_MODEL": "m",
+               "VERIRL_VLLM_PORT": "9100"}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^VERIRL_ENV_SERVER_URL="):
+        TrainingRuntime.from_settings(environ=environ)
+
+
+@pytest.mark.parametrize(
+    ("url", "settings"),
+    [
+        ("http://127.0.0.1:9100", {"gpu_count": 1}),  # colocate: no server listens here
+        ("http://127.0.0.1:9101", {"gpu_count": 2, "model": "m"}),
+        ("http://env-host:9100", {"gpu_count": 2, "model": "m"}),  # another machine
+        ("http://127.0.0.1:9100", {"gpu_count": 2, "vllm_remote_host": "vllm-node"}),
+    ],
+)
+def test_an_env_url_elsewhere_is_fine(url, settings):
+    TrainingRuntime.from_settings(vllm_port=9100, env_url=url, environ={}, **settings)

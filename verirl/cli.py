@@ -837,7 +837,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         # in the words of a launch given no flags, after launch's own checks of the variables
         explain=functools.partial(_in_cli_words, as_launch),
         precheck=functools.partial(_launch_prechecks, as_launch),
-        given={} if args.vllm_port is None else {"vllm_port": vllm_port},  # launch --vllm-port
+        given={  # launch --vllm-port P --env-url U
+            **({} if args.vllm_port is None else {"vllm_port": vllm_port}),
+            **({"env_url": env_url} if from_flag else {}),
+        },
     )
     width = max(len(name) for name, _ in rows)
     text = "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)

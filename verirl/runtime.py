@@ -10,11 +10,14 @@ raises that phase's own error; leaving the ``with`` block stops the server.
 from __future__ import annotations
 
 import concurrent.futures
+import ipaddress
 import logging
 import os
+import socket
 import threading
 import time
 import types
+import urllib.parse
 import warnings
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
@@ -30,7 +33,7 @@ from verirl._node_share import (
     attempt_key,
 )
 from verirl._phases import Phases, PhaseTiming
-from verirl._secrets import HIDDEN, shown_command
+from verirl._secrets import HIDDEN, redact_text, shown_command
 from verirl._server_fields import to_extra_args
 from verirl._settings import Read, Settings
 from verirl._signals import SIGTERM_POLICY, arm_exit_deadline
@@ -361,6 +364,36 @@ def check_master_port(
         raise ConfigError.invalid("MASTER_PORT", raw, reason)
 
 
+def _check_env_url_port(topology: VLLMTopology, url: str, name: str = "env_url") -> None:
+    """Refuse an env-server URL on this host at a port the local vLLM server listens on.
+
+    The env wait asks ``GET /health``, which verirl's own vLLM server answers
+    too: the wait would pass with no env server running, and every reward
+    request would go to vLLM.
+    """
+    if not topology.is_local_server:
+        return
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname or "", parts.port
+    except ValueError:
+        return  # the probe has refused it already
+    if port is None:
+        port = 443 if parts.scheme == "https" else 80
+    try:
+        here = ipaddress.ip_address(host).is_loopback or ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        here = host.lower() in ("localhost", socket.gethostname().lower())
+    taken = {topology.port: f"the vLLM server's port ({topology.port})",
+             TRL_GROUP_PORT: f"TRL's weight-sync group port ({TRL_GROUP_PORT})"}  # fmt: skip
+    if here and port in taken:
+        reason = (
+            f"is on {taken[port]} on this host, where the vLLM server started here listens: "
+            "it would answer the env server's /health; give the env server's own address"
+        )
+        raise ConfigError.invalid(name, redact_text(url), reason)
+
+
 def _requested(request: str | None) -> bool:
     """Whether ``request`` asks for a checkpoint (``None`` and blank mean a fresh start)."""
     return request is not None and bool(request.strip())
@@ -608,6 +641,8 @@ class TrainingRuntime:
             startup = read.settings.vllm_startup_timeout or VLLM_STARTUP_TIMEOUT
         dist = DistributedEnv.single_node(environ=env, avoid_ports=avoided_ports(topology.port))
         check_master_port(topology, dist, read.name("vllm_port"))
+        if url is not None:
+            _check_env_url_port(topology, url, read.name("env_url") or "env_url")
         runtime = cls(
             topology,
             model=model,
