@@ -321,3 +321,22 @@ def test_an_unreadable_node_record_is_an_error_at_once(tmp_path, suffix, kind):
     (error,) = outcome
     assert isinstance(error, CheckpointSourceError)
     assert "cannot read" in str(error)
+
+
+@pytest.mark.parametrize("make", [*UNREADABLE_STATES, *UNREADABLE_FOLDERS])
+def test_an_unreadable_local_checkpoint_is_never_passed_over_for_an_older_one_on_the_hub(
+    hub, tmp_path, monkeypatch, clean_env, make
+):
+    """The local step 20 cannot be read, the Hub has step 5: resuming step 5 would overwrite
+    the run's newer checkpoints, so it is a source error under auto and latest alike."""
+    root = _unreadable_root(tmp_path, monkeypatch, make)
+    before = snapshot(root)
+    hub.add_checkpoint(REPO, "checkpoint-5", 5)
+    hub_source = HubCheckpointSource(REPO, download_dir=tmp_path / "dl", endpoint=hub.endpoint)
+    resolver = CheckpointResolver([LocalCheckpointSource(root), hub_source])
+    for request in ("auto", "latest"):
+        with pytest.raises(CheckpointSourceError, match="may hold a newer checkpoint") as info:
+            resolver.resolve(request)
+        assert "checkpoint-20" in str(info.value)
+    assert not (tmp_path / "dl" / "checkpoint-5").exists()  # nothing fetched
+    assert snapshot(root) == before

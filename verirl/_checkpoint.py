@@ -108,7 +108,7 @@ def unreadable(path: str | os.PathLike[str], exc: OSError) -> CheckpointSourceEr
         "checkpoint is not an interrupted save, so it is neither skipped nor resumed from: fix "
         "its permissions or storage, or move the folder away"
     )
-    return CheckpointSourceError(msg)
+    return CheckpointSourceError(msg, checkpoint_unreadable=True)
 
 
 def read_trainer_state(folder: str | os.PathLike[str]) -> tuple[dict[str, object] | None, str]:

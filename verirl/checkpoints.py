@@ -218,6 +218,7 @@ class CheckpointResolver:
                 )
                 return None
             raise CheckpointNotFoundError(request, searched)
+        _refuse_if_newer_may_hide(request, failures, searched)
         for failed, error in failures:
             log.warning(
                 "ignoring checkpoint source %s, which could not be read (%s); it may hold a "
@@ -248,6 +249,42 @@ class CheckpointResolver:
             log.info("resuming from %s (step %d)", printable(path), checkpoint.step)
             return os.fspath(path)
         raise fetch_errors[0]
+
+
+def _refuse_if_newer_may_hide(
+    request: str, failures: list[tuple[CheckpointSource, Exception]], searched: list[str]
+) -> None:
+    """`CheckpointSourceError` when a failed source may hide a newer checkpoint than those found."""
+    hiding = [(source, exc) for source, exc in failures if _may_hide_newer(source, exc)]
+    if hiding:
+        reasons = "; ".join(printable(str(exc)) for _, exc in hiding)
+        msg = (
+            f"no checkpoint for {request!r}: {len(hiding)} source(s) may hold a newer "
+            f"checkpoint than the one found, but could not be read ({reasons}); resuming "
+            f"an older one would overwrite it; searched: {', '.join(searched)}"
+        )
+        raise CheckpointSourceError(msg) from _original(hiding[0][1])
+
+
+def _may_hide_newer(source: CheckpointSource, exc: BaseException) -> bool:
+    """Whether a failed source's error may hide a newer checkpoint than one found elsewhere.
+
+    A local folder that cannot be listed, or a checkpoint that is there but
+    cannot be read, anywhere: a training run's own disk, whose newest
+    checkpoint would be overwritten by a resume from an older one. A Hub
+    that cannot be reached is only warned about (the local copy is the newer
+    one as a rule, and the job should not wait for the Hub).
+    """
+    if isinstance(source, LocalCheckpointSource):
+        return True
+    seen: BaseException | None = exc
+    for _ in range(16):  # the cause chain, bounded
+        if seen is None:
+            return False
+        if isinstance(seen, CheckpointSourceError) and seen.checkpoint_unreadable:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _drop_missing_repos(

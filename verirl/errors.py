@@ -209,9 +209,14 @@ class CheckpointSourceError(VeriRLError):
 
     ``repo_missing`` is True when the source said its repository does not
     exist (HTTP 404 to a request that carried a token): what ``auto`` may take
-    for "no checkpoint pushed yet" on a first attempt.
+    for "no checkpoint pushed yet" on a first attempt. ``checkpoint_unreadable``
+    is True when a checkpoint is there but cannot be read (permissions, EIO):
+    it may be the newest, so no older one is resumed from in its place.
     """
 
-    def __init__(self, *args: object, repo_missing: bool = False) -> None:
+    def __init__(
+        self, *args: object, repo_missing: bool = False, checkpoint_unreadable: bool = False
+    ) -> None:
         super().__init__(*args)
         self.repo_missing = repo_missing
+        self.checkpoint_unreadable = checkpoint_unreadable
