@@ -325,7 +325,8 @@ def _redact_words(argv: Sequence[str], secrets: Sequence[str], *, shell: bool = 
             hide_next = False
             continue
         name, equals, _ = arg.partition("=")
-        if arg.startswith("-") and _secret_name(name):
+        flag = arg.startswith("-") and not any(char.isspace() for char in name)  # not a line
+        if flag and _secret_name(name):
             # --api-key=V hides V; --api-key V hides the next word
             shown.append(f"{name}={HIDDEN}" if equals else arg)
             hide_next = not equals
