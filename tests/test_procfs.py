@@ -126,6 +126,39 @@ def test_a_plain_process_reads_as_it_is() -> None:
         child.wait()
 
 
+def test_a_process_read_the_moment_it_started_reads_its_new_program() -> None:
+    # Popen returns while execve is still laying out the new program: environ
+    # and cmdline read empty then (most starts on 3.10 and 3.13 here).
+    for _ in range(40):
+        marker = uuid.uuid4().hex
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import sys; sys.stdin.read()", marker],
+            stdin=subprocess.PIPE,
+            env={**os.environ, "ZL_PROBE": marker},
+        )
+        try:
+            assert (_procfs.environ(child.pid) or {}).get("ZL_PROBE") == marker
+            assert _procfs.read(child.pid, "cmdline").split(b"\0")[-2] == marker.encode()
+        finally:
+            assert child.stdin is not None
+            child.stdin.close()
+            child.wait()
+
+
+def test_a_process_started_without_variables_reads_empty_once_started() -> None:
+    for _ in range(10):
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, env={}
+        )
+        try:
+            assert _procfs.environ(child.pid) == {}
+            assert _procfs.read(child.pid, "cmdline")
+        finally:
+            assert child.stdin is not None
+            child.stdin.close()
+            child.wait()
+
+
 def test_an_environment_without_variables_reads_empty(tmp_path: Path) -> None:
     child = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, env={}

@@ -16,6 +16,7 @@ empty, as each function says.
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 
 __all__ = [
@@ -36,6 +37,15 @@ ENDED_STATES = frozenset({"Z", "X", "x", ""})
 
 STARTTIME = 19
 """Index of ``/proc/PID/stat``'s field 22 (start time, in clock ticks after boot) from field 3."""
+
+_FLAGS = 6
+"""Index of ``/proc/PID/stat``'s field 9 (the kernel's ``PF_*`` flags) from field 3."""
+_ENV_END = 48
+"""Index of ``/proc/PID/stat``'s field 51 (where the environment ends in memory) from field 3."""
+_PF_EXITING = 0x4
+_PF_KTHREAD = 0x200000
+_EXEC_WAIT_S = 2.0
+"""How long a read waits for an ``execve`` under way to give the process its new memory."""
 
 
 def _stat(path: str) -> list[str] | None:
@@ -109,15 +119,57 @@ def running(pid: int) -> bool:
     return proc_state(pid) not in ENDED_STATES or threads_run(pid)
 
 
+def _execing(pid: int) -> bool:
+    """Whether ``pid`` is inside ``execve``: alive, not exiting, no kernel thread, no layout yet.
+
+    From the moment ``execve`` closes the close-on-exec descriptors (when
+    `subprocess.Popen` returns) until it has laid out the new program's
+    arguments and environment, ``environ`` and ``cmdline`` read empty: a
+    process started a moment ago would read as one with no environment (no
+    launch marker) or as one that is ending. The new memory's end of the
+    environment (``stat`` field 51) is 0 until that layout is done.
+    """
+    fields = _stat(f"/proc/{pid}/stat")
+    if not fields or fields[0] in ENDED_STATES or len(fields) <= _FLAGS:
+        return False
+    try:
+        flags = int(fields[_FLAGS])
+    except ValueError:
+        return False
+    if flags & (_PF_EXITING | _PF_KTHREAD):
+        return False
+    if len(fields) > _ENV_END:
+        return fields[_ENV_END] == "0"
+    try:  # a kernel before 3.5 shows no layout: no command line is the sign
+        return not Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _read_after_exec(pid: int, name: str) -> bytes:
+    """``/proc/PID/NAME`` read again once an ``execve`` under way has ended (or its deadline)."""
+    deadline = time.monotonic() + _EXEC_WAIT_S
+    pause = 0.0005
+    while _execing(pid) and time.monotonic() < deadline:
+        time.sleep(pause)  # nothing to wait on: the kernel tells no one an exec is done
+        pause = min(pause * 2, 0.02)
+    try:
+        return Path(f"/proc/{pid}/{name}").read_bytes()
+    except OSError:
+        return b""
+
+
 def read(pid: int, name: str) -> bytes:
     """The bytes of ``/proc/PID/NAME``, read through a live thread if the main one has ended.
 
     A Zl process's main thread reads ``environ`` and ``cmdline`` empty, or
     fails (``ESRCH``, ``EACCES``): then the first live other thread's
     ``/proc/PID/task/TID/NAME`` is read instead (the threads share the
-    memory these come from). Raises the first read's `OSError` when no
-    thread can be read either; an empty read stays empty then (a real
-    zombie's, or a process with an empty environment).
+    memory these come from). A process inside ``execve`` (just started)
+    reads empty too: the read waits, up to a deadline, for the exec to end.
+    Raises the first read's `OSError` when no thread can be read either; an
+    empty read stays empty then (a real zombie's, an exiting process's, or
+    a process with an empty environment).
     """
     try:
         data = Path(f"/proc/{pid}/{name}").read_bytes()
@@ -137,6 +189,8 @@ def read(pid: int, name: str) -> bytes:
             return found
     if error is not None:
         raise error
+    if name in {"environ", "cmdline"}:  # read again: an exec may have ended since the first read
+        return _read_after_exec(pid, name)
     return data
 
 
