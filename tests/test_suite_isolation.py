@@ -28,6 +28,7 @@ from _support import (
     still_alive,
     tagged_processes,
 )
+from verirl import _procfs
 from verirl.vllm_server import MARKER_VAR
 
 pytest_plugins = ["pytester"]
@@ -85,7 +86,7 @@ def test_a_foreign_marked_process_without_a_tag_is_not_blamed():
     before = session_processes(tag)
     with orphan(foreign_env(**{MARKER_VAR: "another-checkout"})) as proc:
         assert proc not in descendants()  # as another job's process would be
-        assert proc.environ()[MARKER_VAR] == "another-checkout"
+        assert (_procfs.environ(proc.pid) or {})[MARKER_VAR] == "another-checkout"
         assert proc not in tagged_processes(tag)
         assert leftovers(tag, before, grace=0) == []
 
@@ -95,7 +96,7 @@ def test_a_foreign_marked_process_with_another_sessions_tag_is_not_blamed():
     before = session_processes(tag)
     env = foreign_env(**{MARKER_VAR: "x", SESSION_VAR: "another-session"})
     with orphan(env) as proc:
-        assert proc.environ()[SESSION_VAR] == "another-session"
+        assert (_procfs.environ(proc.pid) or {})[SESSION_VAR] == "another-session"
         assert proc not in tagged_processes(tag)
         assert leftovers(tag, before, grace=0) == []
 
@@ -150,9 +151,9 @@ def _processes_running(token: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter():
         try:
-            if token in " ".join(proc.cmdline()) and alive(proc):
+            if token.encode() in _procfs.read(proc.pid, "cmdline") and alive(proc):
                 found.append(proc)
-        except psutil.Error:
+        except (OSError, psutil.Error):
             continue
     return found
 
