@@ -278,6 +278,26 @@ def test_a_dedicated_node_serves_on_its_gpus(gpus, kwargs, tp, dp, devices):
 
 
 @pytest.mark.parametrize(
+    ("kwargs", "idle"),
+    [
+        ({}, None),
+        ({"data_parallel_size": 4}, None),
+        ({"tensor_parallel_size": 2, "data_parallel_size": 2}, "4 of its 8 GPUs"),
+        ({"vllm_gpus": 6}, "6 of its 8 GPUs"),
+        ({"tensor_parallel_size": 1}, "1 of its 8 GPUs"),
+    ],
+)
+def test_a_dedicated_node_that_leaves_gpus_idle_says_so(kwargs, idle, caplog):
+    caplog.set_level(logging.WARNING, logger="verirl.topology")
+    VLLMTopology.plan(8, max_model_len=4096, dedicated=True, **kwargs)
+    if idle is None:
+        assert "stay idle" not in caplog.text
+    else:
+        assert f"serves on {idle}" in caplog.text
+        assert "stay idle" in caplog.text
+
+
+@pytest.mark.parametrize(
     ("kwargs", "field", "words"),
     [
         ({"data_parallel_size": 3}, "data_parallel_size", "must divide the 8 GPU(s)"),
