@@ -297,6 +297,18 @@ def test_launch_missing_program_exits_127(clean_env):
     assert main(["launch", "--gpus", "1", "--", "/nonexistent/trainer"]) == 127
 
 
+def test_launch_json_of_a_missing_program_says_why_and_hides_its_secrets(clean_env, capsys):
+    argv = ["launch", "--json", "--gpus", "1", "--", "/nonexistent/trainer", "--token=s3cr3tvalue"]
+    assert main(argv) == 127
+    out, err = capsys.readouterr()
+    document = json.loads(out)
+    assert document["exit_code"] == 127
+    assert document["error"]["code"] == 127
+    assert "cannot run /nonexistent/trainer" in document["error"]["message"]
+    assert "No such file or directory" in document["error"]["message"]
+    assert "s3cr3tvalue" not in out + err
+
+
 def test_launch_env_server_down_fails_before_running_the_command(tmp_path, clean_env):
     marker = tmp_path / "ran"
     with FakeEnvServer(ready_after=None) as server:

@@ -841,8 +841,9 @@ def run_command(
     grace: float,
     *,
     ending: Callable[[], object] | None = None,
+    cannot_run: Callable[[str], object] | None = None,
 ) -> int:
-    """Run ``command``; return its exit code (128+N when it died of signal N).
+    """Run ``command``; return its exit code (128+N when it died of signal N, 127: cannot run it).
 
     The command runs in a process group of its own (see the module
     docstring). SIGTERM (the one policy's `SystemExit`) or Ctrl-C while it
@@ -857,6 +858,8 @@ def run_command(
     passes the runtime's ``stop_watchdog``) is called as soon as the command
     has exited or a signal is being passed on to it: a server failing after
     that must not cut short the grace of the command or of what it left.
+    ``cannot_run`` gets the logged message (redacted) when the command
+    cannot be started: 127 alone does not say why (a shell returns it too).
     """
     marker = f"{os.getpid()}-{secrets.token_hex(8)}"
     outer = env.get(LAUNCH_MARKER_VAR, "")
@@ -876,6 +879,7 @@ def run_command(
             started=started,
             tracked=tracked,
             ending=ending,
+            cannot_run=cannot_run,
         )
     finally:
         if subreaper is not None:
@@ -895,6 +899,7 @@ def _run(
     started: list[subprocess.Popen[bytes]],
     tracked: list[_Command],
     ending: Callable[[], object] | None,
+    cannot_run: Callable[[str], object] | None,
 ) -> int:
     """`run_command`'s body, with launch a child subreaper."""
     others: dict[int, float] = {}
@@ -913,6 +918,8 @@ def _run(
                 strerror = exc.strerror if isinstance(exc, OSError) else None
                 why = printable(redact_argv([strerror or str(exc)], secrets=secrets_)[0])
                 log.error("cannot run %s: %s", shown, why)  # noqa: TRY400 - no traceback for a missing program
+                if cannot_run is not None:
+                    cannot_run(f"cannot run {shown}: {why}")
                 return 127
             tracked.append(_Command(child, marker, since, others, own=own))
             tracked[0].wait_exited()

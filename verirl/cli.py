@@ -795,7 +795,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
         _exit_if_sigterm_was_lost()  # never start the command after a SIGTERM
         # The watchdog's VLLMServerExited interrupts this: the command gets SIGTERM, then exit 4.
         # Once the command has ended or is being stopped, a server dying fails nothing.
-        code = run_command(command, env, grace, ending=runtime.stop_watchdog)
+        code = run_command(
+            command,
+            env,
+            grace,
+            ending=runtime.stop_watchdog,
+            cannot_run=lambda why: setattr(args, "final_message", why),
+        )
         runtime.stop_watchdog()  # the command has ended: a server dying now fails nothing
     log.info("training command exited with %d; everything torn down", code)
     return code
@@ -1266,7 +1272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _emit_json(args, _error_document(EXIT_ERROR, f"unexpected {type(exc).__name__}"))
             raise
         if args.json:
-            _final_document(args, code, message)
+            _final_document(args, code, message or getattr(args, "final_message", ""))
     finally:
         restore_logging()
     return code
