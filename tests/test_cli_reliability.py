@@ -16,6 +16,7 @@ import contextlib
 import http.server
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -1000,3 +1001,22 @@ def test_doctor_plans_with_the_port_it_is_given_as_launch_would(tmp_path, clash)
     assert doctor.returncode == 2, doctor.stderr
     (refusal,) = [line for line in launch.stderr.splitlines() if " ERROR " in line]
     assert refusal.split("ERROR verirl: ", 1)[1] in doctor.stderr, (launch.stderr, doctor.stderr)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "0.0.0.0", "remote.example"])
+@pytest.mark.parametrize("clash", ["vLLM port", "TRL group port"])
+def test_a_master_port_on_a_server_of_this_host_named_as_remote_is_refused(host, clash):
+    """``--vllm-host 127.0.0.1`` (``verirl serve`` beside the job) listens on this host too."""
+    from verirl.distenv import DistributedEnv
+    from verirl.runtime import check_master_port
+    from verirl.topology import TRL_GROUP_PORT, VLLMTopology
+
+    topology = VLLMTopology.plan(2, max_model_len=1024, remote_host=host, port=9123)
+    master = "9123" if clash == "vLLM port" else str(TRL_GROUP_PORT)
+    dist = DistributedEnv.single_node(environ={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": master})
+    if host == "remote.example":
+        check_master_port(topology, dist)  # another machine's ports are its own
+        return
+    with pytest.raises(ConfigError, match=f"on this host \\({re.escape(host)}\\)") as err:
+        check_master_port(topology, dist)
+    assert err.value.field == "MASTER_PORT"

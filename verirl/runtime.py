@@ -338,15 +338,21 @@ def _check_args(args: object) -> tuple[str, ...]:
 def check_master_port(
     topology: VLLMTopology, dist: DistributedEnv, port_name: str | None = None
 ) -> None:
-    """Refuse a ``MASTER_PORT`` that is a port the local vLLM server binds on this host.
+    """Refuse a ``MASTER_PORT`` that is a port a vLLM server binds on this host.
 
     torch's rendezvous store listens on ``MASTER_PORT``; the server started
-    here listens on its port and, for TRL's weight sync, on TRL's group port.
-    Two listeners on one port: one of them fails at start-up, or later.
+    here, or a "remote" one whose host names this machine (``verirl serve``
+    beside the job), listens on its port and, for TRL's weight sync, on
+    TRL's group port. Two listeners on one port: one of them fails at
+    start-up, or later.
     ``port_name``: where the server's port came from, when a variable gave it
     (an argument, a flag or the default is shown as the number alone).
     """
-    if not topology.is_local_server:
+    if topology.is_local_server:
+        where = "the vLLM server started here"
+    elif topology.remote_host is not None and _names_this_host(topology.remote_host):
+        where = f"the vLLM server on this host ({topology.remote_host})"
+    else:
         return
     raw = dist.variables.get("MASTER_PORT")
     try:
@@ -358,10 +364,24 @@ def check_master_port(
              TRL_GROUP_PORT: f"TRL's weight-sync group port ({TRL_GROUP_PORT})"}  # fmt: skip
     if master in taken:
         reason = (
-            f"is {taken[master]}, which the vLLM server started here listens on; "
+            f"is {taken[master]}, which {where} listens on; "
             "set MASTER_PORT or the server's port to another"
         )
         raise ConfigError.invalid("MASTER_PORT", raw, reason)
+
+
+def _names_this_host(host: str) -> bool:
+    """Whether ``host`` (a name or an address, IPv6 in brackets or not) is this machine."""
+    bare = host.strip("[]").lower().removesuffix(".")
+    if bare == "localhost" or bare.endswith(".localhost") or bare == socket.gethostname().lower():
+        return True
+    try:
+        address = ipaddress.ip_address(bare.partition("%")[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback or address.is_unspecified
 
 
 def _check_env_url_port(topology: VLLMTopology, url: str, name: str = "env_url") -> None:
