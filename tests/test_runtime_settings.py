@@ -203,3 +203,29 @@ def test_an_env_url_where_the_local_vllm_server_listens_is_refused(host, port):
 )
 def test_an_env_url_elsewhere_is_fine(url, settings):
     TrainingRuntime.from_settings(vllm_port=9100, env_url=url, environ={}, **settings)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1"])
+def test_an_env_url_where_a_vllm_server_of_this_host_named_as_remote_listens_is_refused(host):
+    """``--vllm-host 127.0.0.1`` (``verirl serve`` beside the job) answers /health too."""
+    url = "http://127.0.0.1:9100/"
+    with pytest.raises(ConfigError, match=rf"^env_url=.*on this host \({host}\)"):
+        TrainingRuntime.from_settings(gpu_count=2, vllm_remote_host=host, vllm_port=9100,
+                                      env_url=url, environ={})  # fmt: skip
+
+
+@pytest.mark.parametrize("port", [9100, 51216], ids=["vLLM port", "TRL group port"])
+def test_a_hand_built_runtime_refuses_an_env_probe_where_its_server_listens(port, tmp_path):
+    """What from_settings refuses, start() refuses too, before anything starts."""
+    from verirl import HttpEnvServerProbe
+
+    topology = VLLMTopology.plan(2, max_model_len=1024, port=9100)
+    probe = HttpEnvServerProbe(f"http://user:s3cr3tpass@localhost:{port}")
+    built: list[object] = []
+    runtime = TrainingRuntime(topology, model="m", env_probe=probe, environ={}, env_timeout=2.0,
+                              server_factory=built.append)  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^env_probe=.*is on .*port") as err:
+        runtime.start()
+    assert "s3cr3tpass" not in str(err.value)
+    assert built == []
+    assert runtime.session is None

@@ -348,26 +348,37 @@ def check_master_port(
     ``port_name``: where the server's port came from, when a variable gave it
     (an argument, a flag or the default is shown as the number alone).
     """
-    if topology.is_local_server:
-        where = "the vLLM server started here"
-    elif topology.remote_host is not None and _names_this_host(topology.remote_host):
-        where = f"the vLLM server on this host ({topology.remote_host})"
-    else:
+    where = _server_on_this_host(topology)
+    if where is None:
         return
     raw = dist.variables.get("MASTER_PORT")
     try:
         master = int(raw) if raw is not None else None
     except ValueError:
         return
-    named = f"{port_name}={topology.port}" if port_name and port_name.isupper() else topology.port
-    taken = {topology.port: f"the vLLM server's port ({named})",
-             TRL_GROUP_PORT: f"TRL's weight-sync group port ({TRL_GROUP_PORT})"}  # fmt: skip
+    named = f"{port_name}={topology.port}" if port_name and port_name.isupper() else None
+    taken = _server_ports(topology, named)
     if master in taken:
         reason = (
             f"is {taken[master]}, which {where} listens on; "
             "set MASTER_PORT or the server's port to another"
         )
         raise ConfigError.invalid("MASTER_PORT", raw, reason)
+
+
+def _server_on_this_host(topology: VLLMTopology) -> str | None:
+    """How to name the vLLM server ``topology`` has on this machine; ``None``: it has none here."""
+    if topology.is_local_server:
+        return "the vLLM server started here"
+    if topology.remote_host is not None and _names_this_host(topology.remote_host):
+        return f"the vLLM server on this host ({topology.remote_host})"
+    return None
+
+
+def _server_ports(topology: VLLMTopology, named: str | None = None) -> dict[int, str]:
+    """The ports ``topology``'s vLLM server listens on, each with how a message names it."""
+    return {topology.port: f"the vLLM server's port ({named or topology.port})",
+            TRL_GROUP_PORT: f"TRL's weight-sync group port ({TRL_GROUP_PORT})"}  # fmt: skip
 
 
 def _names_this_host(host: str) -> bool:
@@ -391,7 +402,8 @@ def _check_env_url_port(topology: VLLMTopology, url: str, name: str = "env_url")
     too: the wait would pass with no env server running, and every reward
     request would go to vLLM.
     """
-    if not topology.is_local_server:
+    where = _server_on_this_host(topology)
+    if where is None:
         return
     try:
         parts = urllib.parse.urlsplit(url)
@@ -400,15 +412,10 @@ def _check_env_url_port(topology: VLLMTopology, url: str, name: str = "env_url")
         return  # the probe has refused it already
     if port is None:
         port = 443 if parts.scheme == "https" else 80
-    try:
-        here = ipaddress.ip_address(host).is_loopback or ipaddress.ip_address(host).is_unspecified
-    except ValueError:
-        here = host.lower() in ("localhost", socket.gethostname().lower())
-    taken = {topology.port: f"the vLLM server's port ({topology.port})",
-             TRL_GROUP_PORT: f"TRL's weight-sync group port ({TRL_GROUP_PORT})"}  # fmt: skip
-    if here and port in taken:
+    taken = _server_ports(topology)
+    if _names_this_host(host) and port in taken:
         reason = (
-            f"is on {taken[port]} on this host, where the vLLM server started here listens: "
+            f"is on {taken[port]} on this host, where {where} listens: "
             "it would answer the env server's /health; give the env server's own address"
         )
         raise ConfigError.invalid(name, redact_text(url), reason)
@@ -713,6 +720,8 @@ class TrainingRuntime:
     def start(self) -> RuntimeSession:
         """Run every start-up phase; return the session or raise the first phase error."""
         self.refuse_unfindable()
+        if self.env_probe is not None:  # a runtime built by hand: what from_settings checks
+            _check_env_url_port(self.topology, self.env_probe.url, "env_probe")
         with self._lock:
             if self._started:
                 msg = "TrainingRuntime is already started; stop() it first"
