@@ -191,9 +191,11 @@ def outside(tmp_path: Path) -> set[str]:
     ],
     ids=lambda entry: repr(entry)[:32],
 )
-def test_a_hostile_listing_entry_ends_in_a_verirl_error_or_a_skip(
-    hub, tmp_path, monkeypatch, caplog, entry
+@pytest.mark.parametrize("request_", ["latest", "auto"])
+def test_a_newest_checkpoint_with_a_hostile_listing_entry_is_a_source_error(
+    hub, tmp_path, monkeypatch, entry, request_
 ):
+    """It may hold the newest progress: neither an older one nor a fresh start is resumed."""
     field, value = entry
     hub.add_checkpoint(REPO, "checkpoint-20", 20)
     hub.add_checkpoint(REPO, "checkpoint-30", 30)
@@ -206,14 +208,40 @@ def test_a_hostile_listing_entry_ends_in_a_verirl_error_or_a_skip(
 
     rewrite_listing(monkeypatch, edit)
     before = outside(tmp_path)
-    try:
-        path = CheckpointResolver([hub_source(hub, tmp_path)]).resolve("latest")
-    except VeriRLError:
-        pass
-    else:
-        assert path == str(tmp_path / "dl" / "checkpoint-20")
-        assert "checkpoint-30" in warnings_of(caplog)
+    with pytest.raises(CheckpointSourceError, match="cannot use checkpoint-30 in hub:") as err:
+        CheckpointResolver([hub_source(hub, tmp_path)]).resolve(request_)
+    cause = err.value.__cause__
+    assert isinstance(cause, CheckpointSourceError)
+    assert cause.checkpoint_unreadable  # (what keeps another source's older one from being used)
     assert outside(tmp_path) == before
+    assert not (tmp_path / "dl" / "checkpoint-20").exists()
+
+
+def test_auto_with_its_only_checkpoint_unusable_is_a_source_error_not_a_fresh_start(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    hub.add_file(REPO, "checkpoint-20/sub/../../../escape.txt", b"x")
+    with pytest.raises(CheckpointSourceError, match="cannot use checkpoint-20 in hub:"):
+        CheckpointResolver([hub_source(hub, tmp_path)]).resolve("auto")
+    assert not (tmp_path / "escape.txt").exists()
+
+
+@pytest.mark.parametrize(
+    ("folder", "resumed"),
+    [("checkpoint-10", "checkpoint-20"), ("runs", "checkpoint-20"), ("last-checkpoint", None)],
+)
+def test_a_hostile_entry_elsewhere_is_passed_over_unless_it_may_be_newer(
+    hub, tmp_path, folder, resumed
+):
+    """An older checkpoint or another folder is skipped; last-checkpoint's step is unknown."""
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    hub.add_file(REPO, f"{folder}/a/../../../escaped.bin", b"x")
+    if resumed is None:
+        with pytest.raises(CheckpointSourceError, match=f"cannot use {folder} in hub:"):
+            CheckpointResolver([hub_source(hub, tmp_path)]).resolve("auto")
+        return
+    path = CheckpointResolver([hub_source(hub, tmp_path)]).resolve("auto")
+    assert path == str(tmp_path / "dl" / resumed)
+    assert not (tmp_path / "escaped.bin").exists()
 
 
 @pytest.mark.parametrize(

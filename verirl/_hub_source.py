@@ -90,6 +90,8 @@ class _Listing:
 
     commit: str
     folders: Mapping[str, Mapping[str, FileEntry]]
+    unusable: Mapping[str, str] = attrs.field(factory=dict)
+    """Folders left out of ``folders``, each with why: a file that cannot be downloaded safely."""
 
 
 @attrs.define
@@ -161,7 +163,7 @@ class HubCheckpointSource:
         numbered = sorted(
             (
                 (step, folder)
-                for folder in listing.folders
+                for folder in [*listing.folders, *listing.unusable]
                 if (step := checkpoint_step(folder)) is not None
             ),
             key=lambda item: (-item[0], item[1]),
@@ -170,7 +172,11 @@ class HubCheckpointSource:
             reason = absurd_step_reason(folder)
             if reason is not None:
                 log.warning("ignoring %s in %s: %s", shorten(folder), self.description, reason)
+        if LAST_CHECKPOINT in listing.unusable:  # its step is in a file that cannot be fetched
+            raise self._unusable(LAST_CHECKPOINT, listing.unusable[LAST_CHECKPOINT])
         for step, folder in numbered:
+            if folder in listing.unusable:  # newer than any complete one found so far
+                raise self._unusable(folder, listing.unusable[folder])
             why = _listed_incomplete(folder, listing.folders[folder])
             if why is None:
                 best = Checkpoint(step, folder, self.description)
@@ -192,6 +198,19 @@ class HubCheckpointSource:
                     best = Checkpoint(step, LAST_CHECKPOINT, self.description)
         log.debug("newest complete checkpoint in %s: %s", self.description, best)
         return best
+
+    def _unusable(self, folder: str, why: str) -> CheckpointSourceError:
+        """The error for a checkpoint folder the listing shows but that cannot be fetched safely.
+
+        It may be the newest checkpoint: passing over it (a fresh start, an
+        older checkpoint) would overwrite the progress it holds.
+        """
+        msg = (
+            f"cannot use {shorten(folder)} in {self.description}: the listing has {why}; a "
+            "checkpoint that cannot be downloaded safely is not an interrupted save, so it is "
+            "neither skipped nor resumed from: remove or repair it in the repo"
+        )
+        return CheckpointSourceError(msg, checkpoint_unreadable=True)
 
     def fetch(self, checkpoint: Checkpoint) -> Path:
         """Download only ``checkpoint``'s folder into ``download_dir``; return its local path."""
@@ -266,10 +285,11 @@ class HubCheckpointSource:
         for folder, why in unusable.items():
             # A download would be written wherever the path points, or could not be checked.
             folders.pop(folder, None)
-            log.warning(
-                "ignoring %s in %s: the listing has %s", shorten(folder), self.description, why
-            )
-        listing = _Listing(commit=commit, folders=folders)
+            if folder != LAST_CHECKPOINT and checkpoint_step(folder) is None:
+                log.warning(
+                    "ignoring %s in %s: the listing has %s", shorten(folder), self.description, why
+                )
+        listing = _Listing(commit=commit, folders=folders, unusable=unusable)
         log.debug(
             "%s is at commit %s; %d top-level folders", self.description, commit, len(folders)
         )
@@ -515,15 +535,19 @@ def _listed_incomplete(folder: str, files: Mapping[str, object]) -> str | None:
     return None
 
 
+_NAME_MAX = 255
+"""The longest file name (in bytes) a Linux file system takes: a longer one cannot be written."""
+
+
 def _safe_repo_path(path: str) -> bool:
-    """Whether ``path`` stays inside its folder when joined to a local directory."""
+    """Whether ``path`` stays inside its folder when joined to a local directory, and can be."""
     parts = path.split("/")
     try:
         path.encode("utf-8")  # a lone surrogate from JSON names no file the OS can make
     except UnicodeEncodeError:
         return False
     return (
-        all(part not in ("", ".", "..") for part in parts)
+        all(part not in ("", ".", "..") and len(part.encode()) <= _NAME_MAX for part in parts)
         and "\\" not in path
         and "\0" not in path
         and parts[-1] != MARKER
