@@ -33,7 +33,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from verirl._secrets import redact_text
-from verirl._validate import MAX_PORT
+from verirl._validate import MAX_PORT, ipv4_spelling
 from verirl.errors import ConfigError
 
 if TYPE_CHECKING:  # urllib3 1.26, which requests still allows, has no BaseHTTPResponse
@@ -75,10 +75,14 @@ def _redact_value(value: object) -> object:
     return redact_text(value) if isinstance(value, str) else value
 
 
-def _invalid_url(field: str, url: object, reason: str, part: str | None = None) -> ConfigError:
+def _invalid_url(
+    field: str, url: object, reason: str, part: str | None = None, hint: str | None = None
+) -> ConfigError:
     """The `ConfigError`; ``part`` (the bad piece) is quoted only if no credential can be in it."""
     if part is not None and not (isinstance(url, str) and "@" in url):
         reason = f"{reason} {part}"
+    if hint is not None:
+        reason = f"{reason}; {hint}"
     return ConfigError.invalid(field, _redact_value(url), reason)
 
 
@@ -95,11 +99,18 @@ def _check_host(field: str, url: str, host: str) -> None:
     labels = host.removesuffix(".").split(".")
     if len(host) > _MAX_HOST_LENGTH or not all(_HOST_LABEL.fullmatch(label) for label in labels):
         raise _invalid_url(field, url, "has an invalid host name", repr(host))
-    if all(label.isdigit() for label in labels):
+    if all(label.isdigit() for label in labels) or ipv4_spelling(host) is not None:
+        # A resolver reads hex, octal and short forms (0x7f000001, 0177.0.0.1,
+        # 127.1) as an IPv4 address too: only the dotted quad is taken, so the
+        # loopback and same-port checks see the address the request will reach.
         try:
             ipaddress.IPv4Address(host)
         except ValueError:
-            raise _invalid_url(field, url, "has an invalid IPv4 address", repr(host)) from None
+            spelled = ipv4_spelling(host)
+            hint = None if spelled is None else f"write it as a dotted quad, e.g. {str(spelled)!r}"
+            raise _invalid_url(
+                field, url, "has an invalid IPv4 address", repr(host), hint
+            ) from None
 
 
 def _check_port(field: str, url: str, port: str | None) -> None:
@@ -159,7 +170,9 @@ def is_loopback_host(host: str | None) -> bool:
     try:
         address = ipaddress.ip_address(name.partition("%")[0])
     except ValueError:
-        return False
+        # 0x7f000001, 0177.0.0.1, 127.1: what the resolver would connect to.
+        spelled = ipv4_spelling(name)
+        return spelled is not None and spelled.is_loopback
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped.is_loopback
     return address.is_loopback

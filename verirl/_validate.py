@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+import socket
 from collections.abc import Mapping, MutableMapping
 
 from verirl._secrets import redact_url
@@ -102,6 +103,27 @@ def check_text(field: str, value: object, what: str = "a non-empty string") -> s
     return value
 
 
+_NUMERIC_SPELLING = re.compile(r"[0-9A-Fa-fXx.]+")
+
+
+def ipv4_spelling(host: str) -> ipaddress.IPv4Address | None:
+    """The IPv4 address the C library reads ``host`` as, in any spelling; ``None``: not one.
+
+    ``inet_aton`` (which resolvers use on a numeric host) takes one to four
+    parts, each decimal, octal (a leading ``0``) or hex (``0x``): ``127.1``,
+    ``2130706433``, ``0x7f000001`` and ``0177.0.0.1`` are all ``127.0.0.1``.
+    Only characters a number can be spelled with are passed on, so nothing
+    after a space or a NUL is ignored into a match. A trailing dot is dropped.
+    """
+    name = host.removesuffix(".")
+    if not name or not _NUMERIC_SPELLING.fullmatch(name):
+        return None
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(name))
+    except (OSError, ValueError):
+        return None
+
+
 def check_host(field: str, value: object) -> str:
     """A bare host: a DNS name or an IP address (IPv6 without brackets).
 
@@ -128,6 +150,11 @@ def check_host(field: str, value: object) -> str:
         pass
     else:
         return text
+    spelled = ipv4_spelling(text)
+    if spelled is not None:  # 0x7f000001, 127.1: checks by address would not see 127.0.0.1
+        raise ConfigError.invalid(
+            field, value, f"is an IPv4 address spelled unusually; write it as {str(spelled)!r}"
+        )
     if not _HOSTNAME.fullmatch(text) or text.rstrip(".").rsplit(".", 1)[-1].isdigit():
         # An all-numeric last label is no DNS name (RFC 3696): a mistyped address.
         raise ConfigError.invalid(field, value, f"must be {what}")

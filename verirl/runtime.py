@@ -44,6 +44,7 @@ from verirl._validate import (
     check_environ,
     check_seconds,
     check_text,
+    ipv4_spelling,
 )
 from verirl._watchdog import (
     SAVE_GRACE,
@@ -387,9 +388,14 @@ def _names_this_host(host: str) -> bool:
     if bare == "localhost" or bare.endswith(".localhost") or bare == socket.gethostname().lower():
         return True
     try:
-        address = ipaddress.ip_address(bare.partition("%")[0])
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(
+            bare.partition("%")[0]
+        )
     except ValueError:
-        return False
+        spelled = ipv4_spelling(bare)  # 0x7f000001, 0177.0.0.1, 127.1, 0: as the resolver reads
+        if spelled is None:
+            return False
+        address = spelled
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     return address.is_loopback or address.is_unspecified
