@@ -9,14 +9,16 @@ exit code the command that runs into it would end with (3: the env server is
 not healthy; 4: no vLLM server can be started here (nothing to launch, or a
 `VERIRL_VLLM_COMMAND` whose program is not there), or its port is taken; 2:
 the job cannot be planned from the variables, as `TrainingRuntime.from_settings`
-plans it for ``verirl launch``; 5: it asks for the latest checkpoint with no
-source to find one in; 1: torch fails to load). The layout's refusals are in
-the command line's words, as launch would print them. In colocate mode no
-server starts here, so its launch and ports are not checked. The Hub token is
-looked up the way huggingface_hub looks it up (``HF_TOKEN``,
-``HUGGING_FACE_HUB_TOKEN``, the file at ``HF_TOKEN_PATH``, else
+plans it for ``verirl launch``; 5: launch would find no checkpoint to resume
+from, where that is known here without the Hub (``latest`` with no source, or
+only local ones holding no complete checkpoint; an explicit path that is no
+directory; a local checkpoint that cannot be read); 1: torch fails to load).
+The layout's refusals are in the command line's words, as launch would print
+them. In colocate mode no server starts here, so its launch and ports are not
+checked. The Hub token is looked up the way huggingface_hub looks it up
+(``HF_TOKEN``, ``HUGGING_FACE_HUB_TOKEN``, the file at ``HF_TOKEN_PATH``, else
 ``$HF_HOME/token`` written by ``hf auth login``), by huggingface_hub itself,
-within a deadline.
+within a deadline. Doctor never contacts the Hub about checkpoints.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import shutil
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verirl._fs import printable
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT, vllm_distribution
@@ -38,9 +40,12 @@ from verirl._secrets import redact_argv, redact_text, refuse_unreadable_token_fi
 from verirl._version import __version__
 from verirl.distenv import DistributedEnv
 from verirl.envserver import HttpEnvServerProbe
-from verirl.errors import CheckpointNotFoundError, ConfigError, VeriRLError
+from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError, VeriRLError
 from verirl.topology import TRL_GROUP_PORT, detect_gpu_count
 from verirl.vllm_server import VLLMServer
+
+if TYPE_CHECKING:
+    from verirl.runtime import TrainingRuntime
 
 __all__ = ["EXIT_CHECKPOINT", "EXIT_CONFIG", "EXIT_ENV_SERVER", "EXIT_ERROR", "EXIT_VLLM",
            "examine", "hub_token_row", "machine_report"]  # fmt: skip
@@ -95,8 +100,9 @@ def _layout(
     of the variables): colocate mode and a remote server start none here, so
     nothing about a server launch matters; a layout that cannot be planned
     is what launch would end on (exit 2), not the server launch after it, and
-    a checkpoint request no source can answer is exit 5. ``explain`` puts an
-    error in the words the caller would see it in.
+    a checkpoint request that launch's resolver, asked here as launch asks it
+    (`_resolve_locally`), cannot answer is exit 5. ``explain`` puts an error
+    in the words the caller would see it in.
     """
     from verirl.runtime import TrainingRuntime  # noqa: PLC0415
 
@@ -116,11 +122,45 @@ def _layout(
         return local, [(EXIT_CONFIG, f"vLLM server: {explain(exc)}")]
     except Exception:  # noqa: BLE001 - the launch row below says what is wrong
         return local, []
+    return local, _checkpoint(runtime, explain)
+
+
+def _checkpoint(
+    runtime: TrainingRuntime, explain: Callable[[VeriRLError], str]
+) -> list[tuple[int, str]]:
+    """What launch's checkpoint phase would end on, where the disk alone decides it."""
     try:
         runtime.refuse_unfindable()
-    except CheckpointNotFoundError as exc:
-        return local, [(EXIT_CHECKPOINT, f"checkpoint: {explain(exc)}")]
-    return local, []
+        _resolve_locally(runtime.checkpoints, runtime.resume_from)
+    except ConfigError as exc:  # a request launch's resolver refuses: exit 2, as launch ends
+        return [(EXIT_CONFIG, f"checkpoint: {explain(exc)}")]
+    except (CheckpointNotFoundError, CheckpointSourceError) as exc:
+        return [(EXIT_CHECKPOINT, f"checkpoint: {explain(exc)}")]
+    return []
+
+
+def _resolve_locally(resolver: object, request: str | None) -> None:
+    """Resolve ``request`` as launch's checkpoint phase would, where the disk alone decides.
+
+    Launch's own resolver answers it: an explicit path is looked at where it
+    is (no source is asked); ``latest`` and ``auto`` are resolved when every
+    source is a local folder (read in place: nothing is downloaded, copied or
+    created). With a Hub source, or a resolver not of verirl's making, nothing
+    is asked here: the Hub is not contacted by doctor. Raises what launch
+    would end on; ``auto`` with nothing found is a fresh start, no error.
+    """
+    from verirl._checkpoint import RESUME_KEYWORDS  # noqa: PLC0415 - loaded when used
+    from verirl.checkpoints import CheckpointResolver, LocalCheckpointSource  # noqa: PLC0415
+
+    if request is None or not request.strip():
+        return  # a fresh start: launch resolves nothing
+    if request.strip() not in RESUME_KEYWORDS:
+        CheckpointResolver([]).resolve(request)  # a path: launch's resolver asks no source
+        return
+    if not isinstance(resolver, CheckpointResolver) or not resolver.sources:
+        return  # no source: `refuse_unfindable` has said it
+    if all(isinstance(source, LocalCheckpointSource) for source in resolver.sources):
+        resolver.resolve(request)
 
 
 def _sources_of(token: str) -> str:
