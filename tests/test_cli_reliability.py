@@ -1020,3 +1020,17 @@ def test_a_master_port_on_a_server_of_this_host_named_as_remote_is_refused(host,
     with pytest.raises(ConfigError, match=f"on this host \\({re.escape(host)}\\)") as err:
         check_master_port(topology, dist)
     assert err.value.field == "MASTER_PORT"
+
+
+@pytest.mark.parametrize("command", [["plan"], ["launch", "--", "true"]])
+def test_a_capped_value_is_warned_about_once_when_the_layout_is_planned_twice(
+    clean_env, capsys, command
+):
+    """A flag the layout is checked for (``--vllm-gpus``) plans it first: that plan is quiet."""
+    capsys.readouterr()
+    argv = [command[0], "--gpus", "1", "--max-model-len", "16384", "--vllm-gpus", "1"]
+    assert main([*argv, *command[1:]]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if " WARNING " in line]
+    (warning,) = warnings
+    assert "8192" in warning
+    assert "16384" in warning

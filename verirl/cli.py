@@ -299,6 +299,12 @@ _SERVER_ONLY = ("model", "vllm_command", "vllm_args", "log_dir", "vllm_port",
                 "vllm_startup_timeout", "vllm_unresponsive_timeout")  # fmt: skip
 
 
+def _drop_record(record: logging.LogRecord) -> bool:
+    """A logging filter that lets nothing through."""
+    del record
+    return False
+
+
 def _unused_by_layout(args: argparse.Namespace) -> tuple[tuple[str, ...], str]:
     """The flags given that the layout chosen without flags (auto, a variable) would ignore.
 
@@ -306,14 +312,20 @@ def _unused_by_layout(args: argparse.Namespace) -> tuple[tuple[str, ...], str]:
     """
     if not any(getattr(args, dest, None) is not None for dest in (*_SERVER_ONLY, "vllm_gpus")):
         return (), ""
-    topology = topology_from_settings(
-        gpu_count=args.gpus,
-        max_model_len=args.max_model_len,
-        mode=args.mode,
-        vllm_gpus=args.vllm_gpus,
-        vllm_port=args.vllm_port,
-        vllm_remote_host=args.vllm_host,
-    )
+    # The command plans again and logs what the plan says (a cap, idle GPUs): once.
+    topology_log = logging.getLogger("verirl.topology")
+    topology_log.addFilter(_drop_record)
+    try:
+        topology = topology_from_settings(
+            gpu_count=args.gpus,
+            max_model_len=args.max_model_len,
+            mode=args.mode,
+            vllm_gpus=args.vllm_gpus,
+            vllm_port=args.vllm_port,
+            vllm_remote_host=args.vllm_host,
+        )
+    finally:
+        topology_log.removeFilter(_drop_record)
     if topology.remote_host is not None:  # VERIRL_VLLM_HOST
         variable = Settings.variable("vllm_remote_host")
         why = f"with {variable} set, vLLM runs on another machine and nothing starts here"
