@@ -1034,3 +1034,28 @@ def test_a_capped_value_is_warned_about_once_when_the_layout_is_planned_twice(
     (warning,) = warnings
     assert "8192" in warning
     assert "16384" in warning
+
+
+@pytest.mark.parametrize("command", ["launch", "serve"])
+def test_a_bad_file_in_the_default_log_folder_is_named_with_the_flag_that_moves_it(
+    tmp_path, command
+):
+    """No flag or variable gave the path: the message says where it is and how to move it."""
+    port = unshared_port()
+    folder = tmp_path / "tmp" / f"verirl-vllm-{os.getuid()}"
+    folder.mkdir(parents=True, mode=0o700)
+    os.mkfifo(folder / f"vllm-serve-{port}.log")
+    environ = clean_environ(tmp_path, TMPDIR=str(tmp_path / "tmp"))
+    argv = [command, "--gpus", "2", "--model", "m", "--vllm-port", str(port),
+            "--vllm-command", FAKE_VLLM, "--json"]  # fmt: skip
+    if command == "launch":
+        argv += ["--", "true"]
+    result = subprocess.run(
+        [sys.executable, "-m", "verirl", *argv], capture_output=True, text=True,
+        env=environ, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    message = json.loads(result.stdout)["error"]["message"]
+    assert message.startswith("the vLLM server's log file=")
+    assert "--log-dir or VERIRL_VLLM_LOG_DIR" in message
+    assert "log_path" not in result.stderr

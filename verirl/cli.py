@@ -222,6 +222,13 @@ def _flag_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError:
         dest, flag = _FLAGS.get(field, ("", ""))
     if dest and getattr(args, dest, None) is not None:
         return exc.renamed(flag)
+    if field == "log_path" and exc.reason:  # no flag, no variable: verirl's default folder
+        return ConfigError.invalid(
+            "the vLLM server's log file",
+            exc.value,
+            f"{exc.reason}; it is in verirl's default log folder: choose another with "
+            f"--log-dir or {Settings.variable('vllm_log_dir')}",
+        )
     # A value that is missing altogether: name the flag beside its variable.
     required = _REQUIRED.get(field)
     blank = exc.value is None or (isinstance(exc.value, str) and not exc.value.strip())
