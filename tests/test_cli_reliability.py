@@ -1059,3 +1059,17 @@ def test_a_bad_file_in_the_default_log_folder_is_named_with_the_flag_that_moves_
     assert message.startswith("the vLLM server's log file=")
     assert "--log-dir or VERIRL_VLLM_LOG_DIR" in message
     assert "log_path" not in result.stderr
+
+
+def test_credentials_in_the_hub_endpoint_are_refused_with_the_cli_s_way_to_give_a_token(
+    tmp_path, capsys
+):
+    argv = ["resume", "--json", "--output-dir", str(tmp_path / "out"), "--hub-repo", "org/run",
+            "--hub-endpoint", "http://user:pw5ecret@127.0.0.1:1"]  # fmt: skip
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    message = json.loads(out)["error"]["message"]
+    assert message.startswith("--hub-endpoint=")
+    assert "set HF_TOKEN instead" in message
+    assert "token=" not in message
+    assert "pw5ecret" not in out + err

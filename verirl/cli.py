@@ -1139,6 +1139,9 @@ def _message(args: argparse.Namespace, exc: VeriRLError) -> str:
         "use mode='colocate'", "use --mode colocate"
     )
     message = message.replace(
+        "pass token= instead", "set HF_TOKEN instead (or log in with hf auth login)"
+    )
+    message = message.replace(
         "(give an output directory or a Hub repo)", f"(configure one with {_CONFIGURE_A_SOURCE})"
     )
     if isinstance(exc, VLLMServerError) and message.startswith("command="):
