@@ -88,7 +88,7 @@ from verirl.errors import (
     VLLMServerError,
 )
 from verirl.runtime import TrainingRuntime, resolver_from_settings, topology_from_settings
-from verirl.topology import MODES
+from verirl.topology import MODES, VLLMTopology
 
 __all__ = ["EXIT_CODES", "GRPO_KWARGS_VARIABLE", "build_parser", "main"]
 
@@ -306,6 +306,18 @@ _SERVER_ONLY = ("model", "vllm_command", "vllm_args", "log_dir", "vllm_port",
                 "vllm_startup_timeout", "vllm_unresponsive_timeout")  # fmt: skip
 
 
+def _plan(args: argparse.Namespace) -> VLLMTopology:
+    """The layout the topology flags (and the variables under them) give."""
+    return topology_from_settings(
+        gpu_count=args.gpus,
+        max_model_len=args.max_model_len,
+        mode=args.mode,
+        vllm_gpus=args.vllm_gpus,
+        vllm_port=args.vllm_port,
+        vllm_remote_host=args.vllm_host,
+    )
+
+
 def _drop_record(record: logging.LogRecord) -> bool:
     """A logging filter that lets nothing through."""
     del record
@@ -323,14 +335,7 @@ def _unused_by_layout(args: argparse.Namespace) -> tuple[tuple[str, ...], str]:
     topology_log = logging.getLogger("verirl.topology")
     topology_log.addFilter(_drop_record)
     try:
-        topology = topology_from_settings(
-            gpu_count=args.gpus,
-            max_model_len=args.max_model_len,
-            mode=args.mode,
-            vllm_gpus=args.vllm_gpus,
-            vllm_port=args.vllm_port,
-            vllm_remote_host=args.vllm_host,
-        )
+        topology = _plan(args)
     finally:
         topology_log.removeFilter(_drop_record)
     if topology.remote_host is not None:  # VERIRL_VLLM_HOST
@@ -560,14 +565,7 @@ def _error_document(code: int, message: str) -> dict[str, object]:
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the topology and GRPOConfig kwargs for a GPU count."""
     _refuse_unused(args)
-    topology = topology_from_settings(
-        gpu_count=args.gpus,
-        max_model_len=args.max_model_len,
-        mode=args.mode,
-        vllm_gpus=args.vllm_gpus,
-        vllm_port=args.vllm_port,
-        vllm_remote_host=args.vllm_host,
-    )
+    topology = _plan(args)
     data: dict[str, object] = {
         "mode": topology.mode,
         "gpu_count": topology.gpu_count,
