@@ -547,3 +547,65 @@ def test_a_flock_error_is_never_taken_for_a_free_lock(tmp_path, monkeypatch):
     finally:
         slow.release.set()
         lead.join(30)
+
+
+# ---------------------------------------------------------------- unusable, but older
+
+
+def test_an_unusable_hub_checkpoint_older_than_a_local_one_hides_nothing(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-3", 3)
+    hub.add_checkpoint(REPO, "checkpoint-5", 5)
+    hub.add_file(REPO, "checkpoint-5/a/../../escaped.bin", b"x")
+    make_checkpoint(tmp_path / "out", "checkpoint-10")
+    sources = [LocalCheckpointSource(tmp_path / "out"), hub_source(hub, tmp_path)]
+    for request in ("auto", "latest"):
+        assert CheckpointResolver(sources).resolve(request) == str(
+            tmp_path / "out" / "checkpoint-10"
+        )
+    make_checkpoint(tmp_path / "older", "checkpoint-4")
+    sources = [LocalCheckpointSource(tmp_path / "older"), hub_source(hub, tmp_path)]
+    with pytest.raises(CheckpointSourceError, match="cannot use checkpoint-5"):
+        CheckpointResolver(sources).resolve("auto")  # 5 may be newer than local 4
+
+
+def test_a_complete_last_checkpoint_newer_than_an_unusable_numbered_one_is_resumed(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    hub.add_file(REPO, "checkpoint-30/a/../../escaped.bin", b"x")
+    hub.add_checkpoint(REPO, "last-checkpoint", 40)
+    path = CheckpointResolver([hub_source(hub, tmp_path)]).resolve("latest")
+    assert path == str(tmp_path / "dl" / "last-checkpoint")
+
+
+def test_a_file_named_as_verirl_s_marker_below_a_checkpoint_s_top_is_harmless(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-5", 5)
+    hub.add_file(REPO, "checkpoint-5/sub/.verirl-download.json", b"{}")
+    path = CheckpointResolver([hub_source(hub, tmp_path)]).resolve("auto")
+    assert path == str(tmp_path / "dl" / "checkpoint-5")
+    assert (
+        tmp_path / "dl" / "checkpoint-5" / "sub" / ".verirl-download.json"
+    ).read_bytes() == b"{}"
+
+
+@pytest.mark.parametrize(("dangling", "outcome"), [("checkpoint-3", "checkpoint-10"),
+                                                    ("checkpoint-12", None)])  # fmt: skip
+def test_a_local_checkpoint_link_to_nothing_matters_only_if_newer(tmp_path, dangling, outcome):
+    out = tmp_path / "out"
+    make_checkpoint(out, "checkpoint-10")
+    (out / dangling).symlink_to(tmp_path / "unmounted" / dangling)
+    resolver = CheckpointResolver([LocalCheckpointSource(out)])
+    if outcome is None:
+        with pytest.raises(CheckpointSourceError, match="a symlink to nothing"):
+            resolver.resolve("auto")
+    else:
+        assert resolver.resolve("auto") == str(out / outcome)
+
+
+def test_an_unreadable_local_checkpoint_older_than_one_on_the_hub_hides_nothing(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    out = tmp_path / "out"
+    make_checkpoint(out, "checkpoint-12")
+    (out / "checkpoint-12" / "trainer_state.json").unlink()
+    (out / "checkpoint-12" / "trainer_state.json").mkdir()  # read fails: EISDIR
+    sources = [LocalCheckpointSource(out), hub_source(hub, tmp_path)]
+    assert CheckpointResolver(sources).resolve("auto") == str(tmp_path / "dl" / "checkpoint-20")

@@ -157,9 +157,16 @@ class HubCheckpointSource:
     # ------------------------------------------------------------ protocol
 
     def latest(self) -> Checkpoint | None:
-        """The newest complete checkpoint folder in the repo, or None; one listing."""
+        """The newest complete checkpoint folder in the repo, or None; one listing.
+
+        A checkpoint folder that cannot be downloaded safely (`_list`) and is
+        newer than the one chosen is a `CheckpointSourceError`: it may hold
+        the newest progress. ``last-checkpoint`` keeps its step in a file, so
+        an unusable one is newer than anything, as far as can be known.
+        """
         listing = self._list()
-        best: Checkpoint | None = None
+        if LAST_CHECKPOINT in listing.unusable:
+            raise self._unusable(LAST_CHECKPOINT, listing.unusable[LAST_CHECKPOINT], None)
         numbered = sorted(
             (
                 (step, folder)
@@ -172,11 +179,15 @@ class HubCheckpointSource:
             reason = absurd_step_reason(folder)
             if reason is not None:
                 log.warning("ignoring %s in %s: %s", shorten(folder), self.description, reason)
-        if LAST_CHECKPOINT in listing.unusable:  # its step is in a file that cannot be fetched
-            raise self._unusable(LAST_CHECKPOINT, listing.unusable[LAST_CHECKPOINT])
+        last_step = self._complete_last_step(listing)
+        best: Checkpoint | None = None
         for step, folder in numbered:
+            if last_step is not None and (
+                step < last_step or (step == last_step and folder in listing.unusable)
+            ):
+                break  # last-checkpoint is as new as what is left
             if folder in listing.unusable:  # newer than any complete one found so far
-                raise self._unusable(folder, listing.unusable[folder])
+                raise self._unusable(folder, listing.unusable[folder], step)
             why = _listed_incomplete(folder, listing.folders[folder])
             if why is None:
                 best = Checkpoint(step, folder, self.description)
@@ -184,22 +195,24 @@ class HubCheckpointSource:
             log.warning(
                 "skipping incomplete checkpoint %s in %s: %s", folder, self.description, why
             )
-        last = listing.folders.get(LAST_CHECKPOINT)
-        if last is not None:
-            why = _listed_incomplete(LAST_CHECKPOINT, last)
-            if why is not None:
-                log.warning(
-                    "skipping incomplete %s in %s: %s", LAST_CHECKPOINT, self.description, why
-                )
-            else:
-                step = self._last_checkpoint_step(listing)
-                # On a tie the numbered folder wins: it is not rewritten by later pushes.
-                if step is not None and (best is None or step > best.step):
-                    best = Checkpoint(step, LAST_CHECKPOINT, self.description)
+        # On a tie the numbered folder wins: it is not rewritten by later pushes.
+        if last_step is not None and (best is None or last_step > best.step):
+            best = Checkpoint(last_step, LAST_CHECKPOINT, self.description)
         log.debug("newest complete checkpoint in %s: %s", self.description, best)
         return best
 
-    def _unusable(self, folder: str, why: str) -> CheckpointSourceError:
+    def _complete_last_step(self, listing: _Listing) -> int | None:
+        """The step of a complete ``last-checkpoint``; ``None`` when there is none (logged)."""
+        last = listing.folders.get(LAST_CHECKPOINT)
+        if last is None:
+            return None
+        why = _listed_incomplete(LAST_CHECKPOINT, last)
+        if why is not None:
+            log.warning("skipping incomplete %s in %s: %s", LAST_CHECKPOINT, self.description, why)
+            return None
+        return self._last_checkpoint_step(listing)
+
+    def _unusable(self, folder: str, why: str, step: int | None) -> CheckpointSourceError:
         """The error for a checkpoint folder the listing shows but that cannot be fetched safely.
 
         It may be the newest checkpoint: passing over it (a fresh start, an
@@ -210,7 +223,7 @@ class HubCheckpointSource:
             "checkpoint that cannot be downloaded safely is not an interrupted save, so it is "
             "neither skipped nor resumed from: remove or repair it in the repo"
         )
-        return CheckpointSourceError(msg, checkpoint_unreadable=True)
+        return CheckpointSourceError(msg, checkpoint_unreadable=True, step=step)
 
     def fetch(self, checkpoint: Checkpoint) -> Path:
         """Download only ``checkpoint``'s folder into ``download_dir``; return its local path."""
@@ -550,7 +563,7 @@ def _safe_repo_path(path: str) -> bool:
         all(part not in ("", ".", "..") and len(part.encode()) <= _NAME_MAX for part in parts)
         and "\\" not in path
         and "\0" not in path
-        and parts[-1] != MARKER
+        and parts[1:] != [MARKER]  # verirl's own marker sits at the folder's top only
     )
 
 

@@ -69,9 +69,17 @@ class LocalCheckpointSource:
         Raises `CheckpointSourceError` for a folder newer than the one chosen
         that cannot be read: it may be the newest checkpoint.
         """
-        for step, name in self._numbered_dirs():
+        for step, name, error in self._numbered_dirs():
+            if error is not None:  # newer than any complete one: it may be the newest
+                error.step = step
+                raise error
             folder = self.root / name
-            state, why = read_trainer_state(folder)
+            try:
+                state, why = read_trainer_state(folder)
+            except CheckpointSourceError as exc:
+                if exc.checkpoint_unreadable and exc.step is None:
+                    exc.step = step
+                raise
             if state is None:
                 log.warning(
                     "skipping incomplete checkpoint %s: %s (probably interrupted while saving; "
@@ -99,17 +107,25 @@ class LocalCheckpointSource:
             raise CheckpointSourceError(msg) from cause
         return folder
 
-    def _numbered_dirs(self) -> list[tuple[int, str]]:
-        """``(step, name)`` of each ``checkpoint-N`` directory, newest first."""
-        found = []
+    def _numbered_dirs(self) -> list[tuple[int, str, CheckpointSourceError | None]]:
+        """``(step, name, error)`` of each ``checkpoint-N`` directory, newest first.
+
+        ``error``: the entry cannot be read (a dangling link, a loop); it
+        matters only if no newer complete checkpoint is found.
+        """
+        found: list[tuple[int, str, CheckpointSourceError | None]] = []
         try:
             with os.scandir(self.root) as entries:
                 for entry in entries:
                     step = checkpoint_step(entry.name)
                     if step is None:
                         self._warn_if_absurd(entry.name)
-                    elif _is_dir(entry):
-                        found.append((step, entry.name))
+                        continue
+                    try:
+                        if _is_dir(entry):
+                            found.append((step, entry.name, None))
+                    except CheckpointSourceError as exc:
+                        found.append((step, entry.name, exc))
         except FileNotFoundError as exc:
             broken = _broken_link_on_the_way(self.root)
             if broken is not None:

@@ -218,7 +218,9 @@ class CheckpointResolver:
                 )
                 return None
             raise CheckpointNotFoundError(request, searched)
-        _refuse_if_newer_may_hide(request, failures, searched)
+        _refuse_if_newer_may_hide(
+            request, failures, searched, max(found.step for found, _ in found_all)
+        )
         for failed, error in failures:
             log.warning(
                 "ignoring checkpoint source %s, which could not be read (%s); it may hold a "
@@ -252,10 +254,13 @@ class CheckpointResolver:
 
 
 def _refuse_if_newer_may_hide(
-    request: str, failures: list[tuple[CheckpointSource, Exception]], searched: list[str]
+    request: str,
+    failures: list[tuple[CheckpointSource, Exception]],
+    searched: list[str],
+    newest: int,
 ) -> None:
-    """`CheckpointSourceError` when a failed source may hide a newer checkpoint than those found."""
-    hiding = [(source, exc) for source, exc in failures if _may_hide_newer(source, exc)]
+    """`CheckpointSourceError` when a failed source may hide a newer checkpoint than ``newest``."""
+    hiding = [(source, exc) for source, exc in failures if _may_hide_newer(source, exc, newest)]
     if hiding:
         reasons = "; ".join(printable(str(exc)) for _, exc in hiding)
         msg = (
@@ -266,25 +271,24 @@ def _refuse_if_newer_may_hide(
         raise CheckpointSourceError(msg) from _original(hiding[0][1])
 
 
-def _may_hide_newer(source: CheckpointSource, exc: BaseException) -> bool:
-    """Whether a failed source's error may hide a newer checkpoint than one found elsewhere.
+def _may_hide_newer(source: CheckpointSource, exc: BaseException, newest: int) -> bool:
+    """Whether a failed source's error may hide a newer checkpoint than step ``newest``.
 
     A local folder that cannot be listed, or a checkpoint that is there but
     cannot be read, anywhere: a training run's own disk, whose newest
-    checkpoint would be overwritten by a resume from an older one. A Hub
-    that cannot be reached is only warned about (the local copy is the newer
-    one as a rule, and the job should not wait for the Hub).
+    checkpoint would be overwritten by a resume from an older one. A
+    checkpoint whose name gives a step no newer than ``newest`` hides
+    nothing. A Hub that cannot be reached is only warned about (the local
+    copy is the newer one as a rule, and the job should not wait for the Hub).
     """
-    if isinstance(source, LocalCheckpointSource):
-        return True
     seen: BaseException | None = exc
     for _ in range(16):  # the cause chain, bounded
         if seen is None:
-            return False
+            return isinstance(source, LocalCheckpointSource)
         if isinstance(seen, CheckpointSourceError) and seen.checkpoint_unreadable:
-            return True
+            return seen.step is None or seen.step > newest
         seen = seen.__cause__ or seen.__context__
-    return False
+    return isinstance(source, LocalCheckpointSource)
 
 
 def _drop_missing_repos(

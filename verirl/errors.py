@@ -211,12 +211,19 @@ class CheckpointSourceError(VeriRLError):
     exist (HTTP 404 to a request that carried a token): what ``auto`` may take
     for "no checkpoint pushed yet" on a first attempt. ``checkpoint_unreadable``
     is True when a checkpoint is there but cannot be read (permissions, EIO):
-    it may be the newest, so no older one is resumed from in its place.
+    it may be the newest, so no older one is resumed from in its place;
+    ``step`` is that checkpoint's step when its name says it (a newer one
+    found elsewhere may then be resumed from).
     """
 
     def __init__(
-        self, *args: object, repo_missing: bool = False, checkpoint_unreadable: bool = False
+        self,
+        *args: object,
+        repo_missing: bool = False,
+        checkpoint_unreadable: bool = False,
+        step: int | None = None,
     ) -> None:
         super().__init__(*args)
         self.repo_missing = repo_missing
         self.checkpoint_unreadable = checkpoint_unreadable
+        self.step = step
