@@ -18,6 +18,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -1073,3 +1074,25 @@ def test_credentials_in_the_hub_endpoint_are_refused_with_the_cli_s_way_to_give_
     assert "set HF_TOKEN instead" in message
     assert "token=" not in message
     assert "pw5ecret" not in out + err
+
+
+def test_a_remote_vllm_host_that_is_one_of_this_machine_s_addresses_is_this_host():
+    """``--vllm-host 192.0.2.2`` on the machine that has 192.0.2.2: its ports are this host's."""
+    from verirl.distenv import DistributedEnv
+    from verirl.runtime import check_master_port
+    from verirl.topology import VLLMTopology
+
+    own = [
+        address.address
+        for addresses in psutil.net_if_addrs().values()
+        for address in addresses
+        if address.family == socket.AF_INET and not address.address.startswith("127.")
+    ]
+    assert own, "this machine has no address but loopback"
+    topology = VLLMTopology.plan(2, max_model_len=1024, remote_host=own[0], port=9123)
+    dist = DistributedEnv.single_node(environ={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9123"})
+    with pytest.raises(ConfigError, match=f"on this host \\({re.escape(own[0])}\\)"):
+        check_master_port(topology, dist)
+    other = VLLMTopology.plan(2, max_model_len=1024, remote_host="192.0.2.254", port=9123)
+    if "192.0.2.254" not in own:  # (a documentation address no machine here has)
+        check_master_port(other, dist)

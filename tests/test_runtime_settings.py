@@ -229,3 +229,26 @@ def test_a_hand_built_runtime_refuses_an_env_probe_where_its_server_listens(port
     assert "s3cr3tpass" not in str(err.value)
     assert built == []
     assert runtime.session is None
+
+
+@pytest.mark.parametrize("kind", ["Mock", "MagicMock", "autospec"])
+def test_a_mock_env_probe_is_taken_beside_a_server_of_this_host(kind):
+    """Components are injected: a test's mock probe has no URL the port check could parse."""
+    from unittest import mock
+
+    from fakes import FakeVLLMServer
+    from verirl import EnvServerProbe
+
+    probe = {
+        "Mock": lambda: mock.Mock(spec=EnvServerProbe),
+        "MagicMock": mock.MagicMock,
+        "autospec": lambda: mock.create_autospec(EnvServerProbe, instance=True),
+    }[kind]()
+    topology = VLLMTopology.plan(2, max_model_len=1024, port=9100)  # a server on this host
+    runtime = TrainingRuntime(
+        topology, model="m", environ={}, env_probe=probe,
+        server_factory=lambda t: FakeVLLMServer.from_topology(t, model="m", startup_delay=0.0),
+    )  # fmt: skip
+    with runtime as session:
+        assert session.server is not None
+    probe.wait.assert_called_once()

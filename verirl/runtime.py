@@ -398,7 +398,21 @@ def _names_this_host(host: str) -> bool:
         address = spelled
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
-    return address.is_loopback or address.is_unspecified
+    return address.is_loopback or address.is_unspecified or _bindable(address)
+
+
+def _bindable(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether ``address`` is one of this machine's own (a socket can be bound to it).
+
+    No name is resolved (a DNS lookup has no deadline here): only addresses.
+    """
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET  # noqa: PLR2004
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((str(address), 0))
+    except OSError:
+        return False
+    return True
 
 
 def _check_env_url_port(topology: VLLMTopology, url: str, name: str = "env_url") -> None:
@@ -414,15 +428,20 @@ def _check_env_url_port(topology: VLLMTopology, url: str, name: str = "env_url")
     try:
         parts = urllib.parse.urlsplit(url)
         host, port = parts.hostname or "", parts.port
-    except ValueError:
-        return  # the probe has refused it already
+    except (TypeError, ValueError):
+        return  # the probe has refused it already, or it is a fake's
     if port is None:
         port = 443 if parts.scheme == "https" else 80
     taken = _server_ports(topology)
     if _names_this_host(host) and port in taken:
+        answer = (
+            "it would answer the env server's /health"
+            if port == topology.port
+            else "no env server can listen there"
+        )
         reason = (
             f"is on {taken[port]} on this host, where {where} listens: "
-            "it would answer the env server's /health; give the env server's own address"
+            f"{answer}; give the env server's own address"
         )
         raise ConfigError.invalid(name, redact_text(url), reason)
 
@@ -726,8 +745,9 @@ class TrainingRuntime:
     def start(self) -> RuntimeSession:
         """Run every start-up phase; return the session or raise the first phase error."""
         self.refuse_unfindable()
-        if self.env_probe is not None:  # a runtime built by hand: what from_settings checks
-            _check_env_url_port(self.topology, self.env_probe.url, "env_probe")
+        url = getattr(self.env_probe, "url", None)  # a test's fake may have none
+        if isinstance(url, str):  # a runtime built by hand: what from_settings checks
+            _check_env_url_port(self.topology, url, "env_probe")
         with self._lock:
             if self._started:
                 msg = "TrainingRuntime is already started; stop() it first"
