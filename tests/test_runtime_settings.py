@@ -252,3 +252,22 @@ def test_a_mock_env_probe_is_taken_beside_a_server_of_this_host(kind):
     with runtime as session:
         assert session.server is not None
     probe.wait.assert_called_once()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("VERIRL_VLLM_HOST", "0x7f000001"), ("VERIRL_VLLM_HOST", "a b"),
+     ("VERIRL_VLLM_PORT", "51216")],
+)  # fmt: skip
+def test_an_error_about_one_value_does_not_list_the_other_variables(variable, value):
+    environ = {"VERIRL_GPU_COUNT": "2", "VERIRL_MAX_MODEL_LEN": "4096", variable: value}
+    with pytest.raises(ConfigError, match=rf"^{variable}=") as err:
+        TrainingRuntime.from_settings(model="m", environ=environ)
+    assert "from the environment" not in str(err.value)
+    assert "VERIRL_GPU_COUNT" not in str(err.value)
+
+
+def test_an_error_about_a_combination_lists_the_variables_weighed():
+    environ = {"VERIRL_GPU_COUNT": "2", "VERIRL_VLLM_GPUS": "2"}
+    with pytest.raises(ConfigError, match=r"\(from the environment: VERIRL_VLLM_GPUS=2\)"):
+        TrainingRuntime.from_settings(mode="server", model="m", environ=environ)

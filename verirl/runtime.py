@@ -230,6 +230,10 @@ def _plan(read: Read) -> VLLMTopology:
         if exc.field == "gpu_count" and read.name("gpu_count") is None:  # detected
             reason = (exc.reason or str(exc)) + _inherited(read, "VERIRL_GPU_COUNT")
             raise read.unset_gpu_count(reason, count) from exc
+        alone = {"vllm_remote_host", "vllm_port", "max_model_len"}
+        named = {read.name(field) for field in alone} | alone | {"remote_host", "port", "host"}
+        if exc.field in named | {"vllm_bind_host"}:
+            raise  # about this one value (its form, a reserved port): nothing else weighed in
         note = _inherited(read, exc.field)
         if not note:
             raise
