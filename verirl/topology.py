@@ -338,13 +338,14 @@ class VLLMTopology:
         if vllm_gpus < wanted.gpu_count:  # allowed (a GPU kept for something else), never silent
             log.warning(
                 "this dedicated vLLM node serves on %d of its %d GPUs (tensor-parallel %d x "
-                "data-parallel %d): GPUs %s stay idle, as nothing trains here; leave the "
-                "tensor-parallel size and the vLLM GPU count unset to serve on all of them",
+                "data-parallel %d): GPUs %s stay idle, as nothing trains here; to serve on all "
+                "of them, choose a tensor-parallel and a data-parallel size whose product is %d",
                 vllm_gpus,
                 wanted.gpu_count,
                 tensor_parallel,
                 wanted.data_parallel_size,
                 ",".join(str(gpu) for gpu in range(vllm_gpus, wanted.gpu_count)),
+                wanted.gpu_count,
             )
         return cls._server_mode(wanted, tensor_parallel, (), tuple(range(vllm_gpus)))
 
