@@ -609,3 +609,41 @@ def test_an_unreadable_local_checkpoint_older_than_one_on_the_hub_hides_nothing(
     (out / "checkpoint-12" / "trainer_state.json").mkdir()  # read fails: EISDIR
     sources = [LocalCheckpointSource(out), hub_source(hub, tmp_path)]
     assert CheckpointResolver(sources).resolve("auto") == str(tmp_path / "dl" / "checkpoint-20")
+
+
+def test_an_unusable_checkpoint_whose_rival_last_checkpoint_cannot_be_read_is_an_error(
+    hub, tmp_path
+):
+    """last-checkpoint's step, to weigh the unusable one against, failed: it may be newest."""
+    hub.add_checkpoint(REPO, "checkpoint-60", 60)
+    hub.add_file(REPO, "checkpoint-60/a/../../x", b"x")
+    hub.add_checkpoint(REPO, "last-checkpoint", 60)
+    hub.fail_downloads(REPO, "last-checkpoint/trainer_state.json", 403)
+    make_checkpoint(tmp_path / "out", "checkpoint-10")
+    for request in ("auto", "latest"):
+        sources = [LocalCheckpointSource(tmp_path / "out"), hub_source(hub, tmp_path)]
+        with pytest.raises(CheckpointSourceError, match="cannot use checkpoint-60"):
+            CheckpointResolver(sources).resolve(request)
+
+
+def test_a_folder_named_as_verirl_s_marker_at_a_checkpoint_s_top_is_unusable(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-60", 60)
+    hub.add_file(REPO, "checkpoint-60/.verirl-download.json/x", b"{}")
+    make_checkpoint(tmp_path / "out", "checkpoint-50")
+    sources = [LocalCheckpointSource(tmp_path / "out"), hub_source(hub, tmp_path)]
+    with pytest.raises(CheckpointSourceError, match="cannot use checkpoint-60"):
+        CheckpointResolver(sources).resolve("auto")
+
+
+def test_an_unusable_folder_of_the_same_step_as_a_complete_one_hides_nothing(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-60", 60)
+    hub.add_checkpoint(REPO, "checkpoint-060", 60)
+    hub.add_file(REPO, "checkpoint-060/a/../../x", b"x")
+    path = CheckpointResolver([hub_source(hub, tmp_path)]).resolve("auto")
+    assert path == str(tmp_path / "dl" / "checkpoint-60")
+    out = tmp_path / "out"
+    make_checkpoint(out, "checkpoint-60")
+    (out / "checkpoint-060").symlink_to(tmp_path / "unmounted")
+    assert CheckpointResolver([LocalCheckpointSource(out)]).resolve("auto") == str(
+        out / "checkpoint-60"
+    )

@@ -295,7 +295,7 @@ def test_a_dedicated_node_that_leaves_gpus_idle_says_so(kwargs, idle, caplog):
     else:
         assert f"serves on {idle}" in caplog.text
         assert "stay idle" in caplog.text
-        assert "whose product is 8" in caplog.text  # advice that works whatever was given
+        assert "whose product is 8 (and leave the vLLM GPU count unset)" in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -173,13 +173,14 @@ class HubCheckpointSource:
                 for folder in [*listing.folders, *listing.unusable]
                 if (step := checkpoint_step(folder)) is not None
             ),
-            key=lambda item: (-item[0], item[1]),
+            # On a tie a usable folder first: an unusable one of its step hides nothing newer.
+            key=lambda item: (-item[0], item[1] in listing.unusable, item[1]),
         )
         for folder in listing.folders:
             reason = absurd_step_reason(folder)
             if reason is not None:
                 log.warning("ignoring %s in %s: %s", shorten(folder), self.description, reason)
-        last_step = self._complete_last_step(listing)
+        last_step = self._last_step_or_unusable(listing, numbered)
         best: Checkpoint | None = None
         for step, folder in numbered:
             if last_step is not None and (
@@ -200,6 +201,24 @@ class HubCheckpointSource:
             best = Checkpoint(last_step, LAST_CHECKPOINT, self.description)
         log.debug("newest complete checkpoint in %s: %s", self.description, best)
         return best
+
+    def _last_step_or_unusable(
+        self, listing: _Listing, numbered: list[tuple[int, str]]
+    ) -> int | None:
+        """`_complete_last_step`; if it cannot be read, the newest unusable folder's error.
+
+        The unusable folder was to be weighed against ``last-checkpoint``'s
+        step: with that step unknown, it may be the newest checkpoint.
+        """
+        try:
+            return self._complete_last_step(listing)
+        except CheckpointSourceError as exc:
+            for step, folder in numbered:
+                if folder in listing.unusable:
+                    raise self._unusable(folder, listing.unusable[folder], step) from exc
+                if _listed_incomplete(folder, listing.folders[folder]) is None:
+                    break  # a complete one comes first: the source's error stands
+            raise
 
     def _complete_last_step(self, listing: _Listing) -> int | None:
         """The step of a complete ``last-checkpoint``; ``None`` when there is none (logged)."""
@@ -563,7 +582,7 @@ def _safe_repo_path(path: str) -> bool:
         all(part not in ("", ".", "..") and len(part.encode()) <= _NAME_MAX for part in parts)
         and "\\" not in path
         and "\0" not in path
-        and parts[1:] != [MARKER]  # verirl's own marker sits at the folder's top only
+        and parts[1:2] != [MARKER]  # verirl's marker sits at the folder's top
     )
 
 

@@ -140,7 +140,8 @@ class LocalCheckpointSource:
             msg = f"cannot list {self.description}: {type(exc).__name__}: {why}"
             raise CheckpointSourceError(msg) from exc
         # On equal steps (checkpoint-7, checkpoint-007) the name decides.
-        return sorted(found, key=lambda item: (-item[0], item[1]))
+        # On a tie a readable entry first: an unreadable one of its step hides nothing newer.
+        return sorted(found, key=lambda item: (-item[0], item[2] is not None, item[1]))
 
     def _warn_if_absurd(self, name: str) -> None:
         reason = absurd_step_reason(name)

@@ -339,7 +339,8 @@ class VLLMTopology:
             log.warning(
                 "this dedicated vLLM node serves on %d of its %d GPUs (tensor-parallel %d x "
                 "data-parallel %d): GPUs %s stay idle, as nothing trains here; to serve on all "
-                "of them, choose a tensor-parallel and a data-parallel size whose product is %d",
+                "of them, choose a tensor-parallel and a data-parallel size whose product is %d "
+                "(and leave the vLLM GPU count unset)",
                 vllm_gpus,
                 wanted.gpu_count,
                 tensor_parallel,
