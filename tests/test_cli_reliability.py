@@ -1096,3 +1096,29 @@ def test_a_remote_vllm_host_that_is_one_of_this_machine_s_addresses_is_this_host
     other = VLLMTopology.plan(2, max_model_len=1024, remote_host="192.0.2.254", port=9123)
     if "192.0.2.254" not in own:  # (a documentation address no machine here has)
         check_master_port(other, dist)
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["224.0.0.1", "239.1.2.3", "255.255.255.255", "ff02::1", "10.255.255.254", "2001:db8::7"],
+)
+def test_an_address_that_merely_binds_is_not_this_host(host):
+    """Multicast and broadcast addresses bind too (so does any, with ip_nonlocal_bind)."""
+    from verirl.runtime import _names_this_host
+
+    own = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+    assert host not in own
+    assert not _names_this_host(host)
+
+
+def test_each_of_this_machine_s_addresses_is_this_host_link_local_ones_too():
+    from verirl.runtime import _names_this_host
+
+    own = [
+        a.address
+        for addrs in psutil.net_if_addrs().values()
+        for a in addrs
+        if a.family in (socket.AF_INET, socket.AF_INET6)
+    ]
+    assert own
+    assert [address for address in own if not _names_this_host(address)] == []

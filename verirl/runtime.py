@@ -10,6 +10,7 @@ raises that phase's own error; leaving the ``with`` block stops the server.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import ipaddress
 import logging
 import os
@@ -402,21 +403,39 @@ def _names_this_host(host: str) -> bool:
         address = spelled
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
-    return address.is_loopback or address.is_unspecified or _bindable(address)
+    return address.is_loopback or address.is_unspecified or _held_by_this_machine(address)
 
 
-def _bindable(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """Whether ``address`` is one of this machine's own (a socket can be bound to it).
+def _held_by_this_machine(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether ``address`` is one of this machine's own, as the kernel's tables list them.
 
-    No name is resolved (a DNS lookup has no deadline here): only addresses.
+    ``/proc/net/fib_trie`` (IPv4 ``host LOCAL`` routes) and
+    ``/proc/net/if_inet6``: no name is resolved (a DNS lookup has no
+    deadline here), and a bind is no proof (``ip_nonlocal_bind`` lets any
+    address bind; multicast and broadcast ones bind too). Unreadable: no.
     """
-    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET  # noqa: PLR2004
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.bind((str(address), 0))
-    except OSError:
-        return False
-    return True
+    return any(address in network for network in _local_networks())
+
+
+def _local_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """The addresses (and local prefixes, 127.0.0.0/8) this machine's interfaces hold."""
+    networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+    with contextlib.suppress(OSError, ValueError):
+        seen: str | None = None
+        for line in Path("/proc/net/fib_trie").read_text().splitlines():
+            words = line.split()
+            if len(words) == 2 and words[0] in ("|--", "+--"):  # noqa: PLR2004
+                seen = words[1]
+            elif seen is not None and words[1:] == ["host", "LOCAL"]:
+                networks.append(ipaddress.ip_network(f"{seen}{words[0]}", strict=False))
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/net/if_inet6").read_text().splitlines():
+            words = line.split()
+            if words:
+                networks.append(
+                    ipaddress.ip_network(ipaddress.IPv6Address(bytes.fromhex(words[0])))
+                )
+    return networks
 
 
 def _check_env_url_port(topology: VLLMTopology, url: str, name: str = "env_url") -> None:
