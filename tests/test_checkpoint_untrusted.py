@@ -647,3 +647,29 @@ def test_an_unusable_folder_of_the_same_step_as_a_complete_one_hides_nothing(hub
     assert CheckpointResolver([LocalCheckpointSource(out)]).resolve("auto") == str(
         out / "checkpoint-60"
     )
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 410])
+@pytest.mark.parametrize(
+    "failing", ["checkpoint-60/model.safetensors", "last-checkpoint/trainer_state.json"]
+)
+def test_a_newest_hub_checkpoint_refused_for_good_is_an_error_not_an_older_resume(
+    hub, tmp_path, status, failing
+):
+    folder = failing.split("/", 1)[0]
+    hub.add_checkpoint(REPO, folder, 60)
+    hub.fail_downloads(REPO, failing, status)
+    make_checkpoint(tmp_path / "out", "checkpoint-50")
+    sources = [LocalCheckpointSource(tmp_path / "out"), hub_source(hub, tmp_path)]
+    with pytest.raises(CheckpointSourceError, match=f"HTTP {status}|{status}") as err:
+        CheckpointResolver(sources).resolve("auto")
+    assert "checkpoint-50" not in str(err.value)
+
+
+def test_a_newest_hub_checkpoint_the_hub_fails_to_serve_gives_way_to_the_next_newest(hub, tmp_path):
+    """A 5xx is the Hub away (warned), not a checkpoint refused for good."""
+    hub.add_checkpoint(REPO, "checkpoint-60", 60)
+    hub.fail_downloads(REPO, "checkpoint-60/model.safetensors", 503)
+    make_checkpoint(tmp_path / "out", "checkpoint-50")
+    sources = [LocalCheckpointSource(tmp_path / "out"), hub_source(hub, tmp_path)]
+    assert CheckpointResolver(sources).resolve("auto") == str(tmp_path / "out" / "checkpoint-50")

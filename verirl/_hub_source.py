@@ -381,7 +381,7 @@ class HubCheckpointSource:
                 # Unreadable once downloaded (an I/O error): an error, not "no checkpoint".
                 state, why = read_trainer_state(Path(tmp) / LAST_CHECKPOINT)
             except Exception as exc:
-                raise self._error(f"read {filename} from", exc) from exc
+                raise self._error(f"read {filename} from", exc, listed=True) from exc
         if state is None:
             log.warning("skipping %s in %s: %s", LAST_CHECKPOINT, self.description, why)
             return None
@@ -408,7 +408,7 @@ class HubCheckpointSource:
                 future.result()
         except Exception as exc:
             pool.shutdown(wait=True, cancel_futures=True)
-            raise self._error("download from", exc) from exc
+            raise self._error("download from", exc, listed=True) from exc
         except BaseException:
             # A signal (SystemExit, KeyboardInterrupt): no wait for the requests in flight,
             # which may take minutes; the process's exit deadline bounds what is left.
@@ -456,16 +456,24 @@ class HubCheckpointSource:
 
     # ------------------------------------------------------------ errors
 
-    def _error(self, doing: str, exc: BaseException) -> CheckpointSourceError:
+    def _error(
+        self, doing: str, exc: BaseException, *, listed: bool = False
+    ) -> CheckpointSourceError:
         """A `CheckpointSourceError` for ``exc`` whose message names the repo, never the token.
 
         The token is also scrubbed from ``exc`` and its chain, which becomes the cause.
+        ``listed``: the request was for a file of the listing, at its commit: a
+        refusal of it (401, 403, 404, 410, 451) says a checkpoint is there but
+        cannot be read (``checkpoint_unreadable``), not that the Hub is away.
         """
         # token=None: huggingface_hub sent the one it found (HF_TOKEN_PATH, the saved login).
         token = hub_token_in_use(self._token)
         scrub_exception(exc, token)
         message = f"cannot {doing} {self.description}: {_describe_hub_error(exc)}"
-        return CheckpointSourceError(scrub(message, token), repo_missing=_repo_missing(exc))
+        refused = listed and _status_code(exc) in _REFUSALS
+        return CheckpointSourceError(
+            scrub(message, token), repo_missing=_repo_missing(exc), checkpoint_unreadable=refused
+        )
 
     def _refuse_offline(self, doing: str) -> None:
         if _hub_offline():
@@ -653,6 +661,10 @@ def _repo_missing(exc: BaseException) -> bool:
         and not isinstance(exc, errors.GatedRepoError)
         and _status_code(exc) == 404  # noqa: PLR2004
     )
+
+
+_REFUSALS = frozenset({401, 403, 404, 410, 451})
+"""HTTP answers that refuse a listed file for good (at a pinned commit), unlike 5xx or no answer."""
 
 
 def _status_code(exc: BaseException) -> int | None:

@@ -229,28 +229,37 @@ class CheckpointResolver:
                 printable(str(error)),
             )
         # Newest first; sorted() is stable, so on a tie the earlier source comes first.
-        candidates = sorted(found_all, key=lambda pair: -pair[0].step)
-        fetch_errors: list[Exception] = []
-        for checkpoint, source in candidates:
-            log.info(
-                "newest complete checkpoint: step %d, %s",
+        return _fetch_newest(sorted(found_all, key=lambda pair: -pair[0].step))
+
+
+def _fetch_newest(candidates: list[tuple[Checkpoint, CheckpointSource]]) -> str:
+    """The path of the newest of ``candidates`` that can be fetched.
+
+    A failure to fetch (the Hub away, a full disk) moves on to the next
+    newest, logged; a checkpoint that is there but refused for good
+    (``checkpoint_unreadable``) ends it: an older one would overwrite it.
+    """
+    fetch_errors: list[Exception] = []
+    for checkpoint, source in candidates:
+        log.info(
+            "newest complete checkpoint: step %d, %s", checkpoint.step, printable(checkpoint.source)
+        )
+        try:
+            path = source.fetch(checkpoint)
+        except (CheckpointSourceError, OSError) as exc:
+            if isinstance(exc, CheckpointSourceError) and exc.checkpoint_unreadable:
+                raise
+            log.warning(
+                "could not fetch step %d from %s (%s); trying the next newest",
                 checkpoint.step,
-                printable(checkpoint.source),
+                describe_source(source),
+                printable(str(exc)),
             )
-            try:
-                path = source.fetch(checkpoint)
-            except (CheckpointSourceError, OSError) as exc:
-                log.warning(
-                    "could not fetch step %d from %s (%s); trying the next newest",
-                    checkpoint.step,
-                    describe_source(source),
-                    printable(str(exc)),
-                )
-                fetch_errors.append(exc)
-                continue
-            log.info("resuming from %s (step %d)", printable(path), checkpoint.step)
-            return os.fspath(path)
-        raise fetch_errors[0]
+            fetch_errors.append(exc)
+            continue
+        log.info("resuming from %s (step %d)", printable(path), checkpoint.step)
+        return os.fspath(path)
+    raise fetch_errors[0]
 
 
 def _refuse_if_newer_may_hide(
