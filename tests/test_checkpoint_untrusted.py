@@ -673,3 +673,27 @@ def test_a_newest_hub_checkpoint_the_hub_fails_to_serve_gives_way_to_the_next_ne
     make_checkpoint(tmp_path / "out", "checkpoint-50")
     sources = [LocalCheckpointSource(tmp_path / "out"), hub_source(hub, tmp_path)]
     assert CheckpointResolver(sources).resolve("auto") == str(tmp_path / "out" / "checkpoint-50")
+
+
+def test_a_refused_checkpoint_gives_way_to_a_readable_one_of_the_same_step(hub, tmp_path):
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    hub.fail_downloads(REPO, "checkpoint-30/trainer_state.json", 403)
+    make_checkpoint(tmp_path / "out", "checkpoint-30")
+    sources = [hub_source(hub, tmp_path), LocalCheckpointSource(tmp_path / "out")]  # Hub first
+    assert CheckpointResolver(sources).resolve("latest") == str(tmp_path / "out" / "checkpoint-30")
+
+
+@pytest.mark.parametrize(("where", "refused"), [("hub", True), ("storage", False), (None, True)])
+def test_a_refusal_counts_as_the_hub_s_only_when_the_hub_answered_it(hub, tmp_path, where, refused):
+    """A 403 from the storage the Hub redirects a body to is an expired signature, as a rule."""
+    source = hub_source(hub, tmp_path)
+    url = {"hub": f"{hub.endpoint}/org/run/resolve/abc/x", "storage": "https://cas-bridge.example/x",
+           None: None}[where]  # fmt: skip
+
+    class Refused(Exception):
+        response = attrs.make_class(
+            "Response", {"status_code": attrs.field(), "url": attrs.field()}
+        )(403, url)
+
+    error = source._error("download from", Refused("403"), listed=True)
+    assert error.checkpoint_unreadable is refused

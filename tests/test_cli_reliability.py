@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import ipaddress
 import json
 import os
 import re
@@ -1122,3 +1123,43 @@ def test_each_of_this_machine_s_addresses_is_this_host_link_local_ones_too():
     ]
     assert own
     assert [address for address in own if not _names_this_host(address)] == []
+
+
+def test_this_host_s_addresses_are_known_without_the_routing_table(monkeypatch):
+    """A sandbox /proc without net/fib_trie: a bind to a unicast address decides."""
+    from verirl import runtime
+
+    original = Path.read_text
+
+    def read_text(self, *args, **kwargs):
+        if str(self) == "/proc/net/fib_trie":
+            raise FileNotFoundError(2, "No such file", str(self))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    own = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+           if a.family == socket.AF_INET and not a.address.startswith("127.")]  # fmt: skip
+    assert own
+    assert all(runtime._names_this_host(address) for address in own)
+    assert not runtime._names_this_host("224.0.0.1")
+    assert not runtime._names_this_host("255.255.255.255")
+
+
+def test_an_odd_line_of_the_routing_table_hides_no_address_after_it(monkeypatch):
+    from verirl import runtime
+
+    table = (
+        "Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- weird\n        /32 host LOCAL\n"
+        "     |-- 192.0.2.77\n        /32 host LOCAL\n"
+        "     |-- 192.0.2.255\n        /32 link BROADCAST\n"
+    )
+    original = Path.read_text
+
+    def read_text(self, *args, **kwargs):
+        return table if str(self) == "/proc/net/fib_trie" else original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    networks, unread = runtime._local_networks()
+    assert 4 not in unread
+    assert any(ipaddress.ip_address("192.0.2.77") in network for network in networks)
+    assert not any(ipaddress.ip_address("192.0.2.255") in network for network in networks)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import attrs
 
@@ -470,10 +470,27 @@ class HubCheckpointSource:
         token = hub_token_in_use(self._token)
         scrub_exception(exc, token)
         message = f"cannot {doing} {self.description}: {_describe_hub_error(exc)}"
-        refused = listed and _status_code(exc) in _REFUSALS
+        refused = listed and _status_code(exc) in _REFUSALS and self._answered_by_hub(exc)
         return CheckpointSourceError(
             scrub(message, token), repo_missing=_repo_missing(exc), checkpoint_unreadable=refused
         )
+
+    def _answered_by_hub(self, exc: BaseException) -> bool:
+        """Whether the refusal came from the Hub itself, not from where it redirected the body.
+
+        A 403 from a storage URL the Hub redirected to is as a rule an expired
+        signature (a slow transfer, a skewed clock): the Hub away, not a
+        refusal. With no URL to tell, it counts as the Hub's.
+        """
+        url = getattr(getattr(exc, "response", None), "url", None)
+        if url is None:
+            return True
+        try:
+            where = urlsplit(str(url)).hostname
+            hub = urlsplit(self._api().endpoint).hostname
+        except Exception:  # noqa: BLE001 - cannot tell: the Hub's
+            return True
+        return where is None or hub is None or where == hub
 
     def _refuse_offline(self, doing: str) -> None:
         if _hub_offline():

@@ -240,15 +240,18 @@ def _fetch_newest(candidates: list[tuple[Checkpoint, CheckpointSource]]) -> str:
     (``checkpoint_unreadable``) ends it: an older one would overwrite it.
     """
     fetch_errors: list[Exception] = []
-    for checkpoint, source in candidates:
+    for index, (checkpoint, source) in enumerate(candidates):
         log.info(
             "newest complete checkpoint: step %d, %s", checkpoint.step, printable(checkpoint.source)
         )
         try:
             path = source.fetch(checkpoint)
         except (CheckpointSourceError, OSError) as exc:
-            if isinstance(exc, CheckpointSourceError) and exc.checkpoint_unreadable:
-                raise
+            unreadable = isinstance(exc, CheckpointSourceError) and exc.checkpoint_unreadable
+            if unreadable and all(
+                other.step < checkpoint.step for other, _ in candidates[index + 1 :]
+            ):
+                raise  # newer than any left: it may hold progress they would overwrite
             log.warning(
                 "could not fetch step %d from %s (%s); trying the next newest",
                 checkpoint.step,

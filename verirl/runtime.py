@@ -412,30 +412,61 @@ def _held_by_this_machine(address: ipaddress.IPv4Address | ipaddress.IPv6Address
     ``/proc/net/fib_trie`` (IPv4 ``host LOCAL`` routes) and
     ``/proc/net/if_inet6``: no name is resolved (a DNS lookup has no
     deadline here), and a bind is no proof (``ip_nonlocal_bind`` lets any
-    address bind; multicast and broadcast ones bind too). Unreadable: no.
+    address bind; multicast and broadcast ones bind too). Where a table
+    cannot be read (a sandbox's /proc), a bind to a unicast address decides.
     """
-    return any(address in network for network in _local_networks())
+    networks, unread = _local_networks()
+    if any(address in network for network in networks):
+        return True
+    if address.version not in unread or address.is_multicast or address.is_unspecified:
+        return False
+    if isinstance(address, ipaddress.IPv4Address) and address.packed[-1] == 255:  # noqa: PLR2004
+        return False  # a broadcast address, as a rule
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET  # noqa: PLR2004
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((str(address), 0))
+    except OSError:
+        return False
+    return True
 
 
-def _local_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    """The addresses (and local prefixes, 127.0.0.0/8) this machine's interfaces hold."""
+def _local_networks() -> tuple[list[ipaddress.IPv4Network | ipaddress.IPv6Network], set[int]]:
+    """This machine's addresses (and local prefixes, 127.0.0.0/8), and the IP versions unread."""
     networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
-    with contextlib.suppress(OSError, ValueError):
-        seen: str | None = None
-        for line in Path("/proc/net/fib_trie").read_text().splitlines():
-            words = line.split()
-            if len(words) == 2 and words[0] in ("|--", "+--"):  # noqa: PLR2004
-                seen = words[1]
-            elif seen is not None and words[1:] == ["host", "LOCAL"]:
-                networks.append(ipaddress.ip_network(f"{seen}{words[0]}", strict=False))
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/net/if_inet6").read_text().splitlines():
-            words = line.split()
-            if words:
-                networks.append(
-                    ipaddress.ip_network(ipaddress.IPv6Address(bytes.fromhex(words[0])))
-                )
-    return networks
+    unread: set[int] = set()
+    tables = (("fib_trie", 4, _fib_trie_local), ("if_inet6", 6, _if_inet6_address))
+    for name, version, parse in tables:
+        try:
+            lines = Path(f"/proc/net/{name}").read_text().splitlines()
+        except OSError:
+            unread.add(version)
+            continue
+        seen: list[str] = []
+        for line in lines:
+            with contextlib.suppress(ValueError):  # one odd line, not every address after it
+                found = parse(line, seen)
+                if found is not None:
+                    networks.append(found)
+    return networks, unread
+
+
+def _fib_trie_local(line: str, seen: list[str]) -> ipaddress.IPv4Network | None:
+    """A ``host LOCAL`` route of ``/proc/net/fib_trie`` (``seen``: the address line before)."""
+    words = line.split()
+    if len(words) == 2 and words[0] in ("|--", "+--"):  # noqa: PLR2004 - "|-- 192.0.2.2"
+        seen[:] = [words[1]]
+        return None
+    if seen and words[1:] == ["host", "LOCAL"]:
+        return ipaddress.IPv4Network(f"{seen[0]}{words[0]}", strict=False)
+    return None
+
+
+def _if_inet6_address(line: str, seen: list[str]) -> ipaddress.IPv6Network | None:
+    """The address of a ``/proc/net/if_inet6`` line (32 hex digits first)."""
+    del seen
+    words = line.split()
+    return ipaddress.IPv6Network(ipaddress.IPv6Address(bytes.fromhex(words[0]))) if words else None
 
 
 def _check_env_url_port(topology: VLLMTopology, url: str, name: str = "env_url") -> None:
