@@ -33,7 +33,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from verirl._secrets import redact_text
-from verirl._validate import MAX_PORT, ipv4_spelling
+from verirl._validate import MAX_PORT, host_address, ipv4_spelling
 from verirl.errors import ConfigError
 
 if TYPE_CHECKING:  # urllib3 1.26, which requests still allows, has no BaseHTTPResponse
@@ -167,15 +167,8 @@ def is_loopback_host(host: str | None) -> bool:
     name = host.lower().removesuffix(".")
     if name == "localhost" or name.endswith(".localhost"):
         return True
-    try:
-        address = ipaddress.ip_address(name.partition("%")[0])
-    except ValueError:
-        # 0x7f000001, 0177.0.0.1, 127.1: what the resolver would connect to.
-        spelled = ipv4_spelling(name)
-        return spelled is not None and spelled.is_loopback
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped.is_loopback
-    return address.is_loopback
+    address = host_address(name)  # 0x7f000001, 0177.0.0.1, 127.1: as the resolver reads them
+    return address is not None and address.is_loopback
 
 
 # ---------------------------------------------------------------- one request, one deadline

@@ -124,6 +124,23 @@ def ipv4_spelling(host: str) -> ipaddress.IPv4Address | None:
         return None
 
 
+def host_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address a host string reaches, if it is one; ``None`` for a name.
+
+    An IPv6 scope (``%eth0``) is dropped, an IPv4-mapped IPv6 address is its
+    IPv4 address, and an unusual IPv4 spelling is read as `ipv4_spelling` does.
+    """
+    try:
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(
+            host.partition("%")[0]
+        )
+    except ValueError:
+        return ipv4_spelling(host)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
 def check_host(field: str, value: object) -> str:
     """A bare host: a DNS name or an IP address (IPv6 without brackets).
 

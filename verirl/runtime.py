@@ -45,7 +45,7 @@ from verirl._validate import (
     check_environ,
     check_seconds,
     check_text,
-    ipv4_spelling,
+    host_address,
 )
 from verirl._watchdog import (
     SAVE_GRACE,
@@ -392,17 +392,9 @@ def _names_this_host(host: str) -> bool:
     bare = host.strip("[]").lower().removesuffix(".")
     if bare == "localhost" or bare.endswith(".localhost") or bare == socket.gethostname().lower():
         return True
-    try:
-        address: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(
-            bare.partition("%")[0]
-        )
-    except ValueError:
-        spelled = ipv4_spelling(bare)  # 0x7f000001, 0177.0.0.1, 127.1, 0: as the resolver reads
-        if spelled is None:
-            return False
-        address = spelled
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    address = host_address(bare)  # 0x7f000001, 0177.0.0.1, 127.1, 0: as the resolver reads them
+    if address is None:
+        return False
     return address.is_loopback or address.is_unspecified or _held_by_this_machine(address)
 
 
