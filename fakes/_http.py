@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import http.server
 import json
+import logging
 import socket
 import socketserver
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "MAX_CONNECTIONS",
@@ -88,7 +92,23 @@ Routes = Mapping[str, Mapping[str, Callable[[Request], Response]]]
 """path → method → handler."""
 
 
-class JSONHTTPServer(http.server.ThreadingHTTPServer):
+class QuietHTTPServer(http.server.ThreadingHTTPServer):
+    """A threaded server that logs a client hanging up mid-answer instead of printing a traceback.
+
+    Clients hang up as a rule in tests (a probe's deadline, a download aborted
+    on purpose); the stdlib prints each such error to stderr.
+    """
+
+    def handle_error(self, request: Any, client_address: Any) -> None:  # noqa: ANN401
+        """Log a connection error at DEBUG; anything else as the stdlib does."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError):
+            log.debug("%s: client %s hung up: %s", type(self).__name__, client_address, error)
+            return
+        super().handle_error(request, client_address)
+
+
+class JSONHTTPServer(QuietHTTPServer):
     """A threaded HTTP server answering from `Routes` (see `bind_json_server`).
 
     At most `MAX_CONNECTIONS` connections are served at once (one thread

@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from fakes._http import serve_in_background, stop_serving
+from fakes._http import QuietHTTPServer, serve_in_background, stop_serving
 from verirl.envserver import check_wait_timeout
 from verirl.errors import EnvServerUnavailable
 
@@ -89,7 +89,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return
 
 
-class _HTTPServer(http.server.ThreadingHTTPServer):
+class _HTTPServer(QuietHTTPServer):
     daemon_threads = True
     fake: FakeEnvServer
 

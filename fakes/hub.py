@@ -49,7 +49,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import attrs
 
-from fakes._http import serve_in_background
+from fakes._http import QuietHTTPServer, serve_in_background
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -151,13 +151,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if method == "GET" and response.hold is not None:
             response.hold.wait_released()
         self.end_headers()
-        if method != "HEAD":
+        if method == "HEAD":
+            return
+        what, hub = response.counts_as_download, self.server.hub
+        # Counted before the body goes out: a client that read it all must find it counted.
+        if what is not None:
+            hub._count_download(what, len(response.body))  # noqa: SLF001
+        try:
             self.wfile.write(response.body)
-            if response.counts_as_download is not None:
-                self.server.hub._count_download(response.counts_as_download, len(response.body))  # noqa: SLF001
+        except OSError:
+            if what is not None:
+                hub._uncount_download(what, len(response.body))  # noqa: SLF001
+            raise
 
 
-class _HTTPServer(http.server.ThreadingHTTPServer):
+class _HTTPServer(QuietHTTPServer):
     """One daemon thread per connection, tracked so `FakeHub.close` can end and join them."""
 
     daemon_threads = True
@@ -439,6 +447,12 @@ class FakeHub:
         with self._lock:
             self._downloads.append(what)
             self._bytes_served += size
+
+    def _uncount_download(self, what: tuple[str, str], size: int) -> None:
+        with self._lock:
+            if what in self._downloads:  # not when reset_counters ran in between
+                del self._downloads[len(self._downloads) - 1 - self._downloads[::-1].index(what)]
+                self._bytes_served = max(0, self._bytes_served - size)
 
     # ------------------------------------------------------------ HTTP
 

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import http.server
 import os
 import random
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import psutil
 import pytest
 
+from fakes._http import QuietHTTPServer, serve_in_background, stop_serving
 from fakes.vllm import FakeVLLMServer
 from verirl import VLLMTopology, _procfs, find_free_port
 from verirl._net import port_is_free
@@ -296,3 +299,70 @@ class ZlProcess:
             with contextlib.suppress(psutil.NoSuchProcess):
                 left.append(psutil.Process(pid))
         still_alive(left, timeout=10)
+
+
+Answer = tuple[int, Mapping[str, str], bytes]
+"""What a `LoopbackServer` sends: status, headers, body."""
+
+
+class _AnsweringHandler(http.server.BaseHTTPRequestHandler):
+    server: LoopbackServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        """Quiet: the server records each request in ``hits``."""
+
+    def _answer(self) -> None:
+        self.server.record(self.command, self.path)
+        status, headers, body = self.server.answer(self)
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_HEAD = do_CONNECT = _answer  # noqa: N815
+
+
+class LoopbackServer(QuietHTTPServer):
+    """A loopback HTTP server (a proxy, a redirector, a failing Hub) whose answers a test scripts.
+
+    ``answer`` gets the request handler (its ``path``, ``headers``, ``command``)
+    and returns an `Answer`; ``hits`` lists each request as ``"METHOD path"``.
+    """
+
+    daemon_threads = True
+
+    def __init__(self, answer: Callable[[http.server.BaseHTTPRequestHandler], Answer]) -> None:
+        super().__init__(("127.0.0.1", 0), _AnsweringHandler)
+        self.answer = answer
+        self._hits: list[str] = []
+        self._hits_lock = threading.Lock()
+
+    def record(self, method: str, path: str) -> None:
+        with self._hits_lock:
+            self._hits.append(f"{method} {path}")
+
+    @property
+    def hits(self) -> list[str]:
+        with self._hits_lock:
+            return list(self._hits)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@contextlib.contextmanager
+def loopback_server(
+    answer: Callable[[http.server.BaseHTTPRequestHandler], Answer],
+) -> Iterator[LoopbackServer]:
+    """Serve `LoopbackServer` in the background for the ``with`` block, then stop and join it."""
+    server = LoopbackServer(answer)
+    thread = serve_in_background(server, "test-loopback-server")
+    try:
+        yield server
+    finally:
+        stop_serving(server, thread)

@@ -33,7 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _support import nothing_listens, unshared_port
+from _support import Answer, loopback_server, nothing_listens, unshared_port
 from fakes import FakeEnvServer
 from fakes.hub import serve_fake_hub
 from verirl import ConfigError, TrainingRuntime, VLLMServer
@@ -526,30 +526,16 @@ def test_doctor_sees_every_token_source_huggingface_hub_honours(tmp_path):
     assert "HF_HUB_DISABLE_IMPLICIT_TOKEN" in rows["disabled"]
 
 
-class _EchoAuthHandler(http.server.BaseHTTPRequestHandler):
-    """Every request fails with a 500 whose message quotes the request's Authorization header."""
-
-    def do_GET(self) -> None:
-        body = json.dumps({"error": f"bad auth {self.headers.get('Authorization')}"}).encode()
-        self.send_response(500)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("X-Error-Message", f"auth was {self.headers.get('Authorization')}")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_HEAD = do_GET  # noqa: N815
-
-    def log_message(self, *args: object) -> None:
-        pass
+def _echo_auth(request: http.server.BaseHTTPRequestHandler) -> Answer:
+    """A 500 whose message quotes the request's Authorization header, as a careless server's."""
+    auth = request.headers.get("Authorization")
+    body = json.dumps({"error": f"bad auth {auth}"}).encode()
+    return 500, {"Content-Type": "application/json", "X-Error-Message": f"auth was {auth}"}, body
 
 
 @pytest.mark.parametrize("source", ["HF_TOKEN_PATH", "saved login", "HUGGING_FACE_HUB_TOKEN"])
 def test_a_token_huggingface_hub_found_itself_never_reaches_an_error(tmp_path, source):
     """``token=None``: huggingface_hub sends the token it finds; verirl's errors never show it."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _EchoAuthHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     env = clean_environ(tmp_path)
     env.pop("HF_HUB_OFFLINE")
     if source == "HF_TOKEN_PATH":
@@ -560,23 +546,19 @@ def test_a_token_huggingface_hub_found_itself_never_reaches_an_error(tmp_path, s
         (tmp_path / "hf-home" / "token").write_text(TOKEN)
     else:
         env["HUGGING_FACE_HUB_TOKEN"] = TOKEN
-    program = (
-        "import sys, traceback\n"
-        "from verirl import HubCheckpointSource, CheckpointSourceError\n"
-        f"src = HubCheckpointSource('org/run', download_dir={str(tmp_path / 'dl')!r}, "
-        f"endpoint='http://127.0.0.1:{server.server_address[1]}', timeout=10)\n"
-        "try:\n    src.latest()\nexcept CheckpointSourceError as exc:\n"
-        "    traceback.print_exception(exc)\n    print('MESSAGE', exc)\n    sys.exit(5)\n"
-    )
-    try:
+    with loopback_server(_echo_auth) as server:
+        program = (
+            "import sys, traceback\n"
+            "from verirl import HubCheckpointSource, CheckpointSourceError\n"
+            f"src = HubCheckpointSource('org/run', download_dir={str(tmp_path / 'dl')!r}, "
+            f"endpoint='{server.url}', timeout=10)\n"
+            "try:\n    src.latest()\nexcept CheckpointSourceError as exc:\n"
+            "    traceback.print_exception(exc)\n    print('MESSAGE', exc)\n    sys.exit(5)\n"
+        )
         result = subprocess.run(
             [sys.executable, "-c", program], capture_output=True, text=True, env=env,
             timeout=120, check=False,
         )  # fmt: skip
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
     assert result.returncode == 5, result.stderr
     assert "MESSAGE cannot" in result.stdout
     assert "<token>" in result.stderr  # the request did carry it, and it was scrubbed

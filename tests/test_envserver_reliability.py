@@ -7,7 +7,6 @@ must never show up in a repr, a log line or an error.
 
 from __future__ import annotations
 
-import http.server
 import io
 import logging
 import math
@@ -15,15 +14,13 @@ import ssl
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import requests
 import requests.adapters
 
-from _support import FakeClock
+from _support import FakeClock, LoopbackServer, loopback_server
 from fakes import FakeEnvServer, FakeEnvServerProbe
-from fakes._http import serve_in_background, stop_serving
 from verirl import Backoff, ConfigError, EnvServerUnavailable, HttpEnvServerProbe
 from verirl.envserver import deadline_session, validate_http_url
 
@@ -36,51 +33,11 @@ PROXY_VARS = ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PRO
 # -- loopback helpers
 
 
-class _RecordingHandler(http.server.BaseHTTPRequestHandler):
-    server: _RecordingServer
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        """Quiet."""
-
-    def _answer(self) -> None:
-        self.server.hits.append(f"{self.command} {self.path}")
-        status, headers = self.server.answer(self.path)
-        self.send_response(status)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    do_GET = do_CONNECT = _answer  # noqa: N815
-
-
-class _RecordingServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, answer) -> None:
-        super().__init__(("127.0.0.1", 0), _RecordingHandler)
-        self.answer = answer
-        self.hits: list[str] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-def _serve(answer) -> Iterator[_RecordingServer]:
-    server = _RecordingServer(answer)
-    thread = serve_in_background(server, "test-recording-server")
-    try:
-        yield server
-    finally:
-        stop_serving(server, thread)
-
-
 @pytest.fixture
-def proxy(monkeypatch) -> Iterator[_RecordingServer]:
+def proxy(monkeypatch) -> Iterator[LoopbackServer]:
     """A loopback "proxy" that records every request and answers 502."""
-    yield from _serve(lambda _path: (502, {}))
+    with loopback_server(lambda _request: (502, {}, b"")) as server:
+        yield server
 
 
 def _use_proxy(monkeypatch, url: str, names=PROXY_VARS) -> None:
@@ -121,7 +78,7 @@ def test_a_redirect_between_loopback_hosts_does_not_go_through_the_proxy(
 ):
     with FakeEnvServer(health_path="/health/") as target:
         location = target.url.replace("127.0.0.1", "localhost") + "/health/"
-        for redirector in _serve(lambda _path: (307, {"Location": location})):
+        with loopback_server(lambda _request: (307, {"Location": location}, b"")) as redirector:
             _use_proxy(monkeypatch, proxy.url)
             session = requests.Session() if own_session else None
             try:
@@ -136,7 +93,7 @@ def test_a_redirect_between_loopback_hosts_does_not_go_through_the_proxy(
 
 def test_other_hosts_still_use_the_environment_proxy(monkeypatch):
     """The decision for non-loopback hosts: the environment's proxy is honoured."""
-    for healthy_proxy in _serve(lambda _path: (200, {})):
+    with loopback_server(lambda _request: (200, {}, b"")) as healthy_proxy:
         _use_proxy(monkeypatch, healthy_proxy.url, ("HTTP_PROXY",))
         assert HttpEnvServerProbe("http://env.example:8000").check() is True
         assert healthy_proxy.hits == ["GET http://env.example:8000/health"]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
+import struct
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import huggingface_hub
 import pytest
@@ -385,3 +388,31 @@ def test_pushes_want_a_token_an_existing_repo_and_well_formed_bodies(hub):
                      b"\r\nConnection: close\r\n\r\n")  # fmt: skip
         reply = sock.makefile("rb").read()
     assert reply.startswith(b"HTTP/1.1 413")
+
+
+def test_a_download_the_client_read_whole_is_already_counted(hub):
+    # Counted after the body was written, a download could read as uncounted to the client
+    # that had just read it (seen once in CI): each read is checked the moment it ends.
+    hub.add_file(REPO, "w.bin", b"w" * 100)
+    hub.reset_counters()
+    connection = http.client.HTTPConnection(urlsplit(hub.endpoint).netloc, timeout=10)
+    try:
+        for n in range(1, 301):
+            connection.request("GET", f"/{REPO}/resolve/main/w.bin")
+            assert connection.getresponse().read() == b"w" * 100
+            assert hub.bytes_served == 100 * n
+    finally:
+        connection.close()
+
+
+def test_a_client_that_hangs_up_mid_body_is_not_counted_or_printed(hub, capfd):
+    hub.add_file(REPO, "big.bin", b"b" * (64 << 20))
+    hub.reset_counters()
+    address = urlsplit(hub.endpoint)
+    with socket.create_connection((address.hostname, address.port), timeout=10) as raw:
+        raw.sendall(f"GET /{REPO}/resolve/main/big.bin HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        assert raw.recv(1024).startswith(b"HTTP/1.1 200")
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    hub.close()  # joins the handler thread, which met the reset
+    assert (hub.downloads, hub.bytes_served) == ([], 0)
+    assert "Traceback" not in capfd.readouterr().err

@@ -10,15 +10,13 @@ never validated (a redirect's ``Location``).
 
 from __future__ import annotations
 
-import http.server
-from collections.abc import Iterator
+import contextlib
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from _support import LoopbackServer, loopback_server
 from fakes import FakeEnvServer
-from fakes._http import serve_in_background, stop_serving
 from verirl import ConfigError, HttpEnvServerProbe
 from verirl._http import deadline_session, request_health
 from verirl._hub_source import HubCheckpointSource
@@ -139,50 +137,14 @@ def test_an_unspecified_address_spelled_short_names_this_host():
     assert is_loopback_host("0") is False
 
 
-class _Redirector(http.server.ThreadingHTTPServer):
-    """Answers every request with a 307 to ``location``, and records each path."""
-
-    daemon_threads = True
-
-    def __init__(self, location: str) -> None:
-        super().__init__(("127.0.0.1", 0), _RedirectHandler)
-        self.location = location
-        self.hits: list[str] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _RedirectHandler(http.server.BaseHTTPRequestHandler):
-    server: _Redirector
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        """Quiet."""
-
-    def do_GET(self) -> None:
-        self.server.hits.append(self.path)
-        self.send_response(307)
-        self.send_header("Location", self.server.location)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    do_CONNECT = do_GET  # noqa: N815
-
-
 def _no_proxy_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in (*PROXY_VARS, "NO_PROXY", "no_proxy", "REQUEST_METHOD"):
         monkeypatch.delenv(name, raising=False)
 
 
-def _serving(location: str) -> Iterator[_Redirector]:
-    server = _Redirector(location)
-    thread = serve_in_background(server, "test-ip-spellings")
-    try:
-        yield server
-    finally:
-        stop_serving(server, thread)
+def _serving(location: str) -> contextlib.AbstractContextManager[LoopbackServer]:
+    """A loopback server that answers every request with a 307 to ``location``."""
+    return loopback_server(lambda _request: (307, {"Location": location}, b""))
 
 
 @pytest.mark.parametrize("own_proxies", [False, True])
@@ -193,7 +155,7 @@ def test_a_health_request_to_a_spelled_loopback_host_does_not_go_through_the_pro
     """`request_health` takes any URL it is given: its loopback test must know the spellings."""
     with FakeEnvServer() as target:
         port = target.url.rsplit(":", 1)[1]
-        for proxy in _serving("http://unused.invalid/"):
+        with _serving("http://unused.invalid/") as proxy:
             _no_proxy_settings(monkeypatch)
             monkeypatch.setenv("HTTP_PROXY", proxy.url)
             with deadline_session() as session:
@@ -209,12 +171,12 @@ def test_a_redirect_to_a_spelled_loopback_host_does_not_go_through_the_proxy(mon
     """The redirect's target is never validated: it must still be reached directly."""
     with FakeEnvServer(health_path="/health/") as target:
         port = target.url.rsplit(":", 1)[1]
-        for proxy in _serving("http://unused.invalid/"):
-            for redirector in _serving(f"http://{host}:{port}/health/"):
+        with _serving("http://unused.invalid/") as proxy:
+            with _serving(f"http://{host}:{port}/health/") as redirector:
                 _no_proxy_settings(monkeypatch)
                 monkeypatch.setenv("HTTP_PROXY", proxy.url)
                 assert HttpEnvServerProbe(redirector.url).check() is True
-                assert redirector.hits == ["/health"]
+                assert redirector.hits == ["GET /health"]
             assert proxy.hits == []
         assert target.paths == ["/health/"]
 
