@@ -7,6 +7,7 @@ its environment, command line and children.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -106,24 +107,31 @@ def test_a_real_zombie_has_ended_and_reads_empty() -> None:
         child.wait()
 
 
-def test_a_plain_process_reads_as_it_is() -> None:
-    marker = uuid.uuid4().hex
+@contextlib.contextmanager
+def _waiting_child(*args: str, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    """A Python process that waits on its stdin, with ``args`` and ``env``; ended on exit."""
     child = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"],
+        [sys.executable, "-c", "import sys; sys.stdin.read()", *args],
         stdin=subprocess.PIPE,
-        env={**os.environ, "ZL_PROBE": marker},
+        env=env,
     )
     try:
+        yield child
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait()
+
+
+def test_a_plain_process_reads_as_it_is() -> None:
+    marker = uuid.uuid4().hex
+    with _waiting_child(env={**os.environ, "ZL_PROBE": marker}) as child:
         assert _procfs.running(child.pid)
         assert not _procfs.threads_run(child.pid)
         assert _procfs.proc_state(child.pid) in {"R", "S", "D"}
         assert (_procfs.environ(child.pid) or {})["ZL_PROBE"] == marker
         assert _procfs.children(os.getpid()).count(child.pid) == 1
         assert _procfs.environ(os.getpid()) is not None
-    finally:
-        assert child.stdin is not None
-        child.stdin.close()
-        child.wait()
 
 
 def test_a_process_read_the_moment_it_started_reads_its_new_program() -> None:
@@ -131,41 +139,13 @@ def test_a_process_read_the_moment_it_started_reads_its_new_program() -> None:
     # and cmdline read empty then (most starts on 3.10 and 3.13 here).
     for _ in range(40):
         marker = uuid.uuid4().hex
-        child = subprocess.Popen(
-            [sys.executable, "-c", "import sys; sys.stdin.read()", marker],
-            stdin=subprocess.PIPE,
-            env={**os.environ, "ZL_PROBE": marker},
-        )
-        try:
+        with _waiting_child(marker, env={**os.environ, "ZL_PROBE": marker}) as child:
             assert (_procfs.environ(child.pid) or {}).get("ZL_PROBE") == marker
             assert _procfs.read(child.pid, "cmdline").split(b"\0")[-2] == marker.encode()
-        finally:
-            assert child.stdin is not None
-            child.stdin.close()
-            child.wait()
 
 
 def test_a_process_started_without_variables_reads_empty_once_started() -> None:
     for _ in range(10):
-        child = subprocess.Popen(
-            [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, env={}
-        )
-        try:
+        with _waiting_child(env={}) as child:
             assert _procfs.environ(child.pid) == {}
             assert _procfs.read(child.pid, "cmdline")
-        finally:
-            assert child.stdin is not None
-            child.stdin.close()
-            child.wait()
-
-
-def test_an_environment_without_variables_reads_empty(tmp_path: Path) -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, env={}
-    )
-    try:
-        assert _procfs.environ(child.pid) == {}
-    finally:
-        assert child.stdin is not None
-        child.stdin.close()
-        child.wait()

@@ -10,7 +10,6 @@ raises that phase's own error; leaving the ``with`` block stops the server.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import ipaddress
 import logging
 import os
@@ -20,7 +19,7 @@ import time
 import types
 import urllib.parse
 import warnings
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -427,38 +426,42 @@ def _local_networks() -> tuple[list[ipaddress.IPv4Network | ipaddress.IPv6Networ
     """This machine's addresses (and local prefixes, 127.0.0.0/8), and the IP versions unread."""
     networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
     unread: set[int] = set()
-    tables = (("fib_trie", 4, _fib_trie_local), ("if_inet6", 6, _if_inet6_address))
+    tables = (("fib_trie", 4, _fib_trie_locals), ("if_inet6", 6, _if_inet6_addresses))
     for name, version, parse in tables:
         try:
             lines = Path(f"/proc/net/{name}").read_text().splitlines()
         except OSError:
             unread.add(version)
             continue
-        seen: list[str] = []
-        for line in lines:
-            with contextlib.suppress(ValueError):  # one odd line, not every address after it
-                found = parse(line, seen)
-                if found is not None:
-                    networks.append(found)
+        networks.extend(parse(lines))
     return networks, unread
 
 
-def _fib_trie_local(line: str, seen: list[str]) -> ipaddress.IPv4Network | None:
-    """A ``host LOCAL`` route of ``/proc/net/fib_trie`` (``seen``: the address line before)."""
-    words = line.split()
-    if len(words) == 2 and words[0] in ("|--", "+--"):  # noqa: PLR2004 - "|-- 192.0.2.2"
-        seen[:] = [words[1]]
-        return None
-    if seen and words[1:] == ["host", "LOCAL"]:
-        return ipaddress.IPv4Network(f"{seen[0]}{words[0]}", strict=False)
-    return None
+def _fib_trie_locals(lines: list[str]) -> Iterator[ipaddress.IPv4Network]:
+    """The ``host LOCAL`` routes of ``/proc/net/fib_trie`` (each under its address line)."""
+    address = None
+    for line in lines:
+        words = line.split()
+        if len(words) == 2 and words[0] in ("|--", "+--"):  # noqa: PLR2004 - "|-- 192.0.2.2"
+            address = words[1]
+        elif address is not None and words[1:] == ["host", "LOCAL"]:
+            try:
+                network = ipaddress.IPv4Network(f"{address}{words[0]}", strict=False)
+            except ValueError:  # one odd line, not every address after it
+                continue
+            yield network
 
 
-def _if_inet6_address(line: str, seen: list[str]) -> ipaddress.IPv6Network | None:
-    """The address of a ``/proc/net/if_inet6`` line (32 hex digits first)."""
-    del seen
-    words = line.split()
-    return ipaddress.IPv6Network(ipaddress.IPv6Address(bytes.fromhex(words[0]))) if words else None
+def _if_inet6_addresses(lines: list[str]) -> Iterator[ipaddress.IPv6Network]:
+    """The addresses of ``/proc/net/if_inet6`` (32 hex digits first on each line)."""
+    for line in lines:
+        words = line.split()
+        try:
+            address = ipaddress.IPv6Address(bytes.fromhex(words[0])) if words else None
+        except ValueError:  # one odd line, not every address after it
+            continue
+        if address is not None:
+            yield ipaddress.IPv6Network(address)
 
 
 def _check_env_url_port(topology: VLLMTopology, url: str, name: str = "env_url") -> None:
