@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from _support import unshared_port
 from verirl import ConfigError, VLLMServer, VLLMServerError
 from verirl._launch import (
     DEV_MODE_VAR,
@@ -246,6 +247,7 @@ def test_the_log_header_hides_an_api_key(tmp_path):
         command=[sys.executable, "-c", "import sys; sys.exit(3)"],
         extra_args=["--api-key", "sk-SECRET123"],
         log_path=log,
+        port=unshared_port(),  # not the default: another job on this machine may hold 8001
     )
     with pytest.raises(VLLMServerError):
         server.start()

@@ -66,6 +66,7 @@ class Launch:
         wrapped: bool = False,
         left_behind: bool = False,
         flags: tuple[str, ...] = (),
+        prelude: str = "",
     ):
         script = tmp_path / "recorder.py"
         script.write_text(textwrap.dedent(RECORDER))
@@ -79,7 +80,13 @@ class Launch:
             ready = shlex.quote(str(self.ready))
             wait = f"until [ -e {ready} ]; do sleep 0.01; done"
             command = ["sh", "-c", f"{shlex.join(command)} & {wait}; exit 3"]
-        argv = [sys.executable, "-m", "verirl", "launch", "--gpus", "1", *flags, "--", *command]
+        program = ["-m", "verirl"]
+        if prelude:  # run first, in launch's own process
+            program = [
+                "-c",
+                f"{prelude}\nimport sys\nfrom verirl.__main__ import run\nsys.exit(run())",
+            ]
+        argv = [sys.executable, *program, "launch", "--gpus", "1", *flags, "--", *command]
         with self.stderr_path.open("w") as sink:  # a file: an orphan holding a pipe cannot hang us
             self.proc = subprocess.Popen(
                 argv, stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True
@@ -213,6 +220,62 @@ def test_a_second_sigint_in_the_grace_kills_the_whole_command_at_once(
     assert launch.signals() == ["SIGINT"], launch.stderr
 
 
+DROPPED_IN_DEL = """
+import pathlib, time
+from verirl import _supervise
+
+_sleep = time.sleep
+
+
+class _SleepsWhenCollected:
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __del__(self):
+        pathlib.Path({waiting!r}).touch()
+        _sleep(max(self.seconds, 1.0))
+
+
+class _Time:
+    monotonic = staticmethod(time.monotonic)
+    time = staticmethod(time.time)
+
+    @staticmethod
+    def sleep(seconds):
+        _SleepsWhenCollected(seconds)
+
+
+_supervise.time = _Time
+"""
+"""Launch's grace waits inside a ``__del__``, where CPython drops what a signal handler raises.
+
+Any collection in launch's main thread can run a finalizer as the signal is
+checked ("Exception ignored in ..."): the wait spends nearly all its time in
+one here (the test signals it once ``waiting`` exists), so the second signal's
+exception is dropped as it would be.
+"""
+
+
+@pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_second_signal_whose_exception_is_dropped_still_ends_the_grace(
+    tmp_path: Path, launches: list[Launch], second: signal.Signals
+) -> None:
+    waiting = tmp_path / "waiting"
+    prelude = DROPPED_IN_DEL.format(waiting=str(waiting))
+    launch = Launch(tmp_path, flags=("--shutdown-timeout", "300"), prelude=prelude)
+    launches.append(launch)
+    launch.wait_until_running()
+    launch.proc.send_signal(signal.SIGINT)
+    launch.wait_until_passed_on()
+    launch.wait_for(waiting.exists, "launch to wait inside a __del__")
+    launch.proc.send_signal(second)  # the recorder is still "saving": not released
+    code = launch.proc.wait(timeout=DEADLINE)  # not the 300 s grace
+    assert code == 128 + signal.SIGKILL, launch.stderr
+    assert "interrupted again" in launch.stderr
+    assert not still_alive(launch.command, timeout=10), launch.stderr
+    assert launch.signals() == ["SIGINT"], launch.stderr
+
+
 def test_what_stays_in_the_group_after_the_grace_is_sigkilled(
     tmp_path: Path, launches: list[Launch]
 ) -> None:
@@ -323,3 +386,36 @@ def test_a_ctrl_c_while_what_the_command_left_has_its_grace_kills_it_and_keeps_t
     assert "interrupted: sending SIGKILL to what the training command left" in launch.stderr
     assert not still_alive(launch.command, timeout=10), launch.stderr
     assert launch.signals() == ["SIGTERM"], launch.stderr
+
+
+CTRL_C_IN_DEL = """
+import os, signal, sys, threading, time
+from verirl.__main__ import _unraisable
+sys.unraisablehook = _unraisable(sys.unraisablehook)
+
+
+class SleepsWhenCollected:
+    def __del__(self):
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+        time.sleep(30)  # the SIGINT ends it, and its KeyboardInterrupt is dropped
+
+
+try:
+    SleepsWhenCollected()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("lost")
+except KeyboardInterrupt:
+    print("raised")
+"""
+
+
+def test_a_ctrl_c_dropped_in_a_finalizer_is_raised_again_where_it_can_be() -> None:
+    """`verirl.__main__`'s unraisable hook sends it again: not into the hook, where it is lost."""
+    result = subprocess.run(
+        [sys.executable, "-c", CTRL_C_IN_DEL], capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert result.stdout.split() == ["raised"], result.stderr
+    assert "Exception ignored" not in result.stderr

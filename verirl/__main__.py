@@ -16,6 +16,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -39,7 +40,9 @@ def _unraisable(default: Callable[[Any], object]) -> Callable[[Any], object]:
     or ``__del__``, where its ``SystemExit``/``KeyboardInterrupt`` is printed
     as "Exception ignored" and dropped. SIGTERM was noted (`sigterm_pending`),
     and serve and launch act on the note: nothing to print. A lost Ctrl-C is
-    sent again, to land where it can be raised. Anything else: ``default``.
+    sent again, to land where it can be raised: from another thread, since a
+    signal sent here would be handled, and dropped, in this very hook.
+    Anything else: ``default``.
     """
 
     def hook(unraisable: Any) -> object:  # noqa: ANN401 - sys.UnraisableHookArgs
@@ -47,11 +50,24 @@ def _unraisable(default: Callable[[Any], object]) -> Callable[[Any], object]:
         if isinstance(error, SystemExit) and sigterm_pending():
             return None
         if isinstance(error, KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
-            return None
+            threading.Thread(target=_ctrl_c_again, name="verirl-ctrl-c-again", daemon=True).start()
+            return None  # returns long before the thread's SIGINT comes (_CTRL_C_AGAIN)
         return default(unraisable)
 
     return hook
+
+
+_CTRL_C_AGAIN = 0.05
+"""Seconds between a dropped Ctrl-C and the SIGINT sent again, time for the hook to return."""
+
+
+def _ctrl_c_again() -> None:
+    """SIGINT to the main thread, `_CTRL_C_AGAIN` s later, sent from another one (`_unraisable`)."""
+    threading.Event().wait(_CTRL_C_AGAIN)
+    main = threading.main_thread().ident
+    with contextlib.suppress(OSError, ValueError):
+        if main is not None:
+            signal.pthread_kill(main, signal.SIGINT)
 
 
 def run() -> int:

@@ -81,7 +81,8 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from types import FrameType
 
 import psutil
 
@@ -191,6 +192,7 @@ class _Command:
         self.signum: int = signal.SIGTERM
         self.inner: set[int] = set()  # pids of nested launches, named in markers after ours
         self.signalled: set[psutil.Process] = set()  # got self.signum (or left to a forwarder)
+        self.interrupted: threading.Event | None = None  # set by `_signals_noted` during a grace
         try:
             self.leader: psutil.Process | None = psutil.Process(child.pid)
         except psutil.Error:
@@ -593,6 +595,8 @@ class _Command:
         """Wait until the command and ``processes`` are gone; False at the deadline."""
         delay = 0.001
         while not self.exited() or any(_alive(process) for process in processes):
+            if self.interrupted is not None and self.interrupted.is_set():
+                raise KeyboardInterrupt  # its handler's own exception was lost
             self.pass_to_orphans()
             now = time.monotonic()
             if now >= deadline:
@@ -695,22 +699,7 @@ def _stop_command(
     stopped = False
     try:
         try:
-            _call_ending(ending)
-            if tracked.exited() and not tracked.collect():  # it ended as the signal came
-                stopped = True
-                return _reap(child)
-            deadline = time.monotonic() + grace
-            processes = tracked.signal_once(signum)
-            log.warning(
-                "passed %s on to the training command (pid %d) and its processes; SIGKILL in %gs",
-                signal.Signals(signum).name,
-                child.pid,
-                grace,
-            )
-            # a process found meanwhile (an orphan adopted as its parent died) gets it once too
-            if not _wait_through_server_failure(tracked, processes, deadline):
-                raise subprocess.TimeoutExpired(child.args, grace)  # noqa: TRY301 - handled below
-            stopped = True
+            stopped = _pass_and_wait(tracked, child, signum, grace, ending)
         except subprocess.TimeoutExpired:
             log.warning("the training command outlived its %gs grace: sending SIGKILL", grace)
         except (KeyboardInterrupt, SystemExit):  # a second Ctrl-C, or SIGTERM after a Ctrl-C
@@ -719,6 +708,82 @@ def _stop_command(
         if not stopped:
             tracked.kill()
     return _reap(child)
+
+
+def _pass_and_wait(
+    tracked: _Command,
+    child: subprocess.Popen[bytes],
+    signum: int,
+    grace: float,
+    ending: Callable[[], object] | None,
+) -> bool:
+    """`_stop_command`'s grace: True once the command and its processes are gone."""
+    _call_ending(ending)
+    if tracked.exited() and not tracked.collect():  # it ended as the signal came
+        return True
+    deadline = time.monotonic() + grace
+    processes = tracked.signal_once(signum)
+    log.warning(
+        "passed %s on to the training command (pid %d) and its processes; SIGKILL in %gs",
+        signal.Signals(signum).name,
+        child.pid,
+        grace,
+    )
+    # a process found meanwhile (an orphan adopted as its parent died) gets it once too
+    with _signals_noted(tracked, (signal.SIGINT, signal.SIGTERM)):
+        if not _wait_through_server_failure(tracked, processes, deadline):
+            raise subprocess.TimeoutExpired(child.args, grace)
+    return True
+
+
+@contextlib.contextmanager
+def _signals_noted(command: _Command, signums: Collection[int]) -> Iterator[None]:
+    """While in the block, ``command.interrupted`` is set when one of ``signums`` interrupts.
+
+    The handler in place still runs, and its KeyboardInterrupt or SystemExit
+    ends the grace; but CPython drops an exception a handler raises while a
+    ``__del__`` or a weakref callback runs ("Exception ignored in"): the
+    grace's wait checks the event too, so a second signal is never lost that
+    way. A handler that raises something else (the watchdog's error, which
+    the grace carries on through) or nothing sets no event. Only the main
+    thread can set handlers; elsewhere the block runs as is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted = threading.Event()
+    installed: dict[int, tuple[_Handler, _Handler]] = {}
+    for signum in signums:
+        previous = signal.getsignal(signum)
+        if not callable(previous):  # SIG_IGN stays ignored, SIG_DFL ends the process anyway
+            continue
+        noting = _noting(noted, previous)
+        signal.signal(signum, noting)
+        installed[signum] = (previous, noting)
+    command.interrupted = noted
+    try:
+        yield
+    finally:
+        command.interrupted = None
+        for signum, (previous, noting) in installed.items():
+            if signal.getsignal(signum) is noting:  # not if someone replaced it meanwhile
+                signal.signal(signum, previous)
+
+
+_Handler = Callable[[int, FrameType | None], object]
+
+
+def _noting(noted: threading.Event, previous: _Handler) -> _Handler:
+    """A handler that runs ``previous`` and sets ``noted`` if it interrupts."""
+
+    def noting(signum: int, frame: FrameType | None) -> None:
+        try:
+            previous(signum, frame)
+        except (KeyboardInterrupt, SystemExit):
+            noted.set()
+            raise
+
+    return noting
 
 
 def _call_ending(ending: Callable[[], object] | None) -> None:
@@ -769,34 +834,29 @@ def _reap(child: subprocess.Popen[bytes]) -> int:
 def _end_leftovers(command: _Command, grace: float) -> None:
     """The command exited on its own: SIGTERM what it left running, ``grace`` s, then SIGKILL.
 
-    Those processes already have their SIGTERM, so a SIGTERM to launch during
-    the grace (a preemption) changes nothing: the grace goes on. A Ctrl-C
-    SIGKILLs them at once. Either way launch's exit code stays the command's.
+    Those processes get their SIGTERM from launch in any case, so a SIGTERM
+    to launch meanwhile (a preemption) changes nothing: it is logged and the
+    grace goes on (`_sigterm_absorbed`, over the whole of it, so that it
+    cannot land between two steps). A Ctrl-C SIGKILLs them at once. Either
+    way launch's exit code stays the command's.
     """
     done = False
     try:
-        left = _look_for_leftovers(command, time.monotonic() + grace)
-        if not left:
-            done = True
-            return
-        log.warning(
-            "the training command left %d process(es) running (pids %s): SIGTERM, SIGKILL in %gs",
-            len(left),
-            ", ".join(str(process.pid) for process in left),
-            grace,
-        )
-        deadline = time.monotonic() + grace
-        processes = command.signal_once(signal.SIGTERM)
-        while True:
-            try:
-                done = _wait_through_server_failure(command, processes, deadline)
-                break
-            except SystemExit:
-                log.warning(
-                    "SIGTERM received: what the training command left running has it "
-                    "already; its grace goes on"
-                )
-                processes = command.collect()
+        with _sigterm_absorbed(), _signals_noted(command, (signal.SIGINT,)):
+            left = _look_for_leftovers(command, time.monotonic() + grace)
+            if not left:
+                done = True
+                return
+            log.warning(
+                "the training command left %d process(es) running (pids %s): "
+                "SIGTERM, SIGKILL in %gs",
+                len(left),
+                ", ".join(str(process.pid) for process in left),
+                grace,
+            )
+            deadline = time.monotonic() + grace
+            processes = command.signal_once(signal.SIGTERM)
+            done = _wait_through_server_failure(command, processes, deadline)
         if not done:
             log.warning("processes of the training command outlived the grace: sending SIGKILL")
     except KeyboardInterrupt:
@@ -807,19 +867,44 @@ def _end_leftovers(command: _Command, grace: float) -> None:
 
 
 def _look_for_leftovers(command: _Command, until: float) -> list[psutil.Process]:
-    """What the exited command left running; a SIGTERM meanwhile does not stop the look."""
-    while True:
+    """What the exited command left running (a pid that changes is looked for until ``until``)."""
+    left = command.collect()
+    while not left and not command.quiet() and time.monotonic() < until:
+        left = command.collect()
+    return left
+
+
+@contextlib.contextmanager
+def _sigterm_absorbed() -> Iterator[None]:
+    """While in the block, a SIGTERM's ``SystemExit`` is logged instead of raised (main thread).
+
+    The handler in place still runs (the SIGTERM policy notes the signal);
+    only its ``SystemExit`` stops here. Anything else it raises (the
+    watchdog's error) goes on.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if not callable(previous):
+        yield
+        return
+
+    def absorbing(signum: int, frame: FrameType | None) -> None:
         try:
-            left = command.collect()
-            while not left and not command.quiet() and time.monotonic() < until:
-                left = command.collect()  # a process that changes its pid: look again
-        except SystemExit:  # noqa: PERF203 - resumes the look
+            previous(signum, frame)
+        except SystemExit:
             log.warning(
-                "SIGTERM received: the training command has exited; what it left running "
-                "gets SIGTERM and the grace"
+                "SIGTERM received: the training command has exited, and what it left running "
+                "gets SIGTERM from launch; its grace goes on"
             )
-        else:
-            return left
+
+    signal.signal(signal.SIGTERM, absorbing)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is absorbing:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def mark_this_launch() -> None:
