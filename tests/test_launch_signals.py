@@ -419,3 +419,88 @@ def test_a_ctrl_c_dropped_in_a_finalizer_is_raised_again_where_it_can_be() -> No
     )  # fmt: skip
     assert result.stdout.split() == ["raised"], result.stderr
     assert "Exception ignored" not in result.stderr
+
+
+SELECT_IN_DEL = """
+import pathlib, select as _select, types
+from verirl import _supervise
+
+
+class _SelectsWhenCollected:
+    def __init__(self, args):
+        self.args = args
+
+    def __del__(self):
+        pathlib.Path({waiting!r}).touch()
+        _select.select(*self.args)
+
+
+def _select_in_del(*args):
+    _SelectsWhenCollected(args)
+    return [], [], []
+
+
+_supervise.select = types.SimpleNamespace(select=_select_in_del)
+"""
+"""Launch waits for its command inside a ``__del__``, where CPython drops a handler's exception."""
+
+
+def test_a_sigterm_whose_exit_python_dropped_still_reaches_the_command(
+    tmp_path: Path, launches: list[Launch]
+) -> None:
+    """The unraisable hook keeps the SIGTERM's SystemExit; launch's next wake-up raises it."""
+    waiting = tmp_path / "waiting"
+    prelude = SELECT_IN_DEL.format(waiting=str(waiting))
+    launch = Launch(tmp_path, flags=("--shutdown-timeout", "300"), prelude=prelude)
+    launches.append(launch)
+    launch.wait_until_running()
+    launch.wait_for(waiting.exists, "launch to wait inside a __del__")
+    launch.proc.send_signal(signal.SIGTERM)
+    launch.wait_until_passed_on()
+    assert launch.release() == 143, launch.stderr
+    assert launch.signals() == ["SIGTERM"], launch.stderr
+
+
+PHASES_WAIT_IN_DEL = """
+import concurrent.futures, os, signal, sys, threading, time, types
+from verirl import _phases
+from verirl.__main__ import _unraisable
+from verirl._signals import exit_on_sigterm
+
+sys.unraisablehook = _unraisable(sys.unraisablehook)
+_wait = concurrent.futures.wait
+
+
+class _WaitsWhenCollected:
+    def __init__(self, args, kwargs):
+        self.args, self.kwargs = args, kwargs
+
+    def __del__(self):
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        _wait(*self.args, **self.kwargs)
+
+
+def _wait_in_del(*args, **kwargs):
+    _WaitsWhenCollected(args, kwargs)
+    return set(), set(args[0])
+
+
+futures = types.SimpleNamespace(wait=_wait_in_del, Future=concurrent.futures.Future)
+_phases.concurrent = types.SimpleNamespace(futures=futures)
+with exit_on_sigterm():
+    phases = _phases.Phases(time.monotonic())
+    phases.submit("slow", time.sleep, 30)
+    begun = time.monotonic()
+    try:
+        phases.wait()
+    except SystemExit as exc:
+        print("exit", exc.code, round(time.monotonic() - begun))
+"""
+
+
+def test_a_sigterm_whose_exit_python_dropped_still_ends_the_start_up_wait() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", PHASES_WAIT_IN_DEL], capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert result.stdout.split() == ["exit", "143", "0"], result.stderr

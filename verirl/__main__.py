@@ -22,6 +22,7 @@ from typing import Any
 
 from verirl._signals import (
     arm_exit_deadline,
+    note_dropped,
     program_handler,
     program_note,
     program_received,
@@ -38,8 +39,8 @@ def _unraisable(default: Callable[[Any], object]) -> Callable[[Any], object]:
 
     A handler runs between any two bytecodes, also inside a weakref callback
     or ``__del__``, where its ``SystemExit``/``KeyboardInterrupt`` is printed
-    as "Exception ignored" and dropped. SIGTERM was noted (`sigterm_pending`),
-    and serve and launch act on the note: nothing to print. A lost Ctrl-C is
+    as "Exception ignored" and dropped. SIGTERM's is kept (`note_dropped`),
+    and the main thread's next wait raises it: nothing to print. A lost Ctrl-C is
     sent again, to land where it can be raised: from another thread, since a
     signal sent here would be handled, and dropped, in this very hook.
     Anything else: ``default``.
@@ -48,6 +49,7 @@ def _unraisable(default: Callable[[Any], object]) -> Callable[[Any], object]:
     def hook(unraisable: Any) -> object:  # noqa: ANN401 - sys.UnraisableHookArgs
         error = unraisable.exc_value
         if isinstance(error, SystemExit) and sigterm_pending():
+            note_dropped(error)  # the next wait raises it
             return None
         if isinstance(error, KeyboardInterrupt):
             threading.Thread(target=_ctrl_c_again, name="verirl-ctrl-c-again", daemon=True).start()

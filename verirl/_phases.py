@@ -19,6 +19,8 @@ from typing import Any, ParamSpec, TypeVar
 
 import attrs
 
+from verirl._signals import raise_if_dropped
+
 __all__ = ["SIGNAL_CHECK", "DaemonExecutor", "PhaseTiming", "Phases"]
 
 log = logging.getLogger("verirl.runtime")
@@ -127,6 +129,7 @@ class Phases:
                 pending, timeout=SIGNAL_CHECK, return_when=FIRST_COMPLETED
             )
             done |= newly
+            raise_if_dropped()  # a SIGTERM whose SystemExit Python dropped
             if self._cancelled in newly:
                 raise self._cancelled.exception()  # type: ignore[misc]
         failed = [future for future in done if future.exception() is not None]

@@ -52,9 +52,11 @@ __all__ = [
     "SigtermPolicy",
     "arm_exit_deadline",
     "exit_on_sigterm",
+    "note_dropped",
     "program_handler",
     "program_note",
     "program_received",
+    "raise_if_dropped",
     "sigterm_pending",
 ]
 
@@ -283,6 +285,30 @@ def program_note(signum: int, _frame: types.FrameType | None) -> None:
 def program_received() -> int | None:
     """The first signal `program_handler` received, or ``None``."""
     return _PROGRAM_RECEIVED[0] if _PROGRAM_RECEIVED else None
+
+
+_DROPPED: list[SystemExit] = []
+
+
+def note_dropped(error: SystemExit) -> None:
+    """Keep a SIGTERM's ``SystemExit`` that Python dropped, for `raise_if_dropped` to raise.
+
+    A handler runs between any two bytecodes, also in a ``__del__`` or a
+    weakref callback, where its exception is printed and dropped
+    (``verirl.__main__``'s unraisable hook calls this then). The policy has
+    fired: a second SIGTERM would not raise again, so the waits raise this one.
+    """
+    _DROPPED[:] = [error]
+
+
+def raise_if_dropped() -> None:
+    """Raise the SIGTERM ``SystemExit`` that Python dropped (`note_dropped`), once; else nothing.
+
+    Each wait of the main thread that wakes to let a handler run
+    (`verirl._phases.SIGNAL_CHECK`) calls this too.
+    """
+    if _DROPPED:
+        raise _DROPPED.pop()
 
 
 def sigterm_pending() -> bool:

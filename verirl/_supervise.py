@@ -91,6 +91,7 @@ from verirl._fs import printable
 from verirl._phases import SIGNAL_CHECK
 from verirl._process import death_signal_preexec, set_child_subreaper, spawn
 from verirl._secrets import redact_argv, secrets_in_environ, shown_line
+from verirl._signals import raise_if_dropped
 from verirl.errors import VLLMServerError
 
 __all__ = ["LAUNCH_MARKER_VAR", "mark_this_launch", "run_command"]
@@ -587,6 +588,7 @@ class _Command:
                     select.select([pidfd], [], [], SIGNAL_CHECK)
                 else:
                     threading.Event().wait(SIGNAL_CHECK)
+                raise_if_dropped()  # a SIGTERM whose SystemExit Python dropped
         finally:
             if pidfd is not None:
                 os.close(pidfd)
