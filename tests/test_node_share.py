@@ -58,8 +58,15 @@ RANK = textwrap.dedent(
 
 
 def start_ranks(
-    tmp_path: Path, hub: FakeHub, ranks: range, *, local_world: int = 4, timeout: float = 60
+    tmp_path: Path,
+    hub: FakeHub,
+    ranks: range,
+    *,
+    local_world: int = 4,
+    timeout: float = 60,
+    master: bool = True,
 ) -> list[subprocess.Popen[str]]:
+    """The ranks, as a launcher starts them (``master``: with its MASTER_ADDR and MASTER_PORT)."""
     script = tmp_path / "rank.py"
     script.write_text(RANK)
     port = str(find_free_port())
@@ -74,6 +81,8 @@ def start_ranks(
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": port,
         }
+        if not master:  # file:// or tcp:// rendezvous: verirl fills a free port in, per rank
+            del env["MASTER_ADDR"], env["MASTER_PORT"]
         env.pop("TORCHELASTIC_RUN_ID", None)
         procs.append(
             subprocess.Popen(
@@ -118,6 +127,16 @@ def test_four_local_ranks_list_and_download_once_and_agree(tmp_path):
         assert hub.bytes_served == hub.folder_size(REPO, "checkpoint-20")
         assert listings(hub) == 1  # only local rank 0 looked at the Hub
         assert len(hub.downloads) == len({name for _, name in hub.downloads})
+
+
+def test_ranks_without_a_launchers_master_port_still_share_one_choice(tmp_path):
+    """The port verirl fills in differs between the ranks: it is not part of the attempt's key."""
+    with FakeHub() as hub:
+        hub.add_checkpoint(REPO, "checkpoint-20", 20)
+        out = results(start_ranks(tmp_path, hub, range(2), local_world=2, timeout=30, master=False))
+    paths = {result.get("path") for result in out}
+    assert len(paths) == 1, out
+    assert str(paths.pop()).endswith("checkpoint-20"), out
 
 
 def test_local_rank_0_failing_fails_every_rank_with_its_reason(tmp_path):

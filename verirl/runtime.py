@@ -915,10 +915,12 @@ class TrainingRuntime:
         if folder is None or dist.local_world_size <= 1 or not _requested(self.resume_from):
             return resolver  # a fresh start asks nothing of the Hub: nothing to share
         environ = os.environ if self.environ is None else self.environ
+        # What verirl filled in (a free MASTER_PORT) differs between the ranks: not the attempt's.
+        given = {name: value for name, value in environ.items() if name not in dist.defaulted}
         return NodeSharedResolver(
             resolver,
             folder,
-            attempt_key(environ, folder=folder, request=self.resume_from),
+            attempt_key(given, folder=folder, request=self.resume_from),
             leader=dist.is_local_main,
             timeout=self.checkpoint_wait_timeout,
         )
