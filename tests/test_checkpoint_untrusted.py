@@ -549,6 +549,23 @@ def test_a_flock_error_is_never_taken_for_a_free_lock(tmp_path, monkeypatch):
         lead.join(30)
 
 
+@pytest.mark.parametrize("request_", ["latest", "auto"])
+def test_a_path_listed_both_as_a_file_and_a_folder_makes_the_checkpoint_unreadable(
+    hub, tmp_path, request_
+):
+    """No download can make both: an older local checkpoint is not resumed over it."""
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    hub.add_file(REPO, "checkpoint-20/a", b"x")
+    hub.add_file(REPO, "checkpoint-20/a/b", b"y")
+    make_checkpoint(tmp_path / "out", "checkpoint-10")
+    sources = [LocalCheckpointSource(tmp_path / "out"), hub_source(hub, tmp_path)]
+    with pytest.raises(CheckpointSourceError, match="both as a file and as a folder") as err:
+        CheckpointResolver(sources).resolve(request_)
+    assert isinstance(err.value.__cause__, CheckpointSourceError)
+    assert err.value.__cause__.checkpoint_unreadable
+    assert not (tmp_path / "dl" / "checkpoint-20").exists()
+
+
 # ---------------------------------------------------------------- unusable, but older
 
 

@@ -17,7 +17,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -289,31 +289,7 @@ class HubCheckpointSource:
             raise
         except Exception as exc:
             raise self._error("list", exc) from exc
-        folders: dict[str, dict[str, FileEntry]] = {}
-        unusable: dict[str, str] = {}
-        for entry in entries:
-            path, size = entry.get("path"), entry.get("size")
-            if entry.get("type") != "file" or not isinstance(path, str) or "/" not in path:
-                continue
-            folder = path.split("/", 1)[0]
-            if not _safe_repo_path(path):
-                unusable.setdefault(
-                    folder, f"a file path that is not safe to download ({shorten(repr(path))})"
-                )
-                continue
-            if (
-                isinstance(size, bool)
-                or not isinstance(size, int)
-                or not 0 <= size <= _MAX_FILE_SIZE
-            ):
-                unusable.setdefault(
-                    folder, f"{shorten(path)} has no usable size ({shorten(repr(size))})"
-                )
-                continue
-            lfs = entry.get("lfs")
-            lfs_sha = lfs.get("sha256") if isinstance(lfs, dict) else None
-            oid = str(lfs_sha or entry.get("oid") or "")
-            folders.setdefault(folder, {})[path] = FileEntry(size, oid)
+        folders, unusable = _folders_of(entries)
         for folder, why in unusable.items():
             # A download would be written wherever the path points, or could not be checked.
             folders.pop(folder, None)
@@ -609,6 +585,50 @@ def _safe_repo_path(path: str) -> bool:
         and "\0" not in path
         and parts[1:2] != [MARKER]  # verirl's marker sits at the folder's top
     )
+
+
+def _folders_of(
+    entries: list[dict[str, object]],
+) -> tuple[dict[str, dict[str, FileEntry]], dict[str, str]]:
+    """The listing's files by top-level folder, and why each folder that cannot be used cannot."""
+    folders: dict[str, dict[str, FileEntry]] = {}
+    unusable: dict[str, str] = {}
+    for entry in entries:
+        path, size = entry.get("path"), entry.get("size")
+        if entry.get("type") != "file" or not isinstance(path, str) or "/" not in path:
+            continue
+        folder = path.split("/", 1)[0]
+        if not _safe_repo_path(path):
+            unusable.setdefault(
+                folder, f"a file path that is not safe to download ({shorten(repr(path))})"
+            )
+            continue
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= _MAX_FILE_SIZE:
+            unusable.setdefault(
+                folder, f"{shorten(path)} has no usable size ({shorten(repr(size))})"
+            )
+            continue
+        lfs = entry.get("lfs")
+        lfs_sha = lfs.get("sha256") if isinstance(lfs, dict) else None
+        oid = str(lfs_sha or entry.get("oid") or "")
+        folders.setdefault(folder, {})[path] = FileEntry(size, oid)
+    for folder, files in folders.items():
+        clash = _file_and_folder(files)
+        if clash is not None:  # no download can make both
+            unusable.setdefault(folder, f"{shorten(repr(clash))} both as a file and as a folder")
+    return folders, unusable
+
+
+def _file_and_folder(paths: Collection[str]) -> str | None:
+    """A path in ``paths`` that is also a folder of another one, or ``None``."""
+    names = set(paths)
+    for path in paths:
+        parts = path.split("/")
+        for end in range(1, len(parts)):
+            prefix = "/".join(parts[:end])
+            if prefix in names:
+                return prefix
+    return None
 
 
 def _commit_id(sha: object, revision: str | None) -> str:

@@ -252,12 +252,16 @@ def _fetch_newest(candidates: list[tuple[Checkpoint, CheckpointSource]]) -> str:
                 other.step < checkpoint.step for other, _ in candidates[index + 1 :]
             ):
                 raise  # newer than any left: it may hold progress they would overwrite
-            log.warning(
-                "could not fetch step %d from %s (%s); trying the next newest",
-                checkpoint.step,
-                describe_source(source),
-                printable(str(exc)),
-            )
+            if index + 1 < len(candidates):
+                following, where = candidates[index + 1]
+                log.warning(
+                    "could not fetch step %d from %s (%s); trying the next newest, step %d from %s",
+                    checkpoint.step,
+                    describe_source(source),
+                    printable(str(exc)),
+                    following.step,
+                    describe_source(where),
+                )
             fetch_errors.append(exc)
             continue
         log.info("resuming from %s (step %d)", printable(path), checkpoint.step)
