@@ -24,7 +24,7 @@ from typing import NamedTuple
 import psutil
 import pytest
 
-from _support import clear_verirl_env, run_cli
+from _support import clear_verirl_env, run_cli, unshared_port
 from verirl import find_free_port
 
 ROOT = Path(__file__).resolve().parent.parent  # subprocesses import this checkout's verirl
@@ -98,7 +98,8 @@ CASES = [
          {"VERIRL_VLLM_COMMAND": NOWHERE}, 4,
          (f"VERIRL_VLLM_COMMAND={NOWHERE!r}: cannot be started",), never=("--vllm-command",)),
     Case("serve-command-missing",
-         ["serve", "--gpus", "2", "--model", "m", "--vllm-command", NOWHERE], {}, 4,
+         ["serve", "--gpus", "2", "--model", "m", "--vllm-command", NOWHERE,
+          "--vllm-port", "{port}"], {}, 4,
          (f"--vllm-command={NOWHERE!r}: cannot be started",)),
     # 4. resume: a path that does not exist, 'latest' with no source
     Case("resume-none", ["resume", "--resume", "none"], {}, 5,
@@ -185,6 +186,26 @@ CASES = [
          ("--vllm-port=9000: not used: the layout is colocate (auto mode with 1 GPU(s))",)),
     Case("revision-with-repo-from-variable", ["resume", "--hub-revision", "main"],
          {"VERIRL_HUB_REPO_ID": "org/run"}, 0),
+    # hostile review 12: every GPU for vLLM names the setting that gave them, with advice
+    # the command takes (serve has no colocate mode)
+    Case("serve-tp-takes-all", ["serve", "--model", "m", "--gpus", "2",
+                                "--tensor-parallel-size", "2"], {}, 2,
+         ("--tensor-parallel-size=2: gives vLLM 2 GPUs (tensor-parallel 2 x data-parallel 1)",
+          "use --dedicated (a node that only serves) or fewer vLLM GPUs"),
+         never=("--mode colocate",)),
+    Case("serve-dp-takes-all", ["serve", "--model", "m", "--gpus", "2",
+                                "--data-parallel-size", "2"], {}, 2,
+         ("--data-parallel-size=2: gives vLLM 2 GPUs", "use --dedicated")),
+    Case("serve-vllm-gpus-take-all", ["serve", "--model", "m", "--gpus", "2",
+                                      "--vllm-gpus", "2"], {}, 2,
+         ("--vllm-gpus=2: leaves none of the 2 GPU(s) to train", "use --dedicated")),
+    Case("plan-vllm-gpus-take-all", ["plan", "--gpus", "2", "--vllm-gpus", "2"], {}, 2,
+         ("--vllm-gpus=2: leaves none of the 2 GPU(s) to train", "use --mode colocate")),
+    Case("plan-vllm-gpus-variable-takes-all", ["plan", "--gpus", "2"],
+         {"VERIRL_VLLM_GPUS": "2"}, 2, ("VERIRL_VLLM_GPUS=2: leaves none",)),
+    Case("launch-server-one-gpu", ["launch", "--gpus", "1", "--mode", "server", "--", "true"],
+         {}, 2, ("--gpus=1: server mode needs more GPUs than the 1 given to vLLM",
+                 "use --mode colocate")),
     # 5. the common options are accepted before the command; unknown ones stay usage errors
     Case("options-before-command", ["-q", "--json", "-v", "plan", "--gpus", "2"], {}, 0),
     Case("unknown-option", ["plan", "--gpus", "2", "--nope"], {}, 2,
@@ -206,11 +227,11 @@ def error_lines(err: str) -> list[str]:
 def test_message(case, tmp_path, capsys, clean_env, monkeypatch):
     if case.env.get("PATH") == "{tmp}" and importlib.util.find_spec("trl") is not None:
         pytest.skip("trl is installed here: the launch finds it")
-    tmp = str(tmp_path)
+    tmp, port = str(tmp_path), str(unshared_port())  # not 8001: another job may hold it
     (tmp_path / "file").write_text("not a checkpoint")
     for name, value in case.env.items():
         monkeypatch.setenv(name, value.replace("{tmp}", tmp))
-    code = run_cli([arg.replace("{tmp}", tmp) for arg in case.argv])
+    code = run_cli([arg.replace("{tmp}", tmp).replace("{port}", port) for arg in case.argv])
     out, err = capsys.readouterr()
     assert code == case.code, err
     lines = error_lines(err)

@@ -1133,8 +1133,10 @@ def _message(args: argparse.Namespace, exc: VeriRLError) -> str:
     """The one line reported for ``exc``: in the command line's words (flags, variables)."""
     message = str(exc)
     # The library's hints name keyword arguments; here they are flags and variables.
+    # serve has no colocate mode: its node trains nothing only with --dedicated
+    layout = "--dedicated (a node that only serves)" if args.cmd == "serve" else "--mode colocate"
     message = message.replace(COMMAND_HINT, CLI_COMMAND_HINT).replace(
-        "use mode='colocate'", "use --mode colocate"
+        "use mode='colocate'", f"use {layout}"
     )
     message = message.replace(
         "pass token= instead", "set HF_TOKEN instead (or log in with hf auth login)"

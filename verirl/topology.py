@@ -196,6 +196,36 @@ class _PlanInputs:
         return "server" if self.mode == "server" else "colocate"
 
 
+def _none_left_to_train(wanted: _PlanInputs, tensor_parallel: int, vllm_gpus: int) -> ConfigError:
+    """Server mode with every GPU for vLLM: the error names the setting that gave them."""
+    dp = wanted.data_parallel_size
+    advice = "server mode trains on at least one; use mode='colocate' or fewer vLLM GPUs"
+    if wanted.vllm_gpus is not None:
+        return ConfigError.invalid(
+            "vllm_gpus",
+            vllm_gpus,
+            f"leaves none of the {wanted.gpu_count} GPU(s) to train, and {advice}",
+        )
+    if wanted.tensor_parallel_size is not None or dp > 1:
+        field, value = (
+            ("tensor_parallel_size", tensor_parallel)
+            if wanted.tensor_parallel_size is not None
+            else ("data_parallel_size", dp)
+        )
+        return ConfigError.invalid(
+            field,
+            value,
+            f"gives vLLM {vllm_gpus} GPUs (tensor-parallel {tensor_parallel} x data-parallel "
+            f"{dp}), leaving none of the {wanted.gpu_count} to train, and {advice}",
+        )
+    return ConfigError.invalid(
+        "gpu_count",
+        wanted.gpu_count,
+        f"server mode needs more GPUs than the {vllm_gpus} given to vLLM (at least one must "
+        "train); use mode='colocate' or fewer vLLM GPUs",
+    )
+
+
 @attrs.frozen
 class VLLMTopology:
     """Which local GPUs train, which serve vLLM, and how TRL reaches the server.
@@ -357,12 +387,7 @@ class VLLMTopology:
         serving: tuple[int, ...] = ()
         if wanted.remote_host is None:
             if vllm_gpus >= wanted.gpu_count:
-                raise ConfigError.invalid(
-                    "gpu_count",
-                    wanted.gpu_count,
-                    f"server mode needs more GPUs than the {vllm_gpus} given to vLLM "
-                    "(at least one must train); use mode='colocate' or fewer vLLM GPUs",
-                )
+                raise _none_left_to_train(wanted, tensor_parallel, vllm_gpus)
             training, serving = all_gpus[:-vllm_gpus], all_gpus[-vllm_gpus:]
         return cls._server_mode(wanted, tensor_parallel, training, serving)
 
