@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import uuid
 from collections.abc import Iterator
 
@@ -20,6 +21,7 @@ import psutil
 import pytest
 
 from _support import SESSION_VAR, describe, kill_all, leftovers, session_processes
+from verirl.topology import TRL_GROUP_PORT
 
 # tests/compat needs the real trl (and torch); only `nox -s compat` installs them.
 # tests/engine needs trl and a real vLLM engine (CPU build); only `nox -s vllm` installs them.
@@ -41,9 +43,37 @@ collect_ignore = [
 _TAG = uuid.uuid4().hex
 
 
+DEFAULT_PORTS = (8000, 8001, TRL_GROUP_PORT, 29500)
+"""vLLM's, verirl's, TRL's weight-sync and torch.distributed's default ports."""
+
+_HELD: list[socket.socket] = []
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Give this pytest process its own tag, inherited by every process it starts."""
+    """Give this pytest process its own tag, inherited by every process it starts.
+
+    The controlling process also holds each of `DEFAULT_PORTS` that is free, for
+    the whole run, as another job on the machine might: a test that needs
+    one free (rather than a port of its own) fails here, not on a shared box.
+    """
     os.environ[SESSION_VAR] = _TAG
+    if hasattr(config, "workerinput"):  # an xdist worker: its controller holds them
+        return
+    for port in DEFAULT_PORTS:
+        holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            holder.bind(("127.0.0.1", port))
+            holder.listen(1)
+        except OSError:  # held by someone else already
+            holder.close()
+            continue
+        _HELD.append(holder)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Let the default ports go."""
+    while _HELD:
+        _HELD.pop().close()
 
 
 def _check(before: set[psutil.Process], what: str) -> None:
