@@ -151,7 +151,11 @@ def redact_text(value: str) -> str:
     ``#access_token=V``, ``?X-Amz-Signature=V``, ``?sig=V``: see
     `_secret_param`), and the credential of an HTTP header that carries one
     (``Authorization: Bearer V`` keeps its scheme, ``X-Api-Key: V``,
-    ``Cookie: V``) wherever it appears in ``value``.
+    ``Cookie: V``, ``X-Goog-Api-Key=V``) wherever it appears in ``value``, and
+    the value of a secret-named key in a structured value (``{"api_key": "V"}``
+    with or without spaces, nested, ``{'token': 'V'}``, ``token: "V"``): only
+    the value goes, its quotes and everything around it stay (see
+    `_hide_structured`).
 
     For ``user:password@``, everything before the *last* ``@`` goes, after the
     ``scheme://`` if the value starts with one: ``http://u:pw@h:1/x`` gives
@@ -193,45 +197,141 @@ _BEARER_VALUE = re.compile(r"[^\s'\"]+")
 
 def _secret_param(name: str) -> bool:
     """Whether a query parameter holds a secret (any word of its name is token, key, sig, …)."""
-    words = _WORD.findall(unquote(name).lower())
-    return any(word in _SECRET_WORDS or word in _PARAM_WORDS for word in words)
+    words = _words(unquote(name))
+    return any(
+        word in _PARAM_WORDS or _ends_secret(words[: end + 1]) for end, word in enumerate(words)
+    )
 
 
 def _secret_header(name: str) -> bool:
     return name.lower() in _HEADER_NAMES or _secret_name(name)
 
 
-def _hide_after(
-    text: str,
-    names: re.Pattern[str],
-    secret: Callable[[str], bool],
-    values: re.Pattern[str],
-    group: int,
-) -> str:
-    """``text`` with ``values``' ``group`` hidden after each name (``names``) ``secret`` accepts.
+_Span = Callable[[str, re.Match[str]], "tuple[int, int] | None"]
+"""Where the value after a name's match is, or ``None``: nothing to hide there."""
 
-    Only a hidden value is consumed: a name inside another's shown value is still found.
+
+def _hide_after(
+    text: str, names: re.Pattern[str], secret: Callable[[str], bool], span: _Span
+) -> str:
+    """``text`` with the value ``span`` finds hidden after each name (``names``) ``secret`` accepts.
+
+    Only a hidden value is consumed: a name inside another's shown value is
+    still found. A value that starts with `HIDDEN` was hidden by an earlier
+    pass (``auth_token:<hidden>}}`` once a split dropped JSON's quotes): kept.
     """
     shown: list[str] = []
     position = 0
     for found in names.finditer(text):
-        if found.start() < position or not secret(found.group(found.lastindex or 0)):
+        name = found["name"] if "name" in names.groupindex else found[found.lastindex or 0]
+        if found.start() < position or not secret(name):
             continue
-        value = values.match(text, found.end())
-        if value is None or not value.group(group) or value.group(group) == HIDDEN:
+        value = span(text, found)
+        if value is None or value[0] == value[1] or text.startswith(HIDDEN, value[0]):
             continue
-        shown += [text[position : value.start(group)], HIDDEN]
-        position = value.end(group)
+        shown += [text[position : value[0]], HIDDEN]
+        position = value[1]
     return "".join([*shown, text[position:]])
 
 
+def _regex_span(values: re.Pattern[str], group: int) -> _Span:
+    """The span of ``values``' ``group`` matched right after the name."""
+
+    def span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
+        value = values.match(text, found.end())
+        return None if value is None else value.span(group)
+
+    return span
+
+
+# A secret-named key in a structured value, its quotes kept: "name": V (JSON, with or without
+# spaces), 'name': V (a Python dict), \"name\": V (JSON inside a quoted shell string), name: "V"
+# (YAML), name=V (a header or setting given as one word). A bare name and a bare value after ":"
+# are a header's: _HEADER_NAME's pass keeps their auth scheme.
+_KEY = re.compile(
+    r"(?<![A-Za-z0-9_.\\-])(\\*[\"']|)(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)\1([ \t]*)([:=])([ \t]*)"
+)
+_OPEN_QUOTE = re.compile(r"\\*[\"']")
+# Inside "…", '"'"' is a ' as shlex.quote writes it in a shell line, not the string's end.
+_QUOTED = {
+    '"': re.compile(r"""(?:'"'"'|[^"\\]|\\.)*""", re.DOTALL),
+    "'": re.compile(r"(?:[^'\\]|\\.)*", re.DOTALL),
+}
+_JSON_SCALAR = re.compile(r"[^\s,}\]]*")
+# A bare value runs to white space or a quote that ends it (one followed by a quote, white space
+# or a JSON delimiter); a quote inside it (pass=ab"cd) is taken in. An auth scheme stays.
+_BARE_VALUE = re.compile(
+    r"((?:bearer|basic|token|digest|negotiate|apikey|dpop|hoba|mutual|ntlm)\b[ \t]*)?"
+    r"((?:[^\s'\"]|['\"](?=[^\s'\",;)}\]]))*)",
+    re.IGNORECASE,
+)
+
+
+def _structured_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
+    """Where the value after a key (`_KEY`) is, or ``None`` when another pass judges it.
+
+    A quoted string's inside (its quotes stay), a whole ``{…}`` or ``[…]``, a
+    scalar after a quoted key, a bare ``name=V``'s ``V`` (a query's is
+    `_PARAM_NAME`'s, a bare ``name: V`` a header's).
+    """
+    key_quote, spaced, separator = found.group(1), found.group(3) + found.group(5), found.group(4)
+    start = found.end()
+    quote = _OPEN_QUOTE.match(text, start)
+    if quote is not None:
+        mark = quote.group(0)
+        if len(mark) == 1:
+            return start + 1, _match_end(_QUOTED[mark], text, start + 1)
+        end = text.find(mark, quote.end())  # \"…\": the same escaped quote ends it
+        return quote.end(), len(text) if end < 0 else end
+    if text.startswith(("{", "["), start):
+        return start, _bracket_end(text, start)
+    if key_quote:
+        return start, _match_end(_JSON_SCALAR, text, start)
+    before = text[found.start() - 1 : found.start()]
+    if separator == "=" and not spaced and before not in {"?", "&", ";", "#"}:
+        value = _BARE_VALUE.match(text, start)
+        return None if value is None else value.span(2)
+    return None  # "a == b", "key = value" in code; a bare header and a query: their own passes
+
+
+def _match_end(pattern: re.Pattern[str], text: str, start: int) -> int:
+    """Where ``pattern`` (one that matches the empty string too) ends when matched at ``start``."""
+    found = pattern.match(text, start)
+    return start if found is None else found.end()
+
+
+def _bracket_end(text: str, start: int) -> int:
+    """The end of the ``{…}`` or ``[…]`` at ``start`` (strings skipped), or of ``text``."""
+    depth = 0
+    position = start
+    while position < len(text):
+        char = text[position]
+        if char == '"':
+            position = _match_end(_QUOTED['"'], text, position + 1)
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+            if depth == 0:
+                return position + 1
+        position += 1
+    return len(text)
+
+
+def _hide_structured(text: str) -> str:
+    """``text`` with the value of each secret-named key of a structured value hidden (`_KEY`)."""
+    return _hide_after(text, _KEY, _secret_header, _structured_span)
+
+
 def _redact_params(value: str) -> str:
-    """``value`` without secret query parameters' values and header credentials."""
+    """``value`` without secret keys', query parameters' and header credentials' values."""
+    if "=" in value or ":" in value:
+        value = _hide_structured(value)
     if "=" in value:
-        value = _hide_after(value, _PARAM_NAME, _secret_param, _PARAM_VALUE, 0)
+        value = _hide_after(value, _PARAM_NAME, _secret_param, _regex_span(_PARAM_VALUE, 0))
     if ":" in value:
-        value = _hide_after(value, _HEADER_NAME, _secret_header, _HEADER_VALUE, 2)
-    return _hide_after(value, _BEARER, lambda _: True, _BEARER_VALUE, 0)
+        value = _hide_after(value, _HEADER_NAME, _secret_header, _regex_span(_HEADER_VALUE, 2))
+    return _hide_after(value, _BEARER, lambda _: True, _regex_span(_BEARER_VALUE, 0))
 
 
 def redact_url(url: str) -> str:
@@ -241,7 +341,35 @@ def redact_url(url: str) -> str:
 
 _SECRET_WORDS = frozenset({"token", "key", "secret", "password", "passwd", "apikey",
                            "credential", "credentials", "auth"})  # fmt: skip
-_WORD = re.compile(r"[A-Za-z0-9]+")
+# "tokens" is mostly a count (--max-tokens, num_tokens): a secret only after one of these.
+_TOKEN_OWNERS = frozenset({"api", "auth", "access", "refresh", "bearer", "hub", "hf", "session"})
+
+
+def _ends_secret(words: Sequence[str]) -> bool:
+    """Whether a name's last word (of ``words``) names a secret: token, key, secret, ….
+
+    Plurals too (``api_keys``, ``auth_tokens``; ``max_tokens`` is a count), and
+    ``access_key_id``, the half of an S3/AWS key pair that is sent with each request.
+    """
+    if not words:
+        return False
+    last = words[-1]
+    if last in _SECRET_WORDS or list(words[-3:]) == ["access", "key", "id"]:
+        return True
+    if last == "tokens":
+        return len(words) > 1 and words[-2] in _TOKEN_OWNERS
+    return last.endswith("s") and last[:-1] in _SECRET_WORDS
+
+
+# A name's words: split on anything not a letter or digit, and where camelCase starts one
+# (secretAccessKey, HFToken); "keyboard", "monkey", "tokenizer" stay one word each.
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z0-9]+")
+
+
+def _words(name: str) -> list[str]:
+    return [word.lower() for word in _WORD.findall(name)]
+
+
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -255,14 +383,16 @@ _MIN_ABBREVIATION = 4  # "--ap": shorter ("--a", "--") abbreviates too many flag
 def _secret_name(name: str) -> bool:
     """Whether a flag or variable name holds a secret.
 
-    Its last word is token, key, secret, password, … (``--api-key``,
-    ``--hf-token``, ``--hub_token``, ``HF_TOKEN``, ``WANDB_API_KEY``,
-    ``--password``), or it is a ``--`` flag of at least 4 characters (dashes
-    included) that, *as written*, is a prefix of a secret flag in
-    ``_SECRET_FLAGS`` (``_`` read as ``-``, any case), as argparse takes an
-    unambiguous abbreviation: ``--ap``, ``--api-k``, ``--hub-t``, ``--pass``,
-    ``--acc``, ``--sec``. The flag must be the shorter one: ``--tokenizer`` is
-    not a prefix of ``--token`` and is not secret, nor are ``--top-k``,
+    Its last word is token, key, secret, password, … or their plural
+    (``--api-key``, ``--api-keys``, ``--hf-token``, ``--hub_token``,
+    ``HF_TOKEN``, ``WANDB_API_KEY``, ``secretAccessKey``, ``--password``;
+    ``--max-tokens`` is a count: see `_ends_secret`), or it is a ``--`` flag
+    of at least 4 characters (dashes included) that, *as written*, is a
+    prefix of a secret flag in ``_SECRET_FLAGS`` (``_`` read as ``-``, any
+    case), as argparse takes an unambiguous abbreviation: ``--ap``,
+    ``--api-k``, ``--hub-t``, ``--pass``, ``--acc``, ``--sec``. The flag must
+    be the shorter one: ``--tokenizer`` is not a prefix of ``--token`` and is
+    not secret, nor are ``--top-k``,
     ``--max-tokens``, ``--port``, ``--seed``. ``--tok``/``--toke`` (a prefix of
     both ``--token`` and ``--tokenizer``, which argparse calls ambiguous where
     a parser has both) *are* hidden, like every short abbreviation of a secret
@@ -270,8 +400,7 @@ def _secret_name(name: str) -> bool:
     abbreviation meant for another flag) is accepted, a leak is not.
     """
     lowered = name.lower()
-    words = _WORD.findall(lowered)
-    if words and words[-1] in _SECRET_WORDS:
+    if _ends_secret(_words(name)):
         return True
     if not lowered.startswith("--") or len(lowered) < _MIN_ABBREVIATION:
         return False
@@ -299,21 +428,25 @@ def _redact_split_line(arg: str, secrets: Sequence[str]) -> str:
 
 
 def _redact_shell_line(arg: str, secrets: Sequence[str]) -> str:
-    """A shell line (``sh -c '...'``) with its words redacted; any other word as it is.
+    """A word, whole (a header, a JSON object), then as a shell line (``sh -c '...'``) its words.
 
-    A line shlex cannot split (an unbalanced quote: ``# don't``) is split on
-    white space instead: it is never returned unredacted.
+    Judged whole first: split, ``"api_key": "V"`` or ``Authorization: Bearer
+    V`` would part the name from its value, and JSON without spaces would lose
+    its quotes. A line is shown as given unless one of its words is hidden; one
+    shlex cannot split (an unbalanced quote: ``# don't``) is split on white
+    space instead: it is never returned unredacted.
     """
-    if not any(char.isspace() or char in _QUOTES or char == "\\" for char in arg):
-        return arg  # a plain word: nothing to split or unquote
+    text = _redact_params(arg)
+    if not any(char.isspace() or char in _QUOTES or char == "\\" for char in text):
+        return text  # a plain word: nothing to split or unquote
     try:
-        words = shlex.split(arg)
+        words = shlex.split(text)
     except ValueError:
         return _redact_split_line(arg, secrets)
-    if words == [arg]:  # one word, nothing to unquote: nothing more to split
-        return arg
+    if words == [text]:  # one word, nothing to unquote: nothing more to split
+        return text
     redacted = _redact_words(words, secrets)
-    return arg if redacted == words else shlex.join(redacted)
+    return text if redacted == words else shlex.join(redacted)
 
 
 def _redact_words(argv: Sequence[str], secrets: Sequence[str], *, shell: bool = True) -> list[str]:
@@ -334,9 +467,8 @@ def _redact_words(argv: Sequence[str], secrets: Sequence[str], *, shell: bool = 
         if equals and _ASSIGNMENT.fullmatch(name) and _secret_name(name):
             shown.append(f"{name}={HIDDEN}")  # HF_TOKEN=V, as `env` and a shell take it
             continue
-        # a header or query first, whole: split, "Authorization: Bearer V" would lose its name
-        text = _redact_params(arg)
-        shown.append(redact_text(_redact_shell_line(text, secrets) if shell else text))
+        text = _redact_shell_line(arg, secrets) if shell else _redact_params(arg)
+        shown.append(redact_text(text))
     return shown
 
 
