@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _support import clear_verirl_env, end_launch, still_alive
+from _support import clear_verirl_env, end_launch, still_alive, unshared_port
 from verirl._supervise import _stop_command
 
 DEADLINE = 30.0
@@ -504,3 +504,71 @@ def test_a_sigterm_whose_exit_python_dropped_still_ends_the_start_up_wait() -> N
         check=False,
     )  # fmt: skip
     assert result.stdout.split() == ["exit", "143", "0"], result.stderr
+
+
+SIGNAL_RECORDING_SERVER = """
+import http.server, os, signal, sys, threading, time
+port = int(sys.argv[sys.argv.index("--port") + 1])
+record = sys.argv[1]
+got = []
+
+def note(signum, _frame):
+    with open(record, "a") as sink:
+        sink.write(f"{os.getpid()} {signal.Signals(signum).name}\\n")
+    got.append(signum)
+
+signal.signal(signal.SIGTERM, note)
+signal.signal(signal.SIGINT, note)
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Health)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+while not got:
+    time.sleep(0.01)
+time.sleep(1.0)  # a graceful shutdown takes a while: a second signal would land now
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_vllm_server_that_serve_runs_inside_the_command_gets_one_signal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: signal.Signals
+) -> None:
+    """serve stops its own server on the signal: launch leaves the server to it."""
+    clear_verirl_env(monkeypatch, tmp_path)
+    server = tmp_path / "server.py"
+    server.write_text(SIGNAL_RECORDING_SERVER)
+    record, port = tmp_path / "signals", unshared_port()
+    (tmp_path / "logs").mkdir()
+    serve = shlex.join([
+        sys.executable, "-m", "verirl", "serve", "--gpus", "2", "--model", "m",
+        "--vllm-port", str(port), "--log-dir", str(tmp_path / "logs"),
+        "--vllm-command", shlex.join([sys.executable, str(server), str(record)]),
+    ])  # fmt: skip
+    with (tmp_path / "launch.err").open("w") as sink:
+        launch = subprocess.Popen(
+            [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--", "sh", "-c",
+             f"unset CUDA_VISIBLE_DEVICES; exec {serve}"],
+            stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while "is ready after" not in (tmp_path / "launch.err").read_text():
+            assert launch.poll() is None, (tmp_path / "launch.err").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "launch.err").read_text()
+            psutil.wait_procs([], timeout=0.05)
+        launch.send_signal(sig)
+        launch.wait(timeout=60)
+    finally:
+        if launch.poll() is None:
+            os.killpg(launch.pid, signal.SIGKILL)
+            launch.wait()
+    lines = record.read_text().splitlines() if record.exists() else []
+    assert len(lines) == 1, (lines, (tmp_path / "launch.err").read_text())

@@ -269,5 +269,5 @@ def test_an_error_about_one_value_does_not_list_the_other_variables(variable, va
 
 def test_an_error_about_a_combination_lists_the_variables_weighed():
     environ = {"VERIRL_GPU_COUNT": "2", "VERIRL_VLLM_GPUS": "2"}
-    with pytest.raises(ConfigError, match=r"\(from the environment: VERIRL_GPU_COUNT=2\)"):
+    with pytest.raises(ConfigError, match=r"\(from the environment: VERIRL_VLLM_GPUS=2\)"):
         TrainingRuntime.from_settings(mode="server", model="m", environ=environ)

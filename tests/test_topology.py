@@ -166,7 +166,7 @@ def test_value_is_frozen():
         (2, {"max_model_len": "4096"}, "max_model_len"),
         (2, {"mode": "distributed"}, "mode"),
         (1, {"mode": "server"}, "gpu_count"),
-        (2, {"vllm_gpus": 2}, "vllm_gpus"),  # names the setting that took every GPU
+        (2, {"vllm_gpus": 2}, "gpu_count"),
         (4, {"vllm_gpus": 0}, "vllm_gpus"),
         (4, {"vllm_gpus": 3, "tensor_parallel_size": 2}, "vllm_gpus"),
         (4, {"vllm_gpus": 3, "data_parallel_size": 2}, "vllm_gpus"),

@@ -89,7 +89,7 @@ import psutil
 from verirl import _procfs
 from verirl._fs import printable
 from verirl._phases import SIGNAL_CHECK
-from verirl._process import death_signal_preexec, set_child_subreaper, spawn
+from verirl._process import MARKER_VAR, death_signal_preexec, set_child_subreaper, spawn
 from verirl._secrets import redact_argv, secrets_in_environ, shown_line
 from verirl._signals import raise_if_dropped
 from verirl.errors import VLLMServerError
@@ -376,7 +376,8 @@ class _Command:
         torchrun's agent does, to the ranks it starts in sessions of their
         own (``TORCHELASTIC_RUN_ID`` in their environment); a rank stops what
         it started itself (its data loader workers). A nested ``verirl
-        launch`` does, to each process of its own command. Any other process
+        launch`` does, to each process of its own command. A `VLLMServer`'s
+        owner (``verirl serve``, a training script) stops its server. Any other process
         outside the group gets the signal from launch. The environment is
         read through `verirl._procfs` (a Zl process's too).
         """
@@ -384,9 +385,11 @@ class _Command:
         if environ is None:
             return False
         try:
-            if self._under_inner_launch(process, environ.get(LAUNCH_MARKER_VAR, "")):
-                return True
-            if self._below_inner_launch(process):
+            if (
+                self._under_inner_launch(process, environ.get(LAUNCH_MARKER_VAR, ""))
+                or self._server_owner_runs(process, environ.get(MARKER_VAR, ""))
+                or self._below_inner_launch(process)
+            ):
                 return True
             parent = process.ppid()
             if not _started_by_torchrun_inside(environ):
@@ -416,6 +419,32 @@ class _Command:
             with contextlib.suppress(psutil.Error, OSError):
                 if inner is None or inner.create_time() <= process.create_time():
                     return True
+        return False
+
+    def _server_owner_runs(self, process: psutil.Process, marker: str) -> bool:
+        """Whether ``process`` is of a verirl vLLM server whose owner is a live process of ours.
+
+        The server and its workers carry the server's ``marker`` (`MARKER_VAR`);
+        the first ancestor without it started the server, and stops all of it
+        when it ends: serve tears down on a signal, and an owner that dies of
+        one has the kernel send the server its death signal. A second signal
+        from launch would cut the server's own shutdown short.
+        """
+        if not marker:
+            return False
+        current = process
+        for _ in range(256):  # a bound, should the tree change under the walk
+            parent = current.ppid()
+            if parent in (0, 1, os.getpid()):
+                return False
+            environ = _procfs.environ(parent)
+            if environ is not None and environ.get(MARKER_VAR) == marker:
+                current = psutil.Process(parent)
+                continue
+            if not self._running(parent):
+                return False
+            owner = self.leader if parent == self.child.pid else self.seen[parent]
+            return owner is None or owner.create_time() <= process.create_time()
         return False
 
     def _below_inner_launch(self, process: psutil.Process) -> bool:
@@ -510,6 +539,8 @@ class _Command:
                 self.pending.remove(process)
             elif not self.forwarded_by_parent(process):
                 self.pending.remove(process)
+                if _server_marker(process):  # its owner died: the kernel's death signal came
+                    continue
                 with contextlib.suppress(psutil.Error):
                     process.send_signal(self.signum)
 
@@ -638,6 +669,12 @@ def _ending(process: psutil.Process) -> bool:
 def _children_of(pid: int) -> list[int]:
     """The children of ``pid``, of every thread, read from ``/proc`` at once ([] if none)."""
     return _procfs.children(pid)
+
+
+def _server_marker(process: psutil.Process) -> bool:
+    """Whether ``process`` belongs to a verirl vLLM server (carries `MARKER_VAR`)."""
+    environ = _procfs.environ(process.pid)
+    return bool(environ and environ.get(MARKER_VAR))
 
 
 def _running_pid(pid: int) -> bool:

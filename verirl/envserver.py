@@ -302,7 +302,7 @@ class HttpEnvServerProbe:
         from verirl._http import TIMED_OUT  # noqa: PLC0415
 
         timeout = check_wait_timeout(timeout)
-        log.info("waiting up to %.0fs for env server %s", timeout, self.health_url)
+        log.info("waiting up to %gs for env server %s", timeout, self.health_url)
 
         def progress(elapsed: float, last_error: str | None) -> None:
             log.info(
