@@ -852,6 +852,8 @@ def test_server_flags_verirl_does_not_set_are_accepted_by_the_library():
 )
 def test_doctor_says_what_launch_would_refuse_in_launchs_words(tmp_path, extra):
     """The preflight's exit code and reason are launch's own, word for word."""
+    # a port of its own: another job on the machine may hold 8001 (doctor would say so first)
+    extra = {"VERIRL_VLLM_PORT": str(unshared_port()), **extra}
     environ = clean_environ(tmp_path, VERIRL_VLLM_COMMAND=FAKE_VLLM, **extra)
     runs = {}
     for command in (["launch", "--", "true"], ["doctor"]):

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from _support import unshared_port
 from verirl import (
     ConfigError,
     DistributedEnv,
@@ -111,7 +112,7 @@ def test_a_vllm_command_that_cannot_start_names_the_flag(capsys, tmp_path, monke
     missing = str(tmp_path / "no-such-vllm-serve")
     code = main(
         ["launch", "--gpus", "2", "--model", "m", "--vllm-command", missing,
-         "--log-dir", str(tmp_path), "--", "true"]
+         "--vllm-port", str(unshared_port()), "--log-dir", str(tmp_path), "--", "true"]
     )  # fmt: skip
     assert code == 4
     err = capsys.readouterr().err

@@ -197,16 +197,14 @@ class _PlanInputs:
 
 
 def _none_left_to_train(wanted: _PlanInputs, tensor_parallel: int, vllm_gpus: int) -> ConfigError:
-    """Server mode with every GPU for vLLM: the error names the setting that gave them."""
+    """Server mode with every GPU for vLLM: the error names the setting that gave them.
+
+    The GPU count, beside a vLLM GPU count given as such; the parallel size
+    that made vLLM's count when none was.
+    """
     dp = wanted.data_parallel_size
     advice = "server mode trains on at least one; use mode='colocate' or fewer vLLM GPUs"
-    if wanted.vllm_gpus is not None:
-        return ConfigError.invalid(
-            "vllm_gpus",
-            vllm_gpus,
-            f"leaves none of the {wanted.gpu_count} GPU(s) to train, and {advice}",
-        )
-    if wanted.tensor_parallel_size is not None or dp > 1:
+    if wanted.vllm_gpus is None and (wanted.tensor_parallel_size is not None or dp > 1):
         field, value = (
             ("tensor_parallel_size", tensor_parallel)
             if wanted.tensor_parallel_size is not None
