@@ -572,3 +572,57 @@ def test_a_vllm_server_that_serve_runs_inside_the_command_gets_one_signal(
             launch.wait()
     lines = record.read_text().splitlines() if record.exists() else []
     assert len(lines) == 1, (lines, (tmp_path / "launch.err").read_text())
+
+
+def test_a_dropped_second_ctrl_c_has_one_effect_and_launchs_server_shuts_down_whole(
+    tmp_path: Path, launches: list[Launch], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grace's event took the Ctrl-C in: the hook must not send it again into the teardown."""
+    monkeypatch.setenv("FAKE_VLLM_SHUTDOWN_DELAY", "2")
+    waiting, port = tmp_path / "waiting", unshared_port()
+    flags = ("--shutdown-timeout", "300", "--gpus", "2", "--model", "m",
+             "--vllm-port", str(port), "--vllm-command", f"{sys.executable} -m fakes.vllm_serve",
+             "--log-dir", str(tmp_path))  # fmt: skip
+    launch = Launch(tmp_path, flags=flags, prelude=DROPPED_IN_DEL.format(waiting=str(waiting)))
+    launches.append(launch)
+    launch.wait_until_running()
+    launch.proc.send_signal(signal.SIGINT)
+    launch.wait_until_passed_on()
+    launch.wait_for(waiting.exists, "launch to wait inside a __del__")
+    launch.proc.send_signal(signal.SIGINT)
+    code = launch.proc.wait(timeout=DEADLINE)
+    assert code == 128 + signal.SIGKILL, launch.stderr  # the command's, not 130
+    assert "everything torn down" in launch.stderr
+    server_log = (tmp_path / f"vllm-serve-{port}.log").read_text()
+    assert "Finished server process" in server_log, server_log[-2000:]
+
+
+OWNER_KILLED = """
+import os, signal, sys
+from verirl import VLLMServer
+
+server_script, record, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+server = VLLMServer("m", port=port, devices=(0,), startup_timeout=60,
+                    command=[sys.executable, server_script, record])
+server.start()
+os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would: no teardown of its own
+"""
+
+
+def test_a_server_whose_owner_died_gets_only_the_kernels_death_signal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """launch finds the server among the command's leftovers: it has had its SIGTERM."""
+    clear_verirl_env(monkeypatch, tmp_path)
+    server, owner = tmp_path / "server.py", tmp_path / "owner.py"
+    server.write_text(SIGNAL_RECORDING_SERVER)
+    owner.write_text(OWNER_KILLED)
+    record = tmp_path / "signals"
+    result = subprocess.run(
+        [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--shutdown-timeout", "20",
+         "--", sys.executable, str(owner), str(server), str(record), str(unshared_port())],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 128 + signal.SIGKILL, result.stderr
+    lines = record.read_text().splitlines() if record.exists() else []
+    assert len(lines) == 1, (lines, result.stderr)

@@ -23,6 +23,7 @@ from typing import Any
 from verirl._signals import (
     arm_exit_deadline,
     note_dropped,
+    noted,
     program_handler,
     program_note,
     program_received,
@@ -48,6 +49,8 @@ def _unraisable(default: Callable[[Any], object]) -> Callable[[Any], object]:
 
     def hook(unraisable: Any) -> object:  # noqa: ANN401 - sys.UnraisableHookArgs
         error = unraisable.exc_value
+        if isinstance(error, (KeyboardInterrupt, SystemExit)) and noted(error):
+            return None  # a wait watching for the signal has it already (launch's grace)
         if isinstance(error, SystemExit) and sigterm_pending():
             note_dropped(error)  # the next wait raises it
             return None

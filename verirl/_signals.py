@@ -52,7 +52,9 @@ __all__ = [
     "SigtermPolicy",
     "arm_exit_deadline",
     "exit_on_sigterm",
+    "mark_noted",
     "note_dropped",
+    "noted",
     "program_handler",
     "program_note",
     "program_received",
@@ -288,6 +290,21 @@ def program_received() -> int | None:
 
 
 _DROPPED: list[SystemExit] = []
+_NOTED = "_verirl_noted"
+
+
+def mark_noted(error: BaseException) -> None:
+    """Mark a signal's exception as taken in by a wait that watches for it (launch's grace).
+
+    Should Python drop it, the unraisable hook neither keeps it nor sends the
+    signal again: it has had its one effect.
+    """
+    setattr(error, _NOTED, True)
+
+
+def noted(error: BaseException) -> bool:
+    """Whether `mark_noted` marked ``error``."""
+    return bool(getattr(error, _NOTED, False))
 
 
 def note_dropped(error: SystemExit) -> None:

@@ -91,7 +91,7 @@ from verirl._fs import printable
 from verirl._phases import SIGNAL_CHECK
 from verirl._process import MARKER_VAR, death_signal_preexec, set_child_subreaper, spawn
 from verirl._secrets import redact_argv, secrets_in_environ, shown_line
-from verirl._signals import raise_if_dropped
+from verirl._signals import mark_noted, raise_if_dropped
 from verirl.errors import VLLMServerError
 
 __all__ = ["LAUNCH_MARKER_VAR", "mark_this_launch", "run_command"]
@@ -513,6 +513,8 @@ class _Command:
                 continue
             if _ending(process):  # ended since the look: it would never handle the signal
                 continue
+            if _server_marker(process):  # a verirl server whose owner died: the kernel's
+                continue  # death signal has reached it (a live owner's is pending, above)
             with contextlib.suppress(psutil.Error):
                 process.send_signal(self.signum)  # psutil refuses a pid that was reused
 
@@ -818,8 +820,9 @@ def _noting(noted: threading.Event, previous: _Handler) -> _Handler:
     def noting(signum: int, frame: FrameType | None) -> None:
         try:
             previous(signum, frame)
-        except (KeyboardInterrupt, SystemExit):
+        except (KeyboardInterrupt, SystemExit) as exc:
             noted.set()
+            mark_noted(exc)  # dropped or not, it has had its effect: never sent or raised again
             raise
 
     return noting
