@@ -1646,3 +1646,17 @@ def test_auto_never_takes_an_unreadable_hub_repo_for_an_empty_one(hub, tmp_path,
     with pytest.raises(CheckpointSourceError) as info:
         resolver.resolve("auto")
     assert not info.value.repo_missing
+
+
+def test_a_tie_that_fails_after_an_unreadable_checkpoint_never_lets_an_older_one_in():
+    """Step 10 is refused for good; the other step 10 fails to download: step 9 would overwrite."""
+    refused = CheckpointSourceError("refused", checkpoint_unreadable=True)
+    unreadable = FakeCheckpointSource(steps=[10], description="a", fetch_error=refused)
+    away = FakeCheckpointSource(
+        steps=[10], description="b", fetch_error=CheckpointSourceError("the Hub is away")
+    )
+    older = FakeCheckpointSource(steps=[9], description="c")
+    with pytest.raises(CheckpointSourceError) as err:
+        CheckpointResolver([unreadable, away, older]).resolve("latest")
+    assert err.value is refused or err.value.__cause__ is refused
+    assert older.fetched == []

@@ -228,3 +228,51 @@ def test_a_secret_keys_value_never_shows_and_plain_values_do(found, spacing, fla
             assert leaf in shown, (leaf, text, shown)
     word = redact_argv(["vllm", flag, text])[-1]
     assert json.loads(word) is not None  # still JSON: quotes and braces kept
+
+
+# ---------------------------------------------------------------- hostile review round 13
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        '{"api_key":\n"SECRET-VALUE-1"}',  # a new line after the colon: valid JSON
+        '{"api_key":\r\n  "SECRET-VALUE-1"}',
+        '{"token":"<hidden>SECRET-VALUE-1"}',  # content that starts like a hidden value
+        "Authorization: Bearer <hidden>SECRET-VALUE-1",
+        "token =SECRET-VALUE-1",
+        '{"pass":"SECRET-VALUE-1"}',
+        '{"jwt":"SECRET-VALUE-1"}',
+        '{"sig":"SECRET-VALUE-1"}',
+        '{"passphrase":"SECRET-VALUE-1"}',
+        '{"api_key_1":"SECRET-VALUE-1"}',
+        '{"token2":"SECRET-VALUE-1"}',
+    ],
+    ids=repr,
+)
+def test_more_spellings_of_a_secret_key_hide_the_value(arg):
+    shown = shown_line(["x", "--opt", arg])
+    assert "SECRET-VALUE-1" not in shown
+    assert HIDDEN in shown
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        '{"eos_token":"</s>","pad_token":"<pad>","bos_token":"<s>","unk_token":"<unk>"}',
+        '{"num_keys":4}',
+        "import os; key == 'x'",
+        '{"code":"print(1)","session":"abc"}',
+    ],
+    ids=repr,
+)
+def test_a_tokenizers_special_tokens_and_counts_stay_readable(arg):
+    assert shown_line(["x", arg]) == shlex.join(["x", arg])
+
+
+def test_many_secret_keys_in_one_line_are_each_hidden():
+    keys = 1000
+    line = "{" + ",".join('"api_key":"v"' for _ in range(keys)) + "}"
+    shown = shown_line(["x", "--opt", line])
+    assert shown.count(HIDDEN) == keys
+    assert '"v"' not in shown

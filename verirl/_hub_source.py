@@ -11,6 +11,7 @@ The token never appears in a repr, log line or error message. Exported from
 
 from __future__ import annotations
 
+import bisect
 import errno
 import logging
 import os
@@ -620,14 +621,17 @@ def _folders_of(
 
 
 def _file_and_folder(paths: Collection[str]) -> str | None:
-    """A path in ``paths`` that is also a folder of another one, or ``None``."""
-    names = set(paths)
-    for path in paths:
-        parts = path.split("/")
-        for end in range(1, len(parts)):
-            prefix = "/".join(parts[:end])
-            if prefix in names:
-                return prefix
+    """A path in ``paths`` that is also a folder of another one, or ``None``.
+
+    In sorted order, the paths below ``f/`` follow the smallest one at or
+    after ``f/`` at once: one look each (a deep path made every prefix cost).
+    """
+    ordered = sorted(paths)
+    for path in ordered:
+        below = path + "/"
+        index = bisect.bisect_left(ordered, below)
+        if index < len(ordered) and ordered[index].startswith(below):
+            return path
     return None
 
 

@@ -217,21 +217,32 @@ def _hide_after(
     """``text`` with the value ``span`` finds hidden after each name (``names``) ``secret`` accepts.
 
     Only a hidden value is consumed: a name inside another's shown value is
-    still found. A value that starts with `HIDDEN` was hidden by an earlier
-    pass (``auth_token:<hidden>}}`` once a split dropped JSON's quotes): kept.
+    still found. A value that is `HIDDEN` alone was hidden by an earlier pass
+    (``auth_token:<hidden>}}`` once a split dropped JSON's quotes): kept, and
+    told before its span is looked for (a span runs to the next white space:
+    looked for at each of many such names, it made the pass quadratic).
     """
     shown: list[str] = []
     position = 0
     for found in names.finditer(text):
         name = found["name"] if "name" in names.groupindex else found[found.lastindex or 0]
-        if found.start() < position or not secret(name):
+        if found.start() < position or not secret(name) or _hidden_at(text, found.end()):
             continue
         value = span(text, found)
-        if value is None or value[0] == value[1] or text.startswith(HIDDEN, value[0]):
+        if value is None or value[0] == value[1] or text[value[0] : value[1]] == HIDDEN:
             continue
         shown += [text[position : value[0]], HIDDEN]
         position = value[1]
     return "".join([*shown, text[position:]])
+
+
+_AFTER_HIDDEN = frozenset(" \t\r\n'\"`,;&#)}]")
+
+
+def _hidden_at(text: str, start: int) -> bool:
+    """Whether `HIDDEN` alone (a delimiter or the end after it) is at ``start`` in ``text``."""
+    end = start + len(HIDDEN)
+    return text.startswith(HIDDEN, start) and (end == len(text) or text[end] in _AFTER_HIDDEN)
 
 
 def _regex_span(values: re.Pattern[str], group: int) -> _Span:
@@ -249,7 +260,7 @@ def _regex_span(values: re.Pattern[str], group: int) -> _Span:
 # (YAML), name=V (a header or setting given as one word). A bare name and a bare value after ":"
 # are a header's: _HEADER_NAME's pass keeps their auth scheme.
 _KEY = re.compile(
-    r"(?<![A-Za-z0-9_.\\-])(\\*[\"']|)(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)\1([ \t]*)([:=])([ \t]*)"
+    r"(?<![A-Za-z0-9_.\\-])(\\*[\"']|)(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)\1([ \t]*)([:=])(\s*)"
 )
 _OPEN_QUOTE = re.compile(r"\\*[\"']")
 # Inside "…", '"'"' is a ' as shlex.quote writes it in a shell line, not the string's end.
@@ -274,7 +285,7 @@ def _structured_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
     scalar after a quoted key, a bare ``name=V``'s ``V`` (a query's is
     `_PARAM_NAME`'s, a bare ``name: V`` a header's).
     """
-    key_quote, spaced, separator = found.group(1), found.group(3) + found.group(5), found.group(4)
+    key_quote, separator = found.group(1), found.group(4)
     start = found.end()
     quote = _OPEN_QUOTE.match(text, start)
     if quote is not None:
@@ -288,10 +299,15 @@ def _structured_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
     if key_quote:
         return start, _match_end(_JSON_SCALAR, text, start)
     before = text[found.start() - 1 : found.start()]
-    if separator == "=" and not spaced and before not in {"?", "&", ";", "#"}:
-        value = _BARE_VALUE.match(text, start)
-        return None if value is None else value.span(2)
-    return None  # "a == b", "key = value" in code; a bare header and a query: their own passes
+    bare = (
+        separator == "="
+        and not found.group(5)
+        and before not in {"?", "&", ";", "#"}
+        and not text.startswith(("=", ":"), start)  # "key == x": an operator, no value
+    )
+    value = _BARE_VALUE.match(text, start) if bare else None
+    # None: "a == b", "key = value" in code; a bare header and a query: their own passes
+    return None if value is None else value.span(2)
 
 
 def _match_end(pattern: re.Pattern[str], text: str, start: int) -> int:
@@ -320,7 +336,7 @@ def _bracket_end(text: str, start: int) -> int:
 
 def _hide_structured(text: str) -> str:
     """``text`` with the value of each secret-named key of a structured value hidden (`_KEY`)."""
-    return _hide_after(text, _KEY, _secret_header, _structured_span)
+    return _hide_after(text, _KEY, _secret_key, _structured_span)
 
 
 def _redact_params(value: str) -> str:
@@ -351,14 +367,34 @@ def _ends_secret(words: Sequence[str]) -> bool:
     Plurals too (``api_keys``, ``auth_tokens``; ``max_tokens`` is a count), and
     ``access_key_id``, the half of an S3/AWS key pair that is sent with each request.
     """
+    words = [word.rstrip("0123456789") for word in words]  # api_key_2, token2: numbered
+    while words and not words[-1]:
+        words.pop()
     if not words:
         return False
-    last = words[-1]
+    last, before = words[-1], words[-2] if len(words) > 1 else ""
+    if last == "token" and before in _TOKEN_KINDS:
+        return False  # a tokenizer's special token (eos_token: "</s>"), not a credential
     if last in _SECRET_WORDS or list(words[-3:]) == ["access", "key", "id"]:
         return True
     if last == "tokens":
-        return len(words) > 1 and words[-2] in _TOKEN_OWNERS
+        return before in _TOKEN_OWNERS
+    if last == "keys" and before in _COUNTS:
+        return False  # num_keys: a count
     return last.endswith("s") and last[:-1] in _SECRET_WORDS
+
+
+_TOKEN_KINDS = frozenset({"eos", "bos", "pad", "unk", "sep", "cls", "mask", "start", "end",
+                          "special", "image", "video", "audio", "eot", "eom", "think"})  # fmt: skip
+_COUNTS = frozenset({"num", "max", "min", "n", "total", "count"})
+# Names a query parameter's secret words share with a structured value's keys ("code" and
+# "session" are too often plain data in JSON to hide there).
+_KEY_WORDS = frozenset({"sig", "signature", "pwd", "pass", "passphrase", "jwt", "cookie"})
+
+
+def _secret_key(name: str) -> bool:
+    """Whether a key of a structured value (JSON, a mapping, NAME=VALUE) holds a secret."""
+    return _secret_header(name) or any(word in _KEY_WORDS for word in _words(name))
 
 
 # A name's words: split on anything not a letter or digit, and where camelCase starts one
@@ -409,6 +445,8 @@ def _secret_name(name: str) -> bool:
 
 
 _QUOTES = "'\"`"
+_MAX_SHELL_LINE = 1 << 16
+"""Longer words are split on white space, not as a shell line, for the time shlex would take."""
 
 
 def _redact_split_line(arg: str, secrets: Sequence[str]) -> str:
@@ -439,6 +477,8 @@ def _redact_shell_line(arg: str, secrets: Sequence[str]) -> str:
     text = _redact_params(arg)
     if not any(char.isspace() or char in _QUOTES or char == "\\" for char in text):
         return text  # a plain word: nothing to split or unquote
+    if len(text) > _MAX_SHELL_LINE:  # shlex takes quadratic time on one long token
+        return _redact_split_line(text, secrets)
     try:
         words = shlex.split(text)
     except ValueError:

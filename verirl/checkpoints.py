@@ -240,20 +240,26 @@ def _fetch_newest(candidates: list[tuple[Checkpoint, CheckpointSource]]) -> str:
     (``checkpoint_unreadable``) ends it: an older one would overwrite it.
     """
     fetch_errors: list[Exception] = []
+    refused: CheckpointSourceError | None = None  # the newest refused for good, and its step
+    refused_step = -1
     for index, (checkpoint, source) in enumerate(candidates):
+        if refused is not None and checkpoint.step < refused_step:
+            raise refused  # the tie that could stand in for it failed too: never an older one
         log.info(
             "newest complete checkpoint: step %d, %s", checkpoint.step, printable(checkpoint.source)
         )
         try:
             path = source.fetch(checkpoint)
         except (CheckpointSourceError, OSError) as exc:
-            unreadable = isinstance(exc, CheckpointSourceError) and exc.checkpoint_unreadable
-            if unreadable and all(
-                other.step < checkpoint.step for other, _ in candidates[index + 1 :]
-            ):
-                raise  # newer than any left: it may hold progress they would overwrite
-            if index + 1 < len(candidates):
-                following, where = candidates[index + 1]
+            if isinstance(exc, CheckpointSourceError) and exc.checkpoint_unreadable:
+                if all(other.step < checkpoint.step for other, _ in candidates[index + 1 :]):
+                    raise  # newer than any left: it may hold progress they would overwrite
+                if refused is None:
+                    refused, refused_step = exc, checkpoint.step
+            following, where = (
+                candidates[index + 1] if index + 1 < len(candidates) else (None, None)
+            )
+            if following is not None and where is not None and following.step >= refused_step:
                 log.warning(
                     "could not fetch step %d from %s (%s); trying the next newest, step %d from %s",
                     checkpoint.step,
