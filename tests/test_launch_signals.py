@@ -468,6 +468,7 @@ from verirl.__main__ import _unraisable
 from verirl._signals import exit_on_sigterm
 
 sys.unraisablehook = _unraisable(sys.unraisablehook)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as verirl.__main__ sets coverage's handler aside
 _wait = concurrent.futures.wait
 
 

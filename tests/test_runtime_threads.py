@@ -63,10 +63,18 @@ def _log(folder: Path) -> str:
     return "".join(path.read_text(errors="replace") for path in folder.glob("vllm-serve-*.log"))
 
 
+def _processes() -> str:
+    """This test process's children, for a wait that timed out."""
+    return "\n".join(
+        f"{child.pid} {child.status()} {' '.join(child.cmdline())[:200]}"
+        for child in psutil.Process().children(recursive=True)
+    )
+
+
 def _wait_until(condition: Callable[[], object], what: str) -> None:
     deadline = time.monotonic() + 60
     while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{_processes()}"
         psutil.wait_procs([], timeout=0.02)
 
 
@@ -85,11 +93,13 @@ def test_stop_from_another_thread_ends_a_start_at_once_and_leaves_nothing(tmp_pa
                 env={"FAKE_VLLM_LOAD_UNTIL": str(tmp_path / "never")},
             )  # fmt: skip
         thread, outcome = _in_thread(rt.start)
-        _wait_until(lambda: env_server.requests >= 1, "the env wait")
+        # A start that failed ends each wait at once, with its error (one timed out on 3.10 once).
+        _wait_until(lambda: env_server.requests >= 1 or outcome, "the env wait")
         if when == "env-wait":  # the server's phase is over: only the env wait runs
-            _wait_until(lambda: "is ready after" in caplog.text, "the server")
+            _wait_until(lambda: "is ready after" in caplog.text or outcome, "the server")
         else:  # the server's phase runs (loading), and the env wait
-            _wait_until(lambda: "Loading model" in _log(tmp_path), "the server to load")
+            _wait_until(lambda: "Loading model" in _log(tmp_path) or outcome, "the server to load")
+        assert not outcome, (outcome, _log(tmp_path)[-3000:])
         stopped_at = time.monotonic()
         rt.stop()
         thread.join(BOUND)
