@@ -193,7 +193,7 @@ class _Command:
         self.signum: int = signal.SIGTERM
         self.inner: set[int] = set()  # pids of nested launches, named in markers after ours
         self.signalled: set[psutil.Process] = set()  # got self.signum (or left to a forwarder)
-        self.interrupted: threading.Event | None = None  # set by `_signals_noted` during a grace
+        self.interrupted: threading.Event | None = None  # set by `_grace_signals` during a grace
         try:
             self.leader: psutil.Process | None = psutil.Process(child.pid)
         except psutil.Error:
@@ -432,14 +432,9 @@ class _Command:
         """
         if not marker:
             return False
-        current = process
-        for _ in range(256):  # a bound, should the tree change under the walk
-            parent = current.ppid()
-            if parent in (0, 1, os.getpid()):
-                return False
+        for parent in _ancestors(process):
             environ = _procfs.environ(parent)
             if environ is not None and environ.get(MARKER_VAR) == marker:
-                current = psutil.Process(parent)
                 continue
             if not self._running(parent):
                 return False
@@ -453,16 +448,7 @@ class _Command:
         That launch finds it (below its command, as its orphan, or below a
         process of its own command) and passes the signal on to it.
         """
-        me = os.getpid()
-        with contextlib.suppress(psutil.Error, OSError):
-            parent = process.parent()
-            for _ in range(256):  # a bound, should the tree change under the walk
-                if parent is None or parent.pid in (me, 0, 1):
-                    return False
-                if parent.pid in self.inner and _alive(parent):
-                    return True
-                parent = parent.parent()
-        return False
+        return any(parent in self.inner and _running_pid(parent) for parent in _ancestors(process))
 
     def _running(self, pid: int) -> bool:
         """Whether ``pid`` is a live process of the command: the command itself, or one found."""
@@ -668,6 +654,23 @@ def _ending(process: psutil.Process) -> bool:
         return not _alive(process)
 
 
+def _ancestors(process: psutil.Process) -> Iterator[int]:
+    """The pids above ``process``, nearest first, up to launch itself or init (256 at most).
+
+    Read as the walk goes: a process that ends meanwhile ends the walk.
+    """
+    me = os.getpid()
+    pid = process.pid
+    for _ in range(256):  # a bound, should the tree change under the walk
+        fields = _procfs.stat_fields(pid)
+        if fields is None:
+            return
+        pid = int(fields[1])
+        if pid in (me, 0, 1):
+            return
+        yield pid
+
+
 def _children_of(pid: int) -> list[int]:
     """The children of ``pid``, of every thread, read from ``/proc`` at once ([] if none)."""
     return _procfs.children(pid)
@@ -771,56 +774,67 @@ def _pass_and_wait(
         grace,
     )
     # a process found meanwhile (an orphan adopted as its parent died) gets it once too
-    with _signals_noted(tracked, (signal.SIGINT, signal.SIGTERM)):
+    with _grace_signals(tracked):
         if not _wait_through_server_failure(tracked, processes, deadline):
             raise subprocess.TimeoutExpired(child.args, grace)
     return True
 
 
 @contextlib.contextmanager
-def _signals_noted(command: _Command, signums: Collection[int]) -> Iterator[None]:
-    """While in the block, ``command.interrupted`` is set when one of ``signums`` interrupts.
+def _grace_signals(command: _Command, *, absorb_sigterm: bool = False) -> Iterator[None]:
+    """While in the block, ``command.interrupted`` is set when SIGINT or SIGTERM interrupts.
 
     The handler in place still runs, and its KeyboardInterrupt or SystemExit
     ends the grace; but CPython drops an exception a handler raises while a
     ``__del__`` or a weakref callback runs ("Exception ignored in"): the
     grace's wait checks the event too, so a second signal is never lost that
-    way. A handler that raises something else (the watchdog's error, which
-    the grace carries on through) or nothing sets no event. Only the main
-    thread can set handlers; elsewhere the block runs as is.
+    way. With ``absorb_sigterm``, a SIGTERM's SystemExit is logged instead
+    (the handler still notes the signal): what the command left running gets
+    SIGTERM from launch anyway. A handler that raises something else (the
+    watchdog's error, which the grace carries on through) or nothing sets no
+    event. Only the main thread can set handlers; elsewhere the block runs as
+    is.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     noted = threading.Event()
     installed: dict[int, tuple[_Handler, _Handler]] = {}
-    for signum in signums:
+    for signum in (signal.SIGINT, signal.SIGTERM):
         previous = signal.getsignal(signum)
         if not callable(previous):  # SIG_IGN stays ignored, SIG_DFL ends the process anyway
             continue
-        noting = _noting(noted, previous)
-        signal.signal(signum, noting)
-        installed[signum] = (previous, noting)
+        absorb = absorb_sigterm and signum == signal.SIGTERM
+        wrapped = _noting(noted, previous, absorb=absorb)
+        signal.signal(signum, wrapped)
+        installed[signum] = (previous, wrapped)
     command.interrupted = noted
     try:
         yield
     finally:
         command.interrupted = None
-        for signum, (previous, noting) in installed.items():
-            if signal.getsignal(signum) is noting:  # not if someone replaced it meanwhile
-                signal.signal(signum, previous)
+        for number, (previous, wrapped) in installed.items():
+            if signal.getsignal(number) is wrapped:  # not if someone replaced it meanwhile
+                signal.signal(number, previous)
 
 
 _Handler = Callable[[int, FrameType | None], object]
 
 
-def _noting(noted: threading.Event, previous: _Handler) -> _Handler:
-    """A handler that runs ``previous`` and sets ``noted`` if it interrupts."""
+def _noting(noted: threading.Event, previous: _Handler, *, absorb: bool) -> _Handler:
+    """A handler that runs ``previous``, noting (or, ``absorb``, logging) what it raises."""
 
     def noting(signum: int, frame: FrameType | None) -> None:
         try:
             previous(signum, frame)
         except (KeyboardInterrupt, SystemExit) as exc:
+            if absorb and isinstance(exc, SystemExit):
+                mark_noted(exc)
+                log.warning(
+                    "SIGTERM received: the training command has exited, and what it left "
+                    "running gets SIGTERM from launch; its grace goes on"
+                )
+                return
             noted.set()
             mark_noted(exc)  # dropped or not, it has had its effect: never sent or raised again
             raise
@@ -878,13 +892,13 @@ def _end_leftovers(command: _Command, grace: float) -> None:
 
     Those processes get their SIGTERM from launch in any case, so a SIGTERM
     to launch meanwhile (a preemption) changes nothing: it is logged and the
-    grace goes on (`_sigterm_absorbed`, over the whole of it, so that it
+    grace goes on (`_grace_signals`, over the whole of it, so that it
     cannot land between two steps). A Ctrl-C SIGKILLs them at once. Either
     way launch's exit code stays the command's.
     """
     done = False
     try:
-        with _sigterm_absorbed(), _signals_noted(command, (signal.SIGINT,)):
+        with _grace_signals(command, absorb_sigterm=True):
             left = _look_for_leftovers(command, time.monotonic() + grace)
             if not left:
                 done = True
@@ -914,39 +928,6 @@ def _look_for_leftovers(command: _Command, until: float) -> list[psutil.Process]
     while not left and not command.quiet() and time.monotonic() < until:
         left = command.collect()
     return left
-
-
-@contextlib.contextmanager
-def _sigterm_absorbed() -> Iterator[None]:
-    """While in the block, a SIGTERM's ``SystemExit`` is logged instead of raised (main thread).
-
-    The handler in place still runs (the SIGTERM policy notes the signal);
-    only its ``SystemExit`` stops here. Anything else it raises (the
-    watchdog's error) goes on.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-    if not callable(previous):
-        yield
-        return
-
-    def absorbing(signum: int, frame: FrameType | None) -> None:
-        try:
-            previous(signum, frame)
-        except SystemExit:
-            log.warning(
-                "SIGTERM received: the training command has exited, and what it left running "
-                "gets SIGTERM from launch; its grace goes on"
-            )
-
-    signal.signal(signal.SIGTERM, absorbing)
-    try:
-        yield
-    finally:
-        if signal.getsignal(signal.SIGTERM) is absorbing:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def mark_this_launch() -> None:
