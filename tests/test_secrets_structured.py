@@ -276,3 +276,35 @@ def test_many_secret_keys_in_one_line_are_each_hidden():
     shown = shown_line(["x", "--opt", line])
     assert shown.count(HIDDEN) == keys
     assert '"v"' not in shown
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        (f"vllm serve m --api-key={SK} --port 9", "vllm serve m --api-key=<hidden> --port 9"),
+        (f"vllm serve m --api-key '{SK}' --port 9", "vllm serve m --api-key '<hidden>' --port 9"),
+        (f"run: --hf-token {HF}\n", "run: --hf-token <hidden>\n"),
+        (f"api_key[0]={SK}", "api_key[0]=<hidden>"),
+        (f"api_key[0]: {SK} x", "api_key[0]: <hidden> x"),
+        (f"config:\n  api_key: |\n    {SK}\n", "config:\n  api_key: <hidden>\n"),
+        (
+            f"a:\n  password: >-\n    {SK}\n\n    {HF}\n  model: m\nend",
+            "a:\n  password: <hidden>\n  model: m\nend",
+        ),
+    ],
+)
+def test_a_secret_in_free_text_a_subscript_or_a_yaml_block_is_hidden(text, shown):
+    assert redact_text(text) == shown
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "--api-key --port 9",
+        "--max-tokens 128 --tokenizer gpt2",
+        "x[1]=2",
+        "model: |\n  a plain block\nnext: 1",
+    ],
+)
+def test_free_text_without_a_secret_value_is_unchanged(text):
+    assert redact_text(text) == text

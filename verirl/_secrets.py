@@ -260,7 +260,8 @@ def _regex_span(values: re.Pattern[str], group: int) -> _Span:
 # (YAML), name=V (a header or setting given as one word). A bare name and a bare value after ":"
 # are a header's: _HEADER_NAME's pass keeps their auth scheme.
 _KEY = re.compile(
-    r"(?<![A-Za-z0-9_.\\-])(\\*[\"']|)(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)\1([ \t]*)([:=])(\s*)"
+    r"(?<![A-Za-z0-9_.\\-])(\\*[\"']|)(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)"
+    r"(?P<index>(?:\[[^\]\s]{0,64}\])*)\1([ \t]*)([:=])(\s*)"
 )
 _OPEN_QUOTE = re.compile(r"\\*[\"']")
 # Inside "…", '"'"' is a ' as shlex.quote writes it in a shell line, not the string's end.
@@ -285,7 +286,7 @@ def _structured_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
     scalar after a quoted key, a bare ``name=V``'s ``V`` (a query's is
     `_PARAM_NAME`'s, a bare ``name: V`` a header's).
     """
-    key_quote, separator = found.group(1), found.group(4)
+    key_quote, separator, spaced = found.group(1), found.group(5), found.group(6)
     start = found.end()
     quote = _OPEN_QUOTE.match(text, start)
     if quote is not None:
@@ -300,8 +301,7 @@ def _structured_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
         return start, _match_end(_JSON_SCALAR, text, start)
     before = text[found.start() - 1 : found.start()]
     bare = (
-        separator == "="
-        and not found.group(5)
+        ((separator == "=" and not spaced) or (separator == ":" and bool(found["index"])))
         and before not in {"?", "&", ";", "#"}
         and not text.startswith(("=", ":"), start)  # "key == x": an operator, no value
     )
@@ -346,8 +346,48 @@ def _redact_params(value: str) -> str:
     if "=" in value:
         value = _hide_after(value, _PARAM_NAME, _secret_param, _regex_span(_PARAM_VALUE, 0))
     if ":" in value:
-        value = _hide_after(value, _HEADER_NAME, _secret_header, _regex_span(_HEADER_VALUE, 2))
+        value = _hide_after(value, _HEADER_NAME, _secret_header, _header_span)
+    if "--" in value:
+        value = _hide_after(value, _FLAG, _secret_name, _flag_span)
     return _hide_after(value, _BEARER, lambda _: True, _regex_span(_BEARER_VALUE, 0))
+
+
+_BLOCK = re.compile(r"[|>][-+0-9]{0,3}[ \t]*(?=\r?\n)")
+"""A YAML block scalar's indicator (``key: |``): the value is on the lines below."""
+
+
+def _header_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
+    """A header's credential (its scheme kept), or the lines of a YAML block scalar after it."""
+    start = found.end()
+    if _BLOCK.match(text, start) is None:
+        return _regex_span(_HEADER_VALUE, 2)(text, found)
+    line_start = text.rfind("\n", 0, found.start()) + 1
+    indent = len(text[line_start:]) - len(text[line_start:].lstrip(" \t"))
+    end = text.index("\n", start)
+    while end < len(text):  # the block: the lines after it indented deeper, and blank ones
+        line_end = text.find("\n", end + 1)
+        line = text[end + 1 : len(text) if line_end < 0 else line_end]
+        if (line_end < 0 and not line) or (
+            line.strip() and len(line) - len(line.lstrip(" \t")) <= indent
+        ):
+            break
+        end = len(text) if line_end < 0 else line_end
+    return start, end
+
+
+# A long flag in free text (a command line logged as one string): --api-key=V or --api-key V.
+_FLAG = re.compile(r"(?<![A-Za-z0-9_-])(--[A-Za-z][A-Za-z0-9_-]*)(?:=|[ \t]+)")
+
+
+def _flag_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
+    """The value after a secret flag: a quoted string's inside, else the word (not a next flag)."""
+    start = found.end()
+    quote = text[start : start + 1]
+    if quote in {"'", '"'}:
+        return start + 1, _match_end(_QUOTED[quote], text, start + 1)
+    if text.startswith("-", start):
+        return None
+    return _regex_span(_BEARER_VALUE, 0)(text, found)
 
 
 def redact_url(url: str) -> str:
