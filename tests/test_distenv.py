@@ -106,7 +106,32 @@ def test_apply_defaults_to_os_environ(monkeypatch):
         monkeypatch.setenv(name, "placeholder")
     env.apply()
     assert os.environ["MASTER_PORT"] == "6000"
-    assert os.environ["MASTER_ADDR"] == "somewhere"
+    assert os.environ["MASTER_ADDR"] == "127.0.0.1"  # no launcher: a stale address, overridden
+
+
+def test_without_a_launcher_a_stale_address_and_torchruns_agent_variables_are_not_passed_on():
+    stale = {"MASTER_ADDR": "10.9.9.9", "TORCHELASTIC_RUN_ID": "old-job",
+             "TORCHELASTIC_RESTART_COUNT": "3", "ROLE_RANK": "0", "ROLE_WORLD_SIZE": "1",
+             "GROUP_RANK": "0", "KEEP": "1"}  # fmt: skip
+    env = DistributedEnv.single_node(environ=stale, master_port=6000)
+    target = dict(stale)
+    env.apply(target)
+    assert target["MASTER_ADDR"] == "127.0.0.1"
+    assert "MASTER_ADDR" in env.defaulted
+    assert not [name for name in target if name.startswith(("TORCHELASTIC_", "ROLE_"))]
+    assert target["GROUP_RANK"] == "0"
+    assert target["KEEP"] == "1"
+
+
+def test_a_launchers_address_and_agent_variables_are_kept():
+    launcher = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                "MASTER_ADDR": "10.9.9.9", "MASTER_PORT": "29555",
+                "TORCHELASTIC_RUN_ID": "this-job", "ROLE_RANK": "0"}  # fmt: skip
+    env = DistributedEnv.single_node(environ=launcher)
+    target = dict(launcher)
+    env.apply(target)
+    assert target == launcher | {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert not env.removed
 
 
 def test_variables_are_read_only():

@@ -257,6 +257,37 @@ def _defaults(
     return defaults
 
 
+# What torchrun's agent sets besides the ranks: with no launcher, a value was left by another job
+# (torch.distributed.is_torchelastic_launched() reads TORCHELASTIC_RUN_ID).
+_AGENT_VARS = ("ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME")
+_AGENT_PREFIX = "TORCHELASTIC_"
+_LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def _stale_launcher_variables(env: Mapping[str, str]) -> frozenset[str]:
+    """A launcher's variables in ``env`` that no launcher set for this process (it has none).
+
+    Logged once each: ``MASTER_ADDR`` (this process's rendezvous is with
+    itself, on 127.0.0.1: another address would wait for a peer that never
+    comes) and torchrun's agent's own variables, which are removed.
+    """
+    address = env.get("MASTER_ADDR")
+    if address is not None and address.strip() not in _LOOPBACK_NAMES:
+        log.warning(
+            "MASTER_ADDR=%r is ignored: no launcher set WORLD_SIZE, so this is one process "
+            "that meets only itself, on 127.0.0.1",
+            address,
+        )
+    stale = frozenset(name for name in env if name.startswith(_AGENT_PREFIX) or name in _AGENT_VARS)
+    if stale:
+        log.warning(
+            "removed %s: torchrun's agent sets them, and none started this process "
+            "(WORLD_SIZE is unset)",
+            ", ".join(sorted(stale)),
+        )
+    return stale
+
+
 def _check_filled(variables: Mapping[str, str], filled: set[str]) -> None:
     """The launcher's values with verirl's defaults must pass the same checks as given ones.
 
@@ -297,6 +328,8 @@ class DistributedEnv:
 
     variables: Mapping[str, str] = attrs.field(converter=_frozen_mapping, hash=False)
     defaulted: frozenset[str] = frozenset()
+    removed: frozenset[str] = frozenset()
+    """Variables a launcher sets that `apply` removes: left from another job, none ran this one."""
 
     @classmethod
     def single_node(
@@ -334,7 +367,12 @@ class DistributedEnv:
                 variables[name] = defaults[name]
                 filled.add(name)
         _check_filled(variables, filled)
-        return cls(variables=variables, defaulted=frozenset(filled))
+        stale: frozenset[str] = frozenset()
+        if "WORLD_SIZE" in filled:  # no launcher: one process, which meets only itself
+            stale = _stale_launcher_variables(env)
+            filled.add("MASTER_ADDR")
+            variables["MASTER_ADDR"] = defaults["MASTER_ADDR"]
+        return cls(variables=variables, defaulted=frozenset(filled), removed=stale)
 
     @property
     def rank(self) -> int:
@@ -373,4 +411,6 @@ class DistributedEnv:
         """Write the variables into ``environ`` (default ``os.environ``) before CUDA starts."""
         target = os.environ if environ is None else environ
         check_environ(target, mutable=True)
+        for name in self.removed:
+            target.pop(name, None)
         target.update(self.variables)
