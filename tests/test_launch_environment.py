@@ -3,7 +3,9 @@
 Swept over the layouts (colocate, a local server, a remote server) and over
 whatever stale value the caller's environment holds for each exported
 variable (`CUDA_VISIBLE_DEVICES`, ``VERIRL_RESUME_FROM_CHECKPOINT``,
-``VERIRL_GRPO_KWARGS``, ``VERIRL_VLLM_URL``): the command sees the run's
+``VERIRL_GRPO_KWARGS``, ``VERIRL_VLLM_URL``, a vLLM server's marker, which
+would make launch take the command's processes for a server's and never
+signal them): the command sees the run's
 value, or nothing where the layout sets none, never the caller's. And the
 ports verirl picks never equal each other: ``MASTER_PORT`` (a free port) is
 never the vLLM port, and the vLLM port is never TRL's weight-sync group port.
@@ -28,7 +30,7 @@ from verirl.distenv import DistributedEnv, avoided_ports
 from verirl.topology import TRL_GROUP_PORT
 
 EXPORTED = ("CUDA_VISIBLE_DEVICES", "VERIRL_RESUME_FROM_CHECKPOINT", "VERIRL_GRPO_KWARGS",
-            "VERIRL_VLLM_URL")  # fmt: skip
+            "VERIRL_VLLM_URL", "VERIRL_VLLM_SERVER_MARKER")  # fmt: skip
 LAYOUTS = {
     "colocate": {"gpu_count": 1},
     "local-server": {"gpu_count": 2},
@@ -216,3 +218,14 @@ def test_the_vllm_port_is_never_trls_group_port(layout):
 def test_colocate_mode_leaves_the_group_port_alone():
     topology = VLLMTopology.plan(1, max_model_len=1024, port=TRL_GROUP_PORT)
     assert topology.mode == "colocate"  # no server, no port of ours
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_the_max_model_length_exported_is_the_one_the_run_uses(monkeypatch, layout):
+    monkeypatch.setenv("VERIRL_MAX_MODEL_LEN", "32768")
+    runtime = TrainingRuntime.from_settings(**LAYOUTS[layout])
+    env = _training_environment(runtime, None, runtime.topology.server_url)
+    used = runtime.topology.grpo_kwargs()
+    (length,) = (value for name, value in used.items() if name.startswith("vllm_max_model_len"))
+    assert env["VERIRL_MAX_MODEL_LEN"] == str(length)
+    assert length == (8192 if layout == "colocate" else 32768)

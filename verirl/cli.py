@@ -72,6 +72,7 @@ from verirl._cli_output import (
 from verirl._fs import printable
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT
 from verirl._net import url_host
+from verirl._process import MARKER_VAR
 from verirl._secrets import HIDDEN, redact_argv, redact_text, secrets_in_environ, shown_command
 from verirl._serve_args import own_flag, own_flag_reason
 from verirl._settings import Settings, split_args, split_command
@@ -740,12 +741,15 @@ def _training_environment(
     passed on stale from the caller's environment.
     """
     env = {**os.environ, **(flags or {})}
+    env.pop(MARKER_VAR, None)  # a server's mark: on the command, launch would never signal it
     topology = runtime.topology
     unused: tuple[str, ...] = _REMOTE_UNUSED if topology.remote_host is not None else ()
     if topology.mode == "colocate":
         unused = _COLOCATE_UNUSED
     for field in unused:  # settings of a server this layout never starts here
         env.pop(Settings.variable(field), None)
+    if Settings.variable("max_model_len") in env:  # the length used: colocate caps it
+        env[Settings.variable("max_model_len")] = str(topology.max_model_len)
     if topology.remote_host is None:  # vLLM is elsewhere: the GPUs are the launcher's to hand out
         env["CUDA_VISIBLE_DEVICES"] = map_visible_devices(
             topology.training_devices, env.get("CUDA_VISIBLE_DEVICES")
