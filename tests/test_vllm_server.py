@@ -290,6 +290,23 @@ def test_stop_from_another_thread_cancels_a_start_in_progress(make_server, tmp_p
     server.stop()  # still idempotent
 
 
+def test_a_stop_as_the_server_gets_ready_makes_start_raise_never_return(make_server, monkeypatch):
+    server = make_server()
+    ready = VLLMServer._wait_until_ready
+
+    def then_stop_from_another_thread(self: VLLMServer, tree: object) -> None:
+        ready(self, tree)  # ready: start() has not returned yet, a stop() lands now
+        stopper = threading.Thread(target=self.stop)
+        stopper.start()
+        stopper.join(60)
+
+    monkeypatch.setattr(VLLMServer, "_wait_until_ready", then_stop_from_another_thread)
+    with pytest.raises(VLLMServerError, match="stop\\(\\) was called while the vLLM server"):
+        server.start()  # it returned with the server already stopped
+    assert server.pid is None
+    assert not children()
+
+
 def test_a_stop_before_start_cancels_nothing(make_server):
     server = make_server()
     server.stop()

@@ -220,6 +220,8 @@ class VLLMServer:
     _lock: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
     _starts: int = attrs.field(default=0, init=False, repr=False)
     _cancel: threading.Event = attrs.field(factory=threading.Event, init=False, repr=False)
+    _starts_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
+    """Guards ``_starts`` and the setting of ``_cancel``: held for an instant, never over a wait."""
 
     def __attrs_post_init__(self) -> None:
         if self.log_dir is not None and self._log_path is not None:
@@ -374,20 +376,33 @@ class VLLMServer:
         process left, and this server refuses to start again.
         """
         run = Run(marker=uuid.uuid4().hex)
-        with self._lock:
+        with self._lock, self._starts_lock:
             self._refuse_if_cancelled(again=True)
             self._starts += 1
+        counted = [True]
         try:
             with self._lock:
                 tree = self._launch(run)
             # Wait outside the lock, so that stop() from another thread can cancel the start.
             self._wait_until_ready(tree)
+            self._end_start(counted)
         except BaseException:
             self._abandon(run)
             raise
         finally:
-            with self._lock:
-                self._starts -= 1
+            if counted[0]:
+                with self._starts_lock:
+                    self._starts -= 1
+
+    def _end_start(self, counted: list[bool]) -> None:
+        """The start is over: a `stop` from now on is an ordinary one; one that came raises."""
+        with self._starts_lock:
+            self._starts -= 1
+            counted[0] = False
+            cancelled = self._cancel.is_set()
+        if cancelled:  # a stop() came as the server got ready: it stops the server
+            self._stop()
+            raise VLLMServerError(_CANCELLED)
 
     def stop(self) -> None:
         """Stop the server and everything it started; safe to call any number of times.
@@ -404,8 +419,9 @@ class VLLMServer:
         (which raises `VLLMServerError`) for good: this server will not start
         again. A `stop` that returns before `start` is called cancels nothing.
         """
-        if self._starts:  # read without the lock: a start may hold it while it launches
-            self._cancel.set()
+        with self._starts_lock:  # not the server's lock: a start may hold it while it launches
+            if self._starts:
+                self._cancel.set()
         self._stop()
 
     def _stop(self) -> None:
