@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from verirl import ConfigError, HttpEnvServerProbe, TrainingRuntime, VLLMServer
-from verirl._secrets import HIDDEN, redact_argv, redact_text, shown_command
+from verirl._secrets import HIDDEN, redact_argv, redact_text, shown_command, shown_line
 from verirl.cli import main
 
 SECRET = "sk-SECRETvalue42"
@@ -323,3 +323,20 @@ def test_launch_running_line_never_shows_these_secrets(command):
     )  # fmt: skip
     assert "running" in result.stderr, result.stderr
     assert LEAKY not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (["vllm", "serve", "m", "--api-key", "sk-first-AAAA", "sk-second-BBBB", "--port", "3"],
+         ["vllm", "serve", "m", "--api-key", HIDDEN, HIDDEN, "--port", "3"]),
+        (["x", "--api-key", "-sk-dash-AAAA", "sk-second-BBBB", "--port", "3"],
+         ["x", "--api-key", HIDDEN, HIDDEN, "--port", "3"]),
+        (["x", "--api-key=sk-first-AAAA", "plain"], ["x", f"--api-key={HIDDEN}", "plain"]),
+    ],
+)  # fmt: skip
+def test_every_key_after_a_secret_flag_is_hidden_up_to_the_next_flag(argv, shown):
+    # vLLM's --api-key takes several keys (nargs="+")
+    assert redact_argv(argv) == shown
+    line = shown_line(["bash", "-c", shlex.join(argv)])
+    assert "sk-" not in line

@@ -531,18 +531,21 @@ def _redact_shell_line(arg: str, secrets: Sequence[str]) -> str:
 
 def _redact_words(argv: Sequence[str], secrets: Sequence[str], *, shell: bool = True) -> list[str]:
     shown: list[str] = []
-    hide_next = False
+    hiding = False
+    after_flag = False  # the word right after a secret flag is its value, whatever it looks like
     for arg in argv:
-        if hide_next:
+        if hiding and (after_flag or not arg.startswith("-")):
             shown.append(HIDDEN)
-            hide_next = False
+            after_flag = False
             continue
+        hiding = False
         name, equals, _ = arg.partition("=")
         flag = arg.startswith("-") and not any(char.isspace() for char in name)  # not a line
         if flag and _secret_name(name):
-            # --api-key=V hides V; --api-key V hides the next word
+            # --api-key=V hides V; --api-key V hides the next word and each one after it up to
+            # the next flag (vLLM's --api-key takes several keys: nargs="+")
             shown.append(f"{name}={HIDDEN}" if equals else arg)
-            hide_next = not equals
+            hiding = after_flag = not equals
             continue
         if equals and _ASSIGNMENT.fullmatch(name) and _secret_name(name):
             shown.append(f"{name}={HIDDEN}")  # HF_TOKEN=V, as `env` and a shell take it
