@@ -37,6 +37,16 @@ def test_bad_url_is_config_error_naming_it(url):
 
 
 @pytest.mark.parametrize(
+    "url", ["http://u:SECRET\\PW9@127.0.0.1:1", "http://127.0.0.1:1\\x", "http://h\\@e/x"]
+)
+def test_a_backslash_is_refused_and_a_password_before_it_never_shown(url):
+    # urllib3 ends the host at a backslash, urllib.parse does not: its error quoted the password
+    with pytest.raises(ConfigError, match="backslash") as info:
+        HttpEnvServerProbe(url)
+    assert "SECRET" not in str(info.value)
+
+
+@pytest.mark.parametrize(
     ("kwargs", "field"),
     [
         ({"request_timeout": 0}, "request_timeout"),

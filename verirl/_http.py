@@ -127,7 +127,8 @@ def validate_http_url(field: str, url: object) -> str:
 
     Otherwise raise `ConfigError` naming ``field`` (and the URL, credentials
     redacted): not a string, whitespace, control or non-ASCII characters
-    (write host names in their ``xn--`` form), another scheme, a query or
+    (write host names in their ``xn--`` form), a backslash (HTTP clients
+    disagree on where it ends the host), another scheme, a query or
     fragment, no host or a malformed one, a port outside 1..65535. Credentials
     (``user:password@``) are allowed; show the URL through `redact_url`.
     """
@@ -136,6 +137,10 @@ def validate_http_url(field: str, url: object) -> str:
     if not url.isascii() or not url.isprintable() or any(c.isspace() for c in url):
         raise _invalid_url(
             field, url, "must not contain whitespace, control or non-ASCII characters"
+        )
+    if "\\" in url:  # urllib3 ends the host part there, urllib.parse does not
+        raise _invalid_url(
+            field, url, "must not contain a backslash (write it %5C in a password or path)"
         )
     try:
         parts = urlsplit(url)
