@@ -286,3 +286,35 @@ def test_resume_prints_a_path_that_is_not_utf8_as_its_bytes(tmp_path):
             assert result.stdout == expected
         else:
             assert json.loads(result.stdout)["resume_from_checkpoint"] == str(newest)
+
+
+LONE = "/tmp/verirl-x\ud800"  # a lone surrogate (from JSON): no file name holds it
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda: LocalCheckpointSource(LONE), "root"),
+        (lambda: LocalCheckpointSource(Path(LONE)), "root"),
+        (lambda: HubCheckpointSource("org/r", download_dir=LONE), "download_dir"),
+        (lambda: TrainingRuntime.from_settings(gpu_count=1, output_dir=Path(LONE), environ={}),
+         "output_dir"),
+        (lambda: TrainingRuntime.from_settings(gpu_count=1, environ={"VERIRL_OUTPUT_DIR": LONE}),
+         "VERIRL_OUTPUT_DIR"),
+    ],
+    ids=["local-str", "local-path", "hub-download-dir", "output-dir", "output-dir-variable"],
+)  # fmt: skip
+def test_a_path_no_file_name_can_hold_is_a_config_error_naming_the_field(make, field, clean_env):
+    with pytest.raises(ConfigError) as info:
+        make()
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize("name", ["a\x00b", "new\nline", "esc\x1b[31mred"])
+def test_a_path_with_control_characters_is_shown_escaped_in_the_error(name, tmp_path):
+    # a raw NUL, new line or escape sequence would cut or forge a log line
+    with pytest.raises(CheckpointNotFoundError) as info:
+        CheckpointResolver([]).resolve(str(tmp_path / name))
+    message = str(info.value)
+    assert not any(char in message for char in "\x00\n\x1b")
+    assert repr(name)[1:-1] in message

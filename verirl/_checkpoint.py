@@ -41,6 +41,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointSource",
     "absurd_step_reason",
+    "check_encodes",
     "check_origin",
     "checkpoint_step",
     "global_step",
@@ -286,6 +287,16 @@ def check_origin(description: str, checkpoint: Checkpoint) -> None:
         )
 
 
+def check_encodes(field: str, value: object, text: str) -> None:
+    """`ConfigError` when ``text`` names no path the OS can make (a lone surrogate, from JSON)."""
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        raise ConfigError.invalid(
+            field, value, "contains a character no file name can hold (a lone surrogate)"
+        ) from None
+
+
 def user_directory(field: str, value: object) -> Path:
     """A directory path from a user: ``~`` expanded, and one the OS can use, else `ConfigError`.
 
@@ -301,6 +312,7 @@ def user_directory(field: str, value: object) -> Path:
         raise ConfigError.invalid(field, value, "must be a non-empty path (str or os.PathLike)")
     if "\0" in raw:
         raise ConfigError.invalid(field, value, "contains a NUL character")
+    check_encodes(field, value, raw)
     expanded = expand_user(raw)
     if expanded is None:
         raise ConfigError.invalid(field, value, "cannot expand '~': no such user or no home")

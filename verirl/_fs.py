@@ -72,18 +72,24 @@ def printable(value: str | os.PathLike[str]) -> str:
     A name the OS hands over as bytes that are not UTF-8 arrives
     surrogate-escaped (``os.fsdecode(b"\xff") == "\udcff"``), which a UTF-8
     stream refuses to write: those bytes are shown as ``\xff`` (other lone
-    surrogates, from JSON, as ``\ud800``). Text that encodes is returned as it
-    is. Only for showing: the path itself is what is opened, passed and returned.
+    surrogates, from JSON, as ``\ud800``), and control characters as ``repr``
+    escapes them (``\n``, ``\x00``, ``\x1b``). Other text is returned as it is.
+    Only for showing: the path itself is what is opened, passed and returned.
     """
     text = os.fspath(value)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         try:
-            return os.fsencode(text).decode("utf-8", "backslashreplace")
+            text = os.fsencode(text).decode("utf-8", "backslashreplace")
         except UnicodeEncodeError:  # a surrogate that is no escaped byte
-            return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text.translate(_CONTROLS)
+
+
+# A control character in a name (a NUL, a new line, an escape sequence) would cut or forge a log
+# line or drive a terminal: shown escaped, as repr() writes it.
+_CONTROLS = {code: repr(chr(code))[1:-1] for code in (*range(0x20), 0x7F)}
 
 
 def lstat_kind(path: Path) -> str | None:
