@@ -88,3 +88,101 @@ def test_another_thread_neither_counts_nor_installs(default_sigterm):
     thread.join()
     assert counted == [False]
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+# -- the program's SIGTERM whose SystemExit never reached the main thread
+
+
+@pytest.fixture
+def program_state(monkeypatch):
+    """`program_handler`'s notes, fresh for the test and gone after it."""
+    from verirl import _cli_output, _signals
+
+    monkeypatch.setattr(_signals, "_PROGRAM_RECEIVED", [])
+    monkeypatch.setattr(_signals, "_UNARRIVED", [])
+    monkeypatch.setattr(_signals, "_DROPPED", [])
+    monkeypatch.setattr(_cli_output, "_WRITTEN", [])
+
+
+def _lose_a_sigterm() -> None:
+    from verirl._signals import program_handler
+
+    with pytest.raises(SystemExit):
+        program_handler(signal.SIGTERM, None)  # swallowed, as compile() swallows it
+
+
+def test_a_lost_sigterm_is_raised_by_the_next_main_thread_wait_once(program_state):
+    from verirl._signals import raise_if_dropped
+
+    _lose_a_sigterm()
+    with pytest.raises(SystemExit) as info:
+        raise_if_dropped()
+    assert info.value.code == 128 + signal.SIGTERM
+    raise_if_dropped()  # once: it has arrived now
+
+
+def test_a_lost_sigterm_is_left_to_the_main_thread(program_state):
+    from verirl._signals import raise_if_dropped
+
+    _lose_a_sigterm()
+    errors: list[BaseException] = []
+
+    def wait_in_a_phase():
+        try:
+            raise_if_dropped()
+        except BaseException as exc:  # noqa: BLE001 - what the thread would have raised
+            errors.append(exc)
+
+    thread = threading.Thread(target=wait_in_a_phase)
+    thread.start()
+    thread.join()
+    assert errors == []
+    with pytest.raises(SystemExit):
+        raise_if_dropped()
+
+
+def test_a_sigterm_exit_on_its_way_out_is_not_raised_again(program_state):
+    """A wait in a ``finally`` the exit unwinds through cuts no teardown short."""
+    from verirl._signals import program_handler, raise_if_dropped
+
+    def fail() -> None:
+        raise ValueError
+
+    def command() -> None:
+        try:
+            program_handler(signal.SIGTERM, None)
+        finally:
+            raise_if_dropped()  # the teardown's wait: nothing, the exit is under way
+            try:
+                fail()  # handled inside the teardown: the exit is still under way
+            except ValueError:
+                raise_if_dropped()
+
+    with pytest.raises(SystemExit) as info:
+        command()
+    assert info.value.__context__ is None  # the handler's own exit, nothing raised over it
+
+
+def test_no_wait_raises_a_sigterm_that_arrived(program_state):
+    from verirl._signals import program_exit_arrived, raise_if_dropped
+
+    _lose_a_sigterm()
+    program_exit_arrived()  # the program caught it (python -m verirl, as the command returned)
+    raise_if_dropped()
+
+
+def test_after_a_lost_sigterm_only_its_own_document_is_written(program_state, capsys):
+    from verirl._cli_output import document_written, write_document
+    from verirl._signals import raise_if_dropped
+
+    _lose_a_sigterm()
+    with pytest.raises(SystemExit) as info:
+        write_document({"healthy": True})
+    assert info.value.code == 128 + signal.SIGTERM
+    assert not document_written()
+    assert capsys.readouterr().out == ""
+    _lose_a_sigterm()
+    terminated = {"error": {"code": 143, "message": "terminated (SIGTERM)"}}
+    write_document(terminated)
+    assert capsys.readouterr().out.strip().startswith("{")
+    raise_if_dropped()  # the document said it: arrived

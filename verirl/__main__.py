@@ -24,9 +24,11 @@ from verirl._signals import (
     arm_exit_deadline,
     note_dropped,
     noted,
+    program_exit_arrived,
     program_handler,
     program_note,
     program_received,
+    raise_if_dropped,
     sigterm_pending,
 )
 
@@ -80,6 +82,7 @@ def run() -> int:
 
     A closed stdin, stdout or stderr gets ``/dev/null`` first, so that no file
     verirl opens, and no child it starts, takes that descriptor for one of them.
+    A SIGTERM whose exit verirl's import swallowed is raised before the command starts.
     Once the command has returned, both signals are noted rather than raised
     (the teardown finishes, the code says what came), and a ``--json`` run a
     signal ended before its document was written still gets one.
@@ -102,6 +105,7 @@ def run() -> int:
         try:
             from verirl.cli import main  # noqa: PLC0415 - after the handler: importing takes time
 
+            raise_if_dropped()  # a SIGTERM whose exit the import swallowed: run no command
             code = main()
         except (KeyboardInterrupt, SystemExit) as error:
             code = _signal_code(error)
@@ -162,12 +166,14 @@ def _note_signals(*, sigterm: bool) -> None:
 
     The teardown must finish; a ``KeyboardInterrupt`` now would escape `run`
     and end the process by SIGINT instead of with exit code 130. An ignored
-    SIGINT (``nohup``) stays ignored.
+    SIGINT (``nohup``) stays ignored. A SIGTERM's exit that never arrived is
+    past raising: the exit code says it.
     """
     if sigterm:
         signal.signal(signal.SIGTERM, program_note)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, program_note)
+    program_exit_arrived()
 
 
 if __name__ == "__main__":

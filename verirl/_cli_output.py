@@ -22,6 +22,8 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TextIO
 
+from verirl._signals import program_exit_arrived, raise_if_lost, sigterm_lost
+
 __all__ = [
     "STDERR",
     "STDOUT",
@@ -123,9 +125,27 @@ _WRITTEN: list[bool] = []
 
 
 def write_document(data: object, *, indent: int | None = 2) -> None:
-    """Write the run's ``--json`` document to stdout and note that it was written."""
+    """Write the run's ``--json`` document to stdout and note that it was written.
+
+    After a SIGTERM whose ``SystemExit`` never reached the main thread
+    (`verirl._signals.sigterm_lost`), the run exits 143 whatever the command
+    did: unless ``data`` already is that error's document, the exit is raised
+    here instead, before anything is written, so that the run's one document
+    (`signal_document`'s) says what its exit code says.
+    """
+    lost = sigterm_lost()
+    if lost is not None:
+        if _error_code(data) != lost:
+            raise_if_lost()
+        program_exit_arrived()  # the document says so: no later wait raises it
     _WRITTEN.append(True)
     STDOUT.write(json_text(data, indent=indent))
+
+
+def _error_code(data: object) -> object:
+    """The ``error.code`` of a document, ``None`` if it has none."""
+    error = data.get("error") if isinstance(data, dict) else None
+    return error.get("code") if isinstance(error, dict) else None
 
 
 def document_written() -> bool:

@@ -34,7 +34,8 @@ early only if the signal interrupts that very wait. When the kernel hands the
 signal to another thread (a download's worker), or it lands just before the
 main thread blocks (a loaded machine preempts it there), the handler is only
 marked as due, and would run when the last phase ends: for a download the Hub
-holds, a minute or more after the signal.
+holds, a minute or more after the signal. Each wake-up also raises the exit
+of a SIGTERM that Python dropped or swallowed (`verirl._signals.raise_if_dropped`).
 """
 
 _T = TypeVar("_T")
@@ -129,7 +130,7 @@ class Phases:
                 pending, timeout=SIGNAL_CHECK, return_when=FIRST_COMPLETED
             )
             done |= newly
-            raise_if_dropped()  # a SIGTERM whose SystemExit Python dropped
+            raise_if_dropped()  # a SIGTERM whose SystemExit Python dropped or swallowed
             if self._cancelled in newly:
                 raise self._cancelled.exception()  # type: ignore[misc]
         failed = [future for future in done if future.exception() is not None]

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import attrs
 
+from verirl._signals import raise_if_dropped
 from verirl._validate import check_number
 from verirl.errors import ConfigError
 
@@ -91,7 +92,9 @@ def poll(
     starts again from there). Sleeps
     are clipped to the deadline, so the call ends within ``timeout`` plus the
     duration of the last attempt. ``progress(elapsed, last_error)`` is called at
-    most every ``progress_every`` seconds while waiting.
+    most every ``progress_every`` seconds while waiting. In the main thread, a
+    SIGTERM whose ``SystemExit`` never arrived is raised before each attempt
+    (`verirl._signals.raise_if_dropped`).
     """
     start = clock()
     deadline = start + timeout
@@ -100,6 +103,7 @@ def poll(
     last_error: str | None = None
     slot = start  # when this attempt is due: the schedule does not drift with late wake-ups
     for interval in backoff.intervals():
+        raise_if_dropped()  # in the main thread: a SIGTERM whose SystemExit was lost
         attempts += 1
         last_error = attempt(max(deadline - clock(), 0.0))
         now = clock()

@@ -55,10 +55,13 @@ __all__ = [
     "mark_noted",
     "note_dropped",
     "noted",
+    "program_exit_arrived",
     "program_handler",
     "program_note",
     "program_received",
     "raise_if_dropped",
+    "raise_if_lost",
+    "sigterm_lost",
     "sigterm_pending",
 ]
 
@@ -269,10 +272,62 @@ def program_handler(signum: int, _frame: types.FrameType | None) -> None:
 
     It also notes the signal (`program_received`): ``compile()``, run by an
     import with no cached bytecode (``PYTHONDONTWRITEBYTECODE``), can swallow
-    the ``SystemExit`` a handler raises, and the exit code must not depend on that.
+    the ``SystemExit`` a handler raises, and the exit code must not depend on that;
+    nor may the command run on: until the exit is seen to arrive, the main
+    thread's next wait raises it again (`raise_if_dropped`).
     """
     _PROGRAM_RECEIVED.append(signum)
+    _UNARRIVED[:] = [signum]
     raise SystemExit(128 + signum)
+
+
+_UNARRIVED: list[int] = []
+"""The signal `program_handler` raised for, until its exit is seen to reach the main thread.
+
+Seen: a wait raised it again (`raise_if_lost`), the run's document says so
+(`verirl._cli_output.write_document`), or the program caught it
+(`program_exit_arrived`).
+"""
+
+
+def program_exit_arrived() -> None:
+    """The program caught its signal's exit (or is past caring): no wait raises it again."""
+    _UNARRIVED.clear()
+
+
+def sigterm_lost() -> int | None:
+    """The exit code of a SIGTERM whose ``SystemExit`` never reached the main thread, else None.
+
+    `program_handler` raised it while verirl imported or a command ran, and
+    something swallowed it (``compile()``, a finalizer, import machinery): the
+    command would run to its end and then exit 143 anyway. ``None`` off the
+    main thread, and while a ``SystemExit`` of that code unwinds the main
+    thread (a ``finally`` or ``__exit__`` on its way out: the exit is on its way).
+    """
+    if not _UNARRIVED or threading.current_thread() is not threading.main_thread():
+        return None
+    code = 128 + _UNARRIVED[0]
+    return None if _unwinding(code) else code
+
+
+def _unwinding(code: int) -> bool:
+    """Whether a ``SystemExit(code)`` is being handled in this thread, or caused the one that is."""
+    error: BaseException | None = sys.exc_info()[1]
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, SystemExit) and error.code == code:
+            return True
+        seen.add(id(error))
+        error = error.__context__
+    return False
+
+
+def raise_if_lost() -> None:
+    """Raise the exit of a SIGTERM whose ``SystemExit`` was lost (`sigterm_lost`), once."""
+    code = sigterm_lost()
+    if code is not None:
+        _UNARRIVED.clear()
+        raise SystemExit(code)
 
 
 def program_note(signum: int, _frame: types.FrameType | None) -> None:
@@ -319,13 +374,22 @@ def note_dropped(error: SystemExit) -> None:
 
 
 def raise_if_dropped() -> None:
-    """Raise the SIGTERM ``SystemExit`` that Python dropped (`note_dropped`), once; else nothing.
+    """In the main thread, raise a SIGTERM's exit that never arrived there, once; else nothing.
 
+    The ``SystemExit`` Python dropped (`note_dropped`), or that of a SIGTERM
+    `program_handler` received whose exception was swallowed (`raise_if_lost`).
     Each wait of the main thread that wakes to let a handler run
-    (`verirl._phases.SIGNAL_CHECK`) calls this too.
+    (`verirl._phases.SIGNAL_CHECK`, `verirl._poll.poll`) calls this, and
+    ``python -m verirl`` before the command starts: a command never runs to its
+    end (wait-env its whole ``--timeout``) after a SIGTERM. Off the main thread
+    (a start-up phase's poll), nothing: the main thread's own waits raise it.
     """
+    if threading.current_thread() is not threading.main_thread():
+        return
     if _DROPPED:
+        _UNARRIVED.clear()  # the exit raised now is the one it stands for
         raise _DROPPED.pop()
+    raise_if_lost()
 
 
 def sigterm_pending() -> bool:
