@@ -1,12 +1,15 @@
 """``python -m verirl``: a SIGTERM or Ctrl-C at any moment of its start: 143/130, one document.
 
-Run as real processes:
+Two classes, each run as a real process:
 
 - A SIGTERM whose ``SystemExit`` was lost (``compile()`` during an import with
   no cached bytecode, a finalizer, import machinery swallow it): every command,
   not only serve and launch, ends at once with 143 and the terminated document,
   rather than running to its end (wait-env its whole ``--timeout``) and exiting
   143 after its own document.
+- A signal before `verirl.__main__.run` enters its ``try`` (while the module
+  imports verirl, or as run prepares): 130 or 143 and one document, not a
+  ``KeyboardInterrupt`` traceback or a death by signal.
 """
 
 from __future__ import annotations
@@ -107,3 +110,69 @@ def test_a_sigterm_whose_exit_was_lost_ends_every_command_at_once(tmp_path, comm
     result, took = _run(tmp_path, LOST, when, *_command(command, tmp_path))
     _assert_ended_by(result, signal.SIGTERM)
     assert took < BOUND < WAIT_ENV_TIMEOUT, took
+
+
+# -- a signal before run() enters its try
+
+START_UP = """
+import os, runpy, sys
+where, signum, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+sys.argv = ["verirl", "--json", "plan", "--gpus", "2"]
+
+def send(*_):
+    os.kill(os.getpid(), signum)
+
+class SignalOnImport:  # the signal comes as the module `where` starts to be imported
+    def find_spec(self, name, path=None, target=None):
+        if name == where:
+            sys.meta_path.remove(self)
+            send()
+        return None
+
+if where == "reserve_standard_fds":  # run's first step
+    import verirl._cli_output as out
+    out.reserve_standard_fds = send
+else:
+    sys.meta_path.insert(0, SignalOnImport())
+if how == "python -m verirl":
+    runpy.run_module("verirl", run_name="__main__", alter_sys=True)
+else:  # the `verirl` script: imports the module, then calls run
+    from verirl.__main__ import run
+    sys.exit(run())
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("how", ["python -m verirl", "verirl script"])
+@pytest.mark.parametrize(
+    "where",
+    [
+        "verirl._signals",  # imported by verirl.__main__ at module level
+        "verirl._cli_output",  # imported by run, before it set its handler
+        "reserve_standard_fds",  # run's first step, before it set its handler
+    ],
+)
+def test_a_signal_before_run_takes_over_gives_its_code_and_one_document(
+    tmp_path, where, how, signum
+):
+    result, took = _run(tmp_path, START_UP, where, str(int(signum)), how)
+    _assert_ended_by(result, signum)
+    assert took < BOUND, took
+
+
+def test_importing_the_module_leaves_ctrl_c_and_sigterm_raising(tmp_path):
+    """Only run keeps signals noted: a program that merely imports the module gets them raised."""
+    script = """
+import signal
+import verirl.__main__
+from verirl._signals import program_handler
+assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+assert signal.getsignal(signal.SIGTERM) is program_handler
+try:
+    signal.raise_signal(signal.SIGINT)
+    print("not raised")
+except KeyboardInterrupt:
+    print("raised")
+"""
+    result, _ = _run(tmp_path, script)
+    assert result.stdout.split() == ["raised"], result.stderr

@@ -3,24 +3,53 @@
 SIGTERM exits 143 and Ctrl-C 130 whenever they arrive, also while verirl is
 still importing (before `verirl.cli` holds the one SIGTERM policy for serve
 and launch) and after a command has torn down: a job stopped at any moment
-gets the code its scheduler expects (only a SIGTERM during the interpreter's
-own start-up, before this module runs, is still a death by signal). An
-inherited ``SIG_IGN`` is left as it is; a handler set by the interpreter's
+gets the code its scheduler expects, and with ``--json`` its one document. From
+this module's first statements until `run` enters its ``try``, both signals
+are only noted, and `run` raises them there. What is left, where a signal
+still acts as Python's default (SIGTERM a death by signal, Ctrl-C a
+``KeyboardInterrupt`` traceback): the interpreter's own start-up, the import
+of the ``verirl`` package itself (its ``__init__``, which imports next to
+nothing) and of ``_signal`` (built in); and for the ``verirl`` script, the few
+statements between its import of this module and its call of `run` (where
+SIGTERM exits 143 but writes no document, and Ctrl-C is a traceback).
+
+An inherited ``SIG_IGN`` is left as it is; a handler set by the interpreter's
 start-up (coverage's) is set aside, as `verirl.cli` does for serve and launch.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import os
-import signal
-import sys
-import threading
-from collections.abc import Callable
-from typing import Any
+# First, before any other import: the built-in half of `signal`, which costs nothing to
+# import (`signal` itself takes a millisecond or two), and only what notes a signal.
+_signal = __import__("_signal")
+_NOTED: list[int] = []
+"""SIGINT and SIGTERM as they came before `run` took over; it raises the first one."""
 
-from verirl._signals import (
+
+def _note_start_up(signum: int, _frame: object) -> None:
+    """SIGINT's and SIGTERM's handler while this module imports: note the signal, for `run`."""
+    _NOTED.append(signum)
+
+
+try:
+    _previous = _signal.getsignal(_signal.SIGTERM)  # a start-up's handler (coverage's): set aside
+    if _previous == _signal.SIG_DFL or callable(_previous):
+        _signal.signal(_signal.SIGTERM, _note_start_up)
+    if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:  # not nohup's SIG_IGN
+        _signal.signal(_signal.SIGINT, _note_start_up)
+except ValueError:  # imported off the main thread: no handler can be set there
+    pass
+
+import atexit  # noqa: E402 - after the handlers above
+import contextlib  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+from verirl._signals import (  # noqa: E402
     arm_exit_deadline,
     note_dropped,
     noted,
@@ -82,15 +111,73 @@ def run() -> int:
 
     A closed stdin, stdout or stderr gets ``/dev/null`` first, so that no file
     verirl opens, and no child it starts, takes that descriptor for one of them.
-    A SIGTERM whose exit verirl's import swallowed is raised before the command starts.
+    A signal noted while this module imported is raised first thing, and a
+    SIGTERM whose exit verirl's import swallowed before the command starts.
     Once the command has returned, both signals are noted rather than raised
     (the teardown finishes, the code says what came), and a ``--json`` run a
     signal ended before its document was written still gets one.
     """
-    from verirl._cli_output import (  # noqa: PLC0415 - the standard library only
-        reserve_standard_fds,
-        signal_document,
-    )
+    try:  # the first statement: from the module's noting handlers straight into the try
+        try:
+            _take_over()  # from the noting handlers to the raising ones, and what came meanwhile
+            _prepare()
+            from verirl.cli import main  # noqa: PLC0415 - after the handler: importing takes time
+
+            raise_if_dropped()  # a SIGTERM whose exit the import swallowed: run no command
+            code = main()
+        except (KeyboardInterrupt, SystemExit) as error:
+            code = _signal_code(error)
+        finally:
+            _note_signals()
+    except (KeyboardInterrupt, SystemExit) as error:  # as the command returned, before the note
+        code = _signal_code(error)
+        _note_signals()
+    process = sys.modules.get("verirl._process")
+    if process is not None:  # what the exit hook would stop, stopped while signals are noted
+        process.stop_all_servers()
+    received = program_received()  # its SystemExit may have been swallowed (see the handler)
+    code = code if received is None else 128 + received
+    if code in (_CTRL_C, 128 + signal.SIGTERM):
+        from verirl._cli_output import signal_document  # noqa: PLC0415 - imported by now, or quickly
+
+        signal_document(sys.argv[1:], code)
+    if received is not None or code == _CTRL_C:  # a signal: no pool's thread may hold the exit
+        arm_exit_deadline(code)
+    _EXIT_CODE[:] = [code]
+    return code
+
+
+_OURS = [_signal.getsignal(_signal.SIGTERM) is _note_start_up]
+"""Whether SIGTERM is the program's to handle (not an inherited ``SIG_IGN``): `_prepare` decides."""
+
+
+def _take_over() -> None:
+    """Put the program's raising handlers in place of `_note_start_up`; raise a noted signal.
+
+    SIGTERM gets `program_handler` (its ``SystemExit`` says 143 even if it is
+    swallowed), Ctrl-C Python's ``KeyboardInterrupt``. A SIGTERM noted while this
+    module imported is raised as `program_handler` raises it; else a Ctrl-C.
+    """
+    _raising_handlers()
+    came, _NOTED[:] = _NOTED[:], []
+    if signal.SIGTERM in came:
+        program_handler(signal.SIGTERM, None)
+    if came:
+        raise KeyboardInterrupt
+
+
+def _raising_handlers() -> None:
+    """`_note_start_up`, where installed, replaced by `program_handler` and Ctrl-C's default."""
+    with contextlib.suppress(ValueError):  # off the main thread: nothing was installed
+        if signal.getsignal(signal.SIGINT) is _note_start_up:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if signal.getsignal(signal.SIGTERM) is _note_start_up:
+            signal.signal(signal.SIGTERM, program_handler)
+
+
+def _prepare() -> None:
+    """Standard descriptors, the last exit hook, SIGTERM's handler, the unraisable hook."""
+    from verirl._cli_output import reserve_standard_fds  # noqa: PLC0415 - inside the try
 
     reserve_standard_fds()
     atexit.register(_late_signal_exit)  # registered first, so it runs after every later hook
@@ -100,31 +187,8 @@ def run() -> int:
     ours = previous == signal.SIG_DFL or callable(previous)
     if ours:
         signal.signal(signal.SIGTERM, program_handler)
+    _OURS[:] = [ours]
     sys.unraisablehook = _unraisable(sys.unraisablehook)
-    try:
-        try:
-            from verirl.cli import main  # noqa: PLC0415 - after the handler: importing takes time
-
-            raise_if_dropped()  # a SIGTERM whose exit the import swallowed: run no command
-            code = main()
-        except (KeyboardInterrupt, SystemExit) as error:
-            code = _signal_code(error)
-        finally:
-            _note_signals(sigterm=ours)
-    except (KeyboardInterrupt, SystemExit) as error:  # as the command returned, before the note
-        code = _signal_code(error)
-        _note_signals(sigterm=ours)
-    process = sys.modules.get("verirl._process")
-    if process is not None:  # what the exit hook would stop, stopped while signals are noted
-        process.stop_all_servers()
-    received = program_received()  # its SystemExit may have been swallowed (see the handler)
-    code = code if received is None else 128 + received
-    if code in (_CTRL_C, 128 + signal.SIGTERM):
-        signal_document(sys.argv[1:], code)
-    if received is not None or code == _CTRL_C:  # a signal: no pool's thread may hold the exit
-        arm_exit_deadline(code)
-    _EXIT_CODE[:] = [code]
-    return code
 
 
 _EXIT_CODE: list[int] = []
@@ -161,7 +225,7 @@ def _signal_code(error: KeyboardInterrupt | SystemExit) -> int:
     return 128 + received
 
 
-def _note_signals(*, sigterm: bool) -> None:
+def _note_signals() -> None:
     """From here on a SIGTERM (when it is ours) and a Ctrl-C are noted, never raised.
 
     The teardown must finish; a ``KeyboardInterrupt`` now would escape `run`
@@ -169,12 +233,15 @@ def _note_signals(*, sigterm: bool) -> None:
     SIGINT (``nohup``) stays ignored. A SIGTERM's exit that never arrived is
     past raising: the exit code says it.
     """
-    if sigterm:
+    if _OURS[0]:
         signal.signal(signal.SIGTERM, program_note)
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _note_start_up):
         signal.signal(signal.SIGINT, program_note)
     program_exit_arrived()
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m verirl: the noting handlers stay until run's try
     sys.exit(run())
+# Imported (by the ``verirl`` script, or a test): the import is over, and signals are raised
+# again, as the program raises them; `run` raises those noted meanwhile.
+_raising_handlers()
