@@ -401,6 +401,26 @@ def test_launch_json_with_an_unwritable_stderr_still_runs_the_command(tmp_path):
     assert json.loads(result.stdout) == {"exit_code": 0}
 
 
+def test_launch_json_with_a_stderr_pipe_nobody_reads_still_runs_the_command(tmp_path):
+    # the command's stdout goes to launch's stderr under --json: a dead pipe there was SIGPIPE
+    marker = tmp_path / "ran"
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "verirl", "launch", "--json", "--gpus", "1", "--mode",
+             "colocate", "--", sys.executable, "-c",
+             f"print('step 1', flush=True); open({str(marker)!r}, 'w').close()"],
+            stdout=subprocess.PIPE, stderr=write, text=True, env=clean_environ(tmp_path),
+            timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert result.returncode == 0
+    assert json.loads(result.stdout) == {"exit_code": 0}
+    assert marker.exists()
+
+
 def test_a_commands_own_json_flag_is_not_launchs(tmp_path):
     """``launch python train.py --json`` (no ``--``): a signal's document only if launch had it."""
     code = (

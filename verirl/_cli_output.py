@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import re
+import select
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -256,11 +257,25 @@ def _reserve(fd: int) -> None:
 
 
 def _writable(fd: int) -> bool:
+    """Whether ``fd`` is open for writing and, if a pipe or socket, someone still reads it."""
     try:
         mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
     except OSError:
         return False
-    return mode in (os.O_WRONLY, os.O_RDWR)
+    return mode in (os.O_WRONLY, os.O_RDWR) and not _reader_gone(fd)
+
+
+def _reader_gone(fd: int) -> bool:
+    """Whether ``fd`` is a pipe or socket whose reading end has gone (a write would be EPIPE)."""
+    if not hasattr(select, "poll"):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    try:
+        events = poller.poll(0)
+    except OSError:
+        return False
+    return any(event & (select.POLLERR | select.POLLHUP) for _, event in events)
 
 
 @contextlib.contextmanager
@@ -269,8 +284,9 @@ def stdout_to_stderr() -> Iterator[None]:
 
     ``launch --json``: the training command's own output must not mix with the
     one JSON document on stdout. Nothing is changed when either descriptor is
-    unusable. A descriptor 2 that cannot be written (``2</dev/null``) gets the
-    command's output to ``/dev/null`` instead: the command must not fail on it.
+    unusable. A descriptor 2 that cannot be written (``2</dev/null``, a pipe
+    whose reader has gone) gets the command's output to ``/dev/null`` instead:
+    the command must not fail on it (nor die of SIGPIPE).
     """
     STDOUT.flush()
     try:
