@@ -340,3 +340,35 @@ def test_every_key_after_a_secret_flag_is_hidden_up_to_the_next_flag(argv, shown
     assert redact_argv(argv) == shown
     line = shown_line(["bash", "-c", shlex.join(argv)])
     assert "sk-" not in line
+
+
+PASSWORD = "SECRETPW9"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["resume", "--resume", f"https://u:{PASSWORD}@host/ckpt"],
+        ["resume", "--resume", f"http://host/c?token={PASSWORD}"],
+        ["resume", "--output-dir", f"https://u:{PASSWORD}@host/x", "--resume", "latest"],
+        ["resume", "--hub-repo", f"https://u:{PASSWORD}@host/x", "--resume", "latest"],
+        ["resume", "--hub-repo", "org/r", "--hub-revision", f"x?token={PASSWORD}"],
+        ["wait-env", "http://127.0.0.1:1", "--health-path", f"/h?token={PASSWORD}"],
+        ["serve", "--gpus", "2", "--model", "m", "--log-dir", f"https://u:{PASSWORD}@h/"],
+    ],
+    ids=["resume-url", "resume-query", "output-dir", "hub-repo", "hub-revision", "health-path",
+         "log-dir"],
+)  # fmt: skip
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["text", "json"])
+@pytest.mark.usefixtures("no_settings")
+def test_a_credential_typed_into_any_value_never_shows(
+    capsys, argv, json_flag, monkeypatch, tmp_path
+):
+    # every error quotes the value it refuses: the credential in it stays hidden
+    monkeypatch.chdir(tmp_path)
+    code = main([*json_flag, *argv])
+    out, err = capsys.readouterr()
+    assert code != 0
+    assert PASSWORD not in out + err, (out, err)
+    if json_flag:
+        assert json.loads(out)["error"]["code"] == code

@@ -27,6 +27,7 @@ __all__ = [
     "hub_token_in_use",
     "known_secrets",
     "redact_argv",
+    "redact_message",
     "redact_text",
     "redact_url",
     "refuse_unreadable_token_file",
@@ -176,10 +177,11 @@ def redact_text(value: str) -> str:
 
 
 # A query or fragment parameter's name: it follows ?, &, ; or #. The value of a secret one runs
-# to the next & or # or white space (a ? ; or quote is taken in: hiding too much beats showing a
-# part). Names are found without consuming values, so "?a=b?token=V" still finds token.
+# to the next & or # or white space, or a quote that ends it (one followed by white space, a quote
+# or a delimiter: the value was quoted); a ? ; or other quote is taken in: hiding too much beats
+# showing a part. Names are found without consuming values, so "?a=b?token=V" still finds token.
 _PARAM_NAME = re.compile(r"(?<=[?&;#])([^=&#;?\s]+)=")
-_PARAM_VALUE = re.compile(r"[^&#\s]*")
+_PARAM_VALUE = re.compile(r"""(?:[^&#\s'"]|['"](?=[^\s'",;:)}\]]))*""")
 _PARAM_WORDS = frozenset({"sig", "signature", "pwd", "pass", "jwt", "session", "sessionid",
                           "sid", "cookie", "code", "bearer"})  # fmt: skip
 # An HTTP header that carries a credential: Authorization or Cookie, or a name whose last word is
@@ -388,6 +390,35 @@ def _flag_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
     if text.startswith("-", start):
         return None
     return _regex_span(_BEARER_VALUE, 0)(text, found)
+
+
+# ``user:password@`` inside a longer text (a message naming a URL, a path made of one): the part
+# before the @ that holds a colon, up to white space, a quote or a slash; a scheme stays.
+_USERINFO_IN_TEXT = re.compile(r"[^\s/@'\"<>()\[\]]+:[^\s/@'\"<>]*@")
+
+
+def redact_message(text: str) -> str:
+    """``text`` (a message, a log line) with the credentials it may quote hidden.
+
+    What `redact_text` hides in a value: a secret key's, parameter's or
+    header's value and a bearer token; and a URL's ``user:password@`` wherever
+    it stands (``***@``), its scheme and host kept. Unlike `redact_text`, the
+    rest of the text stays (an ``@`` without a colon before it, as in
+    ``org/repo@revision``, is no credential).
+    """
+    text = _redact_params(text)
+    if "@" not in text:
+        return text
+    return _USERINFO_IN_TEXT.sub(_hide_userinfo, text)
+
+
+def _hide_userinfo(found: re.Match[str]) -> str:
+    userinfo = found.group(0)
+    scheme = _SCHEME_PREFIX.match(userinfo)
+    return f"{scheme.group(0) if scheme else ''}***@"
+
+
+_SCHEME_PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/{1,2}|[A-Za-z]+:(?=[^:]*:)")
 
 
 def redact_url(url: str) -> str:

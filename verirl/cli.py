@@ -73,7 +73,14 @@ from verirl._fs import printable
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT
 from verirl._net import url_host
 from verirl._process import MARKER_VAR
-from verirl._secrets import HIDDEN, redact_argv, redact_text, secrets_in_environ, shown_command
+from verirl._secrets import (
+    HIDDEN,
+    redact_argv,
+    redact_message,
+    redact_text,
+    secrets_in_environ,
+    shown_command,
+)
 from verirl._serve_args import own_flag, own_flag_reason
 from verirl._settings import Settings, split_args, split_command
 from verirl._signals import SIGTERM_POLICY, exit_on_sigterm, sigterm_pending
@@ -1068,11 +1075,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _StderrHandler(logging.Handler):
-    """Log lines to stderr through `STDERR`: a closed or abandoned stderr fails nothing."""
+    """Log lines to stderr through `STDERR`: a closed or abandoned stderr fails nothing.
+
+    A credential a line quotes from what the user typed is hidden
+    (`redact_message`), whichever module logged it.
+    """
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            text = self.format(record)
+            text = redact_message(self.format(record))
         except Exception:  # noqa: BLE001 - logging's own contract: never raise from emit
             self.handleError(record)
             return

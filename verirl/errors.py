@@ -37,7 +37,17 @@ __all__ = [
 
 
 class VeriRLError(Exception):
-    """Base of every error verirl raises on purpose."""
+    """Base of every error verirl raises on purpose.
+
+    Its message never carries a credential a user typed into a value it
+    quotes (a URL's ``user:password@``, ``?token=V``, ``api_key=V``): each is
+    hidden as the error is made (`verirl._secrets.redact_message`).
+    """
+
+    def __init__(self, *args: object) -> None:
+        from verirl._secrets import redact_message  # noqa: PLC0415 - it imports this module
+
+        super().__init__(*(redact_message(arg) if isinstance(arg, str) else arg for arg in args))
 
 
 class ConfigError(VeriRLError, ValueError):
