@@ -291,6 +291,21 @@ def test_what_stays_in_the_group_after_the_grace_is_sigkilled(
     assert launch.signals() == ["SIGTERM"], launch.stderr
 
 
+def test_a_hang_up_is_taken_for_a_sigterm_and_passed_on_once(
+    tmp_path: Path, launches: list[Launch]
+) -> None:
+    # a closed terminal or a dropped ssh: by default SIGHUP killed launch with no teardown
+    launch = Launch(tmp_path)
+    launches.append(launch)
+    launch.wait_until_running()
+    launch.proc.send_signal(signal.SIGHUP)
+    launch.wait_until_passed_on()
+    code = launch.release()
+    assert launch.signals() == ["SIGTERM"], launch.stderr
+    assert code == 128 + signal.SIGTERM, launch.stderr
+    assert "Traceback" not in launch.stderr
+
+
 def test_a_command_that_left_its_process_group_is_still_signalled() -> None:
     # Started without a group of its own: no process group has its pid as id.
     with subprocess.Popen(

@@ -176,7 +176,7 @@ def _raising_handlers() -> None:
 
 
 def _prepare() -> None:
-    """Standard descriptors, the last exit hook, SIGTERM's handler, the unraisable hook."""
+    """Standard descriptors, the last exit hook, SIGTERM and SIGHUP handlers, unraisable hook."""
     from verirl._cli_output import reserve_standard_fds  # noqa: PLC0415 - inside the try
 
     reserve_standard_fds()
@@ -187,8 +187,19 @@ def _prepare() -> None:
     ours = previous == signal.SIG_DFL or callable(previous)
     if ours:
         signal.signal(signal.SIGTERM, program_handler)
+        if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:
+            signal.signal(signal.SIGHUP, _hang_up)  # not under nohup (SIG_IGN)
     _OURS[:] = [ours]
     sys.unraisablehook = _unraisable(sys.unraisablehook)
+
+
+def _hang_up(_signum: int, _frame: object) -> None:
+    """A hang-up (a closed terminal, a dropped ssh) is a SIGTERM: the same teardown, code 143.
+
+    By default it killed the program on the spot: no teardown, and what the
+    command started outside its process group ran on.
+    """
+    signal.raise_signal(signal.SIGTERM)
 
 
 _EXIT_CODE: list[int] = []
