@@ -39,10 +39,12 @@ import base64
 import contextlib
 import hashlib
 import http.server
+import io
 import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -77,6 +79,8 @@ class Hold:
     """A file body held back by `FakeHub.hold`: ``arrived`` is set when a GET for it comes in."""
 
     arrived: threading.Event = attrs.field(factory=threading.Event)
+    trickle: float = 0.0
+    """Seconds between two bytes of the body (a Hub that keeps the connection busy) instead."""
     _released: threading.Event = attrs.field(factory=threading.Event, repr=False)
 
     def release(self) -> None:
@@ -86,7 +90,19 @@ class Hold:
     def wait_released(self) -> None:
         """Block a handler until `release` (or `_HOLD_LIMIT` seconds, whichever comes first)."""
         self.arrived.set()
-        self._released.wait(_HOLD_LIMIT)
+        if not self.trickle:
+            self._released.wait(_HOLD_LIMIT)
+
+    def write(self, out: io.BufferedIOBase, body: bytes) -> None:
+        """Write ``body`` a byte every `trickle` seconds, the rest at once after `release`."""
+        deadline = time.monotonic() + _HOLD_LIMIT
+        for index in range(len(body)):
+            if self._released.is_set() or time.monotonic() > deadline:
+                out.write(body[index:])
+                return
+            out.write(body[index : index + 1])
+            out.flush()
+            self._released.wait(self.trickle)
 
 
 @attrs.frozen
@@ -158,7 +174,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if what is not None:
             hub._count_download(what, len(response.body))  # noqa: SLF001
         try:
-            self.wfile.write(response.body)
+            if response.hold is not None and response.hold.trickle:
+                response.hold.write(self.wfile, response.body)
+            else:
+                self.wfile.write(response.body)
         except OSError:
             if what is not None:
                 hub._uncount_download(what, len(response.body))  # noqa: SLF001
@@ -390,9 +409,13 @@ class FakeHub:
                 lambda: sum(path_contains in p for _, p in self._requests) >= count, timeout
             )
 
-    def hold_listing(self, repo_id: str) -> Hold:
-        """Hold tree listings of ``repo_id`` (a Hub that stalls) until the `Hold` is released."""
-        hold = Hold()
+    def hold_listing(self, repo_id: str, *, trickle: float = 0.0) -> Hold:
+        """Hold tree listings of ``repo_id`` (a Hub that stalls) until the `Hold` is released.
+
+        With ``trickle``, the listing's body comes a byte every ``trickle``
+        seconds instead (a Hub that never lets a read time out).
+        """
+        hold = Hold(trickle=trickle)
         with self._lock:
             self._holds[repo_id, _LISTING] = hold
         return hold

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import attrs
@@ -1535,6 +1536,23 @@ def test_a_stalled_tree_listing_times_out(hub, tmp_path):
         assert hold.arrived.is_set()
     finally:
         hold.release()
+    assert hub_source(hub, tmp_path).latest().step == 30
+
+
+def test_a_tree_listing_that_trickles_ends_within_the_timeout(hub, tmp_path):
+    # each read gets a byte in time: only a deadline on the whole page ends it
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    hold = hub.hold_listing(REPO, trickle=0.05)
+    try:
+        source = hub_source(hub, tmp_path, timeout=0.5)
+        started = time.monotonic()
+        with pytest.raises(CheckpointSourceError, match=rf"cannot list hub:{REPO}.*within 0.5s"):
+            source.latest()
+        took = time.monotonic() - started
+        assert hold.arrived.is_set()
+    finally:
+        hold.release()
+    assert took < 30  # the page's bytes would take minutes at this pace
     assert hub_source(hub, tmp_path).latest().step == 30
 
 

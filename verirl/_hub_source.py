@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import bisect
 import errno
+import json
 import logging
 import os
 import re
 import sys
 import tempfile
-from collections.abc import Collection, Sequence
+import time
+from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -329,9 +331,13 @@ class HubCheckpointSource:
                 msg = f"cannot list {self.description}: the tree listing does not end"
                 raise CheckpointSourceError(msg) from ValueError(redact_url(url))
             seen.add(url)
-            response = get_session().get(url, headers=headers, params=params, timeout=self.timeout)
-            hf_raise_for_status(response)
-            page = response.json()
+            deadline = time.monotonic() + self.timeout  # the whole page: a trickle is cut off too
+            with get_session().stream(
+                "GET", url, headers=headers, params=params, timeout=self.timeout
+            ) as response:
+                body = _read_within(response.iter_bytes(), deadline, self.timeout)
+                hf_raise_for_status(response)
+            page = json.loads(body)
             if not isinstance(page, list):
                 msg = f"cannot list {self.description}: the tree listing is not a JSON list"
                 raise CheckpointSourceError(msg) from ValueError(type(page).__name__)
@@ -732,3 +738,23 @@ def _progress_bar() -> type | None:
             super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
 
     return Silent
+
+
+_MAX_PAGE_BYTES = 64 << 20
+"""A tree listing page larger than this is no listing (the Hub's pages are a few hundred KB)."""
+
+
+def _read_within(chunks: Iterator[bytes], deadline: float, timeout: float) -> bytes:
+    """The body ``chunks`` make, all of it by ``deadline`` (`TimeoutError` otherwise).
+
+    The client's own timeout bounds each read; a server that sends a byte
+    now and then would hold the listing for as long as it likes.
+    """
+    body = bytearray()
+    for chunk in chunks:
+        body += chunk
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the tree listing page did not arrive within {timeout:g}s")
+        if len(body) > _MAX_PAGE_BYTES:
+            raise ValueError(f"the tree listing page is over {_MAX_PAGE_BYTES >> 20} MiB")
+    return bytes(body)
