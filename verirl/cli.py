@@ -72,7 +72,6 @@ from verirl._cli_output import (
 from verirl._fs import printable
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT
 from verirl._net import url_host
-from verirl._process import MARKER_VAR
 from verirl._secrets import (
     HIDDEN,
     redact_argv,
@@ -747,6 +746,8 @@ def _training_environment(
     overrode (``flags``: `_flag_variables`) holds the flag's value, never
     passed on stale from the caller's environment.
     """
+    from verirl._process import MARKER_VAR  # noqa: PLC0415 - psutil only once launch runs
+
     env = {**os.environ, **(flags or {})}
     env.pop(MARKER_VAR, None)  # a server's mark: on the command, launch would never signal it
     topology = runtime.topology
