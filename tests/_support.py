@@ -366,3 +366,18 @@ def loopback_server(
         yield server
     finally:
         stop_serving(server, thread)
+
+
+def clean_environ(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """This process's environment without verirl/HF settings, HF_HOME in ``tmp_path``."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("VERIRL_", "HF_", "HUGGING_FACE_"))
+        and name not in ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+    }
+    env["HF_HOME"] = str(tmp_path / "hf-home")
+    env["HF_HUB_OFFLINE"] = "1"
+    env["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    env.update(extra)
+    return env

@@ -33,7 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _support import Answer, loopback_server, nothing_listens, unshared_port
+from _support import Answer, clean_environ, loopback_server, nothing_listens, unshared_port
 from fakes import FakeEnvServer
 from fakes.hub import serve_fake_hub
 from verirl import ConfigError, TrainingRuntime, VLLMServer
@@ -42,21 +42,6 @@ from verirl.cli import main
 FAKE_VLLM = f"{sys.executable} -m fakes.vllm_serve"
 TOKEN = "hf_SECRETtokenValue0123456789"
 BAD_OUTPUT = ("Traceback", "BrokenPipeError", "Exception ignored", "AttributeError")
-
-
-def clean_environ(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """This process's environment without verirl/HF settings, HF_HOME in ``tmp_path``."""
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if not name.startswith(("VERIRL_", "HF_", "HUGGING_FACE_"))
-        and name not in ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE")
-    }
-    env["HF_HOME"] = str(tmp_path / "hf-home")
-    env["HF_HUB_OFFLINE"] = "1"
-    env["HF_HUB_DISABLE_TELEMETRY"] = "1"
-    env.update(extra)
-    return env
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from _support import nothing_listens, unshared_port
+from _support import clean_environ, nothing_listens, unshared_port
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT_ENV_TIMEOUT = 30.0
@@ -36,16 +36,9 @@ MESSAGE = {signal.SIGINT: "interrupted (SIGINT)", signal.SIGTERM: "terminated (S
 
 
 def _environ(tmp_path: Path) -> dict[str, str]:
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if not name.startswith(("VERIRL_", "HF_", "HUGGING_FACE_"))
-        and name not in ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE")
-    }
-    env["HF_HOME"] = str(tmp_path / "hf-home")
-    env["HF_HUB_OFFLINE"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    return env
+    return clean_environ(
+        tmp_path, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
 
 
 def _run(tmp_path: Path, script: str, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
