@@ -884,6 +884,117 @@ def test_the_token_never_leaks_when_it_works(hub, tmp_path, caplog):
     assert secret not in repr(source)
 
 
+@pytest.fixture
+def no_machine_token(monkeypatch, tmp_path):
+    """No Hub token from this machine: no variable, and the token file in ``tmp_path``."""
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_IMPLICIT_TOKEN", False)
+    path = tmp_path / "hf-home" / "token"
+    path.parent.mkdir()
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(path))
+    return path
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["hf_TheRealToken12345\u00e967890", "hf_TheReal Token1234567890"],
+    ids=["non-ASCII", "space"],
+)
+@pytest.mark.parametrize("where", ["HF_TOKEN_PATH", "saved login", "HUGGING_FACE_HUB_TOKEN"])
+def test_a_token_huggingface_hub_finds_itself_is_checked_before_any_request(  # noqa: PLR0917
+    hub, tmp_path, monkeypatch, no_machine_token, where, bad
+):
+    """token=None: the token huggingface_hub would send (a non-ASCII one fails encoding the
+    header, quoting a character of it; one with a space is a 401) is refused as token= is, in a
+    ConfigError that names where it is and shows none of it."""
+    hub.add_checkpoint(REPO, "checkpoint-30", 30)
+    hub.protect(REPO, "hf_TheRealToken1234567890")
+    if where == "HF_TOKEN_PATH":
+        path = tmp_path / "my-token"
+        path.write_text(bad + "\n", encoding="utf-8")
+        monkeypatch.setenv("HF_TOKEN_PATH", str(path))
+        monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(path))
+        expected = f"HF_TOKEN_PATH='{path}': the Hub token in that file contains"
+    elif where == "saved login":
+        no_machine_token.write_text(bad, encoding="utf-8")
+        expected = f"HF_HOME='{no_machine_token}': the Hub token in that file contains"
+    else:
+        monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", bad)
+        expected = "HUGGING_FACE_HUB_TOKEN='<hidden>': contains"
+    source = hub_source(hub, tmp_path)
+    make_checkpoint(tmp_path / "out", "checkpoint-1")
+    resolver = CheckpointResolver([LocalCheckpointSource(tmp_path / "out"), source])
+    hub.reset_counters()
+    for attempt in (source.latest, lambda: resolver.resolve("latest")):
+        with pytest.raises(ConfigError) as info:
+            attempt()
+        message = str(info.value)
+        assert message.startswith(expected), message
+        assert "RealToken" not in message
+        assert "\u00e9" not in message
+    assert hub.requests == []  # refused before the Hub was asked anything
+
+
+@pytest.mark.parametrize("given", ["token=", "HF_TOKEN"])
+def test_an_endpoint_holding_the_token_never_shows_it(hub, tmp_path, monkeypatch, caplog, given):
+    """A source's description carries its endpoint into every message: scrubbed there too."""
+    secret = "hf_EndpointSecretToken1234567"
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    if given == "HF_TOKEN":  # token=None: the one huggingface_hub finds is scrubbed
+        monkeypatch.setenv("HF_TOKEN", secret)
+    kwargs = {"token": secret} if given == "token=" else {}
+    port = closed_port()
+    source = hub_source(hub, tmp_path, endpoint=f"http://127.0.0.1:{port}/{secret}", **kwargs)
+    assert source.endpoint == f"http://127.0.0.1:{port}/{secret}"  # sent as it was given
+    assert source.description == f"hub:{REPO}@main via http://127.0.0.1:{port}/<token>"
+    (tmp_path / "out").mkdir()
+    resolver = CheckpointResolver([LocalCheckpointSource(tmp_path / "out"), source])
+    with pytest.raises(CheckpointSourceError) as info:
+        resolver.resolve("latest")
+    message = str(info.value)
+    assert "could not be read" in message
+    assert f"searched: local:{tmp_path / 'out'}, hub:{REPO}@main via " in message
+    assert message.count("<token>") == 2, message  # the source's reason, and where it searched
+    make_checkpoint(tmp_path / "out", "checkpoint-1")
+    assert resolver.resolve("latest") == str(tmp_path / "out" / "checkpoint-1")
+    assert "ignoring checkpoint source hub:" in caplog.text  # the warning names it too
+    for text in (message, repr(info.value), caplog.text, repr(source)):
+        assert secret not in text
+
+
+@pytest.mark.parametrize("given", ["token=", "HF_TOKEN"])
+@pytest.mark.parametrize(
+    ("endpoint", "why"),
+    [
+        ("http://127.0.0.1:1/?x={}", "must not have a ?query or #fragment"),
+        ("http://127.0.0.1:1/#{}", "must not have a ?query or #fragment"),
+        ("http://127.0.0.1:1/{} x", "must not contain whitespace or control characters"),
+        ("http://127.0.0.1:1/{}\u00e9", "must not contain whitespace, control or non-ASCII"),
+        ("ftp://127.0.0.1:1/{}", "must start with http:// or https://"),
+    ],
+)
+def test_an_endpoint_refused_never_shows_the_token_in_it(
+    tmp_path, monkeypatch, endpoint, why, given
+):
+    secret = "hf_EndpointSecretToken1234567"
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    if given == "HF_TOKEN":
+        monkeypatch.setenv("HF_TOKEN", secret)
+    kwargs = {"token": secret} if given == "token=" else {}
+    with pytest.raises(ConfigError) as info:
+        HubCheckpointSource(
+            REPO, download_dir=tmp_path / "dl", endpoint=endpoint.format(secret), **kwargs
+        )
+    assert why in str(info.value)
+    assert str(info.value).startswith("endpoint='"), str(info.value)
+    assert "<token>" in str(info.value)
+    assert info.value.field == "endpoint"
+    for text in (str(info.value), repr(info.value.value), str(info.value.reason)):
+        assert secret not in text
+
+
 def test_import_verirl_checkpoints_does_not_import_huggingface_hub():
     code = (
         "import sys, verirl.checkpoints, fakes.hub, fakes.checkpoints; "

@@ -570,6 +570,144 @@ def test_a_token_huggingface_hub_found_itself_never_reaches_an_error(tmp_path, s
     assert TOKEN not in result.stdout + result.stderr
 
 
+UNSENDABLE = {"non-ASCII": "hf_SECRETtoken12345\u00e967890", "space": "hf_SECRET token1234567890"}
+
+
+def _unsendable_token_env(tmp_path: Path, hub_url: str, where: str, kind: str) -> tuple[dict, str]:
+    """An environment whose Hub token (from ``where``) huggingface_hub could not send; the
+    beginning of the error that must name it."""
+    env = clean_environ(tmp_path, VERIRL_GPU_COUNT="1", VERIRL_HUB_REPO_ID="org/priv",
+                        VERIRL_HUB_ENDPOINT=hub_url, VERIRL_OUTPUT_DIR=str(tmp_path / "out"),
+                        VERIRL_RESUME_FROM_CHECKPOINT="auto")  # fmt: skip
+    env.pop("HF_HUB_OFFLINE")
+    home = tmp_path / "hf-home"
+    home.mkdir(exist_ok=True)
+    if where == "HUGGING_FACE_HUB_TOKEN":
+        env[where] = UNSENDABLE[kind]
+        return env, "HUGGING_FACE_HUB_TOKEN='<hidden>': contains "
+    path = tmp_path / "my-token" if where == "HF_TOKEN_PATH" else home / "token"
+    if where == "HF_TOKEN_PATH":
+        env["HF_TOKEN_PATH"] = str(path)
+    variable = "HF_TOKEN_PATH" if where == "HF_TOKEN_PATH" else "HF_HOME"
+    if kind == "not UTF-8":
+        path.write_bytes(UNSENDABLE["non-ASCII"].encode("latin-1"))
+        return env, f"{variable}='{path}': the Hub token file there is not text"
+    path.write_text(UNSENDABLE[kind] + "\n", encoding="utf-8")
+    return env, f"{variable}='{path}': the Hub token in that file contains "
+
+
+@pytest.mark.parametrize(
+    ("where", "kind"),
+    [
+        ("HF_TOKEN_PATH", "non-ASCII"),
+        ("HF_TOKEN_PATH", "not UTF-8"),
+        ("saved login", "space"),
+        ("saved login", "not UTF-8"),
+        ("HUGGING_FACE_HUB_TOKEN", "non-ASCII"),
+        ("HUGGING_FACE_HUB_TOKEN", "space"),
+    ],
+)
+def test_a_token_huggingface_hub_found_but_could_not_send_is_exit_2_naming_where(
+    tmp_path, where, kind
+):
+    """launch and resume end on it (2) before asking the Hub, doctor reports it (2), each naming
+    the variable or the file, never showing the token (it was exit 5 with a UnicodeEncodeError
+    quoting a character of it, a 401, or a UnicodeDecodeError)."""
+    commands = {
+        "launch": ["launch", "--", sys.executable, "-c", "pass"],
+        "resume": ["resume", "--resume", "latest"],
+        "doctor": ["doctor"],
+    }
+    with serve_fake_hub() as hub:
+        hub.add_checkpoint("org/priv", "checkpoint-7", 7)
+        hub.protect("org/priv", "hf_SECRETtoken1234567890")
+        env, expected = _unsendable_token_env(tmp_path, hub.endpoint, where, kind)
+        for name, argv in commands.items():
+            code, document, stderr = run_json(tmp_path, *argv, env=env)
+            message = document["error"]["message"]
+            assert code == 2, (name, document, stderr)
+            if name == "doctor":
+                assert message == f"Hub token: unusable: {document['Hub token'][10:]}", message
+                assert document["Hub token"].startswith(f"unusable: {expected}"), document
+            else:
+                assert message.startswith(expected), (name, message)
+            for text in (json.dumps(document, ensure_ascii=False), stderr):
+                assert "SECRET" not in text
+                assert "\u00e9" not in text
+                assert "Traceback" not in text
+                assert "UnicodeEncodeError" not in text
+                assert "UnicodeDecodeError" not in text
+        assert hub.requests == []  # nothing was sent
+
+
+@pytest.mark.parametrize("hub_repo", [True, False])
+def test_doctor_names_an_unsendable_hf_token_the_hub_token_s_problem(tmp_path, hub_repo):
+    """Not "layout:": the layout is fine, and planned (its launch row says what it would run)."""
+    env = clean_environ(tmp_path, VERIRL_GPU_COUNT="1", HF_TOKEN=UNSENDABLE["non-ASCII"])
+    if hub_repo:
+        env["VERIRL_HUB_REPO_ID"] = "org/priv"
+    code, document, stderr = run_json(tmp_path, "doctor", env=env)
+    assert code == 2, (document, stderr)
+    expected = "Hub token: unusable: HF_TOKEN='<hidden>': contains a non-ASCII character"
+    assert document["error"]["message"].startswith(expected), document
+    assert "layout" not in document["error"]["message"]
+    assert document["error"]["message"].count("HF_TOKEN") == 1  # said once, not by each check
+    assert document["vLLM launch"].startswith("not started here: colocate mode"), document
+    assert "SECRET" not in json.dumps(document) + stderr
+
+
+ENDPOINT_SECRET = "hf_SECRETtoken1234567890"
+
+
+@pytest.mark.parametrize("json_output", [False, True], ids=["text", "json"])
+@pytest.mark.parametrize(
+    ("argv", "extra", "code", "expected"),
+    [
+        (["resume", "--hub-repo", "org/priv", "--hub-endpoint", "http://127.0.0.1:{port}/{T}",
+          "--output-dir", "{out}", "--resume", "latest"], {}, 5,
+         "via http://127.0.0.1:{port}/<token>: ConnectError"),
+        (["launch", "--gpus", "1", "--hub-repo", "org/priv", "--hub-endpoint",
+          "http://127.0.0.1:{port}/{T}", "--output-dir", "{out}", "--resume", "latest", "--",
+          "true"], {}, 5, "searched: local:{out}, hub:org/priv@main via http://127.0.0.1:{port}/<token>"),
+        (["resume", "--hub-repo", "org/priv", "--hub-endpoint", "http://127.0.0.1:{port}/?x={T}",
+          "--output-dir", "{out}", "--resume", "latest"], {}, 2,
+         "--hub-endpoint='http://127.0.0.1:{port}/?x=<token>': must not have a ?query"),
+        (["resume", "--hub-endpoint", "http://127.0.0.1:{port}/{T}", "--resume", "latest"], {}, 2,
+         "--hub-endpoint='http://127.0.0.1:{port}/<token>': not used without a Hub repo"),
+        (["resume", "--resume", "latest"],
+         {"VERIRL_HUB_REPO_ID": "org/priv", "VERIRL_HUB_ENDPOINT": "http://127.0.0.1:{port}/{T}\x01"},
+         2, "VERIRL_HUB_ENDPOINT='http://127.0.0.1:{port}/<token>\\x01': must not contain control"),
+    ],
+    ids=["searched", "launch", "query", "no repo", "variable"],
+)  # fmt: skip
+def test_an_endpoint_holding_the_token_never_shows_it(  # noqa: PLR0917
+    tmp_path, argv, extra, code, expected, json_output
+):
+    """Every message that carries the Hub source's description or its endpoint is scrubbed:
+    the source's own reason was, the places searched and the endpoint's refusals were not."""
+    port, out = unshared_port(), tmp_path / "out"
+
+    def filled(text: str) -> str:
+        return (
+            text.replace("{port}", str(port))
+            .replace("{T}", ENDPOINT_SECRET)
+            .replace("{out}", str(out))
+        )
+
+    env = clean_environ(tmp_path, HF_TOKEN=ENDPOINT_SECRET)
+    env.pop("HF_HUB_OFFLINE")
+    env.update({name: filled(value) for name, value in extra.items()})
+    command = [sys.executable, "-m", "verirl", *(["--json"] if json_output else [])]
+    result = subprocess.run(
+        [*command, *map(filled, argv)], capture_output=True, text=True, env=env, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == code, result.stderr
+    shown = json.loads(result.stdout)["error"]["message"] if json_output else result.stderr
+    assert filled(expected) in shown, shown
+    assert ENDPOINT_SECRET not in result.stdout + result.stderr
+
+
 # -- 10. the CLI's own rules --------------------------------------------------------------------
 
 SERVER_ONLY_FLAGS = [

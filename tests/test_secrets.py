@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from verirl._secrets import redact_text, redact_url
+from verirl.errors import ConfigError
 
 SECRET = "s3cretpw"
 
@@ -56,3 +57,124 @@ def test_redact_text_never_shows_the_password(value: str) -> None:
     assert SECRET not in redact_text(value)
     assert SECRET not in repr(redact_text(value))
     assert SECRET not in redact_url(value)
+
+
+# -- the token huggingface_hub finds itself (`implicit_hub_token`) -----------------------------
+
+TOKEN = "hf_SECRETtokenValue0123456789"
+# Each one is sent by huggingface_hub as it is (it drops newlines and surrounding spaces only):
+# a non-ASCII character fails encoding the header, a space inside makes the Hub answer 401.
+BAD_TOKENS = {"non-ASCII": "hf_SECRETtoken12345\u00e967890", "space": "hf_SECRET token1234567890"}
+
+
+@pytest.fixture
+def token_env(monkeypatch, tmp_path):
+    """No token from this machine: no variable, the token file huggingface_hub reads in tmp_path."""
+    from huggingface_hub import constants
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_OIDC_RESOURCE",
+                 "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_IMPLICIT_TOKEN", False)
+    path = tmp_path / "hf-home" / "token"
+    path.parent.mkdir()
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(path))
+    return path
+
+
+def _fragments(token: str) -> list[str]:
+    """Pieces of ``token`` no message may show: its odd character, and its secret part."""
+    return ["SECRET", *(char for char in token if not "!" <= char <= "~" and char != " ")]
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_TOKENS))
+@pytest.mark.parametrize("source", ["HF_TOKEN_PATH", "saved login", "HUGGING_FACE_HUB_TOKEN"])
+def test_a_token_huggingface_hub_finds_itself_is_checked_and_its_source_named(
+    token_env, monkeypatch, tmp_path, source, kind
+):
+    from huggingface_hub import constants, get_token
+
+    from verirl._secrets import implicit_hub_token
+
+    token = BAD_TOKENS[kind]
+    if source == "HF_TOKEN_PATH":
+        path = tmp_path / "elsewhere"
+        path.write_text(token + "\n", encoding="utf-8")
+        monkeypatch.setenv("HF_TOKEN_PATH", str(path))
+        monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(path))
+        expected = f"HF_TOKEN_PATH='{path}': the Hub token in that file contains"
+    elif source == "saved login":
+        token_env.write_text(token, encoding="utf-8")
+        expected = f"HF_HOME='{token_env}': the Hub token in that file contains"
+    else:
+        monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", token)
+        expected = "HUGGING_FACE_HUB_TOKEN='<hidden>': contains"
+    assert get_token() == token  # what huggingface_hub would send
+    with pytest.raises(ConfigError) as info:
+        implicit_hub_token()
+    message = str(info.value)
+    assert message.startswith(expected), message
+    assert "a token is printable ASCII without spaces" in message
+    for fragment in _fragments(token):
+        assert fragment not in message
+        assert fragment not in repr(info.value.value)
+    assert info.value.__cause__ is None
+    assert info.value.__suppress_context__
+
+
+def test_a_token_file_that_is_not_text_is_a_config_error_naming_it(token_env):
+    from huggingface_hub import get_token
+
+    from verirl._secrets import implicit_hub_token
+
+    token_env.write_bytes(b"hf_SECRETtoken12345\xe967890")  # Latin-1, not UTF-8
+    with pytest.raises(UnicodeDecodeError):
+        get_token()  # what a request would fail on, inside the Hub client
+    with pytest.raises(ConfigError) as info:
+        implicit_hub_token()
+    message = str(info.value)
+    assert message.startswith(f"HF_HOME='{token_env}': the Hub token file there is not text")
+    assert "SECRET" not in message
+    assert "0xe9" not in message
+
+
+@pytest.mark.parametrize("source", ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "file", "none"])
+def test_a_good_token_is_the_one_huggingface_hub_finds(token_env, monkeypatch, source):
+    from huggingface_hub import get_token
+
+    from verirl._secrets import implicit_hub_token
+
+    if source == "file":
+        token_env.write_text(f"  {TOKEN}\r\n")  # huggingface_hub drops CR, LF and spaces around
+    elif source != "none":
+        monkeypatch.setenv(source, f"{TOKEN}\n")
+    assert implicit_hub_token() == get_token() == (None if source == "none" else TOKEN)
+
+
+@pytest.mark.parametrize("why", ["offline", "disabled"])
+def test_a_token_huggingface_hub_does_not_send_is_not_checked(token_env, monkeypatch, why):
+    from huggingface_hub import constants
+
+    from verirl._secrets import implicit_hub_token
+
+    token_env.write_text(BAD_TOKENS["space"])
+    if why == "offline":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    else:
+        monkeypatch.setattr(constants, "HF_HUB_DISABLE_IMPLICIT_TOKEN", True)
+    assert implicit_hub_token() is None
+
+
+def test_scrub_config_error_scrubs_message_value_and_reason():
+    from verirl._secrets import scrub_config_error
+
+    error = ConfigError.invalid("endpoint", f"http://h:1/?x={TOKEN}", f"bad {TOKEN}")
+    scrubbed = scrub_config_error(error, TOKEN)
+    assert (scrubbed.field, scrubbed.value, scrubbed.reason) == (
+        "endpoint",
+        "http://h:1/?x=<token>",
+        "bad <token>",
+    )
+    assert str(scrubbed) == "endpoint='http://h:1/?x=<token>': bad <token>"

@@ -18,7 +18,9 @@ them. In colocate mode no server starts here, so its launch and ports are not
 checked. The Hub token is looked up the way huggingface_hub looks it up
 (``HF_TOKEN``, ``HUGGING_FACE_HUB_TOKEN``, the file at ``HF_TOKEN_PATH``, else
 ``$HF_HOME/token`` written by ``hf auth login``), by huggingface_hub itself,
-within a deadline. Doctor never contacts the Hub about checkpoints.
+within a deadline; one it could not send is exit 2 ("Hub token: unusable: …",
+naming the variable or the file), as launch and resume refuse it. Doctor never
+contacts the Hub about checkpoints.
 """
 
 from __future__ import annotations
@@ -36,7 +38,15 @@ from typing import TYPE_CHECKING, Any
 from verirl._fs import printable
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT, vllm_distribution
 from verirl._net import port_is_free
-from verirl._secrets import redact_argv, redact_text, refuse_unreadable_token_file, scrub
+from verirl._secrets import (
+    TOKEN_SOURCES,
+    check_token,
+    implicit_hub_token,
+    redact_argv,
+    redact_text,
+    refuse_unreadable_token_file,
+    scrub,
+)
 from verirl._version import __version__
 from verirl.distenv import DistributedEnv
 from verirl.envserver import HttpEnvServerProbe
@@ -111,6 +121,8 @@ def _layout(
             precheck()
         runtime = TrainingRuntime.from_settings(**given)
     except ConfigError as exc:
+        if exc.field in TOKEN_SOURCES:  # the Hub token, not the layout: planned without it
+            return _local_without_hub(given), [(EXIT_CONFIG, _unusable_token(explain(exc)))]
         return False, [(EXIT_CONFIG, f"layout: {explain(exc)}")]
     except Exception:  # noqa: BLE001 - the rows below say what is wrong
         return True, []
@@ -123,6 +135,23 @@ def _layout(
     except Exception:  # noqa: BLE001 - the launch row below says what is wrong
         return local, []
     return local, _checkpoint(runtime, explain)
+
+
+def _local_without_hub(given: Mapping[str, Any]) -> bool:
+    """Whether the layout launch plans (its Hub token aside) starts a vLLM server here."""
+    from verirl.runtime import topology_from_settings  # noqa: PLC0415
+
+    fields = ("gpu_count", "max_model_len", "mode", "vllm_gpus", "vllm_port", "vllm_remote_host")
+    try:
+        topology = topology_from_settings(**{name: given[name] for name in fields if name in given})
+    except Exception:  # noqa: BLE001 - the launch row says what it can
+        return False
+    return topology.is_local_server
+
+
+def _unusable_token(message: str) -> str:
+    """The problem of a Hub token huggingface_hub could not send (it names where the token is)."""
+    return f"Hub token: unusable: {message}"
 
 
 def _checkpoint(
@@ -179,12 +208,21 @@ def _sources_of(token: str) -> str:
 def hub_token_row(explicit: str | None = None) -> tuple[str, bool]:
     """Whether a Hub token is set and where from, never its value; and whether that is usable.
 
-    ``explicit``: a token given to verirl itself. Otherwise huggingface_hub's
-    own ``get_token`` decides, on a thread, within `TOKEN_LOOKUP_TIMEOUT`.
+    ``explicit``: a token given to verirl itself (``HF_TOKEN``). Otherwise
+    huggingface_hub's own ``get_token`` decides, on a thread, within
+    `TOKEN_LOOKUP_TIMEOUT`. A token huggingface_hub could not send (a space,
+    a control or a non-ASCII character; a token file that is not text, or one
+    it would block on) is a `ConfigError` naming where it is, never showing it
+    (`implicit_hub_token`), as launch and resume refuse it.
     """
     if explicit:
+        try:
+            check_token(explicit)
+        except ConfigError as exc:
+            raise exc.renamed("HF_TOKEN") from None
         return "set (HF_TOKEN)", True
     refuse_unreadable_token_file()  # huggingface_hub would block on it: the caller's problem row
+    implicit_hub_token()  # one huggingface_hub could not send: the caller's problem row
     found: list[str | None] = []
     failed: list[BaseException] = []
 
@@ -218,14 +256,13 @@ def hub_token_row(explicit: str | None = None) -> tuple[str, bool]:
 def _token(hub_token: str | None) -> tuple[str, list[tuple[int, str]]]:
     """The Hub token's row, and its problem.
 
-    A token file huggingface_hub would block on is launch's exit 2; a lookup
-    that fails or does not answer, 1.
+    A token huggingface_hub could not send, or a token file it would block
+    on, is launch's exit 2; a lookup that fails or does not answer, 1.
     """
     try:
         row, usable = hub_token_row(hub_token)
     except ConfigError as exc:
-        row = f"unusable: {exc}"
-        return row, [(EXIT_CONFIG, f"Hub token: {row}")]
+        return f"unusable: {exc}", [(EXIT_CONFIG, _unusable_token(str(exc)))]
     return row, [] if usable else [(EXIT_ERROR, f"Hub token: {row}")]
 
 
@@ -286,7 +323,7 @@ def examine(
         rows.append(("env server", "(no --env-url / VERIRL_ENV_SERVER_URL)"))
     token_row, token_problems = _token(hub_token)
     rows.append(("Hub token", token_row))
-    problems += token_problems
+    problems += [problem for problem in token_problems if problem not in problems]  # launch's too
     dist = DistributedEnv.single_node()
     rows.append(
         ("launcher", "none" if "RANK" in dist.defaulted else f"rank {dist.rank}/{dist.world_size}")

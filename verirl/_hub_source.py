@@ -46,10 +46,13 @@ from verirl._checkpoint import (
 from verirl._download_dir import MARKER, FileEntry, RemoteFolder, fetch_folder, human_size
 from verirl._secrets import (
     check_token,
+    hub_offline,
     hub_token_in_use,
+    implicit_hub_token,
     redact_url,
     refuse_unreadable_token_file,
     scrub,
+    scrub_config_error,
     scrub_exception,
 )
 from verirl._validate import check_int, check_number, check_seconds
@@ -75,8 +78,6 @@ _MAX_TREE_PAGES = 10_000  # 10 million files at the Hub's 1000 a page
 _MAX_FILE_SIZE = 1 << 50  # a PiB: a listed size beyond it is not a file anyone uploaded
 # A commit id as the Hub gives it (git SHA-1, or SHA-256 for a repo that uses it).
 _COMMIT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}", re.ASCII)
-_OFFLINE_ENV_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-_TRUE_VALUES = frozenset({"1", "ON", "YES", "TRUE"})
 
 
 def _download_dir_path(value: str | os.PathLike[str]) -> Path:
@@ -121,8 +122,12 @@ class HubCheckpointSource:
     is read when huggingface_hub is imported, so ``endpoint`` is how a mirror or
     a test server is reached); ``token=None`` lets huggingface_hub find one
     (``HF_TOKEN``, ``hf auth login``). The token never appears in a repr, log
-    line or error message, and one with whitespace or control characters is a
-    `ConfigError`. ``HF_HUB_OFFLINE`` makes every call a `CheckpointSourceError`.
+    line or error message (nor in `description`: an ``endpoint`` holding it
+    shows ``<token>`` there), and one with whitespace, control or non-ASCII
+    characters is a `ConfigError`: ``token=`` when the source is made, the one
+    huggingface_hub finds itself before each use (`implicit_hub_token`: the
+    error names where it is). ``HF_HUB_OFFLINE`` makes every call a
+    `CheckpointSourceError`.
     ``timeout`` bounds each metadata request; ``max_workers`` files are
     downloaded at once. ``~`` in ``download_dir`` is expanded.
     """
@@ -142,7 +147,10 @@ class HubCheckpointSource:
     def __attrs_post_init__(self) -> None:
         _check_repo_id(self.repo_id)
         _check_revision(self.revision)
-        _check_endpoint(self.endpoint)
+        try:
+            _check_endpoint(self.endpoint)
+        except ConfigError as exc:  # an endpoint may hold the token: never shown
+            raise scrub_config_error(exc, hub_token_in_use(self._token)) from None
         check_number("timeout", self.timeout, positive=True, at_most=_MAX_TIMEOUT)
         check_seconds("lock_timeout", self.lock_timeout)  # 0 (no waiting) up to MAX_SECONDS
         if self.download_dir.exists() and not self.download_dir.is_dir():
@@ -151,11 +159,33 @@ class HubCheckpointSource:
             )
         check_int("max_workers", self.max_workers, 1)
 
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{field.name}={getattr(self, field.name)!r}"
+            for field in attrs.fields(type(self))
+            if field.repr
+        )
+        return self._shown(f"{type(self).__name__}({shown})")
+
     @property
     def description(self) -> str:
-        """``hub:<repo_id>@<revision>``, plus `` via <endpoint>`` when one is set."""
+        """``hub:<repo_id>@<revision>``, plus `` via <endpoint>`` when one is set; for messages.
+
+        The token in use is scrubbed from the endpoint (``<token>``): every
+        message, log line and `Checkpoint` of this source carries it.
+        """
         where = f"hub:{self.repo_id}@{self.revision or 'main'}"
-        return f"{where} via {self.endpoint}" if self.endpoint else where
+        return f"{where} via {self._shown(self.endpoint)}" if self.endpoint else where
+
+    def _shown(self, text: str) -> str:
+        """``text`` without the token a request of this source carries (`hub_token_in_use`).
+
+        Without ``token=`` and an endpoint, nothing of this source can hold the
+        token huggingface_hub finds: it is not looked up.
+        """
+        if self._token is None and not self.endpoint:
+            return text
+        return scrub(text, hub_token_in_use(self._token))
 
     # ------------------------------------------------------------ protocol
 
@@ -383,6 +413,7 @@ class HubCheckpointSource:
 
     def _download_all(self, filenames: Sequence[str], commit: str, local_dir: Path) -> None:
         """Download ``filenames`` at ``commit`` into ``local_dir``, ``max_workers`` at once."""
+        self._check_implicit_token()
         workers = max(1, min(self.max_workers, len(filenames)))
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="verirl-hub")
         try:
@@ -402,7 +433,8 @@ class HubCheckpointSource:
     def _download(self, filename: str, commit: str, local_dir: Path) -> Path:
         from huggingface_hub import hf_hub_download  # noqa: PLC0415
 
-        self._refuse_unreadable_token_file()
+        if self._token is None:
+            refuse_unreadable_token_file()  # huggingface_hub reads the file for each one
 
         path = hf_hub_download(
             self.repo_id,
@@ -420,15 +452,21 @@ class HubCheckpointSource:
         )
         return Path(path)
 
-    def _refuse_unreadable_token_file(self) -> None:
-        """Without a token of its own, huggingface_hub reads the token file: never a FIFO."""
+    def _check_implicit_token(self) -> None:
+        """Without ``token=``, the one huggingface_hub finds itself, checked as ``token=`` is.
+
+        A `ConfigError` naming where it is (the variable, the token file),
+        never showing it: one huggingface_hub could not send (it would fail
+        encoding the header, or the Hub answer 401), a token file that is not
+        text or that it would block on (`implicit_hub_token`).
+        """
         if self._token is None:
-            refuse_unreadable_token_file()
+            implicit_hub_token()
 
     def _api(self) -> HfApi:
         from huggingface_hub import HfApi  # noqa: PLC0415
 
-        self._refuse_unreadable_token_file()
+        self._check_implicit_token()
 
         return HfApi(
             endpoint=self.endpoint,
@@ -476,7 +514,7 @@ class HubCheckpointSource:
         return where is None or hub is None or where == hub
 
     def _refuse_offline(self, doing: str) -> None:
-        if _hub_offline():
+        if hub_offline():
             from huggingface_hub.errors import OfflineModeIsEnabled  # noqa: PLC0415
 
             cause = OfflineModeIsEnabled("HF_HUB_OFFLINE is set")
@@ -656,15 +694,6 @@ def _commit_id(sha: object, revision: str | None) -> str:
 
 
 # ---------------------------------------------------------------- huggingface_hub
-
-
-def _hub_offline() -> bool:
-    """Whether HF offline mode is on, as huggingface_hub saw it at import or the env says now."""
-    if any(os.environ.get(name, "").upper() in _TRUE_VALUES for name in _OFFLINE_ENV_VARS):
-        return True
-    from huggingface_hub import constants  # noqa: PLC0415 - keep import verirl light
-
-    return bool(constants.is_offline_mode())
 
 
 def _describe_hub_error(exc: BaseException) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import locale
 import os
 import re
 import shlex
@@ -23,8 +24,11 @@ from verirl.errors import ConfigError
 
 __all__ = [
     "HIDDEN",
+    "TOKEN_SOURCES",
     "check_token",
+    "hub_offline",
     "hub_token_in_use",
+    "implicit_hub_token",
     "known_secrets",
     "redact_argv",
     "redact_message",
@@ -32,6 +36,7 @@ __all__ = [
     "redact_url",
     "refuse_unreadable_token_file",
     "scrub",
+    "scrub_config_error",
     "scrub_exception",
     "secrets_in_environ",
     "shown_command",
@@ -61,10 +66,14 @@ def check_token(value: object) -> str | None:
             raise ConfigError.invalid(
                 "token",
                 HIDDEN,
-                f"contains {what} at position {index} (of {len(value)}); a token is printable "
-                "ASCII without spaces (one read from a file keeps its newline: strip it)",
+                f"contains {what} at position {index} (of {len(value)}); {_PRINTABLE_RULE}"
+                f"{_NEWLINE_HINT}",
             )
     return value
+
+
+_PRINTABLE_RULE = "a token is printable ASCII without spaces"
+_NEWLINE_HINT = " (one read from a file keeps its newline: strip it)"
 
 
 def hub_token_in_use(explicit: str | None) -> str | None:
@@ -84,6 +93,126 @@ def hub_token_in_use(explicit: str | None) -> str | None:
         return get_token() or None
     except Exception:  # noqa: BLE001 - no token to scrub is better than a new error
         return None
+
+
+TOKEN_SOURCES = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HOME"})
+"""The fields of a Hub token's errors (`implicit_hub_token`, `refuse_unreadable_token_file`)."""
+
+
+def implicit_hub_token() -> str | None:
+    """The token huggingface_hub sends when given none, checked by `check_token`; or ``None``.
+
+    Found as huggingface_hub's ``get_token`` finds it: ``HF_TOKEN``, else
+    ``HUGGING_FACE_HUB_TOKEN`` (the first one set, newlines and surrounding
+    white space dropped), else the file at ``constants.HF_TOKEN_PATH``
+    (``HF_TOKEN_PATH``, else ``$HF_HOME/token`` as ``hf auth login`` saves it),
+    read as huggingface_hub reads it (the locale's encoding) but without
+    blocking. A `ConfigError` names where the token is (the variable, or the
+    file and the variable that points there) and never shows any of it: a
+    token with a space, a control or a non-ASCII character (huggingface_hub
+    would fail to encode its header, or the Hub answer 401), a token file that
+    is not text, or one huggingface_hub would block on
+    (`refuse_unreadable_token_file`). ``None`` when no token is found, when
+    none is sent (offline mode, `hub_offline`; ``HF_HUB_DISABLE_IMPLICIT_TOKEN``),
+    and for an OIDC exchange (``HF_OIDC_RESOURCE``: the Hub's own token, got
+    when a request needs it). A file that cannot be read otherwise is left to
+    the request, which reports it as before.
+    """
+    if hub_offline():
+        return None
+    refuse_unreadable_token_file()
+    from huggingface_hub import constants  # noqa: PLC0415 - keep import verirl light
+
+    if constants.HF_HUB_DISABLE_IMPLICIT_TOKEN or os.environ.get("HF_OIDC_RESOURCE"):
+        return None
+    raw = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
+    token = _cleaned_token(raw)
+    if token is not None:
+        variable = "HF_TOKEN" if os.environ.get("HF_TOKEN") else "HUGGING_FACE_HUB_TOKEN"
+        return _checked(token, variable, HIDDEN, "", "")
+    path = constants.HF_TOKEN_PATH
+    variable = "HF_TOKEN_PATH" if "HF_TOKEN_PATH" in os.environ else "HF_HOME"
+    try:
+        text = _read_token_file(path)
+    except UnicodeDecodeError:
+        encoding = locale.getpreferredencoding(False)  # noqa: FBT003 - what open() uses
+        why = (
+            f"the Hub token file there is not text in {encoding} (huggingface_hub reads it "
+            "so, when no HF_TOKEN is set): write the token there again (hf auth login), "
+            "remove the file, or set HF_TOKEN"
+        )
+        raise ConfigError.invalid(variable, printable(path), why) from None
+    token = _cleaned_token(text)
+    if token is None:
+        return None
+    fix = ": fix the file, log in again (hf auth login), or set HF_TOKEN"
+    return _checked(token, variable, printable(path), "the Hub token in that file ", fix)
+
+
+_OFFLINE_ENV_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+_TRUE_VALUES = frozenset({"1", "ON", "YES", "TRUE"})
+
+
+def hub_offline() -> bool:
+    """Whether HF offline mode is on, as huggingface_hub saw it at import or the env says now."""
+    if any(os.environ.get(name, "").upper() in _TRUE_VALUES for name in _OFFLINE_ENV_VARS):
+        return True
+    from huggingface_hub import constants  # noqa: PLC0415 - keep import verirl light
+
+    return bool(constants.is_offline_mode())
+
+
+def _cleaned_token(raw: str | None) -> str | None:
+    """``raw`` as huggingface_hub cleans a token: no CR or LF anywhere, stripped; ``None``: none."""
+    if raw is None:
+        return None
+    return raw.replace("\r", "").replace("\n", "").strip() or None
+
+
+def _checked(token: str, variable: str, shown: str, where: str, fix: str) -> str:
+    """``token`` if `check_token` takes it; else its `ConfigError` naming ``variable``.
+
+    huggingface_hub drops a newline itself: `check_token`'s hint about one goes.
+    """
+    try:
+        return check_token(token) or token
+    except ConfigError as exc:
+        why = (exc.reason or _PRINTABLE_RULE).replace(_NEWLINE_HINT, "")
+        raise ConfigError.invalid(variable, shown, f"{where}{why}{fix}") from None
+
+
+def _read_token_file(path: str) -> str | None:
+    """The token file's text; ``None``: no file, or none to read here (left to the request).
+
+    Opened without blocking: a FIFO or a device there is no token file (and
+    `refuse_unreadable_token_file` refuses it where huggingface_hub would read it).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    with os.fdopen(fd, "rb") as file:
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            data = file.read(_MAX_TOKEN_FILE + 1)
+        except OSError:
+            return None
+    if len(data) > _MAX_TOKEN_FILE:
+        return None  # no token: huggingface_hub's own read decides what it is
+    return data.decode(locale.getpreferredencoding(False))  # noqa: FBT003 - what open() uses
+
+
+_MAX_TOKEN_FILE = 1 << 20
+
+
+def scrub_config_error(exc: ConfigError, secret: str | None) -> ConfigError:
+    """``exc`` with every form of ``secret`` scrubbed from its message, value and reason."""
+    if not secret:
+        return exc
+    value = scrub(exc.value, secret) if isinstance(exc.value, str) else exc.value
+    reason = None if exc.reason is None else scrub(exc.reason, secret)
+    return type(exc)(scrub(str(exc), secret), field=exc.field, value=value, reason=reason)
 
 
 def _forms(secret: str) -> list[str]:

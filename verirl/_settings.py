@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from verirl._secrets import HIDDEN, redact_url, shown_command
+from verirl._secrets import HIDDEN, hub_token_in_use, redact_url, scrub_config_error, shown_command
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
@@ -151,7 +151,13 @@ class Settings:
                 shown = HIDDEN if field.metadata["secret"] else raw
                 raise ConfigError.invalid(name, shown, "must be a string")
             if raw.strip():
-                values[field.name] = field.metadata["parse"](name, raw)
+                try:
+                    values[field.name] = field.metadata["parse"](name, raw)
+                except ConfigError as exc:
+                    if field.name != "hub_endpoint":
+                        raise
+                    # An endpoint may hold the Hub token: never shown.
+                    raise scrub_config_error(exc, hub_token_in_use(None)) from None
         return cls(**values)
 
     @staticmethod

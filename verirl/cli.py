@@ -74,9 +74,11 @@ from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT
 from verirl._net import url_host
 from verirl._secrets import (
     HIDDEN,
+    hub_token_in_use,
     redact_argv,
     redact_message,
     redact_text,
+    scrub,
     secrets_in_environ,
     shown_command,
 )
@@ -306,6 +308,8 @@ def _refuse_without_what_they_tune(args: argparse.Namespace) -> None:
             continue
         why = f"not used without {what}: pass {owner_flag} or set {variable}"
         shown = value if isinstance(value, float) else redact_text(str(value))  # a URL's password
+        if isinstance(shown, str) and dest == "hub_endpoint":  # may hold the Hub token: hidden
+            shown = scrub(shown, hub_token_in_use(None))
         raise ConfigError.invalid(flag, shown, why)
 
 

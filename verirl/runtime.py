@@ -33,7 +33,7 @@ from verirl._node_share import (
     attempt_key,
 )
 from verirl._phases import Phases, PhaseTiming
-from verirl._secrets import HIDDEN, redact_text, shown_command
+from verirl._secrets import HIDDEN, implicit_hub_token, redact_text, shown_command
 from verirl._server_fields import to_extra_args
 from verirl._settings import Read, Settings
 from verirl._signals import SIGTERM_POLICY, arm_exit_deadline
@@ -286,14 +286,17 @@ def _resolver(read: Read) -> CheckpointResolver:
     if repo is not None:
         fields = {"repo_id": "hub_repo_id", "token": "hub_token", "revision": "hub_revision",
                   "endpoint": "hub_endpoint", "download_dir": "output_dir"}  # fmt: skip
+        token = read.text("hub_token")
         with read.naming(fields):
             hub = HubCheckpointSource(
                 repo,
                 download_dir=os.path.join(folder or ".", HUB_DOWNLOAD_FOLDER),  # noqa: PTH118
-                token=read.text("hub_token"),
+                token=token,
                 revision=read.text("hub_revision"),
                 endpoint=read.text("hub_endpoint"),
             )
+        if token is None:  # refused now, as HF_TOKEN is, not when the Hub is first asked
+            implicit_hub_token()
         sources.append(hub)
     return CheckpointResolver(sources)
 
@@ -312,7 +315,9 @@ def resolver_from_settings(
     Reads ``VERIRL_OUTPUT_DIR``, ``VERIRL_HUB_REPO_ID``, ``HF_TOKEN``,
     ``VERIRL_HUB_ENDPOINT`` and ``VERIRL_HUB_REVISION`` for arguments left
     ``None``. With neither a folder nor a repo the resolver has no sources:
-    explicit paths still work, ``"latest"`` finds nothing.
+    explicit paths still work, ``"latest"`` finds nothing. With a repo and no
+    token, the one huggingface_hub would send is checked here
+    (`verirl._secrets.implicit_hub_token`): a `ConfigError` naming where it is.
     """
     env = os.environ if environ is None else check_environ(environ)
     given = {"output_dir": output_dir, "hub_repo_id": hub_repo_id, "hub_token": hub_token,
