@@ -381,3 +381,26 @@ def clean_environ(tmp_path: Path, **extra: str) -> dict[str, str]:
     env["HF_HUB_DISABLE_TELEMETRY"] = "1"
     env.update(extra)
     return env
+
+
+def place_hub_token(
+    where: str, token: str, tmp_path: Path, saved_login: Path, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """Put ``token`` where huggingface_hub finds it by itself; the start of verirl's refusal.
+
+    ``where``: ``"HF_TOKEN_PATH"`` (a file of its own), ``"saved login"``
+    (``saved_login``, the file under ``HF_HOME``) or ``"HUGGING_FACE_HUB_TOKEN"``.
+    """
+    from huggingface_hub import constants
+
+    if where == "HF_TOKEN_PATH":
+        path = tmp_path / "elsewhere-token"
+        path.write_text(token + "\n", encoding="utf-8")
+        monkeypatch.setenv("HF_TOKEN_PATH", str(path))
+        monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(path))
+        return f"HF_TOKEN_PATH='{path}': the Hub token in that file contains"
+    if where == "saved login":
+        saved_login.write_text(token, encoding="utf-8")
+        return f"HF_HOME='{saved_login}': the Hub token in that file contains"
+    monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", token)
+    return "HUGGING_FACE_HUB_TOKEN='<hidden>': contains"

@@ -22,6 +22,7 @@ import pytest
 from huggingface_hub import constants, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
 
+from _support import place_hub_token
 from fakes.checkpoints import FakeCheckpointSource
 from fakes.hub import FakeHub, serve_fake_hub
 from verirl.checkpoints import (
@@ -911,18 +912,7 @@ def test_a_token_huggingface_hub_finds_itself_is_checked_before_any_request(  # 
     ConfigError that names where it is and shows none of it."""
     hub.add_checkpoint(REPO, "checkpoint-30", 30)
     hub.protect(REPO, "hf_TheRealToken1234567890")
-    if where == "HF_TOKEN_PATH":
-        path = tmp_path / "my-token"
-        path.write_text(bad + "\n", encoding="utf-8")
-        monkeypatch.setenv("HF_TOKEN_PATH", str(path))
-        monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(path))
-        expected = f"HF_TOKEN_PATH='{path}': the Hub token in that file contains"
-    elif where == "saved login":
-        no_machine_token.write_text(bad, encoding="utf-8")
-        expected = f"HF_HOME='{no_machine_token}': the Hub token in that file contains"
-    else:
-        monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", bad)
-        expected = "HUGGING_FACE_HUB_TOKEN='<hidden>': contains"
+    expected = place_hub_token(where, bad, tmp_path, no_machine_token, monkeypatch)
     source = hub_source(hub, tmp_path)
     make_checkpoint(tmp_path / "out", "checkpoint-1")
     resolver = CheckpointResolver([LocalCheckpointSource(tmp_path / "out"), source])

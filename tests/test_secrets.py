@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from _support import place_hub_token
 from verirl._secrets import redact_text, redact_url
 from verirl.errors import ConfigError
 
@@ -94,23 +95,12 @@ def _fragments(token: str) -> list[str]:
 def test_a_token_huggingface_hub_finds_itself_is_checked_and_its_source_named(
     token_env, monkeypatch, tmp_path, source, kind
 ):
-    from huggingface_hub import constants, get_token
+    from huggingface_hub import get_token
 
     from verirl._secrets import implicit_hub_token
 
     token = BAD_TOKENS[kind]
-    if source == "HF_TOKEN_PATH":
-        path = tmp_path / "elsewhere"
-        path.write_text(token + "\n", encoding="utf-8")
-        monkeypatch.setenv("HF_TOKEN_PATH", str(path))
-        monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(path))
-        expected = f"HF_TOKEN_PATH='{path}': the Hub token in that file contains"
-    elif source == "saved login":
-        token_env.write_text(token, encoding="utf-8")
-        expected = f"HF_HOME='{token_env}': the Hub token in that file contains"
-    else:
-        monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", token)
-        expected = "HUGGING_FACE_HUB_TOKEN='<hidden>': contains"
+    expected = place_hub_token(source, token, tmp_path, token_env, monkeypatch)
     assert get_token() == token  # what huggingface_hub would send
     with pytest.raises(ConfigError) as info:
         implicit_hub_token()
