@@ -135,7 +135,9 @@ else:  # the `verirl` script: imports the module, then calls run
 """
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"]
+)
 @pytest.mark.parametrize("how", ["python -m verirl", "verirl script"])
 @pytest.mark.parametrize(
     "where",
@@ -149,8 +151,28 @@ def test_a_signal_before_run_takes_over_gives_its_code_and_one_document(
     tmp_path, where, how, signum
 ):
     result, took = _run(tmp_path, START_UP, where, str(int(signum)), how)
-    _assert_ended_by(result, signum)
+    _assert_ended_by(result, signal.SIGTERM if signum == signal.SIGHUP else signum)  # hang-up
     assert took < BOUND, took
+
+
+def test_after_the_last_exit_hook_no_late_signal_can_end_the_process(tmp_path):
+    """The interpreter then resets its handlers: a thread still running would take a signal
+    and die of it (after a document that said 0). Each is ignored, process-wide, by then."""
+    script = """
+import atexit, signal, sys, threading
+import verirl.__main__ as program
+
+def after_the_last_hook():  # registered before run: runs after run's own last hook
+    print([signal.getsignal(s) == signal.SIG_IGN for s in program._LATE])
+
+atexit.register(after_the_last_hook)
+threading.Thread(target=threading.Event().wait, daemon=True).start()  # a daemon, still running
+sys.argv = ["verirl", "--json", "plan", "--gpus", "2"]
+sys.exit(program.run())
+"""
+    result, _ = _run(tmp_path, script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == str([True, True, True]), result.stdout
 
 
 def test_importing_the_module_leaves_ctrl_c_and_sigterm_raising(tmp_path):

@@ -23,11 +23,11 @@ from __future__ import annotations
 # import (`signal` itself takes a millisecond or two), and only what notes a signal.
 _signal = __import__("_signal")
 _NOTED: list[int] = []
-"""SIGINT and SIGTERM as they came before `run` took over; it raises the first one."""
+"""SIGINT, SIGTERM and SIGHUP as they came before `run` took over; it raises the first one."""
 
 
 def _note_start_up(signum: int, _frame: object) -> None:
-    """SIGINT's and SIGTERM's handler while this module imports: note the signal, for `run`."""
+    """SIGINT's, SIGTERM's and SIGHUP's handler while this module imports: noted, for `run`."""
     _NOTED.append(signum)
 
 
@@ -37,6 +37,8 @@ try:
         _signal.signal(_signal.SIGTERM, _note_start_up)
     if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:  # not nohup's SIG_IGN
         _signal.signal(_signal.SIGINT, _note_start_up)
+    if hasattr(_signal, "SIGHUP") and _signal.getsignal(_signal.SIGHUP) == _signal.SIG_DFL:
+        _signal.signal(_signal.SIGHUP, _note_start_up)  # a hang-up is a SIGTERM (`_hang_up`)
 except ValueError:  # imported off the main thread: no handler can be set there
     pass
 
@@ -160,7 +162,7 @@ def _take_over() -> None:
     """
     _raising_handlers()
     came, _NOTED[:] = _NOTED[:], []
-    if signal.SIGTERM in came:
+    if signal.SIGTERM in came or _SIGHUP in came:
         program_handler(signal.SIGTERM, None)
     if came:
         raise KeyboardInterrupt
@@ -173,6 +175,8 @@ def _raising_handlers() -> None:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         if signal.getsignal(signal.SIGTERM) is _note_start_up:
             signal.signal(signal.SIGTERM, program_handler)
+        if _SIGHUP is not None and signal.getsignal(_SIGHUP) is _note_start_up:
+            signal.signal(_SIGHUP, _hang_up)
 
 
 def _prepare() -> None:
@@ -203,21 +207,30 @@ def _hang_up(_signum: int, _frame: object) -> None:
 
 
 _EXIT_CODE: list[int] = []
-_LATE = (signal.SIGINT, signal.SIGTERM)
+_SIGHUP: int | None = getattr(signal, "SIGHUP", None)
+_LATE = tuple(s for s in (signal.SIGINT, signal.SIGTERM, _SIGHUP) if s is not None)
 
 
 def _late_signal_exit() -> None:
     """The last exit hook: a SIGTERM or Ctrl-C that came after `run` returned still sets the code.
 
     The interpreter's exit (joining threads, other exit hooks) takes time, and
-    both signals are only noted by then; after this hook they are blocked, so
-    none can end the process by signal once its handlers are gone.
+    the signals are only noted by then (a hang-up counts as a SIGTERM). After
+    this hook they are ignored, process-wide: the interpreter resets its
+    handlers to the default as it finishes, and a thread still running (a
+    daemon's) would otherwise take one and end the process by signal, after
+    the ``--json`` document gave another code.
     """
     with contextlib.suppress(OSError, ValueError):
         signal.pthread_sigmask(signal.SIG_BLOCK, _LATE)
     pending = signal.sigpending() if hasattr(signal, "sigpending") else set()
     received = program_received()
     late = received if received is not None else next((s for s in _LATE if s in pending), None)
+    if late is not None and late == _SIGHUP:
+        late = signal.SIGTERM
+    for signum in _LATE:
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(signum, signal.SIG_IGN)
     if late is None or not _EXIT_CODE or _EXIT_CODE[0] == 128 + late:
         return
     for stream in (sys.stdout, sys.stderr):
