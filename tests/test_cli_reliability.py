@@ -627,7 +627,7 @@ def test_a_token_huggingface_hub_found_but_could_not_send_is_exit_2_naming_where
             message = document["error"]["message"]
             assert code == 2, (name, document, stderr)
             if name == "doctor":
-                assert message == f"Hub token: unusable: {document['Hub token'][10:]}", message
+                assert message == f"Hub token unusable: {document['Hub token'][10:]}", message
                 assert document["Hub token"].startswith(f"unusable: {expected}"), document
             else:
                 assert message.startswith(expected), (name, message)
@@ -648,8 +648,9 @@ def test_doctor_names_an_unsendable_hf_token_the_hub_token_s_problem(tmp_path, h
         env["VERIRL_HUB_REPO_ID"] = "org/priv"
     code, document, stderr = run_json(tmp_path, "doctor", env=env)
     assert code == 2, (document, stderr)
-    expected = "Hub token: unusable: HF_TOKEN='<hidden>': contains a non-ASCII character"
+    expected = "Hub token unusable: HF_TOKEN='<hidden>': contains a non-ASCII character"
     assert document["error"]["message"].startswith(expected), document
+    assert document["error"]["message"] in stderr, stderr  # the line logged, as the document says
     assert "layout" not in document["error"]["message"]
     assert document["error"]["message"].count("HF_TOKEN") == 1  # said once, not by each check
     assert document["vLLM launch"].startswith("not started here: colocate mode"), document
@@ -1290,3 +1291,14 @@ def test_an_odd_line_of_the_routing_table_hides_no_address_after_it(monkeypatch)
     assert 4 not in unread
     assert any(ipaddress.ip_address("192.0.2.77") in network for network in networks)
     assert not any(ipaddress.ip_address("192.0.2.255") in network for network in networks)
+
+
+def test_doctor_shows_a_visible_devices_value_with_control_characters_escaped(tmp_path):
+    # a raw escape sequence or new line would drive the terminal or forge a row
+    value = "0\x1b]0;pwned\x07\n,1"
+    result = subprocess.run(
+        [sys.executable, "-m", "verirl", "doctor"], capture_output=True, text=True,
+        env=clean_environ(tmp_path, CUDA_VISIBLE_DEVICES=value), timeout=120, check=False,
+    )  # fmt: skip
+    assert not any(char in result.stdout + result.stderr for char in "\x1b\x07"), result.stdout
+    assert "0\\x1b]0;pwned\\x07\\n,1" in result.stdout, result.stdout

@@ -372,3 +372,21 @@ def test_a_credential_typed_into_any_value_never_shows(
     assert PASSWORD not in out + err, (out, err)
     if json_flag:
         assert json.loads(out)["error"]["code"] == code
+
+
+def test_a_launch_plans_repr_hides_every_secret():
+    plan = VLLMServer(
+        "m",
+        command=["vllm", "serve", "--api-key", "SeCrEtCmd03"],
+        extra_args=("--api-key", "SeCrEtArg04", "--hf-token=SeCrEtArg05"),
+    ).launch_plan()
+    for shown in (repr(plan), str(plan)):
+        assert "SeCrEt" not in shown, shown
+        assert "'--api-key', '<hidden>'" in shown
+
+
+def test_personal_access_tokens_and_passphrases_are_hidden():
+    argv = ["x", "--pat", "SeCrEt01", "--github-pat", "SeCrEt02", "--passphrase", "SeCrEt03",
+            "--path", "/a", "--patience", "3"]  # fmt: skip
+    assert redact_argv(argv) == ["x", "--pat", HIDDEN, "--github-pat", HIDDEN, "--passphrase",
+                                 HIDDEN, "--path", "/a", "--patience", "3"]  # fmt: skip

@@ -97,3 +97,19 @@ def test_an_unresponsive_server_is_an_exited_one_with_where_and_why():
     assert str(err).startswith("vLLM server http://h:1 did not answer /health for 30.0s")
     assert "(last error: timed out); full log: /l.log" in str(err)
     assert str(err).endswith("last line")
+
+
+def test_a_server_error_shows_its_log_path_escaped_and_hides_credentials():
+    from verirl.errors import VLLMServerExited, VLLMServerUnresponsive, VLLMStartupTimeout
+
+    path = "/tmp/e\x1b[31mX\nFAKE LINE/vllm.log"  # a control character would forge a log line
+    tail = "--api-key SeCrEtK1\n"
+    for error in (
+        VLLMServerExited(3, tail, path),
+        VLLMStartupTimeout(5.0, tail, path),
+        VLLMServerUnresponsive("http://u:SeCrEtPw9@h:1", 1.0, "x", log_tail=tail, log_path=path),
+    ):
+        message = str(error)
+        assert "\x1b" not in message
+        assert "FAKE LINE" not in message.replace("\\nFAKE LINE", "")  # only escaped
+        assert "SeCrEt" not in message, message

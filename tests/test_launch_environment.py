@@ -229,3 +229,15 @@ def test_the_max_model_length_exported_is_the_one_the_run_uses(monkeypatch, layo
     (length,) = (value for name, value in used.items() if name.startswith("vllm_max_model_len"))
     assert env["VERIRL_MAX_MODEL_LEN"] == str(length)
     assert length == (8192 if layout == "colocate" else 32768)
+
+
+@pytest.mark.parametrize("layout", ["colocate", "local-server"])
+def test_the_gpu_count_exported_is_the_commands_gpus(monkeypatch, layout):
+    # the command sees only its training GPUs: the machine's count contradicted them
+    monkeypatch.setenv("VERIRL_GPU_COUNT", str(LAYOUTS[layout]["gpu_count"]))
+    runtime = TrainingRuntime.from_settings(**LAYOUTS[layout])
+    env = _training_environment(runtime, None, runtime.topology.server_url)
+    visible = env["CUDA_VISIBLE_DEVICES"].split(",")
+    assert (
+        env["VERIRL_GPU_COUNT"] == str(len(visible)) == str(len(runtime.topology.training_devices))
+    )

@@ -143,6 +143,14 @@ def test_a_full_disk_is_a_clear_error_naming_log_path_with_nothing_spawned(serve
     assert server.pid is None
 
 
+def test_a_log_that_cannot_be_appended_to_is_a_clear_error_naming_log_path(servers):
+    server = servers(log_path="/proc/self/status")  # opens, but appending seeks: EINVAL
+    with pytest.raises(ConfigError, match="cannot be opened for appending") as caught:
+        server.start()
+    assert caught.value.field == "log_path"
+    assert server.pid is None
+
+
 @pytest.mark.parametrize("kind", ["device", "socket", "folder-is-a-file"])
 def test_what_is_no_regular_file_is_refused_naming_log_path(tmp_path, servers, kind):
     if kind == "device":

@@ -18,7 +18,7 @@ them. In colocate mode no server starts here, so its launch and ports are not
 checked. The Hub token is looked up the way huggingface_hub looks it up
 (``HF_TOKEN``, ``HUGGING_FACE_HUB_TOKEN``, the file at ``HF_TOKEN_PATH``, else
 ``$HF_HOME/token`` written by ``hf auth login``), by huggingface_hub itself,
-within a deadline; one it could not send is exit 2 ("Hub token: unusable: …",
+within a deadline; one it could not send is exit 2 ("Hub token unusable: …",
 naming the variable or the file), as launch and resume refuse it. Doctor never
 contacts the Hub about checkpoints.
 """
@@ -151,7 +151,7 @@ def _local_without_hub(given: Mapping[str, Any]) -> bool:
 
 def _unusable_token(message: str) -> str:
     """The problem of a Hub token huggingface_hub could not send (it names where the token is)."""
-    return f"Hub token: unusable: {message}"
+    return f"Hub token unusable: {message}"
 
 
 def _checkpoint(
@@ -263,7 +263,7 @@ def _token(hub_token: str | None) -> tuple[str, list[tuple[int, str]]]:
         row, usable = hub_token_row(hub_token)
     except ConfigError as exc:
         return f"unusable: {exc}", [(EXIT_CONFIG, _unusable_token(str(exc)))]
-    return row, [] if usable else [(EXIT_ERROR, f"Hub token: {row}")]
+    return row, [] if usable else [(EXIT_ERROR, f"Hub token lookup: {row}")]
 
 
 def examine(
@@ -308,7 +308,9 @@ def examine(
         gpus = f"unknown: torch failed to load ({type(exc).__name__}: {exc})"
         problems.append((EXIT_ERROR, f"GPUs visible: {gpus}"))
     rows.append(("GPUs visible", gpus))
-    rows.append(("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")))
+    rows.append(
+        ("CUDA_VISIBLE_DEVICES", printable(os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")))
+    )
     for label, port in (("vLLM port", vllm_port), ("TRL group port", TRL_GROUP_PORT)):
         free = port_is_free(port)
         rows.append((f"{label} {port}", "free" if free else "IN USE"))

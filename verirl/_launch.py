@@ -83,6 +83,17 @@ class LaunchPlan:
     kind: LaunchKind
     reason: str
 
+    def __repr__(self) -> str:
+        """The plan with its secrets hidden (an ``--api-key`` value, a token variable)."""
+        env = {name: redact_argv([f"{name}={value}"])[0].partition("=")[2]
+               for name, value in self.env.items()}  # fmt: skip
+        return (
+            f"LaunchPlan(argv={tuple(redact_argv(self.argv))!r}, env={env!r}, "
+            f"kind={self.kind!r}, reason={redact_text(self.reason)!r})"
+        )
+
+    __str__ = __repr__
+
 
 @attrs.frozen
 class VLLMInstall:

@@ -555,8 +555,21 @@ def redact_url(url: str) -> str:
     return redact_text(url)
 
 
-_SECRET_WORDS = frozenset({"token", "key", "secret", "password", "passwd", "apikey",
-                           "credential", "credentials", "auth"})  # fmt: skip
+_SECRET_WORDS = frozenset(
+    {
+        "token",
+        "key",
+        "secret",
+        "password",
+        "passwd",
+        "apikey",
+        "credential",
+        "credentials",
+        "auth",
+        "passphrase",
+        "pat",
+    }
+)  # fmt: skip  (pat: a personal access token, --github-pat)
 # "tokens" is mostly a count (--max-tokens, num_tokens): a secret only after one of these.
 _TOKEN_OWNERS = frozenset({"api", "auth", "access", "refresh", "bearer", "hub", "hf", "session"})
 

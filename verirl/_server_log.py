@@ -228,8 +228,13 @@ def _open_for_appending(path: Path, field: str, folder: int | None) -> BinaryIO:
     if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):  # never written to: a reader would get it
         os.close(fd)
         raise ConfigError.invalid(field, printable(path), _NOT_REGULAR.format(kind=_kind(mode)))
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "ab", buffering=0)
+    try:
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "ab", buffering=0)  # seeks to the end: a /proc file cannot
+    except OSError as exc:
+        os.close(fd)
+        why = f"cannot be opened for appending and reading back ({exc.strerror or exc})"
+        raise ConfigError.invalid(field, printable(path), why) from None
 
 
 def _check_regular(handle: BinaryIO, path: Path, field: str) -> None:

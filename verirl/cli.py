@@ -766,6 +766,8 @@ def _training_environment(
         env["CUDA_VISIBLE_DEVICES"] = map_visible_devices(
             topology.training_devices, env.get("CUDA_VISIBLE_DEVICES")
         )
+        if Settings.variable("gpu_count") in env:  # the GPUs the command sees, not the machine's
+            env[Settings.variable("gpu_count")] = str(len(topology.training_devices))
     env[RESUME_ENV_VAR] = resume or ""
     env[GRPO_KWARGS_VARIABLE] = json.dumps(topology.grpo_kwargs(), sort_keys=True)
     if url is not None:

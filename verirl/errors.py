@@ -45,9 +45,20 @@ class VeriRLError(Exception):
     """
 
     def __init__(self, *args: object) -> None:
-        from verirl._secrets import redact_message  # noqa: PLC0415 - it imports this module
+        super().__init__(*(_redacted(arg) if isinstance(arg, str) else arg for arg in args))
 
-        super().__init__(*(redact_message(arg) if isinstance(arg, str) else arg for arg in args))
+
+def _redacted(message: str) -> str:
+    from verirl._secrets import redact_message  # noqa: PLC0415 - it imports this module
+
+    return redact_message(message)
+
+
+def _where(log_path: str | None) -> str:
+    """``; full log: PATH``, the path shown escaped (a control character would forge a line)."""
+    from verirl._fs import printable  # noqa: PLC0415 - keep this module's imports at none
+
+    return f"; full log: {printable(log_path)}" if log_path else ""
 
 
 class ConfigError(VeriRLError, ValueError):
@@ -135,7 +146,7 @@ class VLLMServerExited(VLLMServerError):
         self.returncode = returncode
         self.log_tail = log_tail
         self.log_path = log_path
-        where = f"; full log: {log_path}" if log_path else ""
+        where = _where(log_path)
         super().__init__(
             f"vLLM server exited with code {returncode}{where}{_format_tail(log_tail)}"
         )
@@ -164,13 +175,13 @@ class VLLMServerUnresponsive(VLLMServerExited):
         self.url = url
         self.elapsed = elapsed
         self.last_error = last_error
-        where = f"; full log: {log_path}" if log_path else ""
+        where = _where(log_path)
         tail = _format_tail(log_tail) if log_tail or log_path else ""
         message = (
             f"vLLM server {url} did not answer /health for {elapsed:.1f}s "
             f"(last error: {last_error or 'none'}){where}{tail}"
         )
-        self.args = (message,)
+        self.args = (_redacted(message),)
 
 
 class VLLMStartupTimeout(VLLMServerError, TimeoutError):
@@ -180,7 +191,7 @@ class VLLMStartupTimeout(VLLMServerError, TimeoutError):
         self.timeout = timeout
         self.log_tail = log_tail
         self.log_path = log_path
-        where = f"; full log: {log_path}" if log_path else ""
+        where = _where(log_path)
         super().__init__(
             f"vLLM server not healthy after {timeout:.1f}s and was stopped{where}"
             f"{_format_tail(log_tail)}"
