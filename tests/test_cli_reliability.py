@@ -1302,3 +1302,25 @@ def test_doctor_shows_a_visible_devices_value_with_control_characters_escaped(tm
     )  # fmt: skip
     assert not any(char in result.stdout + result.stderr for char in "\x1b\x07"), result.stdout
     assert "0\\x1b]0;pwned\\x07\\n,1" in result.stdout, result.stdout
+
+
+def test_doctor_names_a_wrapped_tokens_variable_as_its_source(tmp_path):
+    # huggingface_hub drops the CR and LF and sends it: the variable is the source, no file
+    env = clean_environ(tmp_path, HUGGING_FACE_HUB_TOKEN="hf_Split\r\nTokenABCDEF")
+    env.pop("HF_HUB_OFFLINE")
+    _, document, stderr = run_json(tmp_path, "doctor", env=env)
+    assert document["Hub token"] == "set (HUGGING_FACE_HUB_TOKEN)", (document, stderr)
+
+
+def test_a_bad_token_file_under_xdg_cache_home_is_named_by_that_variable(tmp_path):
+    cache = tmp_path / "xdg"
+    (cache / "huggingface").mkdir(parents=True)
+    (cache / "huggingface" / "token").write_text("hf_bad token")
+    env = clean_environ(tmp_path, XDG_CACHE_HOME=str(cache))
+    env.pop("HF_HOME")
+    env.pop("HF_HUB_OFFLINE")
+    code, document, stderr = run_json(tmp_path, "doctor", env=env)
+    assert code == 2, (document, stderr)
+    expected = f"XDG_CACHE_HOME='{cache / 'huggingface' / 'token'}'"
+    assert expected in document["error"]["message"], document
+    assert "hf_bad" not in json.dumps(document) + stderr

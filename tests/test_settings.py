@@ -100,6 +100,16 @@ def test_a_bad_token_is_never_shown():
     assert "secret" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "raw", ["hf_Wrapped\nToken123\n", "hf_Wrapped\r\nToken123", " hf_WrappedToken123 "]
+)
+def test_a_token_is_read_as_huggingface_hub_reads_it(raw):
+    # huggingface_hub drops every CR and LF of HF_TOKEN (a token wrapped over lines) and sends it
+    from huggingface_hub.utils._auth import _clean_token  # type: ignore[attr-defined]
+
+    assert Settings.from_environ({"HF_TOKEN": raw}).hub_token == _clean_token(raw)
+
+
 @pytest.fixture
 def no_torch(monkeypatch):
     """GPUs counted from CUDA_VISIBLE_DEVICES, as on a machine without torch."""

@@ -41,6 +41,7 @@ from verirl._net import port_is_free
 from verirl._secrets import (
     TOKEN_SOURCES,
     check_token,
+    cleaned_token,
     implicit_hub_token,
     redact_argv,
     redact_text,
@@ -197,7 +198,7 @@ def _sources_of(token: str) -> str:
     from huggingface_hub import constants  # noqa: PLC0415 - keep import verirl light
 
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
-        if (os.environ.get(name) or "").strip() == token:
+        if cleaned_token(os.environ.get(name)) == token:  # as huggingface_hub cleans it
             return name
     if os.environ.get("HF_OIDC_RESOURCE"):
         return "OIDC exchange (HF_OIDC_RESOURCE)"

@@ -26,6 +26,7 @@ __all__ = [
     "HIDDEN",
     "TOKEN_SOURCES",
     "check_token",
+    "cleaned_token",
     "hub_offline",
     "hub_token_in_use",
     "implicit_hub_token",
@@ -126,12 +127,12 @@ def implicit_hub_token() -> str | None:
     if constants.HF_HUB_DISABLE_IMPLICIT_TOKEN or os.environ.get("HF_OIDC_RESOURCE"):
         return None
     raw = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
-    token = _cleaned_token(raw)
+    token = cleaned_token(raw)
     if token is not None:
         variable = "HF_TOKEN" if os.environ.get("HF_TOKEN") else "HUGGING_FACE_HUB_TOKEN"
         return _checked(token, variable, HIDDEN, "", "")
     path = constants.HF_TOKEN_PATH
-    variable = "HF_TOKEN_PATH" if "HF_TOKEN_PATH" in os.environ else "HF_HOME"
+    variable = _token_file_variable(os.environ)
     try:
         text = _read_token_file(path)
     except UnicodeDecodeError:
@@ -142,7 +143,7 @@ def implicit_hub_token() -> str | None:
             "remove the file, or set HF_TOKEN"
         )
         raise ConfigError.invalid(variable, printable(path), why) from None
-    token = _cleaned_token(text)
+    token = cleaned_token(text)
     if token is None:
         return None
     fix = ": fix the file, log in again (hf auth login), or set HF_TOKEN"
@@ -162,7 +163,7 @@ def hub_offline() -> bool:
     return bool(constants.is_offline_mode())
 
 
-def _cleaned_token(raw: str | None) -> str | None:
+def cleaned_token(raw: str | None) -> str | None:
     """``raw`` as huggingface_hub cleans a token: no CR or LF anywhere, stripped; ``None``: none."""
     if raw is None:
         return None
@@ -800,6 +801,19 @@ def _token_path(environ: Mapping[str, str]) -> str:
     return expanded(environ.get("HF_TOKEN_PATH", os.path.join(home, "token")))  # noqa: PTH118
 
 
+def _token_file_variable(environ: Mapping[str, str]) -> str:
+    """The variable that puts the token file where it is, as an error names it.
+
+    ``HF_TOKEN_PATH``, else ``HF_HOME`` (the file is its ``token``), else
+    ``XDG_CACHE_HOME`` (``huggingface/token`` below it); with none set, the
+    saved login in the home folder.
+    """
+    for name in ("HF_TOKEN_PATH", "HF_HOME", "XDG_CACHE_HOME"):
+        if name in environ:
+            return name
+    return "the saved login (hf auth login)"
+
+
 _FILE_KINDS = ((stat.S_ISFIFO, "a FIFO", "block forever"), (stat.S_ISSOCK, "a socket", "fail"),
                (stat.S_ISDIR, "a directory", "fail"), (stat.S_ISCHR, "a device", "block"),
                (stat.S_ISBLK, "a device", "block"))  # fmt: skip
@@ -826,7 +840,7 @@ def refuse_unreadable_token_file(environ: Mapping[str, str] | None = None) -> No
             continue  # no file: nothing read there
         for test, kind, effect in _FILE_KINDS:
             if test(mode):
-                variable = "HF_TOKEN_PATH" if "HF_TOKEN_PATH" in env else "HF_HOME"
+                variable = _token_file_variable(env)
                 why = (
                     f"the Hub token file there is {kind}, not a file: huggingface_hub would "
                     f"{effect} reading it; point HF_TOKEN_PATH at the token file, remove it, "

@@ -67,7 +67,8 @@ def _text(name: str, raw: str) -> str:
 
 
 def _secret(name: str, raw: str) -> str:
-    text = raw.strip()
+    # As huggingface_hub reads HF_TOKEN: every CR and LF dropped (a token wrapped over lines)
+    text = raw.replace("\r", "").replace("\n", "").strip()
     if has_control_chars(text):
         raise ConfigError.invalid(name, HIDDEN, "must not contain control characters")
     return text
