@@ -1324,3 +1324,9 @@ def test_a_bad_token_file_under_xdg_cache_home_is_named_by_that_variable(tmp_pat
     expected = f"XDG_CACHE_HOME='{cache / 'huggingface' / 'token'}'"
     assert expected in document["error"]["message"], document
     assert "hf_bad" not in json.dumps(document) + stderr
+    # with a Hub repo the layout meets the token too: one problem, the token's, not "layout:"
+    env |= {"VERIRL_GPU_COUNT": "1", "VERIRL_HUB_REPO_ID": "org/r"}
+    code, document, stderr = run_json(tmp_path, "doctor", env=env)
+    assert code == 2, (document, stderr)
+    assert document["error"]["message"].startswith(f"Hub token unusable: {expected}"), document
+    assert document["error"]["message"].count(expected) == 1, document

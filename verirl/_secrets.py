@@ -96,7 +96,12 @@ def hub_token_in_use(explicit: str | None) -> str | None:
         return None
 
 
-TOKEN_SOURCES = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HOME"})
+_TOKEN_FILE_VARIABLES = ("HF_TOKEN_PATH", "HF_HOME", "XDG_CACHE_HOME")
+"""The variables that put huggingface_hub's token file where it is, the nearest first."""
+_SAVED_LOGIN = "the saved login (hf auth login)"
+"""The token file's name in an error when none of `_TOKEN_FILE_VARIABLES` is set."""
+TOKEN_SOURCES = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", *_TOKEN_FILE_VARIABLES,
+                           _SAVED_LOGIN})  # fmt: skip
 """The fields of a Hub token's errors (`implicit_hub_token`, `refuse_unreadable_token_file`)."""
 
 
@@ -556,21 +561,9 @@ def redact_url(url: str) -> str:
     return redact_text(url)
 
 
-_SECRET_WORDS = frozenset(
-    {
-        "token",
-        "key",
-        "secret",
-        "password",
-        "passwd",
-        "apikey",
-        "credential",
-        "credentials",
-        "auth",
-        "passphrase",
-        "pat",
-    }
-)  # fmt: skip  (pat: a personal access token, --github-pat)
+# pat: a personal access token (--github-pat)
+_SECRET_WORDS = frozenset({"token", "key", "secret", "password", "passwd", "apikey",
+                           "credential", "credentials", "auth", "passphrase", "pat"})  # fmt: skip
 # "tokens" is mostly a count (--max-tokens, num_tokens): a secret only after one of these.
 _TOKEN_OWNERS = frozenset({"api", "auth", "access", "refresh", "bearer", "hub", "hf", "session"})
 
@@ -808,10 +801,10 @@ def _token_file_variable(environ: Mapping[str, str]) -> str:
     ``XDG_CACHE_HOME`` (``huggingface/token`` below it); with none set, the
     saved login in the home folder.
     """
-    for name in ("HF_TOKEN_PATH", "HF_HOME", "XDG_CACHE_HOME"):
+    for name in _TOKEN_FILE_VARIABLES:
         if name in environ:
             return name
-    return "the saved login (hf auth login)"
+    return _SAVED_LOGIN
 
 
 _FILE_KINDS = ((stat.S_ISFIFO, "a FIFO", "block forever"), (stat.S_ISSOCK, "a socket", "fail"),
