@@ -186,6 +186,46 @@ def test_a_log_that_is_not_utf8_still_explains_the_exit(tmp_path, servers):
     str(caught.value).encode("utf-8")  # a report can carry it
 
 
+_ROTATIONS = {
+    "renamed": "os.rename(log, log + '.1'); open(log, 'w').close()",
+    "deleted": "os.unlink(log)",
+    "replaced-by-a-folder": "os.unlink(log); os.mkdir(log)",
+}
+
+
+@pytest.mark.parametrize("rotation", sorted(_ROTATIONS))
+def test_a_log_rotated_while_the_server_runs_still_explains_the_exit(tmp_path, servers, rotation):
+    """logrotate (or a user) moves the log away: the server wrote its last words to the old file."""
+    log = tmp_path / "x.log"
+    program = (
+        f"import os, sys; log = sys.argv[1]; print('loading', flush=True); "
+        f"{_ROTATIONS[rotation]}; "
+        "print('RuntimeError: CUDA out of memory', flush=True); sys.exit(3)"
+    )
+    server = servers(command=(sys.executable, "-c", program, str(log)), log_path=log)
+    with pytest.raises(VLLMServerExited) as caught:
+        server.start()
+    assert "CUDA out of memory" in caught.value.log_tail
+    assert "CUDA out of memory" in server.log_tail()
+    assert "loading" in server.log_tail()
+
+
+def test_a_later_run_reads_its_own_log_and_the_earlier_handle_is_closed(tmp_path, servers):
+    program = "import sys; print('run', sys.argv[1], flush=True); sys.exit(3)"
+    first = servers(command=(sys.executable, "-c", program, "one"), log_path=tmp_path / "a.log")
+    with pytest.raises(VLLMServerExited):
+        first.start()
+    kept = first._kept_log
+    assert kept is not None
+    assert kept.fd is not None
+    first.command = (sys.executable, "-c", program, "two")
+    with pytest.raises(VLLMServerExited) as caught:
+        first.start()
+    assert kept.fd is None  # the first run's reading handle, closed
+    assert "run two" in caught.value.log_tail
+    assert "run one" not in caught.value.log_tail
+
+
 @pytest.mark.parametrize("where", ["model", "extra_args", "command"])
 def test_an_argv_that_is_not_utf8_starts_and_is_logged_as_utf8(tmp_path, where, caplog):
     caplog.set_level(logging.DEBUG, logger="verirl")
@@ -227,7 +267,8 @@ def test_a_running_servers_log_replaced_by_a_fifo_never_blocks_its_tail(tmp_path
     assert log is not None
     log.unlink()
     os.mkfifo(log)
-    assert _in_thread(server.log_tail, _open_writer(log)) == [""]
+    [tail] = _in_thread(server.log_tail, _open_writer(log))
+    assert "verirl fakes.vllm_serve" in str(tail)  # what the server wrote, where it went
 
 
 def test_a_last_line_longer_than_the_window_is_kept_cut(tmp_path):

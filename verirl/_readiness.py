@@ -18,7 +18,6 @@ our own process.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +29,7 @@ import requests
 from verirl._http import deadline_session, request_health
 from verirl._poll import Backoff, PollResult, poll
 from verirl._process import ProcessTree
-from verirl._server_log import read_regular
+from verirl._server_log import KeptLog, read_regular
 
 __all__ = [
     "BACKOFF",
@@ -82,19 +81,13 @@ class LogWatch:
     read, or is not a regular file (a FIFO: never opened), is simply never seen to fire.
     """
 
-    path: Path
+    path: Path | KeptLog
     offset: int = 0
     lines: tuple[bytes, ...] = READY_LOG_LINES
     _carry: bytes = b""
 
     def fired(self) -> bool:
         """Whether one of ``lines`` was written since the last call."""
-        try:
-            size = os.stat(self.path).st_size  # noqa: PTH116 - the cheapest look
-        except OSError:
-            return False
-        if size <= self.offset:
-            return False
         read = read_regular(self.path, self.offset, _LOG_READ_LIMIT)  # never blocks on a FIFO
         if read is None:
             return False
@@ -206,7 +199,7 @@ def wait_for_health(
     timeout: float,
     progress: Callable[[float, str | None], None],
     progress_every: float,
-    log_path: Path | None = None,
+    log_path: Path | KeptLog | None = None,
     log_offset: int = 0,
 ) -> PollResult:
     """Poll ``url`` until ``tree``'s server answers 200 on ``port``, or ``timeout`` is spent.

@@ -36,6 +36,7 @@ from verirl.errors import ConfigError
 
 __all__ = [
     "LOG_TAIL_LINES",
+    "KeptLog",
     "OpenedLog",
     "check_lines",
     "default_log_dir",
@@ -60,6 +61,32 @@ class OpenedLog:
     handle: BinaryIO
     path: Path
     offset: int
+
+
+class KeptLog:
+    """A reading handle on the file a run's server writes to, kept for its tail.
+
+    The path is only where the file was: a rotation (renamed, or deleted and
+    made again) leaves the server writing to the old file, whose lines say
+    why it died. Reading through this handle (a duplicate of the one the
+    server was given) sees exactly what the server wrote, wherever the name
+    went. Closed by `close` or when dropped; never inherited by a child.
+    """
+
+    __slots__ = ("fd",)
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self.fd: int | None = os.dup(handle.fileno())
+
+    def close(self) -> None:
+        """Close the handle (again: nothing)."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def log_file_name(port: int) -> str:
@@ -282,17 +309,30 @@ def open_server_log(
     return OpenedLog(handle=handle, path=path, offset=offset)
 
 
-def read_regular(path: Path | str, start: int, limit: int) -> tuple[int, bytes] | None:
+def read_regular(path: Path | str | KeptLog, start: int, limit: int) -> tuple[int, bytes] | None:
     """``(size, bytes)``: up to ``limit`` bytes of the regular file ``path`` from ``start``.
 
     ``None`` when it is missing, unreadable or not a regular file (never
-    blocks on a FIFO). A ``start`` past the end (the file was truncated or
-    replaced) reads nothing; the size tells.
+    blocks on a FIFO), or a closed `KeptLog`. A ``start`` past the end (the
+    file was truncated or replaced) reads nothing; the size tells.
     """
+    if isinstance(path, KeptLog):
+        kept = path.fd
+        if kept is None:
+            return None
+        return _read_open(kept, start, limit)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        return _read_open(fd, start, limit)
+    finally:
+        os.close(fd)
+
+
+def _read_open(fd: int, start: int, limit: int) -> tuple[int, bytes] | None:
+    """`read_regular` of the open ``fd``, which stays open."""
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -302,8 +342,6 @@ def read_regular(path: Path | str, start: int, limit: int) -> tuple[int, bytes] 
         return info.st_size, os.pread(fd, min(limit, info.st_size - start), start)
     except OSError:
         return None
-    finally:
-        os.close(fd)
 
 
 def check_lines(lines: object) -> int:
@@ -313,8 +351,12 @@ def check_lines(lines: object) -> int:
     return lines
 
 
-def read_log_tail(path: Path | str, *, lines: int = LOG_TAIL_LINES, start: int = 0) -> str:
+def read_log_tail(
+    path: Path | str | KeptLog, *, lines: int = LOG_TAIL_LINES, start: int = 0
+) -> str:
     """The last ``lines`` lines of the log at ``path`` from byte offset ``start`` ("" if none).
+
+    ``path`` may be a `KeptLog`: the file the server writes to, wherever its name went.
 
     At most the last 64 KiB are read: a line cut by that window is dropped,
     unless it is the only one (a last line longer than the window), which is

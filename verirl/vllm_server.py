@@ -111,6 +111,7 @@ from verirl._server_fields import (
 )
 from verirl._server_log import (
     LOG_TAIL_LINES,
+    KeptLog,
     check_lines,
     log_file_name,
     open_server_log,
@@ -215,6 +216,7 @@ class VLLMServer:
     _argv: tuple[str, ...] | None = attrs.field(default=None, init=False, repr=False)
     _active_log: Path | None = attrs.field(default=None, init=False, repr=False)
     _log_offset: int = attrs.field(default=0, init=False, repr=False)
+    _kept_log: KeptLog | None = attrs.field(default=None, init=False, repr=False)
     _run: Run | None = attrs.field(default=None, init=False, repr=False)
     _owner: int = attrs.field(factory=os.getpid, init=False, repr=False)
     _lock: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
@@ -353,13 +355,16 @@ class VLLMServer:
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """The last ``lines`` lines this run wrote to its log ("" before a run, or for 0).
 
-        Never blocks and never raises for the file's sake (see `read_log_tail`);
-        ``lines`` that is not an integer >= 0 is a `ConfigError`.
+        Read from the file the server was given, even after a rotation moved
+        or deleted its name. Never blocks and never raises for the file's sake
+        (see `read_log_tail`); ``lines`` that is not an integer >= 0 is a `ConfigError`.
         """
         check_lines(lines)
         if self._active_log is None:
             return ""
-        tail = read_log_tail(self._active_log, lines=lines, start=self._log_offset)
+        tail = read_log_tail(
+            self._kept_log or self._active_log, lines=lines, start=self._log_offset
+        )
         return _hide_secrets(tail, self._argv or (), self.env)
 
     # ------------------------------------------------------------ lifecycle
@@ -568,6 +573,14 @@ class VLLMServer:
             opened = open_server_log(self.log_dir, port=self.port, argv=argv, field="log_dir")
         else:
             opened = open_server_log(self._log_path, port=self.port, argv=argv)
+        try:
+            reader = KeptLog(opened.handle)
+        except BaseException:
+            opened.handle.close()
+            raise
+        kept, self._kept_log = self._kept_log, reader
+        if kept is not None:
+            kept.close()
         self._active_log = opened.path
         self._log_offset = opened.offset
         return opened.handle
@@ -585,7 +598,7 @@ class VLLMServer:
                 timeout=self.startup_timeout,
                 progress=self._log_progress,
                 progress_every=self.progress_interval,
-                log_path=self._active_log,
+                log_path=self._kept_log or self._active_log,
                 log_offset=self._log_offset,
             )
         except UnprovableError:
