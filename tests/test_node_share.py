@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -33,10 +34,11 @@ REPO = "org/run"
 
 RANK = textwrap.dedent(
     """
-    import json, os, sys
+    import json, logging, os, sys, time
     from verirl import DistributedEnv, TrainingRuntime, VLLMTopology, resolver_from_settings
     from verirl.errors import VeriRLError
 
+    logging.basicConfig(filename=sys.argv[5], level=logging.INFO)
     env = dict(os.environ)
     runtime = TrainingRuntime(
         VLLMTopology.plan(1, max_model_len=64),
@@ -50,9 +52,14 @@ RANK = textwrap.dedent(
     )
     try:
         with runtime as session:
-            print(json.dumps({"path": session.resume_from_checkpoint}))
+            print(json.dumps({"path": session.resume_from_checkpoint}), flush=True)
     except VeriRLError as exc:
-        print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+        print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)
+    # As a leader trains on: a rank that names the attempt after its first rank has
+    # ended names another (see `_launch_attempt`). The test releases every rank at once.
+    deadline = time.monotonic() + 120
+    while not os.path.exists(sys.argv[6]) and time.monotonic() < deadline:
+        time.sleep(0.02)
     """
 )
 
@@ -93,6 +100,8 @@ def start_ranks(
                     REPO,
                     hub.endpoint,
                     str(timeout),
+                    str(rank_log(tmp_path, local_rank)),
+                    str(tmp_path / "release"),
                 ],
                 env=env,
                 stdout=subprocess.PIPE,
@@ -102,7 +111,30 @@ def start_ranks(
     return procs
 
 
-def results(procs: list[subprocess.Popen[str]]) -> list[dict[str, str]]:
+def rank_log(tmp_path: Path, local_rank: int) -> Path:
+    """Where the rank process logs (verirl's INFO lines)."""
+    return tmp_path / f"rank-{local_rank}.log"
+
+
+def wait_until_following(tmp_path: Path, local_ranks: range, timeout: float = 120) -> None:
+    """Until each of ``local_ranks`` waits for local rank 0 (so it knows the attempt's key)."""
+    deadline = time.monotonic() + timeout
+    for local_rank in local_ranks:
+        log = rank_log(tmp_path, local_rank)
+        while "waiting for local rank 0" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline, f"local rank {local_rank} never followed"
+            time.sleep(0.05)
+
+
+def results(
+    tmp_path: Path, procs: list[subprocess.Popen[str]], first: int = 0
+) -> list[dict[str, str]]:
+    """Each rank's answer, once every follower waits for local rank 0 and all are released.
+
+    ``procs`` are local ranks ``first``, ``first + 1``, …
+    """
+    wait_until_following(tmp_path, range(max(first, 1), first + len(procs)))
+    (tmp_path / "release").touch()
     out = []
     for proc in procs:
         stdout, _ = proc.communicate(timeout=120)
@@ -118,7 +150,7 @@ def test_four_local_ranks_list_and_download_once_and_agree(tmp_path):
     with FakeHub() as hub:
         hub.add_checkpoint(REPO, "checkpoint-10", 10)
         hub.add_checkpoint(REPO, "checkpoint-20", 20, size=4096)
-        answers = results(start_ranks(tmp_path, hub, range(4)))
+        answers = results(tmp_path, start_ranks(tmp_path, hub, range(4)))
         paths = {answer.get("path") for answer in answers}
         assert len(paths) == 1, answers
         (path,) = paths
@@ -133,7 +165,9 @@ def test_ranks_without_a_launchers_master_port_still_share_one_choice(tmp_path):
     """The port verirl fills in differs between the ranks: it is not part of the attempt's key."""
     with FakeHub() as hub:
         hub.add_checkpoint(REPO, "checkpoint-20", 20)
-        out = results(start_ranks(tmp_path, hub, range(2), local_world=2, timeout=30, master=False))
+        out = results(
+            tmp_path, start_ranks(tmp_path, hub, range(2), local_world=2, timeout=30, master=False)
+        )
     paths = {result.get("path") for result in out}
     assert len(paths) == 1, out
     assert str(paths.pop()).endswith("checkpoint-20"), out
@@ -142,7 +176,7 @@ def test_ranks_without_a_launchers_master_port_still_share_one_choice(tmp_path):
 def test_local_rank_0_failing_fails_every_rank_with_its_reason(tmp_path):
     with FakeHub() as hub:
         hub.add_checkpoint(REPO, "checkpoint-10", 10, complete=False)
-        answers = results(start_ranks(tmp_path, hub, range(3), local_world=3))
+        answers = results(tmp_path, start_ranks(tmp_path, hub, range(3), local_world=3))
     assert {answer["error"] for answer in answers} == {"CheckpointNotFoundError"}
     assert len({answer["message"] for answer in answers}) == 1
     assert "no complete checkpoint for 'latest'" in answers[0]["message"]
@@ -156,9 +190,12 @@ def test_local_rank_0_killed_mid_download_fails_the_others_at_once(tmp_path):
             procs = start_ranks(tmp_path, hub, range(3), local_world=3, timeout=600)
             leader = procs[0]
             assert hub.wait_for_requests("checkpoint-10/model.safetensors", 1, timeout=60)
+            # A rank that has not yet named the attempt when its first rank dies names
+            # another, and waits for it to its deadline (see `_launch_attempt`).
+            wait_until_following(tmp_path, range(1, 3))
             leader.send_signal(signal.SIGKILL)
             leader.communicate(timeout=30)
-            answers = results(procs[1:])
+            answers = results(tmp_path, procs[1:], first=1)
         finally:
             hold.release()
             for proc in procs:
