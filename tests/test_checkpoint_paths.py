@@ -318,3 +318,36 @@ def test_a_path_with_control_characters_is_shown_escaped_in_the_error(name, tmp_
     message = str(info.value)
     assert not any(char in message for char in "\x00\n\x1b")
     assert repr(name)[1:-1] in message
+
+
+# ---------------------------------------------------------------- an answer read back as text
+
+_LITERAL_ROOTS = ["~/runs/exp", "~root/runs", " sp", "\tlatest", "latest"]
+
+
+@pytest.mark.parametrize("root", _LITERAL_ROOTS)
+@pytest.mark.parametrize("how", ["latest", "explicit"])
+def test_a_resolved_checkpoint_read_back_as_text_is_the_same_folder(
+    tmp_path, monkeypatch, root, how
+):
+    """Launch exports the answer and the command resolves it again: it must name the same folder.
+
+    A folder found on disk whose relative path starts with ``~`` (or white space) is
+    that folder, not the home directory's (or a stripped name's).
+    """
+    monkeypatch.chdir(tmp_path)
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    mine = make_checkpoint(tmp_path / root, "checkpoint-5")
+    make_checkpoint(home / "runs" / "exp", "checkpoint-5")  # a decoy where "~" leads
+    if root.strip() != root:
+        make_checkpoint(tmp_path / root.strip(), "checkpoint-5")  # and where stripping leads
+    if how == "latest":
+        answer = CheckpointResolver([LocalCheckpointSource(f".{os.sep}{root}")]).resolve("latest")
+    else:
+        answer = CheckpointResolver([]).resolve(f".{os.sep}{root}{os.sep}checkpoint-5")
+    assert answer is not None
+    again = CheckpointResolver([]).resolve(answer)
+    assert again is not None
+    assert Path(again).samefile(mine), (answer, again)
+    assert CheckpointResolver([]).resolve_from_env({RESUME_ENV_VAR: answer}) == again

@@ -190,7 +190,7 @@ def global_step(state: Mapping[str, object]) -> int | None:
     return step
 
 
-def path_request(field: str, value: os.PathLike[str]) -> str:
+def path_request(field: str, value: os.PathLike[str], *, found: bool = False) -> str:
     """A path-like resume request as text that every reader takes for that path.
 
     A path is never a keyword: ``Path("latest")`` is the folder called
@@ -199,8 +199,10 @@ def path_request(field: str, value: os.PathLike[str]) -> str:
     leading ``./``, and one ending in whitespace (which a request loses to
     `str.strip`) a trailing ``/``: the same directory, spelled unambiguously.
     Anything else is returned as `os.fspath` gives it (``~`` is expanded later,
-    as for any path). A path-like that is not a non-empty str path is a
-    `ConfigError` naming ``field``.
+    as for any path), except a directory ``found`` on disk (a resolver's
+    answer, ``~`` already expanded), where a leading ``~`` is a folder of that
+    name and gets a leading ``./`` too. A path-like that is not a non-empty str
+    path is a `ConfigError` naming ``field``.
     """
     try:
         text: object = os.fspath(value)
@@ -208,7 +210,7 @@ def path_request(field: str, value: os.PathLike[str]) -> str:
         raise ConfigError.invalid(field, value, f"is not a usable path ({exc})") from None
     if not isinstance(text, str) or not text:
         raise ConfigError.invalid(field, value, "must be a path-like of a non-empty str path")
-    if text[0].isspace() or text.strip() in RESUME_KEYWORDS:
+    if text[0].isspace() or text.strip() in RESUME_KEYWORDS or (found and text[0] == "~"):
         text = os.path.join(os.curdir, text)  # noqa: PTH118 - a Path would drop the "./"
     if text[-1].isspace():
         text += os.sep

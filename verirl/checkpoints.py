@@ -271,7 +271,7 @@ def _fetch_newest(candidates: list[tuple[Checkpoint, CheckpointSource]]) -> str:
             fetch_errors.append(exc)
             continue
         log.info("resuming from %s (step %d)", printable(path), checkpoint.step)
-        return os.fspath(path)
+        return path_request("request", path, found=True)  # handed on as text, read back as is
     raise fetch_errors[0]
 
 
@@ -365,8 +365,8 @@ def _resolve_explicit(request: str) -> str:
         )
     else:
         log.info("resuming from %s (explicit path)", printable(folder))
-    # Handed on as text (launch exports it): a folder named like a keyword keeps its "./".
-    return path_request("request", folder)
+    # Handed on as text (launch exports it): a folder named like a keyword, or "~", keeps its "./".
+    return path_request("request", folder, found=True)
 
 
 def _not_a_directory(folder: Path) -> str | None:
