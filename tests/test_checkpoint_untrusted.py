@@ -714,3 +714,42 @@ def test_a_refusal_counts_as_the_hub_s_only_when_the_hub_answered_it(hub, tmp_pa
 
     error = source._error("download from", Refused("403"), listed=True)
     assert error.checkpoint_unreadable is refused
+
+
+# ---------------------------------------------------------------- the download's lock file
+
+
+@pytest.mark.parametrize("how", ["held", "symlink", "directory", "fifo"])
+@pytest.mark.parametrize("request_", ["auto", "latest"])
+def test_a_newest_checkpoint_whose_download_lock_is_unusable_is_never_replaced_by_an_older(
+    hub, tmp_path, how, request_
+):
+    """A planted or held lock keeps verirl from the newest: no older checkpoint stands in."""
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    make_checkpoint(tmp_path / "out", "checkpoint-10")
+    (tmp_path / "dl").mkdir()
+    lock = tmp_path / "dl" / ".verirl-checkpoint-20.lock"
+    victim = tmp_path / "victim"
+    victim.write_text("mine\n")
+    with contextlib.ExitStack() as stack:
+        if how == "held":
+            stack.enter_context(flock_with_deadline(lock, 0))
+        elif how == "symlink":
+            lock.symlink_to(victim)
+        elif how == "directory":
+            lock.mkdir()
+        else:
+            os.mkfifo(lock)
+        source = HubCheckpointSource(
+            REPO, download_dir=tmp_path / "dl", endpoint=hub.endpoint, lock_timeout=0.2
+        )
+        resolver = CheckpointResolver([LocalCheckpointSource(tmp_path / "out"), source])
+        expected = CheckpointSourceError if how == "held" else ConfigError
+        with pytest.raises(expected) as caught:
+            resolver.resolve(request_)
+    message = str(caught.value)
+    assert ".verirl-checkpoint-20.lock" in message
+    if how != "held":
+        assert caught.value.field == "download_dir"
+    assert victim.read_text() == "mine\n"
+    assert not (tmp_path / "dl" / "checkpoint-20").exists()

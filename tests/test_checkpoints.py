@@ -1108,8 +1108,9 @@ def test_a_symlinked_lock_file_is_never_followed(hub, tmp_path, dangling):
     download_dir.mkdir()
     (download_dir / ".verirl-checkpoint-20.lock").symlink_to(outside / "target")
     source = hub_source(hub, tmp_path)
-    with pytest.raises(CheckpointSourceError, match="symlink"):
+    with pytest.raises(ConfigError, match="symlink") as caught:  # as one in the folder's place
         source.fetch(source.latest())
+    assert caught.value.field == "download_dir"
     assert [p.name for p in outside.iterdir()] == ([] if dangling else ["target"])
     assert not (download_dir / "checkpoint-20").exists()
 

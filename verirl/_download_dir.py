@@ -28,6 +28,7 @@ import attrs
 from verirl._checkpoint import read_trainer_state, unreadable
 from verirl._fs import (
     OWNER_MARKER,
+    FileRefusedError,
     flock_with_deadline,
     lstat_kind,
     make_owned_dir,
@@ -116,7 +117,7 @@ def fetch_folder(
         msg = f"cannot create download_dir {printable(root)}: {type(exc).__name__}: {exc.strerror}"
         raise CheckpointSourceError(msg) from exc
     lock = root / f".verirl-{remote.name}.lock"
-    with _locked(lock, lock_timeout, f"another download of {remote.name} into {printable(root)}"):
+    with _locked(lock, lock_timeout, root, remote):
         try:
             return _fetch_locked(root, remote, download)
         except VeriRLError:
@@ -207,25 +208,40 @@ def _reusable(root: Path, target: Path, folder: str, expected: Mapping[str, File
 
 
 @contextlib.contextmanager
-def _locked(lock: Path, timeout: float, what: str) -> Iterator[None]:
-    """`flock_with_deadline`, with its failures as `CheckpointSourceError`."""
+def _locked(lock: Path, timeout: float, root: Path, remote: RemoteFolder) -> Iterator[None]:
+    """`flock_with_deadline` on ``lock``, refusing what an older checkpoint must not replace.
+
+    The checkpoint is there, so what keeps verirl from it never makes an
+    older one stand in: a lock still held after ``timeout`` is a
+    `CheckpointSourceError` marked ``checkpoint_unreadable`` (with the step),
+    and a lock file verirl did not make (a symlink, a folder, a FIFO) is a
+    `ConfigError` naming ``download_dir``, as such a thing in the
+    checkpoint's own place is. Other failures to lock are a plain
+    `CheckpointSourceError`.
+    """
     try:
         with flock_with_deadline(lock, timeout):
             yield
             return
     except TimeoutError as exc:
         msg = (
-            f"gave up after waiting {timeout:g}s for {what} to finish (lock file "
-            f"{printable(lock)}); "
+            f"gave up after waiting {timeout:g}s for another download of {remote.name} into "
+            f"{printable(root)} to finish (lock file {printable(lock)}); "
             "raise lock_timeout, or use a separate download_dir per job"
         )
-        raise CheckpointSourceError(msg) from exc
+        raise CheckpointSourceError(msg, checkpoint_unreadable=True, step=remote.step) from exc
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            msg = f"lock file {printable(lock)} is a symlink; refusing to follow it (remove it)"
-        else:
-            why = printable(exc.strerror or str(exc))
-            msg = f"cannot lock {printable(lock)}: {type(exc).__name__}: {why}"
+        if exc.errno in (errno.ELOOP, errno.EISDIR) or isinstance(exc, FileRefusedError):
+            what = "a symlink (never followed)" if exc.errno == errno.ELOOP else "not a file"
+            raise ConfigError.invalid(
+                "download_dir",
+                str(root),
+                f"holds the lock file {printable(lock.name)}, which is {what} and which "
+                "verirl did not make; refusing to use it (remove it, or use a dedicated "
+                "download directory)",
+            ) from None
+        why = printable(exc.strerror or str(exc))
+        msg = f"cannot lock {printable(lock)}: {type(exc).__name__}: {why}"
         raise CheckpointSourceError(msg) from exc
 
 

@@ -231,7 +231,8 @@ class CheckpointSourceError(VeriRLError):
     ``repo_missing`` is True when the source said its repository does not
     exist (HTTP 404 to a request that carried a token): what ``auto`` may take
     for "no checkpoint pushed yet" on a first attempt. ``checkpoint_unreadable``
-    is True when a checkpoint is there but cannot be read (permissions, EIO):
+    is True when a checkpoint is there but cannot be read (permissions, EIO,
+    its download held by another process past ``lock_timeout``):
     it may be the newest, so no older one is resumed from in its place;
     ``step`` is that checkpoint's step when its name says it (a newer one
     found elsewhere may then be resumed from).
