@@ -390,3 +390,35 @@ def test_personal_access_tokens_and_passphrases_are_hidden():
             "--path", "/a", "--patience", "3"]  # fmt: skip
     assert redact_argv(argv) == ["x", "--pat", HIDDEN, "--github-pat", HIDDEN, "--passphrase",
                                  HIDDEN, "--path", "/a", "--patience", "3"]  # fmt: skip
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--gpus", "2", "--model", "m", "--api-key", SECRET],
+        ["plan", "--gpus", "2", f"--api-key={SECRET}"],
+        ["launch", f"--hf-token={SECRET}", "--", "true"],
+        ["plan", "--gpus", f"http://u:{SECRET}@x"],
+        ["plan", "--mode", f"http://u:{SECRET}@x"],
+        ["wait-env", f"http://u:{SECRET}@x", "--timeout", f"https://:{SECRET}@y"],
+    ],
+    ids=[
+        "unknown-flag",
+        "unknown-flag-equals",
+        "unknown-token-flag",
+        "bad-int",
+        "bad-choice",
+        "bad-number",
+    ],
+)
+def test_a_usage_error_never_shows_a_secret_that_was_typed(capsys, no_settings, argv, json_flag):
+    """argparse quotes what it refused: the quote hides the secret like any message."""
+    with pytest.raises(SystemExit) as caught:
+        main([*json_flag, *argv])
+    out, err = capsys.readouterr()
+    assert SECRET not in out + err, (argv, out, err)
+    assert caught.value.code == 2
+    if json_flag:
+        assert json.loads(out)["error"]["code"] == 2
+    assert "error" in (out + err).lower()

@@ -529,7 +529,7 @@ def _flag_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
 
 # ``user:password@`` inside a longer text (a message naming a URL, a path made of one): the part
 # before the @ that holds a colon, up to white space, a quote or a slash; a scheme stays.
-_USERINFO_IN_TEXT = re.compile(r"[^\s/@'\"<>()\[\]]+:[^\s/@'\"<>]*@")
+_USERINFO_IN_TEXT = re.compile(r"(?:[^\s/@'\"<>()\[\]]+|(?<=//)):[^\s/@'\"<>]*@")  # "//:pw@" too
 
 
 def redact_message(text: str) -> str:

@@ -915,6 +915,7 @@ class _Parser(argparse.ArgumentParser):
     """
 
     def error(self, message: str) -> NoReturn:
+        message = redact_message(message)  # it quotes what was typed: --api-key=V, a URL's password
         match = _EXPECTED_ONE.fullmatch(message)
         if match:  # the value started with "-", so argparse took it for a flag
             message += f" (a value that starts with '-' goes after '=': {match[1]}=VALUE)"
