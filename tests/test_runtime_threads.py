@@ -11,6 +11,7 @@ interrupts the main thread, whoever holds the SIGTERM policy there.
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
 import threading
 import time
@@ -159,3 +160,57 @@ def test_a_runtime_in_a_thread_never_interrupts_the_main_thread(tmp_path, defaul
         finally:
             rt.stop()
         assert not SIGTERM_POLICY.fired
+
+
+_HANDLER_STOPS = """
+import signal, sys, threading
+from verirl import VLLMServer
+
+server = VLLMServer("m", port=int(sys.argv[1]), devices=(0,), command=[sys.executable, "-m",
+                    "fakes.vllm_serve"], startup_timeout=30, shutdown_timeout=5)
+
+def on_sigterm(signum, frame):  # the README's advice: a handler that calls server.stop()
+    server.stop()
+    print("handler: stop returned", flush=True)
+
+signal.signal(signal.SIGTERM, on_sigterm)
+
+class SignalWhileHeld:
+    '''The server's real lock; a SIGTERM lands while it is held (as it may at any bytecode).'''
+    def __init__(self, lock, nth):
+        self.lock, self.nth, self.n = lock, nth, 0
+    def __enter__(self):
+        self.lock.acquire()
+        self.n += 1
+        if self.n == self.nth:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+        return self
+    def __exit__(self, *exc):
+        self.lock.release()
+
+object.__setattr__(server, "_starts_lock", SignalWhileHeld(server._starts_lock, int(sys.argv[2])))
+try:
+    server.start()
+    print("start returned", flush=True)
+except Exception as exc:
+    print("start raised", type(exc).__name__, flush=True)
+finally:
+    server.stop()
+print("done", server.pid, flush=True)
+"""
+
+
+@pytest.mark.parametrize("nth", [1, 2])
+def test_a_sigterm_handler_that_stops_the_server_mid_start_never_deadlocks(tmp_path, nth):
+    """The handler runs on the thread that holds the start's lock: stop() must not wait for it."""
+    script = tmp_path / "handler_stops.py"
+    script.write_text(_HANDLER_STOPS)
+    done = subprocess.run(
+        [sys.executable, str(script), str(unshared_port()), str(nth)],
+        capture_output=True, text=True, timeout=60, check=False,
+        cwd=Path(__file__).resolve().parent.parent, start_new_session=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "handler: stop returned" in lines
+    assert lines[-1] == "done None"  # the server was stopped and forgotten

@@ -174,7 +174,9 @@ class ServerWatchdog:
     )
     interval: float = HEALTH_INTERVAL
     _stopping: threading.Event = attrs.field(factory=threading.Event, init=False)
-    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+    _lock: threading.RLock = attrs.field(
+        factory=threading.RLock, init=False
+    )  # stop() from a handler
     _stopped: bool = attrs.field(default=False, init=False)
     _thread: threading.Thread | None = attrs.field(default=None, init=False)
     _failure: VLLMServerError | None = attrs.field(default=None, init=False)

@@ -222,8 +222,11 @@ class VLLMServer:
     _lock: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
     _starts: int = attrs.field(default=0, init=False, repr=False)
     _cancel: threading.Event = attrs.field(factory=threading.Event, init=False, repr=False)
-    _starts_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
-    """Guards ``_starts`` and the setting of ``_cancel``: held for an instant, never over a wait."""
+    _starts_lock: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
+    """Guards ``_starts`` and the setting of ``_cancel``: held for an instant, never over a wait.
+
+    Reentrant: a signal handler that calls `stop` runs on the thread that may hold it.
+    """
 
     def __attrs_post_init__(self) -> None:
         if self.log_dir is not None and self._log_path is not None:
