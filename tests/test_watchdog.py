@@ -140,10 +140,12 @@ def test_a_swallowed_interrupt_still_ends_the_block_with_the_servers_death(
 
     def train() -> None:
         with rt as session:
-            psutil.Process(session.server.pid).kill()  # type: ignore[union-attr]
             deadline = time.monotonic() + 30
+            server = psutil.Process(session.server.pid)  # type: ignore[union-attr]
             while not swallowed and time.monotonic() < deadline:
-                try:
+                try:  # the kill inside: the interrupt may come before the next line runs
+                    if server.is_running():
+                        server.kill()
                     threading.Event().wait(0.05)  # a generation call, retried on any error
                 except Exception as exc:  # noqa: BLE001 - the user's code under test
                     swallowed.append(exc)
@@ -160,10 +162,12 @@ def test_a_failure_handed_over_by_stop_watchdog_is_not_raised_again(
     """verirl launch takes the failure itself (stop_watchdog) once its command has ended."""
     rt = fake_server_runtime(tmp_path)
     with rt as session:
-        psutil.Process(session.server.pid).kill()  # type: ignore[union-attr]
         deadline = time.monotonic() + 30
+        server = psutil.Process(session.server.pid)  # type: ignore[union-attr]
         while rt._watchdog.failure is None and time.monotonic() < deadline:
-            with contextlib.suppress(VLLMServerExited):
+            with contextlib.suppress(VLLMServerExited):  # the kill inside: the interrupt may
+                if server.is_running():  # come before the next line runs
+                    server.kill()
                 threading.Event().wait(0.05)
         with contextlib.suppress(VLLMServerExited):  # an interrupt on its way lands here
             assert isinstance(rt.stop_watchdog(), VLLMServerExited)
