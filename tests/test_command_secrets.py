@@ -13,7 +13,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from verirl import ConfigError, HttpEnvServerProbe, TrainingRuntime, VLLMServer
+from verirl import ConfigError, HttpEnvServerProbe, Settings, TrainingRuntime, VLLMServer
 from verirl._secrets import HIDDEN, redact_argv, redact_text, shown_command, shown_line
 from verirl.cli import main
 
@@ -422,3 +422,17 @@ def test_a_usage_error_never_shows_a_secret_that_was_typed(capsys, no_settings, 
     if json_flag:
         assert json.loads(out)["error"]["code"] == 2
     assert "error" in (out + err).lower()
+
+
+def test_the_settings_repr_never_shows_a_secret(monkeypatch, no_settings):
+    """Every setting that can carry a credential (a URL, a command, flags) is shown redacted."""
+    monkeypatch.setenv("VERIRL_ENV_SERVER_URL", f"http://u:{SECRET}@127.0.0.1:1")
+    monkeypatch.setenv("VERIRL_HUB_ENDPOINT", f"https://:{SECRET}@hub.example/?token={SECRET}")
+    monkeypatch.setenv("VERIRL_VLLM_COMMAND", f"srv --token {SECRET}")
+    monkeypatch.setenv("VERIRL_VLLM_ARGS", f"--api-key {SECRET}")
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    settings = Settings.from_environ()
+    assert settings.vllm_args == ("--api-key", SECRET)  # kept, only not shown
+    shown = repr(settings) + str(settings)
+    assert SECRET not in shown
+    assert HIDDEN in shown

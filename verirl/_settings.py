@@ -19,7 +19,14 @@ from typing import Any
 
 import attrs
 
-from verirl._secrets import HIDDEN, hub_token_in_use, redact_url, scrub_config_error, shown_command
+from verirl._secrets import (
+    HIDDEN,
+    hub_token_in_use,
+    redact_argv,
+    redact_url,
+    scrub_config_error,
+    shown_command,
+)
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
@@ -97,10 +104,32 @@ def _flags(name: str, raw: str) -> tuple[str, ...]:
     return tuple(split_args(name, raw))
 
 
-def _setting(variable: str, parse: _Parse, default: str = "", *, secret: bool = False) -> Any:  # noqa: ANN401 - what attrs.field returns
-    """A field read from ``variable`` by ``parse``; ``default`` is what the README shows."""
+def _shown_url(value: str | None) -> str:
+    """A URL setting in the repr: its password and secret parameters hidden."""
+    return repr(value if value is None else redact_url(value))
+
+
+def _shown_argv(value: tuple[str, ...] | None) -> str:
+    """A command or flags setting in the repr: ``--api-key`` values and tokens hidden."""
+    return repr(value if value is None else tuple(redact_argv(value)))
+
+
+def _setting(
+    variable: str,
+    parse: _Parse,
+    default: str = "",
+    *,
+    secret: bool = False,
+    shown: Callable[[Any], str] | None = None,
+) -> Any:  # noqa: ANN401 - what attrs.field returns
+    """A field read from ``variable`` by ``parse``; ``default`` is what the README shows.
+
+    ``secret``: never in the repr; ``shown``: what the repr shows of the value
+    (one that may hold a credential, hidden).
+    """
     metadata = {"variable": variable, "parse": parse, "default": default, "secret": secret}
-    return attrs.field(default=None, kw_only=True, repr=not secret, metadata=metadata)
+    shows: bool | Callable[[Any], str] = False if secret else (shown or True)
+    return attrs.field(default=None, kw_only=True, repr=shows, metadata=metadata)
 
 
 @attrs.frozen
@@ -111,22 +140,22 @@ class Settings:
     which fall back to these values for arguments left ``None``.
     """
 
-    env_url: str | None = _setting("VERIRL_ENV_SERVER_URL", _text)
+    env_url: str | None = _setting("VERIRL_ENV_SERVER_URL", _text, shown=_shown_url)
     env_timeout: float | None = _setting("VERIRL_ENV_TIMEOUT", parse_seconds, "600")
     model: str | None = _setting("VERIRL_MODEL", _text)
     max_model_len: int | None = _setting("VERIRL_MAX_MODEL_LEN", _integer(1, MAX_LENGTH), "8192")
     output_dir: str | None = _setting("VERIRL_OUTPUT_DIR", _text)
     hub_repo_id: str | None = _setting("VERIRL_HUB_REPO_ID", _text)
     hub_token: str | None = _setting("HF_TOKEN", _secret, secret=True)
-    hub_endpoint: str | None = _setting("VERIRL_HUB_ENDPOINT", _text)
+    hub_endpoint: str | None = _setting("VERIRL_HUB_ENDPOINT", _text, shown=_shown_url)
     hub_revision: str | None = _setting("VERIRL_HUB_REVISION", _text)
     gpu_count: int | None = _setting("VERIRL_GPU_COUNT", _integer(1, MAX_GPUS), "detected")
     mode: str | None = _setting("VERIRL_VLLM_MODE", _mode, "auto")
     vllm_gpus: int | None = _setting("VERIRL_VLLM_GPUS", _integer(1, MAX_GPUS), "1")
     vllm_port: int | None = _setting("VERIRL_VLLM_PORT", _integer(1, MAX_PORT), "8001")
-    vllm_remote_host: str | None = _setting("VERIRL_VLLM_HOST", _text)
-    vllm_command: tuple[str, ...] | None = _setting("VERIRL_VLLM_COMMAND", _argv)
-    vllm_args: tuple[str, ...] | None = _setting("VERIRL_VLLM_ARGS", _flags)
+    vllm_remote_host: str | None = _setting("VERIRL_VLLM_HOST", _text, shown=_shown_url)
+    vllm_command: tuple[str, ...] | None = _setting("VERIRL_VLLM_COMMAND", _argv, shown=_shown_argv)
+    vllm_args: tuple[str, ...] | None = _setting("VERIRL_VLLM_ARGS", _flags, shown=_shown_argv)
     vllm_log_dir: str | None = _setting(
         "VERIRL_VLLM_LOG_DIR", _text, "`verirl-vllm-<uid>` under the temp directory"
     )
