@@ -19,6 +19,7 @@ import sys
 import pytest
 
 from _checkpoint_support import make_checkpoint, snapshot
+from _support import unshared_port
 from verirl import find_free_port
 from verirl.cli import EXIT_CHECKPOINT, main
 
@@ -187,7 +188,7 @@ def test_with_a_local_server_too(capfd, clean_env, monkeypatch, tmp_path):
     """The reviewer's case: server mode on 2 GPUs, a fake server launch, a missing path."""
     monkeypatch.setenv("VERIRL_GPU_COUNT", "2")
     monkeypatch.setenv("VERIRL_MODEL", "m")
-    monkeypatch.setenv("VERIRL_VLLM_PORT", str(find_free_port()))
+    monkeypatch.setenv("VERIRL_VLLM_PORT", str(unshared_port()))
     monkeypatch.setenv("VERIRL_VLLM_COMMAND", f"{sys.executable} -m fakes.vllm_serve")
     monkeypatch.setenv(RESUME, "/nonexistent")
     message = assert_doctor_says_what_launch_says(capfd, EXIT_CHECKPOINT)

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from _support import place_hub_token
@@ -168,3 +174,99 @@ def test_scrub_config_error_scrubs_message_value_and_reason():
         "bad <token>",
     )
     assert str(scrubbed) == "endpoint='http://h:1/?x=<token>': bad <token>"
+
+
+# -- the variables read as huggingface_hub reads them (contract: its own code decides) ---------
+
+_TOKEN_VALUES = [None, "", " ", "\n", "tok_A\r\n", "tok_B"]
+
+
+@pytest.mark.parametrize("hf_token", _TOKEN_VALUES)
+@pytest.mark.parametrize("hub_token", _TOKEN_VALUES)
+def test_the_token_variable_is_the_one_huggingface_hub_takes(token_env, monkeypatch, hf_token,
+                                                             hub_token):  # fmt: skip
+    from huggingface_hub.utils._auth import _get_token_from_environment
+
+    from verirl._secrets import token_variable
+
+    for name, value in (("HF_TOKEN", hf_token), ("HUGGING_FACE_HUB_TOKEN", hub_token)):
+        if value is not None:
+            monkeypatch.setenv(name, value)
+    found = token_variable(os.environ)
+    assert (None if found is None else found[1]) == _get_token_from_environment()
+
+
+def test_a_blank_hf_token_does_not_hide_a_token_file_huggingface_hub_would_block_on(
+    token_env, monkeypatch
+):
+    """HF_TOKEN=" " wins over HUGGING_FACE_HUB_TOKEN and gives no token: the file is read."""
+    from verirl._secrets import implicit_hub_token
+
+    monkeypatch.setenv("HF_TOKEN", " ")
+    monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", TOKEN)
+    os.mkfifo(token_env)
+    with pytest.raises(ConfigError) as info:
+        implicit_hub_token()  # (before: huggingface_hub blocked reading the FIFO)
+    assert str(info.value).startswith(f"HF_HOME='{token_env}': the Hub token file there is a FIFO")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("HF_TOKEN_PATH", ""), ("HF_TOKEN_PATH", "{tmp}/file/token"), ("HF_HOME", "{tmp}/file")],
+    ids=["empty-token-path", "token-path-under-a-file", "hf-home-a-file"],
+)
+def test_a_token_path_huggingface_hub_cannot_read_is_a_config_error_naming_it(
+    token_env, monkeypatch, tmp_path, variable, value
+):
+    from huggingface_hub import constants, get_token
+
+    from verirl._secrets import implicit_hub_token
+
+    (tmp_path / "file").write_text("not a folder\n")
+    monkeypatch.setenv(variable, value.format(tmp=tmp_path))
+    default = str(Path(os.environ["HF_HOME"]) / "token")
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", os.environ.get("HF_TOKEN_PATH", default))
+    with pytest.raises(OSError, match=r"Is a directory|Not a directory"):
+        get_token()  # what every request would fail on, inside the Hub client
+    with pytest.raises(ConfigError) as info:
+        implicit_hub_token()
+    assert info.value.field == variable
+
+
+_OFFLINE_VALUES = [None, "", "0", "1", "yes"]
+_OFFLINE_CASES = [(first, second) for first in _OFFLINE_VALUES for second in _OFFLINE_VALUES]
+_HUB_OFFLINE_PROGRAM = """
+import importlib, json, os, sys
+from huggingface_hub import constants
+answers = []
+for first, second in json.loads(sys.argv[1]):
+    for name, value in (("HF_HUB_OFFLINE", first), ("TRANSFORMERS_OFFLINE", second)):
+        os.environ.pop(name, None)
+        if value is not None:
+            os.environ[name] = value
+    answers.append(importlib.reload(constants).is_offline_mode())
+print(json.dumps(answers))
+"""
+
+
+def test_offline_mode_is_read_as_huggingface_hub_reads_it(monkeypatch):
+    """HF_HUB_OFFLINE=0 turns it off whatever TRANSFORMERS_OFFLINE says, as in huggingface_hub."""
+    from huggingface_hub import constants
+
+    from verirl._secrets import hub_offline
+
+    done = subprocess.run(
+        [sys.executable, "-c", _HUB_OFFLINE_PROGRAM, json.dumps(_OFFLINE_CASES)],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    theirs = json.loads(done.stdout)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # what this process saw at import
+    ours = []
+    for first, second in _OFFLINE_CASES:
+        for name, value in (("HF_HUB_OFFLINE", first), ("TRANSFORMERS_OFFLINE", second)):
+            monkeypatch.delenv(name, raising=False)
+            if value is not None:
+                monkeypatch.setenv(name, value)
+        ours.append(hub_offline())
+    assert ours == theirs
+    assert theirs[_OFFLINE_CASES.index(("0", "1"))] is False

@@ -41,12 +41,12 @@ from verirl._net import port_is_free
 from verirl._secrets import (
     TOKEN_SOURCES,
     check_token,
-    cleaned_token,
     implicit_hub_token,
     redact_argv,
     redact_text,
     refuse_unreadable_token_file,
     scrub,
+    token_variable,
 )
 from verirl._version import __version__
 from verirl.distenv import DistributedEnv
@@ -197,9 +197,9 @@ def _sources_of(token: str) -> str:
     """Where huggingface_hub found ``token``: the variable, else the token file."""
     from huggingface_hub import constants  # noqa: PLC0415 - keep import verirl light
 
-    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
-        if cleaned_token(os.environ.get(name)) == token:  # as huggingface_hub cleans it
-            return name
+    found = token_variable(os.environ)  # the one huggingface_hub takes, cleaned as it does
+    if found is not None and found[1] == token:
+        return found[0]
     if os.environ.get("HF_OIDC_RESOURCE"):
         return "OIDC exchange (HF_OIDC_RESOURCE)"
     variable = "HF_TOKEN_PATH" if os.environ.get("HF_TOKEN_PATH") else "hf auth login"

@@ -42,6 +42,7 @@ __all__ = [
     "secrets_in_environ",
     "shown_command",
     "shown_line",
+    "token_variable",
 ]
 
 HIDDEN = "<hidden>"
@@ -131,11 +132,9 @@ def implicit_hub_token() -> str | None:
 
     if constants.HF_HUB_DISABLE_IMPLICIT_TOKEN or os.environ.get("HF_OIDC_RESOURCE"):
         return None
-    raw = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
-    token = cleaned_token(raw)
-    if token is not None:
-        variable = "HF_TOKEN" if os.environ.get("HF_TOKEN") else "HUGGING_FACE_HUB_TOKEN"
-        return _checked(token, variable, HIDDEN, "", "")
+    found = token_variable(os.environ)
+    if found is not None and found[1] is not None:
+        return _checked(found[1], found[0], HIDDEN, "", "")
     path = constants.HF_TOKEN_PATH
     variable = _token_file_variable(os.environ)
     try:
@@ -160,12 +159,32 @@ _TRUE_VALUES = frozenset({"1", "ON", "YES", "TRUE"})
 
 
 def hub_offline() -> bool:
-    """Whether HF offline mode is on, as huggingface_hub saw it at import or the env says now."""
-    if any(os.environ.get(name, "").upper() in _TRUE_VALUES for name in _OFFLINE_ENV_VARS):
+    """Whether HF offline mode is on, as huggingface_hub saw it at import or the env says now.
+
+    As huggingface_hub reads them: ``HF_HUB_OFFLINE`` when it is set and not
+    empty (``0`` turns it off whatever ``TRANSFORMERS_OFFLINE`` says), else
+    ``TRANSFORMERS_OFFLINE``.
+    """
+    first, second = (os.environ.get(name) for name in _OFFLINE_ENV_VARS)
+    if (first or second or "").upper() in _TRUE_VALUES:
         return True
     from huggingface_hub import constants  # noqa: PLC0415 - keep import verirl light
 
     return bool(constants.is_offline_mode())
+
+
+def token_variable(environ: Mapping[str, str]) -> tuple[str, str | None] | None:
+    """The token variable huggingface_hub takes, and its token cleaned (``None``: blank).
+
+    ``HF_TOKEN`` when it is set and not empty, else ``HUGGING_FACE_HUB_TOKEN``
+    when that is; ``None`` when neither is. A blank one that wins (``HF_TOKEN="
+    "``) gives no token: huggingface_hub then reads the token file.
+    """
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        raw = environ.get(name)
+        if raw:
+            return name, cleaned_token(raw)
+    return None
 
 
 def cleaned_token(raw: str | None) -> str | None:
@@ -822,15 +841,26 @@ def refuse_unreadable_token_file(environ: Mapping[str, str] | None = None) -> No
     message names the variable and the path, never a token.
     """
     env = os.environ if environ is None else environ
-    if any((env.get(name) or "").strip() for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")):
+    found = token_variable(env)
+    if found is not None and found[1] is not None:
         return  # huggingface_hub takes the variable and never opens the file
     token = _token_path(env)
     # the token file, and the stored_tokens file beside it (read once a token is found there)
     for path in (token, os.path.join(os.path.dirname(token), "stored_tokens")):  # noqa: PTH118, PTH120
         try:
-            mode = os.stat(path).st_mode  # noqa: PTH116 - a str that may not be UTF-8
-        except (OSError, ValueError):
+            mode = os.stat(path or os.curdir).st_mode  # noqa: PTH116 - "": Path("") is "."
+        except FileNotFoundError:
             continue  # no file: nothing read there
+        except (OSError, ValueError) as exc:
+            if path != token:
+                continue
+            # huggingface_hub's read fails alike (only a missing file is "no token")
+            why = (
+                f"the Hub token file there cannot be read ({printable(_os_reason(exc))}): "
+                "huggingface_hub would fail reading it; point HF_TOKEN_PATH at the token file, "
+                "or set HF_TOKEN"
+            )
+            raise ConfigError.invalid(_token_file_variable(env), printable(path), why) from None
         for test, kind, effect in _FILE_KINDS:
             if test(mode):
                 variable = _token_file_variable(env)
@@ -840,6 +870,11 @@ def refuse_unreadable_token_file(environ: Mapping[str, str] | None = None) -> No
                     "or set HF_TOKEN"
                 )
                 raise ConfigError.invalid(variable, printable(path), why)
+
+
+def _os_reason(exc: BaseException) -> str:
+    """An OS error's reason, without the path it quotes."""
+    return (exc.strerror if isinstance(exc, OSError) else None) or type(exc).__name__
 
 
 def _saved_hub_token(environ: Mapping[str, str]) -> str | None:
