@@ -464,3 +464,24 @@ def test_a_last_request_cut_short_by_the_deadline_keeps_the_real_reason():
         with pytest.raises(EnvServerUnavailable) as info:
             probe.wait(1.0)
     assert info.value.last_error == "HTTP 503"
+
+
+@pytest.mark.parametrize(
+    "userinfo", ["u:%E2%82%AC", "u:p%E2%82%ACss", "%E2%82%AC:pw", "u:%FF", "%F0%9F%94%91"]
+)
+def test_credentials_http_basic_auth_cannot_send_are_a_config_error_at_once(userinfo):
+    """Percent-decoded outside Latin-1: every request would fail; nothing of them is shown."""
+    url = f"http://{userinfo}@127.0.0.1:1/"
+    with pytest.raises(ConfigError) as caught:
+        HttpEnvServerProbe(url)
+    message = str(caught.value)
+    assert "HTTP basic auth cannot send" in message
+    assert userinfo.split(":")[-1] not in message
+    assert "\u20ac" not in message
+
+
+def test_latin1_credentials_are_sent_as_requests_sends_them():
+    with FakeEnvServer() as server:
+        host = server.url.split("//", 1)[1]
+        probe = HttpEnvServerProbe(f"http://u:p%C3%A9ss@{host}")
+        assert probe.check()

@@ -24,7 +24,7 @@ import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import requests
 import requests.adapters
@@ -122,6 +122,18 @@ def _check_port(field: str, url: str, port: str | None) -> None:
         raise _invalid_url(field, url, f"port must be 1..{MAX_PORT}")
 
 
+def _check_userinfo(field: str, url: str, userinfo: str) -> None:
+    """Credentials HTTP basic auth can send: percent-decoded, Latin-1 (as requests encodes them)."""
+    parts = userinfo.split(":", 1) if userinfo else []
+    if not all(ord(char) < 256 for part in parts for char in unquote(part)):  # noqa: PLR2004
+        raise _invalid_url(
+            field,
+            url,
+            "has a user name or password that HTTP basic auth cannot send: percent-decoded, "
+            "it holds characters outside Latin-1 (or bytes that are not UTF-8)",
+        )
+
+
 def validate_http_url(field: str, url: object) -> str:
     """Return ``url`` if it is a plain ``http(s)://host[:port][/path]`` URL.
 
@@ -150,7 +162,8 @@ def validate_http_url(field: str, url: object) -> str:
         raise _invalid_url(field, url, "must start with http:// or https://")
     if "?" in url or "#" in url:
         raise _invalid_url(field, url, "must not have a query (?…) or fragment (#…)")
-    hostport = parts.netloc.rpartition("@")[2]
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    _check_userinfo(field, url, userinfo)
     if hostport.startswith("["):
         end = hostport.find("]") + 1
         host, rest = hostport[:end], hostport[end:]
