@@ -498,3 +498,17 @@ def test_the_clis_log_dir_removed_before_start_names_the_flag(tmp_path, monkeypa
     assert code == 2
     assert f"--log-dir={str(folder)!r}: must be an existing folder" in capsys.readouterr().err
     assert not folder.exists()
+
+
+@pytest.mark.parametrize("tail_lines", [1, 2, 40])
+def test_a_window_that_starts_on_a_line_boundary_keeps_that_whole_line(tmp_path, tail_lines):
+    """The 64 KiB window begins right after a new line: its first line is whole, not cut."""
+    path = tmp_path / "x.log"
+    half = 32 * 1024
+    path.write_bytes(b"H" * 99 + b"\n" + b"A" * (half - 1) + b"\n" + b"B" * (half - 1) + b"\n")
+    tail = read_log_tail(path, lines=tail_lines)
+    expected = ["A" * (half - 1), "B" * (half - 1)][-tail_lines:]
+    assert tail.splitlines() == expected
+    one = tmp_path / "one.log"
+    one.write_bytes(b"early\n" + b"L" * (64 * 1024 - 1) + b"\n")
+    assert read_log_tail(one, lines=tail_lines) == "L" * (64 * 1024 - 1) + "\n"  # no "…"

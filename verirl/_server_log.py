@@ -373,14 +373,16 @@ def read_log_tail(
     if start > size:  # truncated or replaced since the run began: what is there is its
         start = 0
     begin = max(start, size - _LOG_TAIL_BYTES)
-    read = read_regular(path, begin, _LOG_TAIL_BYTES)
+    before = 1 if begin > start else 0  # the byte before the window: does a line end there?
+    read = read_regular(path, begin - before, _LOG_TAIL_BYTES + before)
     if read is None:
         return ""
-    text = read[1].decode("utf-8", errors="replace")
+    cut = bool(before) and read[1][:1] != b"\n"
+    text = read[1][before:].decode("utf-8", errors="replace")
     kept = text.splitlines()
     while kept and not kept[-1].strip():  # trailing blank lines say nothing of why it died
         kept.pop()
-    if begin > start and kept:  # the first line was cut by the byte window
+    if cut and kept:  # the first line was cut by the byte window
         # Dropped only when a line with something in it follows; else it is the tail, cut.
         kept = kept[1:] if len(kept) > 1 else ["\u2026" + kept[0]]
     return "\n".join(kept[-lines:]) + ("\n" if kept else "")
