@@ -1045,6 +1045,9 @@ def test_a_descriptor_closed_for_launch_is_open_for_its_command(tmp_path, closed
         (["launch", "--gpus", "x", "--json", "true"], True),  # launch's own
         (["--json", "launch", "--gpus", "x", "true"], True),
         (["launch", "--js", "--gpus", "x", "true"], True),  # as argparse abbreviates it
+        (["--json=1", "plan", "--gpus", "2"], True),  # a value it refuses: still a document
+        (["plan", "--json=yes", "--gpus", "2"], True),
+        (["launch", "--gpus", "x", "--", "python", "t.py", "--json=1"], False),
     ],
 )
 def test_only_verirls_own_json_makes_a_usage_error_a_document(tmp_path, argv, document):

@@ -190,7 +190,9 @@ def wants_json(
                 break  # the training command's own words
             continue
         name, equals, _ = arg.partition("=")
-        if not equals and name.startswith("--j") and "--json".startswith(name):
+        if name.startswith("--j") and "--json".startswith(
+            name
+        ):  # "--json=1" too: an error, in JSON
             return True
         skip = not equals and takes(command, name)
     return False
