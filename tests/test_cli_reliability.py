@@ -406,6 +406,37 @@ def test_launch_json_with_a_stderr_pipe_nobody_reads_still_runs_the_command(tmp_
     assert marker.exists()
 
 
+_WRITES_BOTH = (
+    "import sys; print('step 1', flush=True); print('warn', file=sys.stderr, flush=True); "
+    "open(sys.argv[1], 'w').close()"
+)
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+@pytest.mark.parametrize("abandoned", ["stdout", "stderr", "both"])
+def test_launch_with_a_pipe_nobody_reads_still_runs_the_command_to_its_end(
+    tmp_path, abandoned, json_flag
+):
+    """``verirl launch … | head -1`` after head ended: the command must not die writing to it."""
+    marker = tmp_path / "ran"
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone
+    channels: dict[str, object] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    for name in ("stdout", "stderr"):
+        if abandoned in (name, "both"):
+            channels[name] = write
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "verirl", *json_flag, "launch", "--gpus", "1", "--mode",
+             "colocate", "--", sys.executable, "-c", _WRITES_BOTH, str(marker)],
+            **channels, env=clean_environ(tmp_path), timeout=120, check=False,
+        )  # type: ignore[call-overload]  # fmt: skip
+    finally:
+        os.close(write)
+    assert result.returncode == 0, result.stderr
+    assert marker.exists()
+
+
 def test_a_commands_own_json_flag_is_not_launchs(tmp_path):
     """``launch python train.py --json`` (no ``--``): a signal's document only if launch had it."""
     code = (

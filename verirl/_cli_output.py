@@ -29,6 +29,7 @@ __all__ = [
     "STDERR",
     "STDOUT",
     "Channel",
+    "abandoned_pipes_to_devnull",
     "command_word",
     "decide_json",
     "document_written",
@@ -278,6 +279,36 @@ def _reader_gone(fd: int) -> bool:
     except OSError:
         return False
     return any(event & (select.POLLERR | select.POLLHUP) for _, event in events)
+
+
+@contextlib.contextmanager
+def abandoned_pipes_to_devnull() -> Iterator[None]:
+    """Inside the block, descriptors 1 and 2 that are pipes nobody reads any more write to null.
+
+    ``launch``'s command inherits them: a pipe whose reader has gone (``verirl
+    launch … | head -1`` after ``head`` ended, a supervisor that closed its
+    end) would fail its first write (or kill it by SIGPIPE), and a training
+    run must not end because its output had no reader. Restored after.
+    """
+    saved: list[tuple[int, int]] = []
+    try:
+        for fd in (1, 2):
+            if not _reader_gone(fd):
+                continue
+            with contextlib.suppress(OSError):
+                kept = os.dup(fd)
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                try:
+                    os.dup2(devnull, fd)
+                finally:
+                    os.close(devnull)
+                saved.append((fd, kept))
+        yield
+    finally:
+        for fd, kept in saved:
+            with contextlib.suppress(OSError):
+                os.dup2(kept, fd)
+            os.close(kept)
 
 
 @contextlib.contextmanager

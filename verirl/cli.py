@@ -63,6 +63,7 @@ from verirl._cli_output import (
     SIGNAL_MESSAGES,
     STDERR,
     STDOUT,
+    abandoned_pipes_to_devnull,
     command_word,
     decide_json,
     stdout_to_stderr,
@@ -1301,6 +1302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             with contextlib.ExitStack() as stack:
                 if args.cmd in ("serve", "launch"):
                     stack.enter_context(_owning_sigterm())
+                if args.cmd == "launch":  # the command must not fail on a pipe nobody reads
+                    stack.enter_context(abandoned_pipes_to_devnull())
                 if args.cmd == "launch" and args.json:  # the command's output is not the document
                     stack.enter_context(stdout_to_stderr())
                 code: int = args.func(args)
