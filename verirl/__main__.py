@@ -52,7 +52,9 @@ from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 from verirl._signals import (  # noqa: E402
+    TERMINATING,
     arm_exit_deadline,
+    as_sigterm,
     note_dropped,
     noted,
     program_exit_arrived,
@@ -180,7 +182,15 @@ def _raising_handlers() -> None:
 
 
 def _prepare() -> None:
-    """Standard descriptors, the last exit hook, SIGTERM and SIGHUP handlers, unraisable hook."""
+    """Standard descriptors, the last exit hook, SIGTERM and SIGHUP handlers, unraisable hook.
+
+    Each other signal whose default ends the process (`verirl._signals.TERMINATING`:
+    SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, ...) is made a SIGTERM (`as_sigterm`),
+    where its disposition is the default and SIGTERM is the program's: every
+    command tears down (its vLLM server with it) and exits 143, where it died
+    on the spot before. ``verirl launch`` passes them on to its command instead
+    while the command runs (`verirl._supervise`).
+    """
     from verirl._cli_output import reserve_standard_fds  # noqa: PLC0415 - inside the try
 
     reserve_standard_fds()
@@ -193,6 +203,9 @@ def _prepare() -> None:
         signal.signal(signal.SIGTERM, program_handler)
         if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:
             signal.signal(signal.SIGHUP, _hang_up)  # not under nohup (SIG_IGN)
+        for signum in TERMINATING:  # SIGQUIT, SIGUSR1, ...: a SIGTERM (launch passes them on)
+            if signal.getsignal(signum) == signal.SIG_DFL:  # an inherited SIG_IGN stays
+                signal.signal(signum, as_sigterm)
     _OURS[:] = [ours]
     sys.unraisablehook = _unraisable(sys.unraisablehook)
 
@@ -209,6 +222,8 @@ def _hang_up(_signum: int, _frame: object) -> None:
 _EXIT_CODE: list[int] = []
 _SIGHUP: int | None = getattr(signal, "SIGHUP", None)
 _LATE = tuple(s for s in (signal.SIGINT, signal.SIGTERM, _SIGHUP) if s is not None)
+_LATE_AS_SIGTERM = (*(() if _SIGHUP is None else (_SIGHUP,)), *TERMINATING)
+"""Those noted at the end as a SIGTERM: a hang-up, and each of `TERMINATING` (`as_sigterm`)."""
 
 
 def _late_signal_exit() -> None:
@@ -216,19 +231,23 @@ def _late_signal_exit() -> None:
 
     The interpreter's exit (joining threads, other exit hooks) takes time, and
     the signals are only noted by then (a hang-up counts as a SIGTERM). After
-    this hook they are ignored, process-wide: the interpreter resets its
+    this hook they are ignored, process-wide (and so are those of
+    `verirl._signals.TERMINATING` made a SIGTERM, each noted as one): the interpreter resets its
     handlers to the default as it finishes, and a thread still running (a
     daemon's) would otherwise take one and end the process by signal, after
     the ``--json`` document gave another code.
     """
+    ours = tuple(s for s in TERMINATING if signal.getsignal(s) is as_sigterm)
     with contextlib.suppress(OSError, ValueError):
-        signal.pthread_sigmask(signal.SIG_BLOCK, _LATE)
+        signal.pthread_sigmask(signal.SIG_BLOCK, (*_LATE, *ours))
     pending = signal.sigpending() if hasattr(signal, "sigpending") else set()
     received = program_received()
-    late = received if received is not None else next((s for s in _LATE if s in pending), None)
-    if late is not None and late == _SIGHUP:
+    late = received
+    if late is None:
+        late = next((s for s in (*_LATE, *ours) if s in pending), None)
+    if late is not None and late in _LATE_AS_SIGTERM:
         late = signal.SIGTERM
-    for signum in _LATE:
+    for signum in (*_LATE, *ours):
         with contextlib.suppress(OSError, ValueError):
             signal.signal(signum, signal.SIG_IGN)
     if late is None or not _EXIT_CODE or _EXIT_CODE[0] == 128 + late:

@@ -49,8 +49,10 @@ from collections.abc import Callable, Iterator
 __all__ = [
     "EXIT_GRACE",
     "SIGTERM_POLICY",
+    "TERMINATING",
     "SigtermPolicy",
     "arm_exit_deadline",
+    "as_sigterm",
     "exit_on_sigterm",
     "mark_noted",
     "note_dropped",
@@ -66,6 +68,38 @@ __all__ = [
 ]
 
 log = logging.getLogger("verirl.signals")
+
+_TERMINATING_NAMES = (
+    "SIGQUIT SIGUSR1 SIGUSR2 SIGALRM SIGVTALRM SIGPROF SIGXCPU SIGXFSZ SIGPWR SIGSTKFLT SIGIO"
+)
+_REAL_TIME = range(getattr(signal, "SIGRTMIN", 0), getattr(signal, "SIGRTMAX", -1) + 1)
+TERMINATING: tuple[int, ...] = (
+    *(getattr(signal, name) for name in _TERMINATING_NAMES.split() if hasattr(signal, name)),
+    *_REAL_TIME,
+)
+"""The catchable, asynchronous signals whose default ends the process, but SIGINT/TERM/HUP.
+
+Those three have a policy of their own. Left out as well: the signals whose
+default is to ignore (SIGCHLD, SIGWINCH, SIGCONT, SIGURG), SIGPIPE (which
+Python ignores from its start), and the fault signals (SIGSEGV, SIGBUS,
+SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS), which must keep killing a process
+that really faulted. The CLI makes each a SIGTERM (`as_sigterm`) where its
+disposition is the default, and ``verirl launch`` passes each on to its
+command while it runs (`verirl._supervise`). SIGXFSZ is ignored by Python
+from its start, so it stays ignored.
+"""
+
+
+def as_sigterm(_signum: int, _frame: types.FrameType | None) -> None:
+    """A handler that makes its signal a SIGTERM to this thread: SIGTERM's policy then acts.
+
+    The CLI's handler for each of `TERMINATING` (SIGQUIT, SIGUSR1, ...): by
+    default such a signal killed verirl on the spot, with no teardown, and
+    left its vLLM server to the death signal and a launch's command to run on.
+    Sent with ``raise_signal`` so that whatever handles SIGTERM now (the
+    program's handler, the policy's, a noting one during teardown) handles it.
+    """
+    signal.raise_signal(signal.SIGTERM)
 
 
 class SigtermPolicy:

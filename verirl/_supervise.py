@@ -91,7 +91,7 @@ from verirl._fs import printable
 from verirl._phases import SIGNAL_CHECK
 from verirl._process import MARKER_VAR, death_signal_preexec, set_child_subreaper, spawn
 from verirl._secrets import redact_argv, secrets_in_environ, shown_line
-from verirl._signals import mark_noted, raise_if_dropped
+from verirl._signals import TERMINATING, as_sigterm, mark_noted, raise_if_dropped
 from verirl.errors import VLLMServerError
 
 __all__ = ["LAUNCH_MARKER_VAR", "mark_this_launch", "run_command"]
@@ -105,6 +105,75 @@ _KILL_WAIT = 3.0
 """Seconds the final SIGKILL looks again for processes of the command (orphans adopted late)."""
 _QUIET_GAP = 0.005
 """Seconds between `_Command.quiet`'s two looks: longer than the blink of a fork."""
+
+
+def _signal_name(signum: int) -> str:
+    """``SIGUSR1``, or ``signal 40`` for a real-time one (no name of its own)."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class _Forwarding:
+    """While installed, each of `TERMINATING` that arrives is queued to be passed on.
+
+    Its handler only queues the signal and wakes the wait for the command (a
+    byte on a pipe): the work of passing it on (a look at the process table)
+    is done by the waits (`_Command.forward_queued`), never inside a handler
+    that could interrupt a look in progress. Installed over the default or
+    the CLI's `as_sigterm` only: an inherited ``SIG_IGN`` or a program's own
+    handler stays. Main thread only (elsewhere nothing is installed).
+    """
+
+    def __init__(self) -> None:
+        self.queue: list[int] = []
+        self.installed: dict[int, object] = {}
+        self.wake_read, self.wake_write = os.pipe()  # not inherited by the command (PEP 446)
+        os.set_blocking(self.wake_read, False)
+        os.set_blocking(self.wake_write, False)
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in TERMINATING:
+            with contextlib.suppress(OSError, ValueError):
+                previous = signal.getsignal(signum)
+                if previous == signal.SIG_DFL or previous is as_sigterm:
+                    signal.signal(signum, self._handle)
+                    self.installed[signum] = previous
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.queue.append(signum)
+        with contextlib.suppress(OSError):
+            os.write(self.wake_write, b"\0")
+
+    def take(self) -> list[int]:
+        """The signals queued since the last call, in order of arrival; the pipe drained."""
+        with contextlib.suppress(OSError):
+            while os.read(self.wake_read, 4096):
+                pass
+        taken = []
+        while self.queue:
+            taken.append(self.queue.pop(0))
+        return taken
+
+    def close(self) -> None:
+        """The previous handlers back (where ours is still the one), the pipe closed."""
+        for signum, previous in self.installed.items():
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                if signal.getsignal(signum) == self._handle:
+                    signal.signal(signum, previous)  # type: ignore[arg-type]
+        self.installed.clear()
+        for fd in (self.wake_read, self.wake_write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for signum in self.take():
+            log.info(
+                "%s came once the training command was gone: nothing to pass it on to",
+                _signal_name(signum),
+            )
+
 
 LAUNCH_MARKER_VAR = "VERIRL_LAUNCH_MARKER"
 """In the command's environment: comma-separated markers, one per enclosing ``verirl launch``."""
@@ -194,6 +263,7 @@ class _Command:
         self.inner: set[int] = set()  # pids of nested launches, named in markers after ours
         self.signalled: set[psutil.Process] = set()  # got self.signum (or left to a forwarder)
         self.interrupted: threading.Event | None = None  # set by `_grace_signals` during a grace
+        self.forwarding: _Forwarding | None = None  # SIGQUIT, SIGUSR1, ... to pass on
         try:
             self.leader: psutil.Process | None = psutil.Process(child.pid)
         except psutil.Error:
@@ -370,7 +440,38 @@ class _Command:
         except OSError:
             return False
 
-    def forwarded_by_parent(self, process: psutil.Process) -> bool:
+    def forward_queued(self) -> None:
+        """Each signal of `TERMINATING` that arrived since (`_Forwarding`) passed on once.
+
+        Each process of the command found now gets it once, from launch, the
+        command last, as for SIGTERM (`signal_once`), but without touching the
+        state of a grace in progress; and launch goes on waiting. Left out:
+        a process that a live process of the command passes signals on to (an
+        inner launch's, which passes these on too; a torchrun rank for SIGQUIT
+        alone, the only one of them torchrun's agent passes on), and a vLLM
+        server's processes (their owner decides: ``verirl serve`` stops it).
+        """
+        if self.forwarding is None:
+            return
+        for signum in self.forwarding.take():
+            processes = self.collect()
+            for process in processes:
+                if not self.in_group(process) and self.forwarded_by_parent(
+                    process, torchrun=signum == getattr(signal, "SIGQUIT", None)
+                ):
+                    continue
+                if _ending(process) or _server_marker(process):
+                    continue
+                with contextlib.suppress(psutil.Error):
+                    process.send_signal(signum)  # psutil refuses a pid that was reused
+            self._signal_command(signum)
+            log.warning(
+                "passed %s on to the training command (pid %d) and its processes",
+                _signal_name(signum),
+                self.child.pid,
+            )
+
+    def forwarded_by_parent(self, process: psutil.Process, *, torchrun: bool = True) -> bool:
         """Whether a live process of the command passes signals on to ``process``.
 
         torchrun's agent does, to the ranks it starts in sessions of their
@@ -392,7 +493,7 @@ class _Command:
             ):
                 return True
             parent = process.ppid()
-            if not _started_by_torchrun_inside(environ):
+            if not torchrun or not _started_by_torchrun_inside(environ):
                 return False
         except (psutil.Error, OSError):
             return False
@@ -596,18 +697,24 @@ class _Command:
         that came just before the wait began, until the command ends (see
         `SIGNAL_CHECK`): launch would pass a preemption on only when it no
         longer matters. So the wait wakes every `SIGNAL_CHECK` seconds, and at
-        once when the command exits (its pidfd becomes readable, on Linux).
+        once when the command exits (its pidfd becomes readable, on Linux), or
+        when a signal to pass on arrives (`forward_queued`).
         """
         pidfd = None
         with contextlib.suppress(AttributeError, OSError):
             pidfd = os.pidfd_open(self.child.pid)
+        wake = [] if self.forwarding is None else [self.forwarding.wake_read]
         try:
+            self.forward_queued()  # what came while the command was being started
             while not self.exited():
-                if pidfd is not None:
-                    select.select([pidfd], [], [], SIGNAL_CHECK)
+                if pidfd is not None or wake:
+                    select.select(
+                        [*wake, *([] if pidfd is None else [pidfd])], [], [], SIGNAL_CHECK
+                    )
                 else:
                     threading.Event().wait(SIGNAL_CHECK)
                 raise_if_dropped()  # a SIGTERM whose SystemExit Python dropped
+                self.forward_queued()  # SIGQUIT, SIGUSR1, ...: passed on, the wait goes on
         finally:
             if pidfd is not None:
                 os.close(pidfd)
@@ -619,6 +726,7 @@ class _Command:
             if self.interrupted is not None and self.interrupted.is_set():
                 raise KeyboardInterrupt  # its handler's own exception was lost
             self.pass_to_orphans()
+            self.forward_queued()  # a SIGUSR1 during a grace: passed on too
             now = time.monotonic()
             if now >= deadline:
                 return False
@@ -924,6 +1032,7 @@ def _end_leftovers(command: _Command, grace: float) -> None:
 
 def _look_for_leftovers(command: _Command, until: float) -> list[psutil.Process]:
     """What the exited command left running (a pid that changes is looked for until ``until``)."""
+    command.forward_queued()
     left = command.collect()
     while not left and not command.quiet() and time.monotonic() < until:
         left = command.collect()
@@ -976,7 +1085,9 @@ def run_command(
     started: list[subprocess.Popen[bytes]] = []
     tracked: list[_Command] = []
     subreaper = set_child_subreaper(True)
+    forwarding = _Forwarding()
     try:
+        forwarding.install()
         return _run(
             command,
             env,
@@ -988,8 +1099,10 @@ def run_command(
             tracked=tracked,
             ending=ending,
             cannot_run=cannot_run,
+            forwarding=forwarding,
         )
     finally:
+        forwarding.close()
         if subreaper is not None:
             set_child_subreaper(subreaper)
         if tracked:
@@ -1008,6 +1121,7 @@ def _run(
     tracked: list[_Command],
     ending: Callable[[], object] | None,
     cannot_run: Callable[[str], object] | None,
+    forwarding: _Forwarding,
 ) -> int:
     """`run_command`'s body, with launch a child subreaper."""
     others: dict[int, float] = {}
@@ -1030,6 +1144,7 @@ def _run(
                     cannot_run(f"cannot run {shown}: {why}")
                 return 127
             tracked.append(_Command(child, marker, since, others, own=own))
+            tracked[0].forwarding = forwarding
             tracked[0].wait_exited()
             _call_ending(ending)
             _end_leftovers(tracked[0], grace)
