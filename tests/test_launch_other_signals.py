@@ -1,0 +1,294 @@
+"""Every other signal whose default ends a process (SIGUSR1, SIGQUIT, ...) while verirl runs.
+
+``verirl launch`` installed handlers for SIGINT, SIGTERM and SIGHUP only: a
+SIGUSR1 (SLURM's ``--signal=USR1@60``) or a SIGQUIT killed launch on the
+spot, its command got no signal from it (the kernel's death signal alone,
+sometimes twice), and a daemon of the command ran on. Now, while the command
+runs, launch passes such a signal on to each process of the command once per
+arrival and goes on, ending with the command's code; before the command
+starts, and in every other command (``serve``), it is a SIGTERM: the teardown,
+exit 143, and no vLLM server left behind.
+
+Real processes throughout: ``python -m verirl launch`` of a recorder that
+appends each signal it gets (with its pid) to a file and daemonizes a copy of
+itself (fork, ``setsid``, fork) in a session of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from _support import clear_verirl_env, end_launch, naming, still_alive, unshared_port
+
+DEADLINE = 30.0
+"""Seconds any one awaited event may take (a loaded CI machine starts Pythons slowly)."""
+
+RECORDER = """
+import os, signal, sys, threading, time
+record, ready, role = sys.argv[1], sys.argv[2], sys.argv[3]
+stop = threading.Event()
+NAMES = ("SIGINT", "SIGTERM", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
+
+def note(signum, _frame):
+    with open(record, "a") as sink:
+        sink.write(f"{os.getpid()} {signal.Signals(signum).name}\\n")
+    if signum in (signal.SIGINT, signal.SIGTERM):
+        stop.set()
+
+for name in NAMES:
+    signal.signal(getattr(signal, name), note)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+if role.startswith("command"):  # the classic daemon: fork, setsid, fork; the middle exits
+    middle = os.fork()
+    if middle == 0:
+        os.setsid()
+        if os.fork() == 0:
+            daemon = [sys.executable, __file__, record, ready + ".daemon", "daemon"]
+            os.execv(sys.executable, daemon)
+        os._exit(0)
+    os.waitpid(middle, 0)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(ready + ".daemon") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if role == "command-dies":  # the signal's default: the command dies of it
+        for name in NAMES[2:]:
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+with open(ready + ".tmp", "w") as sink:
+    sink.write(str(os.getpid()))
+os.replace(ready + ".tmp", ready)
+stop.wait(300)
+sys.exit(7 if role.startswith("command") else 0)
+"""
+
+
+class Launch:
+    """``verirl launch`` of the recorder, in a session of its own."""
+
+    def __init__(self, tmp_path: Path, role: str) -> None:
+        self.tmp_path = tmp_path
+        script = tmp_path / "recorder.py"
+        script.write_text(textwrap.dedent(RECORDER))
+        self.record = tmp_path / "signals"
+        self.ready = tmp_path / "ready"
+        self.stderr_path = tmp_path / "launch.err"
+        argv = [
+            sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--shutdown-timeout", "20",
+            "--", sys.executable, str(script), str(self.record), str(self.ready), role,
+        ]  # fmt: skip
+        with self.stderr_path.open("w") as sink:  # a file: an orphan holding a pipe cannot hang us
+            self.proc = subprocess.Popen(
+                argv, stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True
+            )
+        self.command = 0
+        self.daemon = 0
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def got(self, pid: int) -> list[str]:
+        """The signals process ``pid`` recorded, in order."""
+        if not self.record.exists():
+            return []
+        lines = [line.split() for line in self.record.read_text().splitlines()]
+        return [name for who, name in lines if int(who) == pid]
+
+    def wait_for(self, condition: Callable[[], object], what: str) -> None:
+        deadline = time.monotonic() + DEADLINE
+        while not condition():
+            assert self.proc.poll() is None, (what, self.proc.returncode, self.stderr)
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: {self.stderr}"
+            psutil.wait_procs([], timeout=0.02)
+
+    def wait_until_running(self) -> None:
+        """The command and its daemon both have their handlers."""
+        self.wait_for(self.ready.exists, "the command")
+        self.command = int(self.ready.read_text())
+        self.daemon = int(Path(f"{self.ready}.daemon").read_text())
+        assert os.getsid(self.daemon) != os.getsid(self.command)  # a session of its own
+
+    def close(self) -> None:
+        left = naming(str(self.tmp_path))
+        end_launch(self.proc, left)
+        still_alive(left, timeout=10)
+
+
+@pytest.fixture
+def launches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], Launch]]:
+    clear_verirl_env(monkeypatch, tmp_path)
+    started: list[Launch] = []
+
+    def start(role: str) -> Launch:
+        launch = Launch(tmp_path, role)
+        started.append(launch)
+        return launch
+
+    yield start
+    for launch in started:
+        launch.close()
+
+
+@pytest.mark.parametrize(
+    "sig", [signal.SIGUSR1, signal.SIGQUIT, signal.SIGUSR2, signal.SIGALRM], ids=lambda s: s.name
+)
+def test_a_signal_to_launch_reaches_each_process_of_the_command_once_per_arrival(
+    launches: Callable[[str], Launch], sig: signal.Signals
+) -> None:
+    launch = launches("command")
+    launch.wait_until_running()
+    for count in (1, 2):  # two arrivals: each passed on once
+        launch.proc.send_signal(sig)
+        for pid in (launch.command, launch.daemon):
+            launch.wait_for(
+                lambda pid=pid, count=count: launch.got(pid).count(sig.name) >= count,
+                f"{sig.name} #{count} to reach {pid}",
+            )
+        assert launch.proc.poll() is None, launch.stderr  # launch goes on
+    os.kill(launch.command, signal.SIGTERM)  # the command exits on its own (7) ...
+    code = launch.proc.wait(timeout=DEADLINE * 2)
+    assert code == 7, launch.stderr  # ... and launch with its code
+    assert launch.got(launch.command) == [sig.name, sig.name, "SIGTERM"], launch.stderr
+    # the daemon: each signal once, then SIGTERM once as what the command left running
+    assert launch.got(launch.daemon) == [sig.name, sig.name, "SIGTERM"], launch.stderr
+    assert not naming(str(launch.tmp_path)), launch.stderr  # nothing outlives launch
+
+
+def test_a_command_that_dies_of_the_signal_gives_its_code_and_leaves_nothing(
+    launches: Callable[[str], Launch],
+) -> None:
+    launch = launches("command-dies")
+    launch.wait_until_running()
+    launch.proc.send_signal(signal.SIGUSR1)
+    code = launch.proc.wait(timeout=DEADLINE * 2)
+    assert code == 128 + signal.SIGUSR1, launch.stderr  # the command's code, launch alive to see it
+    assert launch.got(launch.command) == [], launch.stderr  # died of it, unrecorded
+    assert launch.got(launch.daemon) == ["SIGUSR1", "SIGTERM"], launch.stderr
+    assert not naming(str(launch.tmp_path)), launch.stderr
+
+
+SERVER = """
+import os, signal, sys, threading, time
+# A vLLM server that never gets healthy: it notes that it runs, and each SIGTERM/SIGINT.
+record, started = sys.argv[1], sys.argv[2]
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+open(started, "w").close()
+info = signal.sigwaitinfo({signal.SIGTERM, signal.SIGINT})
+with open(record, "a") as sink:
+    sink.write(signal.Signals(info.si_signo).name + "\\n")
+"""
+
+HEALTHY_SERVER = """
+import http.server, os, signal, sys, threading
+port = int(sys.argv[sys.argv.index("--port") + 1])
+record = sys.argv[1]
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Health)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+info = signal.sigwaitinfo({signal.SIGTERM, signal.SIGINT})
+with open(record, "a") as sink:
+    sink.write(f"{signal.Signals(info.si_signo).name} {info.si_pid}\\n")
+"""
+
+
+def _run_until(
+    argv: list[str], stderr: Path, ready: Callable[[], bool], sig: signal.Signals
+) -> tuple[int, int]:
+    """Run ``argv`` until ``ready()``, send it ``sig``; its pid and exit code (always reaped)."""
+    with stderr.open("w") as sink:
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready():
+            assert proc.poll() is None, stderr.read_text()
+            assert time.monotonic() < deadline, stderr.read_text()
+            psutil.wait_procs([], timeout=0.05)
+        proc.send_signal(sig)
+        return proc.pid, proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGQUIT], ids=lambda s: s.name)
+def test_a_signal_before_the_command_starts_ends_launch_as_sigterm_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: signal.Signals
+) -> None:
+    """During the wait for the vLLM server: exit 143, the server stopped, the command never run."""
+    clear_verirl_env(monkeypatch, tmp_path)
+    server = tmp_path / "server.py"
+    server.write_text(SERVER)
+    record, started, ran = tmp_path / "signals", tmp_path / "started", tmp_path / "ran"
+    (tmp_path / "logs").mkdir()
+    argv = [
+        sys.executable, "-m", "verirl", "launch", "--gpus", "2", "--model", "m",
+        "--vllm-port", str(unshared_port()), "--log-dir", str(tmp_path / "logs"),
+        "--vllm-command", shlex.join([sys.executable, str(server), str(record), str(started)]),
+        "--", "touch", str(ran),
+    ]  # fmt: skip
+    try:
+        _, code = _run_until(argv, tmp_path / "launch.err", started.exists, sig)
+        assert code == 143, (tmp_path / "launch.err").read_text()
+        assert not ran.exists()
+        # the server was stopped (its SIGTERM noted), and nothing is left
+        assert record.read_text().split() == ["SIGTERM"], (tmp_path / "launch.err").read_text()
+        assert not still_alive(naming(str(tmp_path)), timeout=10)
+    finally:
+        left = naming(str(tmp_path))
+        for process in left:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        still_alive(left, timeout=10)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGQUIT], ids=lambda s: s.name)
+def test_serve_takes_the_signal_for_a_sigterm_and_stops_its_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: signal.Signals
+) -> None:
+    clear_verirl_env(monkeypatch, tmp_path)
+    server = tmp_path / "server.py"
+    server.write_text(HEALTHY_SERVER)
+    record, err = tmp_path / "signals", tmp_path / "serve.err"
+    (tmp_path / "logs").mkdir()
+    argv = [
+        sys.executable, "-m", "verirl", "serve", "--gpus", "2", "--model", "m",
+        "--vllm-port", str(unshared_port()), "--log-dir", str(tmp_path / "logs"),
+        "--vllm-command", shlex.join([sys.executable, str(server), str(record)]),
+    ]  # fmt: skip
+    try:
+        pid, code = _run_until(argv, err, lambda: "is ready after" in err.read_text(), sig)
+        assert code == 143, err.read_text()
+        # one SIGTERM, from serve itself (not the kernel's death signal of a dead serve)
+        assert record.read_text().split() == ["SIGTERM", str(pid)], err.read_text()
+        assert not still_alive(naming(str(tmp_path)), timeout=10)
+    finally:
+        left = naming(str(tmp_path))
+        for process in left:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        still_alive(left, timeout=10)
