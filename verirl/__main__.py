@@ -13,6 +13,12 @@ nothing) and of ``_signal`` (built in); and for the ``verirl`` script, the few
 statements between its import of this module and its call of `run` (where
 SIGTERM exits 143 but writes no document, and Ctrl-C is a traceback).
 
+Each other signal whose default ends the process (SIGQUIT, SIGUSR1, ...:
+`verirl._signals.TERMINATING`) counts as a SIGTERM from `_prepare` on (143,
+the teardown, no vLLM server left); ``verirl launch`` passes it on to its
+command instead while that runs. Before `_prepare` (this module's imports)
+it still acts as its default.
+
 An inherited ``SIG_IGN`` is left as it is; a handler set by the interpreter's
 start-up (coverage's) is set aside, as `verirl.cli` does for serve and launch.
 """

@@ -10,7 +10,25 @@ a second SIGINT means "out now, skip the checkpoint" to
 `verirl.preemption.PreemptionCallback`. The price: the command is not in the
 terminal's foreground group, so it cannot read the terminal's stdin (it would
 be stopped with SIGTTIN), and the terminal's SIGTSTP (Ctrl-Z) and SIGQUIT reach
-launch only.
+launch only (which passes SIGQUIT on, see below).
+
+**Other signals: passed on, launch goes on.** Each other signal whose
+default ends a process (`verirl._signals.TERMINATING`: SIGQUIT, SIGUSR1,
+SIGUSR2, SIGALRM, ..., SLURM's ``--signal=USR1@60``) is, while the command
+runs, passed on to each of its processes once per arrival, found as for
+SIGTERM below (a daemon in a session of its own included), the command last;
+there is no grace and no SIGKILL: launch waits on, and exits with the
+command's code (128+N if it died of it). Left out: the processes an inner
+launch passes it on to, a torchrun rank for SIGQUIT only (the one of them
+torchrun's agent passes on), and a vLLM server's (its owner's to stop).
+Before the command is started (the CLI's start-up: env wait, vLLM start,
+resume) the CLI makes such a signal a SIGTERM (`verirl._signals.as_sigterm`):
+exit 143, and the same teardown. Launch installs its handler only over the
+default or the CLI's `as_sigterm` (an inherited ``SIG_IGN`` stays), on the
+main thread; the handler only queues the signal and wakes the wait
+(`_Forwarding`), which passes it on (`_Command.forward_queued`), during a
+grace too. One that comes once the command and all it left are gone is
+logged and dropped.
 
 **Grace, then SIGKILL.** After passing a signal on, launch waits up to
 ``grace`` seconds for the command, and for what was in its group then (a
@@ -1061,6 +1079,10 @@ def run_command(
     cannot_run: Callable[[str], object] | None = None,
 ) -> int:
     """Run ``command``; return its exit code (128+N when it died of signal N, 127: cannot run it).
+
+    SIGQUIT, SIGUSR1 and the other signals of `verirl._signals.TERMINATING`
+    that arrive meanwhile are passed on to each process of the command once
+    per arrival, and the call goes on (see the module docstring).
 
     The command runs in a process group of its own (see the module
     docstring). SIGTERM (the one policy's `SystemExit`) or Ctrl-C while it
