@@ -44,8 +44,8 @@ NAMES = ("SIGINT", "SIGTERM", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
 def note(signum, _frame):
     with open(record, "a") as sink:
         sink.write(f"{os.getpid()} {signal.Signals(signum).name}\\n")
-    if signum in (signal.SIGINT, signal.SIGTERM):
-        stop.set()
+    if signum == signal.SIGINT or (signum == signal.SIGTERM and not role.endswith("slow")):
+        stop.set()  # "-slow": a SIGTERM is a preemption to save through, a SIGINT ends it
 
 for name in NAMES:
     signal.signal(getattr(signal, name), note)
@@ -55,7 +55,7 @@ if role.startswith("command"):  # the classic daemon: fork, setsid, fork; the mi
     if middle == 0:
         os.setsid()
         if os.fork() == 0:
-            daemon = [sys.executable, __file__, record, ready + ".daemon", "daemon"]
+            daemon = [sys.executable, __file__, record, ready + ".daemon", "daemon" + role[7:]]
             os.execv(sys.executable, daemon)
         os._exit(0)
     os.waitpid(middle, 0)
@@ -76,17 +76,26 @@ sys.exit(7 if role.startswith("command") else 0)
 class Launch:
     """``verirl launch`` of the recorder, in a session of its own."""
 
-    def __init__(self, tmp_path: Path, role: str) -> None:
+    def __init__(self, tmp_path: Path, role: str, *, nested: bool = False) -> None:
         self.tmp_path = tmp_path
         script = tmp_path / "recorder.py"
         script.write_text(textwrap.dedent(RECORDER))
         self.record = tmp_path / "signals"
         self.ready = tmp_path / "ready"
         self.stderr_path = tmp_path / "launch.err"
-        argv = [
-            sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--shutdown-timeout", "20",
-            "--", sys.executable, str(script), str(self.record), str(self.ready), role,
-        ]  # fmt: skip
+        launch = [
+            sys.executable,
+            "-m",
+            "verirl",
+            "launch",
+            "--gpus",
+            "1",
+            "--shutdown-timeout",
+            "20",
+        ]
+        if nested:  # the recorder in the inner launch's command: the inner one passes it on
+            launch = [*launch, "--", *launch]
+        argv = [*launch, "--", sys.executable, str(script), str(self.record), str(self.ready), role]
         with self.stderr_path.open("w") as sink:  # a file: an orphan holding a pipe cannot hang us
             self.proc = subprocess.Popen(
                 argv, stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True
@@ -126,12 +135,12 @@ class Launch:
 
 
 @pytest.fixture
-def launches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], Launch]]:
+def launches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Launch]]:
     clear_verirl_env(monkeypatch, tmp_path)
     started: list[Launch] = []
 
-    def start(role: str) -> Launch:
-        launch = Launch(tmp_path, role)
+    def start(role: str, *, nested: bool = False) -> Launch:
+        launch = Launch(tmp_path, role, nested=nested)
         started.append(launch)
         return launch
 
@@ -144,7 +153,7 @@ def launches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callab
     "sig", [signal.SIGUSR1, signal.SIGQUIT, signal.SIGUSR2, signal.SIGALRM], ids=lambda s: s.name
 )
 def test_a_signal_to_launch_reaches_each_process_of_the_command_once_per_arrival(
-    launches: Callable[[str], Launch], sig: signal.Signals
+    launches: Callable[..., Launch], sig: signal.Signals
 ) -> None:
     launch = launches("command")
     launch.wait_until_running()
@@ -165,8 +174,48 @@ def test_a_signal_to_launch_reaches_each_process_of_the_command_once_per_arrival
     assert not naming(str(launch.tmp_path)), launch.stderr  # nothing outlives launch
 
 
+def test_a_signal_to_an_outer_launch_reaches_a_nested_launchs_command_once(
+    launches: Callable[..., Launch],
+) -> None:
+    launch = launches("command", nested=True)
+    launch.wait_until_running()
+    launch.proc.send_signal(signal.SIGUSR1)
+    for pid in (launch.command, launch.daemon):
+        launch.wait_for(lambda pid=pid: "SIGUSR1" in launch.got(pid), f"SIGUSR1 to reach {pid}")
+    assert launch.proc.poll() is None, launch.stderr
+    os.kill(launch.command, signal.SIGTERM)  # the inner command exits 7, so do both launches
+    code = launch.proc.wait(timeout=DEADLINE * 2)
+    assert code == 7, launch.stderr
+    # once: from the inner launch alone (the outer one leaves them to it)
+    assert launch.got(launch.command) == ["SIGUSR1", "SIGTERM"], launch.stderr
+    assert launch.got(launch.daemon) == ["SIGUSR1", "SIGTERM"], launch.stderr
+    assert not naming(str(launch.tmp_path)), launch.stderr
+
+
+def test_a_signal_during_a_sigterm_grace_is_passed_on_once_and_the_grace_goes_on(
+    launches: Callable[..., Launch],
+) -> None:
+    launch = launches("command-slow")  # saves through SIGTERM; a SIGINT ends it
+    launch.wait_until_running()
+    launch.proc.send_signal(signal.SIGTERM)  # a preemption: the grace begins
+    for pid in (launch.command, launch.daemon):
+        launch.wait_for(lambda pid=pid: "SIGTERM" in launch.got(pid), f"SIGTERM to reach {pid}")
+    launch.proc.send_signal(signal.SIGUSR1)
+    for pid in (launch.command, launch.daemon):
+        launch.wait_for(lambda pid=pid: "SIGUSR1" in launch.got(pid), f"SIGUSR1 to reach {pid}")
+    assert launch.proc.poll() is None, launch.stderr  # the grace goes on
+    for pid in (launch.daemon, launch.command):  # the save is done
+        os.kill(pid, signal.SIGINT)
+    code = launch.proc.wait(timeout=DEADLINE * 2)
+    assert code == 7, launch.stderr  # the command's code, as after any signal passed on
+    assert launch.got(launch.command) == ["SIGTERM", "SIGUSR1", "SIGINT"], launch.stderr
+    assert launch.got(launch.daemon) == ["SIGTERM", "SIGUSR1", "SIGINT"], launch.stderr
+    assert "outlived" not in launch.stderr
+    assert not naming(str(launch.tmp_path)), launch.stderr
+
+
 def test_a_command_that_dies_of_the_signal_gives_its_code_and_leaves_nothing(
-    launches: Callable[[str], Launch],
+    launches: Callable[..., Launch],
 ) -> None:
     launch = launches("command-dies")
     launch.wait_until_running()
