@@ -17,6 +17,7 @@ itself (fork, ``setsid``, fork) in a session of its own.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -341,3 +342,34 @@ def test_serve_takes_the_signal_for_a_sigterm_and_stops_its_server(
             with contextlib.suppress(psutil.Error):
                 process.kill()
         still_alive(left, timeout=10)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGQUIT], ids=lambda s: s.name)
+def test_any_other_command_takes_the_signal_for_a_sigterm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: signal.Signals
+) -> None:
+    """wait-env: 143 and the SIGTERM document at once, not a death by the signal."""
+    clear_verirl_env(monkeypatch, tmp_path)
+    err, port = tmp_path / "wait-env.err", unshared_port()
+    argv = [
+        sys.executable, "-m", "verirl", "--json", "wait-env", f"http://127.0.0.1:{port}",
+        "--timeout", "60",
+    ]  # fmt: skip
+    with err.open("w") as sink, (tmp_path / "out").open("w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=sink, start_new_session=True)
+    try:
+        deadline = time.monotonic() + DEADLINE
+        while "waiting up to" not in err.read_text():
+            assert proc.poll() is None, err.read_text()
+            assert time.monotonic() < deadline, err.read_text()
+            psutil.wait_procs([], timeout=0.02)
+        proc.send_signal(sig)
+        code = proc.wait(timeout=DEADLINE)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 143, err.read_text()
+    assert json.loads((tmp_path / "out").read_text()) == {
+        "error": {"code": 143, "message": "terminated (SIGTERM)"}
+    }
