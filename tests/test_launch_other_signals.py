@@ -33,6 +33,8 @@ import pytest
 
 from _support import clear_verirl_env, end_launch, naming, still_alive, unshared_port
 
+ROOT = Path(__file__).resolve().parents[1]
+"""This checkout: its ``verirl`` is the one the processes run (not another editable install)."""
 DEADLINE = 30.0
 """Seconds any one awaited event may take (a loaded CI machine starts Pythons slowly)."""
 
@@ -72,6 +74,14 @@ os.replace(ready + ".tmp", ready)
 stop.wait(300)
 sys.exit(7 if role.startswith("command") else 0)
 """
+
+
+def _clear_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`clear_verirl_env`, and this checkout first on the processes' ``PYTHONPATH``."""
+    clear_verirl_env(monkeypatch, tmp_path)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    )
 
 
 class Launch:
@@ -137,7 +147,7 @@ class Launch:
 
 @pytest.fixture
 def launches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Launch]]:
-    clear_verirl_env(monkeypatch, tmp_path)
+    _clear_env(monkeypatch, tmp_path)
     started: list[Launch] = []
 
     def start(role: str, *, nested: bool = False) -> Launch:
@@ -290,7 +300,7 @@ def test_a_signal_before_the_command_starts_ends_launch_as_sigterm_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: signal.Signals
 ) -> None:
     """During the wait for the vLLM server: exit 143, the server stopped, the command never run."""
-    clear_verirl_env(monkeypatch, tmp_path)
+    _clear_env(monkeypatch, tmp_path)
     server = tmp_path / "server.py"
     server.write_text(SERVER)
     record, started, ran = tmp_path / "signals", tmp_path / "started", tmp_path / "ran"
@@ -320,7 +330,7 @@ def test_a_signal_before_the_command_starts_ends_launch_as_sigterm_does(
 def test_serve_takes_the_signal_for_a_sigterm_and_stops_its_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: signal.Signals
 ) -> None:
-    clear_verirl_env(monkeypatch, tmp_path)
+    _clear_env(monkeypatch, tmp_path)
     server = tmp_path / "server.py"
     server.write_text(HEALTHY_SERVER)
     record, err = tmp_path / "signals", tmp_path / "serve.err"
@@ -349,7 +359,7 @@ def test_any_other_command_takes_the_signal_for_a_sigterm(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: signal.Signals
 ) -> None:
     """wait-env: 143 and the SIGTERM document at once, not a death by the signal."""
-    clear_verirl_env(monkeypatch, tmp_path)
+    _clear_env(monkeypatch, tmp_path)
     err, port = tmp_path / "wait-env.err", unshared_port()
     argv = [
         sys.executable, "-m", "verirl", "--json", "wait-env", f"http://127.0.0.1:{port}",
