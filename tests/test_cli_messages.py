@@ -468,3 +468,35 @@ def test_a_sigterm_during_the_last_teardown_is_noted_not_raised(clean_env):
     assert result.returncode == 143, result.stderr
     assert "stopped" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("given", ["flag", "variable"])
+def test_a_port_in_use_is_named_as_the_user_gave_it(capsys, monkeypatch, tmp_path, given):
+    clear_verirl_env(monkeypatch, tmp_path)
+    with socket_held() as port:
+        argv = ["launch", "--gpus", "2", "--model", "m", "--vllm-command",
+                f"{sys.executable} -m fakes.vllm_serve"]  # fmt: skip
+        if given == "flag":
+            argv += ["--vllm-port", str(port)]
+        else:
+            monkeypatch.setenv("VERIRL_VLLM_PORT", str(port))
+        code = run_cli([*argv, "--", "true"])
+    err = capsys.readouterr().err
+    assert code == 4, err
+    expected = {
+        "flag": f"--vllm-port={port}: already in use",
+        "variable": f"VERIRL_VLLM_PORT={port}: already in use",
+    }[given]
+    assert expected in err, err
+    assert f" port={port}:" not in err
+
+
+@contextlib.contextmanager
+def socket_held() -> Iterator[int]:
+    import socket
+
+    port = unshared_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        yield port

@@ -94,6 +94,7 @@ from verirl.errors import (
     CheckpointSourceError,
     ConfigError,
     EnvServerUnavailable,
+    PortInUseError,
     VeriRLError,
     VLLMServerError,
 )
@@ -1172,9 +1173,21 @@ def _message(args: argparse.Namespace, exc: VeriRLError) -> str:
         source = "--vllm-command" if getattr(args, "vllm_command", None) is not None else None
         source = source or Settings.variable("vllm_command")
         message = source + message.removeprefix("command")  # the program could not be run
+    if isinstance(exc, PortInUseError) and message.startswith(f"port={exc.port}"):
+        message = _port_source(args, exc.port) + message.removeprefix(f"port={exc.port}")
     if isinstance(exc, CheckpointNotFoundError) and not exc.searched:
         message += f"; configure one with {_CONFIGURE_A_SOURCE}, or resume from a path"
     return message
+
+
+def _port_source(args: argparse.Namespace, port: int) -> str:
+    """Where the vLLM port came from, as the user gave it: the flag, the variable, the default."""
+    variable = Settings.variable("vllm_port")
+    if getattr(args, "vllm_port", None) is not None:
+        return f"--vllm-port={port}"
+    if os.environ.get(variable, "").strip():
+        return f"{variable}={port}"
+    return f"the vLLM port {port} (the default; choose another with --vllm-port or {variable})"
 
 
 _CONFIGURE_A_SOURCE = (
