@@ -21,6 +21,7 @@ import os
 import re
 import socket
 import ssl
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
@@ -31,7 +32,9 @@ import requests.adapters
 import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.util.connection import allowed_gai_family
 
+from verirl._resolve import AddrInfo, LookupTimeoutError, needs_dns, resolve
 from verirl._secrets import redact_text
 from verirl._validate import MAX_PORT, host_address, ipv4_spelling
 from verirl.errors import ConfigError
@@ -255,12 +258,109 @@ def _getresponse_by_deadline(
             conn.sock = sock
 
 
+def _connect_timeout(conn: HTTPConnection) -> float | None:
+    """How long ``conn`` may take to connect: its timeout, clipped to the deadline's time left."""
+    value: object = conn.timeout  # urllib3 1.26 may hold its "default" sentinel here
+    timeout: float | None
+    if value is None or isinstance(value, (int, float)):
+        timeout = value
+    else:  # the socket module's default, as urllib3 reads the sentinel
+        timeout = socket.getdefaulttimeout()
+    deadline = _DEADLINE.get()
+    if deadline is None:
+        return timeout
+    left = max(deadline - time.monotonic(), 0.0)
+    return left if timeout is None else min(timeout, left)
+
+
+def _new_conn_by_deadline(
+    conn: HTTPConnection, new_conn: Callable[[], socket.socket]
+) -> socket.socket:
+    """``conn``'s socket, its host name looked up within the connect timeout and the deadline.
+
+    urllib3 looks the name up with `socket.getaddrinfo`, which no timeout
+    bounds and no signal interrupts; here `verirl._resolve.resolve` does it
+    and the socket is connected to the addresses it found, so no second,
+    unbounded lookup is made. A lookup not done in time is a connect timeout
+    naming the host; a failed one the error urllib3 raises for it. The host
+    name stays what the request sends (``Host``, TLS SNI): only the socket
+    is connected by address. IP literals and ``localhost`` go to urllib3 as
+    they are.
+    """
+    host = conn._dns_host  # noqa: SLF001 - the name urllib3 itself would look up (the proxy's, via one)
+    if not needs_dns(host):
+        return new_conn()
+    timeout = _connect_timeout(conn)
+    try:
+        found = resolve(
+            host, conn.port, family=allowed_gai_family(), kind=socket.SOCK_STREAM, timeout=timeout
+        )
+    except LookupTimeoutError as exc:
+        raise urllib3.exceptions.ConnectTimeoutError(
+            conn, f"Name resolution of {conn.host} timed out. (connect timeout={conn.timeout})"
+        ) from exc
+    except socket.gaierror as exc:
+        resolution_error = getattr(urllib3.exceptions, "NameResolutionError", None)  # urllib3 2
+        if resolution_error is not None:
+            raise resolution_error(conn.host, conn, exc) from exc
+        raise urllib3.exceptions.NewConnectionError(
+            conn, f"Failed to establish a new connection: {exc}"
+        ) from exc
+    return _connect_to(conn, found)
+
+
+def _connect_to(conn: HTTPConnection, found: list[AddrInfo]) -> socket.socket:
+    """A socket connected to the first of ``found`` that answers, as urllib3 would connect it."""
+    error: urllib3.exceptions.HTTPError | None = None
+    for family, kind, proto, _, address in found:
+        timeout = _connect_timeout(conn)
+        if error is not None and timeout is not None and timeout <= 0:
+            break
+        sock = socket.socket(family, kind, proto)
+        try:
+            for option in conn.socket_options or ():
+                sock.setsockopt(*option)
+            sock.settimeout(timeout)
+            if conn.source_address:
+                sock.bind(conn.source_address)
+            sock.connect(address)
+        except TimeoutError as exc:
+            sock.close()
+            error = urllib3.exceptions.ConnectTimeoutError(
+                conn, f"Connection to {conn.host} timed out. (connect timeout={conn.timeout})"
+            )
+            error.__cause__ = exc
+        except OSError as exc:
+            sock.close()
+            error = urllib3.exceptions.NewConnectionError(
+                conn, f"Failed to establish a new connection: {exc}"
+            )
+            error.__cause__ = exc
+        except BaseException:
+            sock.close()
+            raise
+        else:
+            sys.audit("http.client.connect", conn, conn.host, conn.port)
+            return sock
+    if error is None:
+        error = urllib3.exceptions.NewConnectionError(
+            conn, "Failed to establish a new connection: getaddrinfo returned no address"
+        )
+    raise error
+
+
 class _DeadlineHTTPConnection(HTTPConnection):
+    def _new_conn(self) -> socket.socket:
+        return _new_conn_by_deadline(self, super()._new_conn)
+
     def getresponse(self) -> BaseHTTPResponse:  # type: ignore[override]
         return _getresponse_by_deadline(self, super().getresponse)
 
 
 class _DeadlineHTTPSConnection(HTTPSConnection):
+    def _new_conn(self) -> socket.socket:
+        return _new_conn_by_deadline(self, super()._new_conn)
+
     def getresponse(self) -> BaseHTTPResponse:  # type: ignore[override]
         return _getresponse_by_deadline(self, super().getresponse)
 
