@@ -315,6 +315,7 @@ class HubCheckpointSource:
         self._refuse_offline("list")
         api = self._api()
         try:
+            _look_up_hub_host(api.endpoint, self.timeout)
             info = api.model_info(self.repo_id, revision=self.revision, timeout=self.timeout)
             commit = _commit_id(info.sha, self.revision)
             entries = self._tree(api.endpoint, commit)
@@ -415,6 +416,10 @@ class HubCheckpointSource:
         """Download ``filenames`` at ``commit`` into ``local_dir``, ``max_workers`` at once."""
         self._check_implicit_token()
         workers = max(1, min(self.max_workers, len(filenames)))
+        try:
+            _look_up_hub_host(self._api().endpoint, self.timeout)
+        except Exception as exc:
+            raise self._error("download from", exc) from exc
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="verirl-hub")
         try:
             futures = [pool.submit(self._download, name, commit, local_dir) for name in filenames]
@@ -694,6 +699,38 @@ def _commit_id(sha: object, revision: str | None) -> str:
 
 
 # ---------------------------------------------------------------- huggingface_hub
+
+
+def _look_up_hub_host(endpoint: str, timeout: float) -> None:
+    """Look up the host the Hub's requests connect to within ``timeout`` seconds.
+
+    huggingface_hub's client looks names up with no timeout, in a call a
+    signal cannot interrupt: with a DNS server that never answers, the first
+    Hub call would hang past ``timeout`` and hold off a SIGTERM. This lookup
+    runs first, bounded and interruptible (`verirl._resolve.resolve`), and
+    raises `LookupTimeoutError` or `socket.gaierror` as the request would
+    have failed. Through a proxy (``HTTPS_PROXY``, ``ALL_PROXY``, not
+    bypassed by ``NO_PROXY``) the proxy's host is the one looked up: the
+    proxy resolves the endpoint. A URL that cannot be read is left to the
+    client.
+    """
+    import urllib.request  # noqa: PLC0415 - only with a Hub source
+
+    from verirl._resolve import resolve  # noqa: PLC0415
+
+    parts = urlsplit(endpoint)
+    try:
+        host, port = parts.hostname, parts.port
+        proxies = urllib.request.getproxies()
+        proxy = proxies.get(parts.scheme) or proxies.get("all")
+        if proxy and host and not urllib.request.proxy_bypass(host):
+            via = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+            parts, host, port = via, via.hostname, via.port
+    except ValueError:  # a bad port: the client says so itself
+        return
+    if host:
+        default_port = 443 if parts.scheme == "https" else 80
+        resolve(host, port or default_port, timeout=timeout)
 
 
 def _describe_hub_error(exc: BaseException) -> str:
