@@ -27,10 +27,8 @@ from typing import Any
 import pytest
 
 from fakes._http import serve_in_background, stop_serving
-from fakes.hub import isolated_hf_client
 from verirl import CheckpointSourceError, EnvServerUnavailable, HttpEnvServerProbe
 from verirl._http import TIMED_OUT, deadline_session, request_health
-from verirl._resolve import LookupTimeoutError, resolve
 from verirl.checkpoints import HubCheckpointSource
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,6 +114,8 @@ def test_request_health_names_a_timeout_and_the_host(resolver):
 
 
 def test_overlapping_lookups_of_one_name_share_one_thread(resolver):
+    from verirl._resolve import LookupTimeoutError, resolve  # new in this change
+
     for _ in range(3):
         with pytest.raises(LookupTimeoutError, match=r"envserver\.example"):
             resolve("envserver.example", 80, timeout=0.05)
@@ -182,12 +182,23 @@ def test_the_connection_goes_to_the_address_found_and_keeps_the_host_name(resolv
     assert [host for host, _ in resolver.calls] == ["envserver.example"]  # one lookup, bounded
 
 
-def test_a_hub_source_fails_within_its_timeout_while_the_lookup_hangs(resolver, tmp_path):
+def test_a_hub_source_fails_within_its_timeout_while_the_lookup_hangs(
+    resolver, tmp_path, monkeypatch
+):
+    # Not isolated_hf_client: it refuses hub.example before any lookup. The
+    # stand-in resolver holds the name, so nothing leaves this machine.
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     source = HubCheckpointSource(
         "org/run", download_dir=tmp_path / "dl", endpoint="http://hub.example", timeout=1.0
     )
-    with isolated_hf_client():
+    from huggingface_hub import close_session
+
+    try:
         error, took = timed(source.latest)
+    finally:
+        close_session()
     assert isinstance(error, CheckpointSourceError), error
     assert "timed out" in str(error)
     assert "hub.example" in str(error)
