@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from fakes._http import serve_in_background, stop_serving
-from verirl import CheckpointSourceError, EnvServerUnavailable, HttpEnvServerProbe
+from verirl import CheckpointSourceError, ConfigError, EnvServerUnavailable, HttpEnvServerProbe
 from verirl._http import TIMED_OUT, deadline_session, request_health
 from verirl.checkpoints import HubCheckpointSource
 
@@ -280,3 +280,14 @@ def test_sigterm_ends_wait_env_at_once_while_the_lookup_hangs(tmp_path):
         proc.wait()
     assert proc.returncode == 143, err.decode(errors="replace")
     assert took < 2.0, f"SIGTERM ended wait-env after {took:.2f}s"
+
+
+def test_a_bind_host_that_does_not_resolve_in_time_is_a_config_error(resolver, monkeypatch):
+    from verirl import _net
+
+    monkeypatch.setattr(_net, "_BIND_LOOKUP_TIMEOUT", 0.3, raising=False)
+    error, took = timed(lambda: _net.check_port_free("vllm-node.example", 8123))
+    assert isinstance(error, ConfigError), error
+    assert "vllm-node.example" in str(error)
+    assert "timed out" in str(error)
+    assert took < 1.0, f"check_port_free took {took:.2f}s"

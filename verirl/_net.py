@@ -45,9 +45,22 @@ def url_host(host: str) -> str:
     return f"[{connect}]" if ":" in connect else connect
 
 
+_BIND_LOOKUP_TIMEOUT = 30.0
+"""Seconds a bind host's name may take to resolve (a DNS server that never answers)."""
+
+
 def _bind_addresses(host: str, port: int) -> list[tuple[int, int, int, tuple[object, ...]]]:
+    """The addresses binding ``host:port`` means, the name looked up within a deadline."""
+    from verirl._resolve import LookupTimeoutError, resolve  # noqa: PLC0415 - threads, when used
+
     try:
-        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        found = resolve(host, port, flags=socket.AI_PASSIVE, timeout=_BIND_LOOKUP_TIMEOUT)
+    except LookupTimeoutError:
+        raise ConfigError.invalid(
+            "host",
+            redact_text(host),
+            f"cannot be resolved (timed out after {_BIND_LOOKUP_TIMEOUT:g}s)",
+        ) from None
     except socket.gaierror as exc:
         raise ConfigError.invalid(
             "host", redact_text(host), f"cannot be resolved ({exc.strerror})"

@@ -23,7 +23,7 @@ __all__ = ["AddrInfo", "LookupTimeoutError", "needs_dns", "resolve"]
 AddrInfo = tuple[Any, Any, int, str, Any]
 """One entry of `socket.getaddrinfo`'s answer: family, type, proto, canonname, sockaddr."""
 
-_Key = tuple[str, "int | str | None", int, int]
+_Key = tuple[str, "int | str | None", int, int, int, int]
 
 
 class LookupTimeoutError(TimeoutError):
@@ -108,9 +108,10 @@ def resolve(
     *,
     family: int = 0,
     kind: int = socket.SOCK_STREAM,
+    flags: int = 0,
     timeout: float | None,
 ) -> list[AddrInfo]:
-    """``socket.getaddrinfo(host, port, family, kind)``, given up after ``timeout`` seconds.
+    """``socket.getaddrinfo(host, port, family, kind, 0, flags)``, given up after ``timeout`` s.
 
     ``timeout=None`` waits as long as the lookup takes (a signal still ends the wait).
 
@@ -121,10 +122,10 @@ def resolve(
     handler's exception ends at once.
     """
     if not needs_dns(host):
-        return socket.getaddrinfo(host, port, family, kind)
+        return socket.getaddrinfo(host, port, family, kind, 0, flags)
     if timeout is not None and timeout <= 0:
         raise LookupTimeoutError(host, 0.0)
-    lookup = _start((host, port, family, kind))
+    lookup = _start((host, port, family, kind, 0, flags))
     if not lookup.done.wait(timeout) and timeout is not None:
         raise LookupTimeoutError(host, timeout)
     error = lookup.error
