@@ -2,8 +2,8 @@
 
 The one ``GET /health`` that both the environment-server probe and the vLLM
 server's readiness wait send, and what it needs: a `requests` transport whose
-deadline bounds the *whole* request (connect, status line, headers, body,
-not each read), loopback URLs kept off every proxy, the check that a URL is a
+deadline bounds the *whole* request (name lookup, connect, status line,
+headers, body, not each read), loopback URLs kept off every proxy, the check that a URL is a
 plain ``http(s)://host[:port][/path]``, and the short reason a failure is
 reported under ("HTTP 503", "connection refused", "timed out", "DNS lookup
 failed", ...), read from the exception's causes, never from its text (which
@@ -379,9 +379,11 @@ _POOL_CLASSES = {"http": _DeadlineHTTPConnectionPool, "https": _DeadlineHTTPSCon
 class DeadlineAdapter(requests.adapters.HTTPAdapter):
     """A `requests` transport for `request_health`: deadline-bound reads, no proxy for loopback.
 
-    Inside `request_health`, every read of the answer (status line, headers,
-    body) gets only the time left before the request's deadline, so the
-    deadline bounds the whole request; elsewhere it is a plain `HTTPAdapter`.
+    Inside `request_health`, the host name's lookup and every read of the
+    answer (status line, headers, body) get only the time left before the
+    request's deadline, so the deadline bounds the whole request; elsewhere
+    the lookup gets the connect timeout, and reads are as in `HTTPAdapter`.
+    The lookup runs in a thread of its own, so a signal ends the wait for it.
     Requests to loopback hosts, redirects included, never use a proxy. Over a
     SOCKS proxy only the per-read timeouts apply.
     """
