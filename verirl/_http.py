@@ -314,7 +314,10 @@ def _connect_to(conn: HTTPConnection, found: list[AddrInfo]) -> socket.socket:
     error: urllib3.exceptions.HTTPError | None = None
     for family, kind, proto, _, address in found:
         timeout = _connect_timeout(conn)
-        if error is not None and timeout is not None and timeout <= 0:
+        if timeout is not None and timeout <= 0:  # the deadline is spent (0 would not block)
+            error = error or urllib3.exceptions.ConnectTimeoutError(
+                conn, f"Connection to {conn.host} timed out. (connect timeout={conn.timeout})"
+            )
             break
         sock = socket.socket(family, kind, proto)
         try:
