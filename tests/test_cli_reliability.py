@@ -834,10 +834,14 @@ def test_doctor_is_a_preflight(tmp_path, env_server):
             {"VERIRL_GPU_COUNT": "2"},
         ),
         "colocate": (  # one GPU: no server to start here, whatever the command says
-            ["--env-url", env_server, "--vllm-port", free],
+            ["--env-url", env_server],
             {"VERIRL_VLLM_COMMAND": f"{tmp_path}/no-such-program", **counted},
         ),
         "both": (["--env-url", closed, "--vllm-port", free], counted),
+        "colocate, a port": (
+            ["--env-url", env_server, "--vllm-port", free],
+            {"VERIRL_VLLM_COMMAND": FAKE_VLLM, **counted},
+        ),
         "remote": (["--env-url", env_server], {"VERIRL_VLLM_HOST": "vllm-node", **counted}),
         "no program": (
             ["--env-url", env_server, "--vllm-port", free],
@@ -881,6 +885,7 @@ def test_doctor_is_a_preflight(tmp_path, env_server):
         "both": (3, True),
         "remote": (0, False),  # nothing starts here: the ports are not this machine's concern
         "colocate": (0, False),
+        "colocate, a port": (2, True),  # launch: "--vllm-port=P: not used: the layout is colocate"
         "no program": (4, True),  # launch: "cannot be started (No such file or directory)"
         "no GPU": (2, True),  # launch without --gpus: "no GPU was detected"
         "hidden GPUs": (2, True),
@@ -1046,6 +1051,28 @@ def test_doctor_says_what_launch_would_refuse_in_launchs_words(tmp_path, extra):
         line.endswith(f": {reason}") and "not usable: " in line
         for line in doctor.stderr.splitlines()
     ), (reason, doctor.stderr)
+
+
+@pytest.mark.parametrize(
+    "extra", [{"VERIRL_GPU_COUNT": "1"}, {"VERIRL_GPU_COUNT": "2", "VERIRL_VLLM_MODE": "colocate"}]
+)
+def test_doctor_refuses_a_flag_launch_would_refuse_as_unused(tmp_path, extra):
+    """``doctor --vllm-port P`` is the preflight of ``launch --vllm-port P``: colocate starts no
+    server, so both refuse the port, in the same words."""
+    port = str(unshared_port())
+    environ = clean_environ(tmp_path, VERIRL_VLLM_COMMAND=FAKE_VLLM, **extra)
+    runs = {}
+    for command in (["launch", "--vllm-port", port, "--", "true"], ["doctor", "--vllm-port", port]):
+        runs[command[0]] = subprocess.run(
+            [sys.executable, "-m", "verirl", *command], capture_output=True, text=True,
+            env=environ, timeout=120, check=False,
+        )  # fmt: skip
+    launch, doctor = runs["launch"], runs["doctor"]
+    assert launch.returncode == doctor.returncode == 2, (launch.stderr, doctor.stderr)
+    (refusal,) = [line for line in launch.stderr.splitlines() if " ERROR " in line]
+    reason = refusal.split("ERROR verirl: ", 1)[1]
+    assert reason.startswith(f"--vllm-port={port}: not used")
+    assert any(line.endswith(f": {reason}") for line in doctor.stderr.splitlines()), doctor.stderr
 
 
 @pytest.mark.parametrize("closed", [0, 1, 2], ids=["stdin", "stdout", "stderr"])

@@ -790,9 +790,14 @@ def _launch_grace(args: argparse.Namespace) -> float:
 
 
 def _launch_prechecks(args: argparse.Namespace) -> None:
-    """The checks of the variables launch makes before it plans (doctor makes them too)."""
+    """The checks launch makes before it plans (doctor makes them too): variables, flags.
+
+    A flag doctor was given (``--vllm-port``) that launch would refuse as unused
+    by the layout is refused here as well.
+    """
     _launch_grace(args)
     _vllm_args(args)
+    _refuse_unused(args)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -867,9 +872,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             raise exc.renamed("--env-url" if from_flag else Settings.variable("env_url")) from exc
     from verirl._doctor import examine  # noqa: PLC0415 - loads what it reports on
 
-    as_launch = argparse.Namespace(
-        **{**vars(args), "model": None, "gpus": None, "vllm_args": None, "shutdown_timeout": None}
-    )
+    # launch with no flags but the ones doctor shares with it (its checks, its words)
+    as_launch = build_parser().parse_args(["launch", "--", "true"])
+    as_launch.vllm_port, as_launch.env_url = args.vllm_port, args.env_url
+    as_launch.cmd, as_launch.json = args.cmd, args.json
 
     rows, problems = examine(
         vllm_port=vllm_port,
