@@ -815,7 +815,7 @@ def test_the_colocate_cap_is_a_warning_with_both_numbers(clean_env, capsys, leng
     assert json.loads(out)["grpo_kwargs"]["vllm_max_model_length"] == min(length, 8192)
     warnings = [line for line in err.splitlines() if " WARNING " in line]
     if length > 8192:
-        assert any("8192" in line and str(length) in line for line in warnings), err
+        assert any(f"8192: --max-model-len={length} is not used" in line for line in warnings), err
     else:
         assert not warnings, err
 
@@ -1223,8 +1223,15 @@ def test_a_capped_value_is_warned_about_once_when_the_layout_is_planned_twice(
     assert main([*argv, *command[1:]]) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if " WARNING " in line]
     (warning,) = warnings
-    assert "8192" in warning
-    assert "16384" in warning
+    assert "8192: --max-model-len=16384 is not used" in warning  # the user's flag, not the field
+
+
+def test_a_capped_variable_is_named_in_the_warning(clean_env, capsys, monkeypatch):
+    monkeypatch.setenv("VERIRL_MAX_MODEL_LEN", "20000")
+    capsys.readouterr()
+    assert main(["plan", "--gpus", "1"]) == 0
+    (warning,) = [line for line in capsys.readouterr().err.splitlines() if " WARNING " in line]
+    assert "8192: VERIRL_MAX_MODEL_LEN=20000 is not used" in warning
 
 
 @pytest.mark.parametrize("command", ["launch", "serve"])

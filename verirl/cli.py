@@ -331,6 +331,26 @@ def _plan(args: argparse.Namespace) -> VLLMTopology:
     )
 
 
+class _InUserWords(logging.Filter):
+    """Log records of the layout that name a library field, naming the flag or variable instead.
+
+    ``max_model_len=20000 is not used`` (colocate's cap) reads as the user set
+    it: ``--max-model-len=20000`` or ``VERIRL_MAX_MODEL_LEN=20000``.
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__()
+        if getattr(args, "max_model_len", None) is not None:
+            self.source = "--max-model-len"
+        else:
+            self.source = Settings.variable("max_model_len")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and "max_model_len=%d" in record.msg:
+            record.msg = record.msg.replace("max_model_len=%d", f"{self.source}=%d")
+        return True
+
+
 def _drop_record(record: logging.LogRecord) -> bool:
     """A logging filter that lets nothing through."""
     del record
@@ -1315,6 +1335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     decide_json(args.json)
     args.json_emitted = False
     restore_logging = _configure_logging(args.verbose - args.quiet)
+    in_user_words = _InUserWords(args)
+    logging.getLogger("verirl.topology").addFilter(in_user_words)
     message = ""
     try:
         try:
@@ -1341,5 +1363,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.json:
             _final_document(args, code, message or getattr(args, "final_message", ""))
     finally:
+        logging.getLogger("verirl.topology").removeFilter(in_user_words)
         restore_logging()
     return code
