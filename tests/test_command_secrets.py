@@ -436,3 +436,17 @@ def test_the_settings_repr_never_shows_a_secret(monkeypatch, no_settings):
     shown = repr(settings) + str(settings)
     assert SECRET not in shown
     assert HIDDEN in shown
+
+
+@pytest.mark.parametrize("quote", ["'", '"'])
+@pytest.mark.parametrize("flag", ["--token ", "--api-key ", "--api-key=", "--hf-token "])
+def test_an_unbalanced_quote_after_a_secret_flag_keeps_the_reason(capsys, no_settings, quote,
+                                                                  flag):  # fmt: skip
+    """The secret is hidden, and the reason (the quote that does not close) is still said."""
+    command = f"srv {flag}{quote}{SECRET}"
+    argv = ["--json", "launch", "--gpus", "2", "--model", "m", "--vllm-command", command]
+    code, out, _ = _run(capsys, [*argv, "--", "true"])
+    assert code == 2
+    message = json.loads(out)["error"]["message"]
+    assert message.startswith("--vllm-command=")
+    assert message.endswith("cannot be split like a shell: No closing quotation"), message

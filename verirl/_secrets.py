@@ -685,8 +685,9 @@ def _redact_split_line(arg: str, secrets: Sequence[str]) -> str:
     words = arg.split()
     bare = [word.strip(_QUOTES) or word for word in words]
     redacted = _redact_words(bare, secrets, shell=False)  # no word of it is split again
-    shown = [
-        word if new == old else new for word, old, new in zip(words, bare, redacted, strict=True)
+    shown = [  # a hidden word loses its quotes: a stray one would open a quote to the end
+        word if new == old != HIDDEN else new
+        for word, old, new in zip(words, bare, redacted, strict=True)
     ]
     return arg if shown == words else _redact_params(" ".join(shown))
 
