@@ -61,3 +61,12 @@ def test_on_one_node_a_filled_local_rank_is_named_with_the_given_rank():
         )
     assert "RANK='1'" in str(info.value)
     assert "LOCAL_RANK=0" in str(info.value)
+
+
+def test_the_default_a_launcher_value_contradicts_is_named_with_its_rule():
+    """``GROUP_RANK=3`` alone: the rule broken is RANK's (filled as 0), and says so."""
+    with pytest.raises(ConfigError) as caught:
+        DistributedEnv.single_node(environ={"GROUP_RANK": "3"})
+    message = str(caught.value)
+    assert caught.value.field == "GROUP_RANK"
+    assert "RANK='0': must be GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK" in message

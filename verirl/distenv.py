@@ -310,7 +310,7 @@ def _check_filled(variables: Mapping[str, str], filled: set[str]) -> None:
         defaults = ", ".join(f"{n}={variables[n]}" for n in missing)
         reason = (
             f"contradicts verirl's single-node default(s) for what the launcher left unset "
-            f"({defaults}): {exc.reason or message}; set {' and '.join(missing)} as the "
+            f"({defaults}): {message}; set {' and '.join(missing)} as the "
             "launcher should"
         )
         value = variables.get(name)
