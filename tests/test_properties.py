@@ -57,7 +57,7 @@ from verirl import (
     resolver_from_settings,
     topology_from_settings,
 )
-from verirl._secrets import redact_url
+from verirl._secrets import redact_message, redact_url
 from verirl.cli import build_parser, main
 
 PROPERTY = settings(
@@ -283,6 +283,8 @@ def _renderings(value: object) -> list[str]:
                 out.append(str(float(value)))  # a number of seconds, shown as parsed
         if "@" in value:  # what looks like URL credentials is shown redacted
             out += [redact_url(value), repr(redact_url(value))]
+        # ... and so is what looks like a secret parameter ("Pass=0": the value of pass=)
+        out += [redact_message(value), repr(redact_message(value))]
     if isinstance(value, Mapping):
         out += [repr(k) for k in value] + [str(k) for k in value]
     if isinstance(value, (list, tuple)):
