@@ -15,6 +15,7 @@ import errno
 import fcntl
 import json
 import os
+import socket
 import threading
 from pathlib import Path
 from types import ModuleType
@@ -719,7 +720,7 @@ def test_a_refusal_counts_as_the_hub_s_only_when_the_hub_answered_it(hub, tmp_pa
 # ---------------------------------------------------------------- the download's lock file
 
 
-@pytest.mark.parametrize("how", ["held", "symlink", "directory", "fifo"])
+@pytest.mark.parametrize("how", ["held", "symlink", "directory", "fifo", "socket"])
 @pytest.mark.parametrize("request_", ["auto", "latest"])
 def test_a_newest_checkpoint_whose_download_lock_is_unusable_is_never_replaced_by_an_older(
     hub, tmp_path, how, request_
@@ -738,6 +739,9 @@ def test_a_newest_checkpoint_whose_download_lock_is_unusable_is_never_replaced_b
             lock.symlink_to(victim)
         elif how == "directory":
             lock.mkdir()
+        elif how == "socket":  # opening it is ENXIO
+            listener = stack.enter_context(socket.socket(socket.AF_UNIX))
+            listener.bind(str(lock))
         else:
             os.mkfifo(lock)
         source = HubCheckpointSource(

@@ -383,3 +383,22 @@ def test_any_other_command_takes_the_signal_for_a_sigterm(
     assert json.loads((tmp_path / "out").read_text()) == {
         "error": {"code": 143, "message": "terminated (SIGTERM)"}
     }
+
+
+def test_forwarding_closed_never_touches_its_pipe_again():
+    """close() drains before it closes: a number reused by another thread is never read."""
+    from verirl._supervise import _Forwarding
+
+    forwarding = _Forwarding()
+    forwarding._handle(signal.SIGUSR1, None)  # one that came as the command ended
+    forwarding.close()
+    assert (forwarding.wake_read, forwarding.wake_write) == (-1, -1)
+    read, write = os.pipe()  # likely the numbers the pipe had
+    try:
+        os.write(write, b"mine")
+        forwarding._handle(signal.SIGUSR2, None)  # a late one: nothing is written anywhere
+        assert forwarding.take() == [signal.SIGUSR2]
+        assert os.read(read, 100) == b"mine"
+    finally:
+        os.close(read)
+        os.close(write)

@@ -216,8 +216,8 @@ def _locked(lock: Path, timeout: float, root: Path, remote: RemoteFolder) -> Ite
     `CheckpointSourceError` marked ``checkpoint_unreadable`` (with the step),
     and a lock file verirl did not make (a symlink, a folder, a FIFO) is a
     `ConfigError` naming ``download_dir``, as such a thing in the
-    checkpoint's own place is. Other failures to lock are a plain
-    `CheckpointSourceError`.
+    checkpoint's own place is; a lock verirl cannot open or lock otherwise
+    (another user's, a read-only folder) is `checkpoint_unreadable` too.
     """
     try:
         with flock_with_deadline(lock, timeout):
@@ -231,7 +231,8 @@ def _locked(lock: Path, timeout: float, root: Path, remote: RemoteFolder) -> Ite
         )
         raise CheckpointSourceError(msg, checkpoint_unreadable=True, step=remote.step) from exc
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.EISDIR) or isinstance(exc, FileRefusedError):
+        refused = (errno.ELOOP, errno.EISDIR, errno.ENXIO)  # a symlink, a folder, a socket
+        if exc.errno in refused or isinstance(exc, FileRefusedError):
             what = "a symlink (never followed)" if exc.errno == errno.ELOOP else "not a file"
             raise ConfigError.invalid(
                 "download_dir",
@@ -242,7 +243,7 @@ def _locked(lock: Path, timeout: float, root: Path, remote: RemoteFolder) -> Ite
             ) from None
         why = printable(exc.strerror or str(exc))
         msg = f"cannot lock {printable(lock)}: {type(exc).__name__}: {why}"
-        raise CheckpointSourceError(msg) from exc
+        raise CheckpointSourceError(msg, checkpoint_unreadable=True, step=remote.step) from exc
 
 
 def _remove_leftovers(root: Path, folder: str) -> None:

@@ -15,7 +15,9 @@ launch only (which passes SIGQUIT on, see below).
 **Other signals: passed on, launch goes on.** Each other signal whose
 default ends a process (`verirl._signals.TERMINATING`: SIGQUIT, SIGUSR1,
 SIGUSR2, SIGALRM, ..., SLURM's ``--signal=USR1@60``) is, while the command
-runs, passed on to each of its processes once per arrival, found as for
+runs, passed on to each of its processes once per arrival (arrivals that
+come before launch's handler runs are one: Python runs a handler once for
+them, in signal-number order, even for the queued real-time ones), found as for
 SIGTERM below (a daemon in a session of its own included), the command last;
 there is no grace and no SIGKILL: launch waits on, and exits with the
 command's code (128+N if it died of it). Left out: the processes an inner
@@ -163,14 +165,16 @@ class _Forwarding:
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         self.queue.append(signum)
-        with contextlib.suppress(OSError):
-            os.write(self.wake_write, b"\0")
+        if self.wake_write >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self.wake_write, b"\0")
 
     def take(self) -> list[int]:
-        """The signals queued since the last call, in order of arrival; the pipe drained."""
-        with contextlib.suppress(OSError):
-            while os.read(self.wake_read, 4096):
-                pass
+        """The signals queued since the last call, in the order their handler ran; pipe drained."""
+        if self.wake_read >= 0:
+            with contextlib.suppress(OSError):
+                while os.read(self.wake_read, 4096):
+                    pass
         taken = []
         while self.queue:
             taken.append(self.queue.pop(0))
@@ -183,10 +187,12 @@ class _Forwarding:
                 if signal.getsignal(signum) == self._handle:
                     signal.signal(signum, previous)  # type: ignore[arg-type]
         self.installed.clear()
-        for fd in (self.wake_read, self.wake_write):
+        left = self.take()  # before the pipe is closed: its numbers may be reused at once
+        fds, self.wake_read, self.wake_write = (self.wake_read, self.wake_write), -1, -1
+        for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        for signum in self.take():
+        for signum in left:
             log.info(
                 "%s came once the training command was gone: nothing to pass it on to",
                 _signal_name(signum),
