@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _support import clear_verirl_env, end_launch, naming, still_alive, unshared_port
+from _support import clear_verirl_env, end_launch, kill_all, naming, still_alive, unshared_port
 
 ROOT = Path(__file__).resolve().parents[1]
 """This checkout: its ``verirl`` is the one the processes run (not another editable install)."""
@@ -319,11 +319,7 @@ def test_a_signal_before_the_command_starts_ends_launch_as_sigterm_does(
         assert record.read_text().split() == ["SIGTERM"], (tmp_path / "launch.err").read_text()
         assert not still_alive(naming(str(tmp_path)), timeout=10)
     finally:
-        left = naming(str(tmp_path))
-        for process in left:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-        still_alive(left, timeout=10)
+        kill_all(naming(str(tmp_path)))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGQUIT], ids=lambda s: s.name)
@@ -347,11 +343,7 @@ def test_serve_takes_the_signal_for_a_sigterm_and_stops_its_server(
         assert record.read_text().split() == ["SIGTERM", str(pid)], err.read_text()
         assert not still_alive(naming(str(tmp_path)), timeout=10)
     finally:
-        left = naming(str(tmp_path))
-        for process in left:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-        still_alive(left, timeout=10)
+        kill_all(naming(str(tmp_path)))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGQUIT], ids=lambda s: s.name)
