@@ -16,6 +16,8 @@ import fcntl
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from types import ModuleType
@@ -756,4 +758,62 @@ def test_a_newest_checkpoint_whose_download_lock_is_unusable_is_never_replaced_b
     if how != "held":
         assert caught.value.field == "download_dir"
     assert victim.read_text() == "mine\n"
+    assert not (tmp_path / "dl" / "checkpoint-20").exists()
+
+
+_WRITE_LIMITED = """
+import resource, signal, sys
+from verirl import (
+    CheckpointResolver, CheckpointSourceError, HubCheckpointSource, LocalCheckpointSource,
+)
+
+out, dl, endpoint, repo = sys.argv[1:5]
+source = HubCheckpointSource(repo, download_dir=dl, endpoint=endpoint)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit is EFBIG, not a kill
+before = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, before[1]))
+try:
+    print("resumed", CheckpointResolver([LocalCheckpointSource(out), source]).resolve("auto"))
+except CheckpointSourceError as exc:
+    print("refused", exc.checkpoint_unreadable, exc.step, exc)
+finally:  # coverage writes its data at exit
+    resource.setrlimit(resource.RLIMIT_FSIZE, before)
+"""
+
+
+@pytest.mark.parametrize("how", ["cannot-create", "cannot-write"])
+def test_a_download_folder_that_cannot_take_the_newest_never_lets_an_older_stand_in(
+    hub, tmp_path, how
+):
+    """What this machine's download folder answers (ENOTDIR, EFBIG) ends the resume, exit 5.
+
+    The newest checkpoint is on the Hub; the same folder would refuse any
+    other download too, so resuming the older local one would only overwrite
+    the newer one's progress later.
+    """
+    hub.add_checkpoint(REPO, "checkpoint-20", 20, size=64 * 1024)
+    make_checkpoint(tmp_path / "out", "checkpoint-10")
+    if how == "cannot-create":
+        (tmp_path / "a-file").write_text("mine\n")
+        source = HubCheckpointSource(
+            REPO, download_dir=tmp_path / "a-file" / "dl", endpoint=hub.endpoint
+        )
+        with pytest.raises(CheckpointSourceError) as caught:
+            CheckpointResolver([LocalCheckpointSource(tmp_path / "out"), source]).resolve("auto")
+        assert caught.value.checkpoint_unreadable
+        assert caught.value.step == 20
+        assert "cannot create download_dir" in str(caught.value)
+        assert (tmp_path / "a-file").read_text() == "mine\n"
+        return
+    args = [str(tmp_path / "out"), str(tmp_path / "dl"), hub.endpoint, REPO]
+    done = subprocess.run(
+        [sys.executable, "-c", _WRITE_LIMITED, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("refused True"), done.stdout + done.stderr
+    assert "File too large" in done.stdout
     assert not (tmp_path / "dl" / "checkpoint-20").exists()

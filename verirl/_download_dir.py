@@ -114,8 +114,7 @@ def fetch_folder(
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        msg = f"cannot create download_dir {printable(root)}: {type(exc).__name__}: {exc.strerror}"
-        raise CheckpointSourceError(msg) from exc
+        raise _kept_from(remote, f"cannot create download_dir {printable(root)}", exc) from exc
     lock = root / f".verirl-{remote.name}.lock"
     with _locked(lock, lock_timeout, root, remote):
         try:
@@ -123,9 +122,22 @@ def fetch_folder(
         except VeriRLError:
             raise
         except OSError as exc:  # what the download folder answered, whatever the step
-            why = printable(exc.strerror or str(exc))
-            msg = f"cannot use download_dir {printable(root)}: {type(exc).__name__}: {why}"
-            raise CheckpointSourceError(msg) from exc
+            raise _kept_from(remote, f"cannot use download_dir {printable(root)}", exc) from exc
+
+
+def _kept_from(remote: RemoteFolder, doing: str, exc: OSError) -> CheckpointSourceError:
+    """The error for a download folder on this machine that keeps verirl from ``remote``.
+
+    The checkpoint is there; what stops verirl is local (permissions, a full
+    disk, a read-only mount) and would stop it for any other download too, so
+    it is ``checkpoint_unreadable``: an older checkpoint never stands in.
+    """
+    why = printable(exc.strerror or str(exc) or type(exc).__name__)
+    msg = (
+        f"{doing}: {type(exc).__name__}: {why}; {remote.name} (step {remote.step}) is there "
+        "but cannot be brought here, so no older checkpoint is resumed in its place"
+    )
+    return CheckpointSourceError(msg, checkpoint_unreadable=True, step=remote.step)
 
 
 def _fetch_locked(
@@ -168,7 +180,7 @@ def _fetch_locked(
             msg = f"downloaded {folder} from {remote.origin} but it is unusable: {problem}"
             raise CheckpointSourceError(msg) from ValueError(problem)
         _write_marker(fresh, remote)
-        _move_into_place(root, fresh, target, replace=kind == "dir")
+        _move_into_place(root, fresh, target, remote, replace=kind == "dir")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log.info("downloaded %s (%s) to %s", folder, human_size(size), printable(target))
@@ -241,9 +253,7 @@ def _locked(lock: Path, timeout: float, root: Path, remote: RemoteFolder) -> Ite
                 "verirl did not make; refusing to use it (remove it, or use a dedicated "
                 "download directory)",
             ) from None
-        why = printable(exc.strerror or str(exc))
-        msg = f"cannot lock {printable(lock)}: {type(exc).__name__}: {why}"
-        raise CheckpointSourceError(msg, checkpoint_unreadable=True, step=remote.step) from exc
+        raise _kept_from(remote, f"cannot lock {printable(lock)}", exc) from exc
 
 
 def _remove_leftovers(root: Path, folder: str) -> None:
@@ -412,7 +422,9 @@ def _strays(folder: Path, marker: Mapping[str, object]) -> list[str]:
     return [name for name in _files_in(folder) if name not in known and name != MARKER]
 
 
-def _move_into_place(root: Path, fresh: Path, target: Path, *, replace: bool) -> None:
+def _move_into_place(
+    root: Path, fresh: Path, target: Path, remote: RemoteFolder, *, replace: bool
+) -> None:
     """Rename the verified download to ``target``; an old download of ours is removed after."""
     try:
         if replace:
@@ -436,10 +448,8 @@ def _move_into_place(root: Path, fresh: Path, target: Path, *, replace: bool) ->
         else:
             fresh.rename(target)  # fails rather than replace anything but an empty directory
     except OSError as exc:
-        why = printable(exc.strerror or str(exc))
-        where = printable(target)
-        msg = f"cannot move the finished download into {where}: {type(exc).__name__}: {why}"
-        raise CheckpointSourceError(msg) from exc
+        doing = f"cannot move the finished download into {printable(target)}"
+        raise _kept_from(remote, doing, exc) from exc
 
 
 def _warn_about_strays(target: Path, folder: str, files: Iterable[str]) -> None:

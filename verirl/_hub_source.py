@@ -490,13 +490,17 @@ class HubCheckpointSource:
         The token is also scrubbed from ``exc`` and its chain, which becomes the cause.
         ``listed``: the request was for a file of the listing, at its commit: a
         refusal of it (401, 403, 404, 410, 451) says a checkpoint is there but
-        cannot be read (``checkpoint_unreadable``), not that the Hub is away.
+        cannot be read (``checkpoint_unreadable``), not that the Hub is away; so
+        does a file system error on this machine while writing it (a full disk,
+        permissions, a read-only mount), which would stop any other download too.
         """
         # token=None: huggingface_hub sent the one it found (HF_TOKEN_PATH, the saved login).
         token = hub_token_in_use(self._token)
         scrub_exception(exc, token)
         message = f"cannot {doing} {self.description}: {_describe_hub_error(exc)}"
-        refused = listed and _status_code(exc) in _REFUSALS and self._answered_by_hub(exc)
+        refused = listed and (
+            (_status_code(exc) in _REFUSALS and self._answered_by_hub(exc)) or _local_failure(exc)
+        )
         return CheckpointSourceError(
             scrub(message, token), repo_missing=_repo_missing(exc), checkpoint_unreadable=refused
         )
@@ -777,6 +781,38 @@ def _repo_missing(exc: BaseException) -> bool:
 
 
 _REFUSALS = frozenset({401, 403, 404, 410, 451})
+# What the download folder on this machine answers (not the network): it would
+# stop any other download too, so an older checkpoint must not stand in.
+_LOCAL_ERRNOS = frozenset(
+    {
+        errno.EACCES,
+        errno.EDQUOT,
+        errno.EFBIG,
+        errno.EIO,
+        errno.EISDIR,
+        errno.ELOOP,
+        errno.ENAMETOOLONG,
+        errno.ENOSPC,
+        errno.ENOTDIR,
+        errno.EPERM,
+        errno.EROFS,
+    }
+)
+
+
+def _local_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` or its cause chain is a file system error on this machine."""
+    seen: BaseException | None = exc
+    for _ in range(16):  # the chain, bounded
+        if seen is None:
+            return False
+        network = isinstance(seen, (ConnectionError, TimeoutError))
+        if isinstance(seen, OSError) and not network and seen.errno in _LOCAL_ERRNOS:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 """HTTP answers that refuse a listed file for good (at a pinned commit), unlike 5xx or no answer."""
 
 

@@ -235,9 +235,10 @@ class CheckpointResolver:
 def _fetch_newest(candidates: list[tuple[Checkpoint, CheckpointSource]]) -> str:
     """The path of the newest of ``candidates`` that can be fetched.
 
-    A failure to fetch (the Hub away, a full disk) moves on to the next
+    A failure to fetch from elsewhere (the Hub away) moves on to the next
     newest, logged; a checkpoint that is there but refused for good
-    (``checkpoint_unreadable``) ends it: an older one would overwrite it.
+    (``checkpoint_unreadable``: the Hub refuses it, or the download folder on
+    this machine cannot take it) ends it: an older one would overwrite it.
     """
     fetch_errors: list[Exception] = []
     refused: CheckpointSourceError | None = None  # the newest refused for good, and its step
