@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _support import nothing_listens, unshared_port
+from _support import kill_all, nothing_listens, still_alive, unshared_port
 from fakes.envserver import FakeEnvServer
 from verirl import DistributedEnv, HttpEnvServerProbe, TrainingRuntime, VLLMServer, VLLMTopology
 from verirl._net import find_free_port
@@ -166,8 +166,10 @@ _HANDLER_STOPS = """
 import signal, sys, threading
 from verirl import VLLMServer
 
+# Spawned, the fake loads for 60 s: a start that a stop did not cut short fails the test.
+slow = {"FAKE_VLLM_STARTUP_DELAY": "60"} if sys.argv[2] == "spawn" else {}
 server = VLLMServer("m", port=int(sys.argv[1]), devices=(0,), command=[sys.executable, "-m",
-                    "fakes.vllm_serve"], startup_timeout=30, shutdown_timeout=5)
+                    "fakes.vllm_serve"], startup_timeout=30, shutdown_timeout=5, env=slow)
 
 def on_sigterm(signum, frame):  # the README's advice: a handler that calls server.stop()
     server.stop()
@@ -188,7 +190,18 @@ class SignalWhileHeld:
     def __exit__(self, *exc):
         self.lock.release()
 
-object.__setattr__(server, "_starts_lock", SignalWhileHeld(server._starts_lock, int(sys.argv[2])))
+if sys.argv[2] == "spawn":  # the SIGTERM lands while the child is being spawned
+    import time
+    import verirl.vllm_server as module
+    real = module.popen_in_session
+    def slow_spawn(*args, **kwargs):
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+        time.sleep(0.5)  # a fork of a large trainer process takes a while
+        return real(*args, **kwargs)
+    module.popen_in_session = slow_spawn
+else:
+    lock = SignalWhileHeld(server._starts_lock, int(sys.argv[2]))
+    object.__setattr__(server, "_starts_lock", lock)
 try:
     server.start()
     print("start returned", flush=True)
@@ -200,9 +213,13 @@ print("done", server.pid, flush=True)
 """
 
 
-@pytest.mark.parametrize("nth", [1, 2])
+@pytest.mark.parametrize("nth", ["1", "2", "spawn"])
 def test_a_sigterm_handler_that_stops_the_server_mid_start_never_deadlocks(tmp_path, nth):
-    """The handler runs on the thread that holds the start's lock: stop() must not wait for it."""
+    """The handler runs on the thread that holds the start's lock: stop() must not wait for it.
+
+    Landing during the spawn, before there is a process to stop, it still
+    cancels the start: start() ends at once instead of waiting for the load.
+    """
     script = tmp_path / "handler_stops.py"
     script.write_text(_HANDLER_STOPS)
     done = subprocess.run(
@@ -214,3 +231,67 @@ def test_a_sigterm_handler_that_stops_the_server_mid_start_never_deadlocks(tmp_p
     lines = done.stdout.splitlines()
     assert "handler: stop returned" in lines
     assert lines[-1] == "done None"  # the server was stopped and forgotten
+    if nth == "spawn":
+        assert "start raised VLLMServerError" in lines, done.stdout
+
+
+_TWO_STOPS = """
+import os, signal, sys, threading, time
+import psutil
+from verirl import DistributedEnv, TrainingRuntime, VLLMServer, VLLMTopology
+
+port, master_port = int(sys.argv[1]), int(sys.argv[2])
+env = {}
+runtime = TrainingRuntime(
+    VLLMTopology.plan(2, max_model_len=64, port=port),
+    environ=env,
+    dist_env=DistributedEnv.single_node(environ=env, master_port=master_port),
+    server_factory=lambda t: VLLMServer.from_topology(
+        t, model="m", command=[sys.executable, "-m", "fakes.vllm_serve"],
+        env={"FAKE_VLLM_IGNORE_SIGTERM": "1"}, shutdown_timeout=3.0, log_path=sys.argv[3],
+    ),
+)
+
+def second_stop():
+    deadline = time.monotonic() + 30
+    while runtime.session is not None:  # until the main thread's stop is tearing down
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()  # the platform's
+    runtime.stop()
+    print("thread: stop returned, server alive:", psutil.pid_exists(tree[0]), flush=True)
+
+with runtime as session:
+    server = psutil.Process(session.server.pid)
+    tree = [server.pid] + [child.pid for child in server.children(recursive=True)]
+    print("tree", *tree, flush=True)
+    threading.Thread(target=second_stop).start()
+print("main: stopped", flush=True)
+"""
+
+
+def test_a_second_stop_from_another_thread_waits_for_the_teardown_and_keeps_the_policy(tmp_path):
+    """The main thread's stop tears down a slow server; another thread's stop comes meanwhile.
+
+    It returns once the server is gone, never releases the main thread's
+    hold on the SIGTERM policy (a SIGTERM during the teardown then stops it
+    as documented, instead of killing the process mid-teardown), and nothing
+    of the server outlives the process.
+    """
+    script = tmp_path / "two_stops.py"
+    script.write_text(_TWO_STOPS)
+    args = [str(unshared_port()), str(find_free_port()), str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True, text=True, timeout=60, check=False,
+        cwd=Path(__file__).resolve().parent.parent, start_new_session=True,
+    )  # fmt: skip
+    tree_line = next(line for line in done.stdout.splitlines() if line.startswith("tree "))
+    tree = [
+        psutil.Process(int(pid)) for pid in tree_line.split()[1:] if psutil.pid_exists(int(pid))
+    ]
+    left = still_alive(tree, timeout=5)
+    kill_all(left)
+    assert not left, (done.stdout, done.stderr[-3000:])
+    assert done.returncode == 143, (done.returncode, done.stdout, done.stderr[-3000:])
+    assert "thread: stop returned, server alive: False" in done.stdout.splitlines()

@@ -124,3 +124,44 @@ def test_the_documented_grace_is_the_one_in_force():
     import verirl._signals
 
     assert verirl._signals.EXIT_GRACE == EXIT_GRACE
+
+
+CAUGHT = """
+import os, signal, socket, sys, threading
+from pathlib import Path
+from verirl import HttpEnvServerProbe, TrainingRuntime, VLLMTopology
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a plain program
+listener = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+url = "http://127.0.0.1:%d" % listener.getsockname()[1]
+runtime = TrainingRuntime(
+    VLLMTopology.plan(1, max_model_len=1024), environ={},
+    env_probe=HttpEnvServerProbe(url), env_timeout=60.0,
+)
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+try:
+    runtime.start()
+except KeyboardInterrupt:
+    print("caught", flush=True)
+
+def final_upload():  # outlives the exit grace: a program that went on is never cut short
+    threading.Event().wait(float(sys.argv[2]))
+    Path(sys.argv[1]).write_text("uploaded")
+
+threading.Thread(target=final_upload).start()
+"""
+
+
+def test_a_program_that_catches_the_signal_is_never_cut_short_later(tmp_path):
+    """Ctrl-C during start(), caught; the program then ends normally with a thread still busy."""
+    done = subprocess.run(
+        [sys.executable, "-c", CAUGHT, str(tmp_path / "upload"), str(EXIT_GRACE + 1.5)],
+        env=_child_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["caught"]
+    assert (tmp_path / "upload").read_text() == "uploaded"

@@ -12,6 +12,7 @@ The token never appears in a repr, log line or error message. Exported from
 from __future__ import annotations
 
 import bisect
+import collections
 import errno
 import json
 import logging
@@ -19,9 +20,11 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Collection, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import as_completed
+from concurrent.futures import wait as wait_futures
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
@@ -44,6 +47,7 @@ from verirl._checkpoint import (
     user_directory,
 )
 from verirl._download_dir import MARKER, FileEntry, RemoteFolder, fetch_folder, human_size
+from verirl._phases import DaemonExecutor
 from verirl._secrets import (
     check_token,
     hub_offline,
@@ -67,6 +71,7 @@ if TYPE_CHECKING:
 __all__ = ["HubCheckpointSource"]
 
 log = logging.getLogger("verirl.checkpoints")  # the component's logger, which users filter on
+_DOWNLOADERS = DaemonExecutor()
 
 # A Hub repo id: "name" or "namespace/name", as huggingface_hub validates it.
 _REPO_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*", re.ASCII)
@@ -420,20 +425,30 @@ class HubCheckpointSource:
             _look_up_hub_host(self._api().endpoint, self.timeout)
         except Exception as exc:
             raise self._error("download from", exc) from exc
-        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="verirl-hub")
+        pending = collections.deque(filenames)
+        stop = threading.Event()
+
+        def drain() -> None:
+            while not stop.is_set():
+                try:
+                    name = pending.popleft()
+                except IndexError:
+                    return
+                self._download(name, commit, local_dir)
+
+        # Daemon threads (a ThreadPoolExecutor's are joined at exit): a process
+        # interrupted meanwhile (SIGTERM, Ctrl-C) never waits for a download to end.
+        runners = [_DOWNLOADERS.submit(drain) for _ in range(workers)]
         try:
-            futures = [pool.submit(self._download, name, commit, local_dir) for name in filenames]
-            for future in futures:
-                future.result()
+            for runner in as_completed(runners):
+                runner.result()
         except Exception as exc:
-            pool.shutdown(wait=True, cancel_futures=True)
+            stop.set()
+            wait_futures(runners)  # the requests in flight end, each within its timeout
             raise self._error("download from", exc, listed=True) from exc
         except BaseException:
-            # A signal (SystemExit, KeyboardInterrupt): no wait for the requests in flight,
-            # which may take minutes; the process's exit deadline bounds what is left.
-            pool.shutdown(wait=False, cancel_futures=True)
+            stop.set()  # no wait: the process's teardown bounds what is left
             raise
-        pool.shutdown(wait=True)
 
     def _download(self, filename: str, commit: str, local_dir: Path) -> Path:
         from huggingface_hub import hf_hub_download  # noqa: PLC0415

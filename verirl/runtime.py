@@ -36,7 +36,7 @@ from verirl._phases import Phases, PhaseTiming
 from verirl._secrets import HIDDEN, implicit_hub_token, redact_text, shown_command
 from verirl._server_fields import to_extra_args
 from verirl._settings import Read, Settings
-from verirl._signals import SIGTERM_POLICY, arm_exit_deadline
+from verirl._signals import SIGTERM_POLICY
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
@@ -611,6 +611,9 @@ class TrainingRuntime:
     _phases: Phases | None = attrs.field(default=None, init=False, repr=False)
     _starting: bool = attrs.field(default=False, init=False, repr=False)
     _stop_requested: bool = attrs.field(default=False, init=False, repr=False)
+    # A stop tearing down (set when it ends), and its thread: another stop waits for it.
+    _teardown: threading.Event | None = attrs.field(default=None, init=False, repr=False)
+    _teardown_thread: int | None = attrs.field(default=None, init=False, repr=False)
     # The server's start-time ConfigError fields → the settings they came from (from_settings).
     _start_names: Mapping[str, str] = attrs.field(factory=dict, init=False, repr=False)
 
@@ -836,11 +839,10 @@ class TrainingRuntime:
                 self._phases = None
                 self._starting = False
                 self._open_session(dist, origin, timings, checkpoint)
-        except BaseException as exc:
-            if isinstance(exc, (SystemExit, KeyboardInterrupt)):
-                # A signal: the process is going down, and a download's pool (whose
-                # non-daemon workers Python joins at exit) must not hold it past the grace.
-                arm_exit_deadline(exc)
+        except BaseException:
+            # Every phase runs on daemon threads (the Hub download's too): a signal that
+            # ends the program is never held up by one, and a program that catches it
+            # goes on as it likes.
             with self._lock:
                 self._phases = None
                 self._starting = False
@@ -1024,28 +1026,40 @@ class TrainingRuntime:
     def stop(self) -> None:
         """Stop the watchdog and the server (if this runtime started one), release the policy.
 
-        Idempotent: the policy is released exactly once per `start`. Called
-        from another thread while `start` runs, it stops the server's start
-        and ends the start's wait at once; `start` then tears everything down
-        and raises (`VLLMServerError` when the server's start was cut short,
-        else `VeriRLError`).
+        Idempotent: the policy is released exactly once per `start`, by the
+        stop that tears down; a stop from another thread meanwhile returns
+        when that teardown has ended (one from the same thread, a signal
+        handler's, at once). Called from another thread while `start` runs,
+        it stops the server's start and ends the start's wait at once;
+        `start` then tears everything down and raises (`VLLMServerError` when
+        the server's start was cut short, else `VeriRLError`).
         """
         with self._lock:
             starting = self._starting
             phases = self._phases
+            teardown = self._teardown
             if starting:  # a start in progress (another thread): it tears down and raises
                 self._stop_requested = True
                 server = self._server
-            else:
+            elif teardown is None:
                 server, self._server = self._server, None
                 self._session = None
                 watchdog, self._watchdog = self._watchdog, None
+                self._teardown, self._teardown_thread = threading.Event(), threading.get_ident()
         if starting:
             if phases is not None:
                 phases.cancel(VeriRLError(_STOPPED_WHILE_STARTING))
             if server is not None:
                 server.stop()  # its start() ends promptly, and nothing of it is left
             return
+        if teardown is not None:
+            if self._teardown_thread != threading.get_ident():
+                teardown.wait()  # as long as that stop: the server's own stop is bounded
+            return
+        self._tear_down(server, watchdog)
+
+    def _tear_down(self, server: ServerHandle | None, watchdog: ServerWatchdog | None) -> None:
+        """`stop`'s work, by the one stop that took ``server`` and ``watchdog``."""
         try:
             try:
                 self._stop_watching(watchdog)  # first: stopping the server must not look like death
@@ -1058,8 +1072,11 @@ class TrainingRuntime:
             with self._lock:
                 held, self._holds_sigterm = self._holds_sigterm, False
                 self._started = False
+                ended, self._teardown, self._teardown_thread = self._teardown, None, None
             if held:
                 SIGTERM_POLICY.release()
+            if ended is not None:
+                ended.set()
 
     def __enter__(self) -> RuntimeSession:
         return self.start()

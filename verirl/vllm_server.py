@@ -391,6 +391,8 @@ class VLLMServer:
         try:
             with self._lock:
                 tree = self._launch(run)
+                if self._cancel.is_set():  # a stop() during the spawn found no tree to stop
+                    tree.stopping.set()
             # Wait outside the lock, so that stop() from another thread can cancel the start.
             self._wait_until_ready(tree)
             self._end_start(counted)
