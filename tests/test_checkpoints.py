@@ -21,6 +21,8 @@ import attrs
 import pytest
 from huggingface_hub import constants, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
+from hypothesis import given
+from hypothesis import strategies as st
 
 from _support import place_hub_token
 from fakes.checkpoints import FakeCheckpointSource
@@ -1552,7 +1554,11 @@ def test_a_huge_trainer_state_is_not_read_into_memory_nor_skipped(tmp_path):
         LocalCheckpointSource(tmp_path).latest()
 
 
-def test_a_huge_last_checkpoint_state_on_the_hub_is_not_downloaded(hub, tmp_path, caplog):
+@pytest.mark.parametrize("request_", ["auto", "latest"])
+def test_a_huge_last_checkpoint_state_on_the_hub_is_unreadable_never_skipped(
+    hub, tmp_path, request_
+):
+    """Not downloaded, and not an interrupted save: an older checkpoint must not stand in."""
     from verirl.checkpoints import MAX_TRAINER_STATE_BYTES
 
     hub.add_checkpoint(REPO, "checkpoint-10", 10)
@@ -1560,10 +1566,11 @@ def test_a_huge_last_checkpoint_state_on_the_hub_is_not_downloaded(hub, tmp_path
     huge = b" " * MAX_TRAINER_STATE_BYTES + b"{}"
     hub.add_file(REPO, "last-checkpoint/trainer_state.json", huge)
     hub.reset_counters()
-    source = hub_source(hub, tmp_path)
-    assert source.latest().step == 10
+    resolver = CheckpointResolver([hub_source(hub, tmp_path)])
+    with pytest.raises(CheckpointSourceError, match=r"last-checkpoint.*too large") as caught:
+        resolver.resolve(request_)
+    assert "neither skipped nor resumed from" in str(caught.value)
     assert hub.downloads == []
-    assert "too large" in warnings_of(caplog)
 
 
 @pytest.mark.parametrize("request_", [5, 1.5, b"/x", ["latest"], object()])
@@ -1666,6 +1673,9 @@ def test_a_tree_listing_that_trickles_ends_within_the_timeout(hub, tmp_path):
         "checkpoint-40/a//b",
         "checkpoint-40/..\\..\\x",
         "checkpoint-40/.verirl-download.json",
+        "checkpoint-40/c:evil",  # huggingface_hub refuses a drive part on every system
+        "checkpoint-40/sub/D:x",
+        "checkpoint-40/" + "a" * 250,  # its .metadata record would be over the name limit
     ],
 )
 def test_a_listing_with_unsafe_paths_makes_that_folder_unusable(hub, tmp_path, bad):
@@ -1679,6 +1689,26 @@ def test_a_listing_with_unsafe_paths_makes_that_folder_unusable(hub, tmp_path, b
     with pytest.raises(CheckpointSourceError, match="checkpoint-40 is not"):
         source.fetch(Checkpoint(40, "checkpoint-40", source.description))
     assert not (tmp_path / "escaped.txt").exists()
+
+
+@given(
+    st.lists(
+        st.text(alphabet="ab:\\/.C ", min_size=1, max_size=6) | st.just("a" * 250),
+        min_size=1,
+        max_size=3,
+    )
+)
+def test_every_path_huggingface_hub_refuses_to_download_is_unsafe(parts):
+    """Contract: a name huggingface_hub's own check refuses is never handed to it."""
+    from huggingface_hub._local_folder import _validate_relative_filename
+
+    from verirl._hub_source import _safe_repo_path
+
+    path = "checkpoint-40/" + "/".join(parts)
+    try:
+        _validate_relative_filename(path)
+    except ValueError:
+        assert not _safe_repo_path(path), path
 
 
 # -- 'auto': the same request for the first attempt and every retry

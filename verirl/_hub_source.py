@@ -25,7 +25,7 @@ import time
 from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import as_completed
 from concurrent.futures import wait as wait_futures
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
@@ -385,15 +385,9 @@ class HubCheckpointSource:
         """``global_step`` of ``last-checkpoint/trainer_state.json`` (a small download), or None."""
         filename = f"{LAST_CHECKPOINT}/{TRAINER_STATE}"
         size = listing.folders[LAST_CHECKPOINT][filename].size
-        if size > MAX_TRAINER_STATE_BYTES:
-            log.warning(
-                "skipping %s in %s: its %s is too large to be a Trainer state (%s)",
-                LAST_CHECKPOINT,
-                self.description,
-                TRAINER_STATE,
-                human_size(size),
-            )
-            return None
+        if size > MAX_TRAINER_STATE_BYTES:  # not an interrupted save: never skipped
+            why = f"a {TRAINER_STATE} of {human_size(size)}, too large to be a Trainer state"
+            raise self._unusable(LAST_CHECKPOINT, why, None)
         with tempfile.TemporaryDirectory(prefix="verirl-hub-") as tmp:
             try:
                 self._download(filename, listing.commit, Path(tmp))
@@ -639,10 +633,16 @@ def _listed_incomplete(folder: str, files: Mapping[str, object]) -> str | None:
 
 _NAME_MAX = 255
 """The longest file name (in bytes) a Linux file system takes: a longer one cannot be written."""
+_HF_RECORD_SUFFIX = ".metadata"  # huggingface_hub keeps <name>.metadata per file it downloads
 
 
 def _safe_repo_path(path: str) -> bool:
-    """Whether ``path`` stays inside its folder when joined to a local directory, and can be."""
+    """Whether ``path`` stays inside its folder when joined to a local directory, and can be.
+
+    What huggingface_hub refuses to download (a drive part such as ``c:x``,
+    checked on every system) or cannot name (its ``<name>.metadata`` record
+    over the file name limit) is not safe either.
+    """
     parts = path.split("/")
     try:
         path.encode("utf-8")  # a lone surrogate from JSON names no file the OS can make
@@ -650,6 +650,8 @@ def _safe_repo_path(path: str) -> bool:
         return False
     return (
         all(part not in ("", ".", "..") and len(part.encode()) <= _NAME_MAX for part in parts)
+        and len(parts[-1].encode()) <= _NAME_MAX - len(_HF_RECORD_SUFFIX)
+        and not any(PureWindowsPath(part).drive for part in parts)
         and "\\" not in path
         and "\0" not in path
         and parts[1:2] != [MARKER]  # verirl's marker sits at the folder's top
