@@ -270,3 +270,77 @@ def test_offline_mode_is_read_as_huggingface_hub_reads_it(monkeypatch):
         ours.append(hub_offline())
     assert ours == theirs
     assert theirs[_OFFLINE_CASES.index(("0", "1"))] is False
+
+
+# -- token sources that call the network: an OIDC exchange (HF_OIDC_RESOURCE) ----------------
+
+_OIDC_PROGRAM = """
+import sys, time
+from verirl import CheckpointSourceError, ConfigError, HubCheckpointSource
+
+started = time.monotonic()
+try:
+    HubCheckpointSource("org/run", endpoint=sys.argv[1], download_dir=sys.argv[2], timeout=1.0)
+    print("made")
+    HubCheckpointSource(
+        "org/run", endpoint=sys.argv[3], download_dir=sys.argv[2], timeout=1.0
+    ).latest()
+except (CheckpointSourceError, ConfigError) as exc:
+    print(type(exc).__name__, round(time.monotonic() - started), exc)
+"""
+
+
+def test_an_oidc_exchange_that_never_answers_is_bounded_by_the_source_s_timeout(tmp_path):
+    """huggingface_hub exchanges an OIDC token with no deadline: verirl gives it ``timeout``.
+
+    A bad endpoint is refused at once (its message is scrubbed without any
+    exchange), and a listing whose token exchange hangs ends within the
+    source's timeout with a message naming the exchange.
+    """
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as never_answers:  # accepts, never answers
+        hang = f"http://127.0.0.1:{never_answers.getsockname()[1]}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+        env |= {"HF_ENDPOINT": hang, "HF_OIDC_RESOURCE": "org/run",
+                "HF_OIDC_ID_TOKEN": "eyJ.fake.id", "HF_HOME": str(tmp_path / "hf")}  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", _OIDC_PROGRAM, "ftp://x", str(tmp_path / "dl"), hang],
+            env=env, capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("ConfigError 0 endpoint="), done.stdout
+    done = None
+    with socket.create_server(("127.0.0.1", 0)) as never_answers:
+        hang = f"http://127.0.0.1:{never_answers.getsockname()[1]}"
+        env["HF_ENDPOINT"] = hang
+        done = subprocess.run(
+            [sys.executable, "-c", _OIDC_PROGRAM, hang, str(tmp_path / "dl"), hang],
+            env=env, capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "made"
+    kind, seconds, message = lines[1].split(" ", 2)
+    assert kind == "CheckpointSourceError"
+    assert int(seconds) < 10
+    assert "OIDC exchange: HF_OIDC_RESOURCE" in message
+    assert "within 1s" in message
+
+
+@pytest.mark.parametrize("why", ["oidc", "disabled"])
+def test_a_token_file_huggingface_hub_never_reads_is_never_refused(token_env, monkeypatch, why):
+    """With an OIDC exchange, or implicit tokens disabled, the token file is not read."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils._headers import get_token_to_send
+
+    from verirl._secrets import implicit_hub_token, refuse_unreadable_token_file
+
+    token_env.mkdir()  # huggingface_hub would fail reading it, were it read
+    if why == "oidc":
+        monkeypatch.setenv("HF_OIDC_RESOURCE", "org/run")
+    else:
+        monkeypatch.setattr(constants, "HF_HUB_DISABLE_IMPLICIT_TOKEN", True)
+        assert get_token_to_send(None) is None  # contract: huggingface_hub reads nothing
+    refuse_unreadable_token_file()
+    assert implicit_hub_token() is None

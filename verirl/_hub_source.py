@@ -52,9 +52,10 @@ from verirl._secrets import (
     check_token,
     hub_offline,
     hub_token_in_use,
+    hub_token_within,
     implicit_hub_token,
+    implicit_token_disabled,
     redact_url,
-    refuse_unreadable_token_file,
     scrub,
     scrub_config_error,
     scrub_exception,
@@ -126,7 +127,8 @@ class HubCheckpointSource:
     ``endpoint`` and ``token`` go to huggingface_hub as they are (``HF_ENDPOINT``
     is read when huggingface_hub is imported, so ``endpoint`` is how a mirror or
     a test server is reached); ``token=None`` lets huggingface_hub find one
-    (``HF_TOKEN``, ``hf auth login``). The token never appears in a repr, log
+    (``HF_TOKEN``, ``hf auth login``, an OIDC exchange with
+    ``HF_OIDC_RESOURCE``), within ``timeout``. The token never appears in a repr, log
     line or error message (nor in `description`: an ``endpoint`` holding it
     shows ``<token>`` there), and one with whitespace, control or non-ASCII
     characters is a `ConfigError`: ``token=`` when the source is made, the one
@@ -318,13 +320,14 @@ class HubCheckpointSource:
         with a warning (a download of it could not be verified).
         """
         self._refuse_offline("list")
-        api = self._api()
         try:
+            token = self._request_token()
+            api = self._api(token)
             _look_up_hub_host(api.endpoint, self.timeout)
             info = api.model_info(self.repo_id, revision=self.revision, timeout=self.timeout)
             commit = _commit_id(info.sha, self.revision)
-            entries = self._tree(api.endpoint, commit)
-        except CheckpointSourceError:
+            entries = self._tree(api.endpoint, commit, token)
+        except (CheckpointSourceError, ConfigError):
             raise
         except Exception as exc:
             raise self._error("list", exc) from exc
@@ -343,7 +346,7 @@ class HubCheckpointSource:
         self._listing = listing
         return listing
 
-    def _tree(self, endpoint: str, commit: str) -> list[dict[str, object]]:
+    def _tree(self, endpoint: str, commit: str, token: str | bool) -> list[dict[str, object]]:
         """The recursive tree listing at ``commit``, every page within ``timeout``.
 
         `HfApi.list_repo_tree` takes no timeout, so the pages are fetched here
@@ -355,9 +358,7 @@ class HubCheckpointSource:
         # Public and documented, but re-exported lazily, which mypy cannot see.
         from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # noqa: PLC0415
 
-        headers = build_hf_headers(
-            token=self._token, library_name="verirl", library_version=__version__
-        )
+        headers = build_hf_headers(token=token, library_name="verirl", library_version=__version__)
         url: str | None = f"{endpoint}/api/models/{self.repo_id}/tree/{quote(commit, safe='')}"
         params: dict[str, str] | None = {"recursive": "true", "expand": "false"}
         entries: list[dict[str, object]] = []
@@ -390,7 +391,7 @@ class HubCheckpointSource:
             raise self._unusable(LAST_CHECKPOINT, why, None)
         with tempfile.TemporaryDirectory(prefix="verirl-hub-") as tmp:
             try:
-                self._download(filename, listing.commit, Path(tmp))
+                self._download(filename, listing.commit, Path(tmp), self._request_token())
                 # Unreadable once downloaded (an I/O error): an error, not "no checkpoint".
                 state, why = read_trainer_state(Path(tmp) / LAST_CHECKPOINT)
             except Exception as exc:
@@ -413,10 +414,12 @@ class HubCheckpointSource:
 
     def _download_all(self, filenames: Sequence[str], commit: str, local_dir: Path) -> None:
         """Download ``filenames`` at ``commit`` into ``local_dir``, ``max_workers`` at once."""
-        self._check_implicit_token()
         workers = max(1, min(self.max_workers, len(filenames)))
         try:
-            _look_up_hub_host(self._api().endpoint, self.timeout)
+            token = self._request_token()
+            _look_up_hub_host(self._endpoint(), self.timeout)
+        except ConfigError:
+            raise
         except Exception as exc:
             raise self._error("download from", exc) from exc
         pending = collections.deque(filenames)
@@ -428,7 +431,7 @@ class HubCheckpointSource:
                     name = pending.popleft()
                 except IndexError:
                     return
-                self._download(name, commit, local_dir)
+                self._download(name, commit, local_dir, token)
 
         # Daemon threads (a ThreadPoolExecutor's are joined at exit): a process
         # interrupted meanwhile (SIGTERM, Ctrl-C) never waits for a download to end.
@@ -444,11 +447,8 @@ class HubCheckpointSource:
             stop.set()  # no wait: the process's teardown bounds what is left
             raise
 
-    def _download(self, filename: str, commit: str, local_dir: Path) -> Path:
+    def _download(self, filename: str, commit: str, local_dir: Path, token: str | bool) -> Path:
         from huggingface_hub import hf_hub_download  # noqa: PLC0415
-
-        if self._token is None:
-            refuse_unreadable_token_file()  # huggingface_hub reads the file for each one
 
         path = hf_hub_download(
             self.repo_id,
@@ -459,32 +459,44 @@ class HubCheckpointSource:
             # and the global one (~/.cache/huggingface) stays untouched.
             cache_dir=local_dir / ".cache" / "huggingface" / "hub",
             endpoint=self.endpoint,
-            token=self._token,
+            token=token,
             etag_timeout=self.timeout,
             library_name="verirl",
             tqdm_class=_progress_bar(),
         )
         return Path(path)
 
-    def _check_implicit_token(self) -> None:
-        """Without ``token=``, the one huggingface_hub finds itself, checked as ``token=`` is.
+    def _request_token(self) -> str | bool:
+        """The token requests send: ``token=``, else the one huggingface_hub finds; False: none.
 
-        A `ConfigError` naming where it is (the variable, the token file),
-        never showing it: one huggingface_hub could not send (it would fail
-        encoding the header, or the Hub answer 401), a token file that is not
-        text or that it would block on (`implicit_hub_token`).
+        Found within ``timeout`` (`hub_token_within`: an OIDC exchange or an
+        OAuth refresh has no deadline of its own) and checked as ``token=`` is
+        (`implicit_hub_token`: a `ConfigError` naming where it is, never
+        showing it). Passed on explicitly, so that huggingface_hub never looks
+        again with no deadline; False when it would send none.
         """
-        if self._token is None:
-            implicit_hub_token()
+        if self._token is not None:
+            return self._token
+        implicit_hub_token()
+        if hub_offline() or implicit_token_disabled():
+            return False
+        try:
+            return hub_token_within(self.timeout) or False
+        except TimeoutError as exc:
+            raise CheckpointSourceError(f"cannot reach {self.description}: {exc}") from exc
 
-    def _api(self) -> HfApi:
+    def _endpoint(self) -> str:
+        """The endpoint requests go to (``endpoint=``, else huggingface_hub's ``HF_ENDPOINT``)."""
+        from huggingface_hub import constants  # noqa: PLC0415
+
+        return self.endpoint or constants.ENDPOINT
+
+    def _api(self, token: str | bool) -> HfApi:
         from huggingface_hub import HfApi  # noqa: PLC0415
-
-        self._check_implicit_token()
 
         return HfApi(
             endpoint=self.endpoint,
-            token=self._token,
+            token=token,
             library_name="verirl",
             library_version=__version__,
         )
@@ -526,7 +538,7 @@ class HubCheckpointSource:
             return True
         try:
             where = urlsplit(str(url)).hostname
-            hub = urlsplit(self._api().endpoint).hostname
+            hub = urlsplit(self._endpoint()).hostname
         except Exception:  # noqa: BLE001 - cannot tell: the Hub's
             return True
         return where is None or hub is None or where == hub

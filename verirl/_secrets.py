@@ -16,6 +16,7 @@ import os
 import re
 import shlex
 import stat
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from urllib.parse import quote, quote_plus, unquote
 
@@ -29,7 +30,9 @@ __all__ = [
     "cleaned_token",
     "hub_offline",
     "hub_token_in_use",
+    "hub_token_within",
     "implicit_hub_token",
+    "implicit_token_disabled",
     "known_secrets",
     "redact_argv",
     "redact_message",
@@ -89,12 +92,76 @@ def hub_token_in_use(explicit: str | None) -> str | None:
     if explicit:
         return explicit
     try:
-        refuse_unreadable_token_file()  # huggingface_hub would block on it: no token
-        from huggingface_hub import get_token  # noqa: PLC0415 - keep import verirl light
-
-        return get_token() or None
+        return _known_hub_token()
     except Exception:  # noqa: BLE001 - no token to scrub is better than a new error
         return None
+
+
+def _known_hub_token() -> str | None:
+    """``get_token``'s answer without its network calls, for scrubbing; never blocks.
+
+    huggingface_hub's ``get_token`` may exchange an OIDC token or refresh an
+    OAuth one, with no deadline: here, the OIDC token it got (its cache),
+    else the variable's, else the token file's (a refresh is written there).
+    """
+    if os.environ.get("HF_OIDC_RESOURCE"):
+        from huggingface_hub.utils import _auth  # noqa: PLC0415 - keep import verirl light
+
+        cache = getattr(_auth, "_OIDC_TOKEN_CACHE", None)
+        token = cache.get("token") if isinstance(cache, dict) else None
+        return token if isinstance(token, str) and token else None
+    found = token_variable(os.environ)
+    if found is not None:
+        return found[1]
+    from huggingface_hub import constants  # noqa: PLC0415 - keep import verirl light
+
+    return cleaned_token(_read_token_file(constants.HF_TOKEN_PATH))
+
+
+def hub_token_within(timeout: float) -> str | None:
+    """huggingface_hub's own ``get_token()``, given at most ``timeout`` seconds.
+
+    It may call the network with no deadline of its own (an OIDC exchange
+    with ``HF_OIDC_RESOURCE``, an OAuth token's refresh): run in a daemon
+    thread, it raises `TimeoutError` when it has not answered in time, and
+    whatever ``get_token`` raised. ``None``: no token.
+    """
+    found: list[str | None] = []
+    failed: list[BaseException] = []
+
+    def lookup() -> None:
+        try:
+            from huggingface_hub import get_token  # noqa: PLC0415
+
+            found.append(get_token())
+        except Exception as exc:  # noqa: BLE001 - raised in the caller's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=lookup, name="verirl-hub-token", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if failed:
+        raise failed[0]
+    if not found:
+        source = (
+            " (an OIDC exchange: HF_OIDC_RESOURCE)" if os.environ.get("HF_OIDC_RESOURCE") else ""
+        )
+        msg = f"huggingface_hub did not find the Hub token{source} within {timeout:g}s"
+        raise TimeoutError(msg)
+    return found[0] or None
+
+
+def implicit_token_disabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether huggingface_hub sends no token it finds itself (``HF_HUB_DISABLE_IMPLICIT_TOKEN``).
+
+    For this process, as huggingface_hub read it at import; for ``environ``
+    (a child's), as a huggingface_hub started with it will read it.
+    """
+    if environ is not None:
+        return (environ.get("HF_HUB_DISABLE_IMPLICIT_TOKEN") or "").upper() in _TRUE_VALUES
+    from huggingface_hub import constants  # noqa: PLC0415 - keep import verirl light
+
+    return bool(constants.HF_HUB_DISABLE_IMPLICIT_TOKEN)
 
 
 _TOKEN_FILE_VARIABLES = ("HF_TOKEN_PATH", "HF_HOME", "XDG_CACHE_HOME")
@@ -845,6 +912,8 @@ def refuse_unreadable_token_file(environ: Mapping[str, str] | None = None) -> No
     found = token_variable(env)
     if found is not None and found[1] is not None:
         return  # huggingface_hub takes the variable and never opens the file
+    if env.get("HF_OIDC_RESOURCE") or implicit_token_disabled(environ):
+        return  # an OIDC exchange instead, or no token it finds sent: the file is not read
     token = _token_path(env)
     # the token file, and the stored_tokens file beside it (read once a token is found there)
     for path in (token, os.path.join(os.path.dirname(token), "stored_tokens")):  # noqa: PTH118, PTH120
