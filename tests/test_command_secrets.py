@@ -13,7 +13,14 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from verirl import ConfigError, HttpEnvServerProbe, Settings, TrainingRuntime, VLLMServer
+from verirl import (
+    ConfigError,
+    EnvServerUnavailable,
+    HttpEnvServerProbe,
+    Settings,
+    TrainingRuntime,
+    VLLMServer,
+)
 from verirl._secrets import HIDDEN, redact_argv, redact_text, shown_command, shown_line
 from verirl.cli import main
 
@@ -450,3 +457,42 @@ def test_an_unbalanced_quote_after_a_secret_flag_keeps_the_reason(capsys, no_set
     message = json.loads(out)["error"]["message"]
     assert message.startswith("--vllm-command=")
     assert message.endswith("cannot be split like a shell: No closing quotation"), message
+
+
+@pytest.mark.parametrize("json_", [False, True], ids=["text", "json"])
+@pytest.mark.parametrize(
+    "where",
+    ["http://127.0.0.1:{port}/{s}", "http://127.0.0.1:{port}/v1;{s}", "http://{s}.invalid:1/"],
+    ids=["path", "path-parameter", "host"],
+)
+def test_a_secret_variable_s_value_in_a_url_the_user_built_is_never_shown(
+    capsys, no_settings, monkeypatch, json_, where
+):
+    """``--env-url "http://h/$HF_TOKEN"``: no log line or document shows the variable's value."""
+    from _support import unshared_port
+
+    token = "hfSECRETvalue42abc"
+    monkeypatch.setenv("HF_TOKEN", token)
+    url = where.format(port=unshared_port(), s=token)
+    argv = ["launch", "--gpus", "1", "--env-url", url, "--env-timeout", "0.5", "--", "true"]
+    code = main(["--json", *argv] if json_ else argv)
+    out, err = capsys.readouterr()
+    assert code == 3
+    assert token not in out + err, (out, err)
+    assert token.lower() not in (out + err).lower()
+    assert HIDDEN in (json.loads(out)["error"]["message"] if json_ else err)
+
+
+def test_a_probe_never_logs_a_secret_variable_s_value_in_its_url(monkeypatch, caplog):
+    """In a program with its own log handlers: the probe's URLs hide the variable's value."""
+    from _support import unshared_port
+
+    token = "hfSECRETvalue42abc"
+    monkeypatch.setenv("MY_API_KEY", token)
+    caplog.set_level("DEBUG", logger="verirl")
+    probe = HttpEnvServerProbe(f"http://127.0.0.1:{unshared_port()}/{token}")
+    assert token not in probe.url + probe.health_url + repr(probe)
+    with pytest.raises(EnvServerUnavailable) as caught:
+        probe.wait(0.3)
+    assert token not in caplog.text + str(caught.value)
+    assert HIDDEN in caplog.text

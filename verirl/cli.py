@@ -76,6 +76,7 @@ from verirl._net import url_host
 from verirl._secrets import (
     HIDDEN,
     hub_token_in_use,
+    known_secrets,
     redact_argv,
     redact_message,
     redact_text,
@@ -589,7 +590,7 @@ def _emit_json(
 
 def _error_document(code: int, message: str) -> dict[str, object]:
     """The ``--json`` document of a run that failed: ``{"error": {"code": N, "message": M}}``."""
-    return {"error": {"code": code, "message": message}}
+    return {"error": {"code": code, "message": _hidden(message)}}
 
 
 # -- commands
@@ -1110,16 +1111,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_RUN_SECRETS: list[str] = []
+"""This run's secrets a message may quote unnamed (`known_secrets`: ``HF_TOKEN``, ``*_API_KEY``
+values, the saved Hub token), read once when the command line starts (`_configure_logging`)."""
+
+
+def _hidden(text: str) -> str:
+    """``text`` as the command line shows it, with what it may quote of a credential hidden.
+
+    Credentials it names (`redact_message`), and this run's secrets
+    (`_RUN_SECRETS`: in a URL the user built with one).
+    """
+    text = redact_message(text)
+    for secret in _RUN_SECRETS:
+        text = scrub(text, secret, HIDDEN)
+    return text
+
+
 class _StderrHandler(logging.Handler):
     """Log lines to stderr through `STDERR`: a closed or abandoned stderr fails nothing.
 
-    A credential a line quotes from what the user typed is hidden
-    (`redact_message`), whichever module logged it.
+    A credential a line quotes is hidden (`_hidden`), whichever module logged it.
     """
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            text = redact_message(self.format(record))
+            text = _hidden(self.format(record))
         except Exception:  # noqa: BLE001 - logging's own contract: never raise from emit
             self.handleError(record)
             return
@@ -1131,6 +1148,10 @@ def _configure_logging(verbosity: int) -> Callable[[], None]:
     level = {-1: logging.WARNING, 0: logging.INFO}.get(verbosity, logging.DEBUG)
     if verbosity < -1:
         level = logging.ERROR
+    try:
+        _RUN_SECRETS[:] = known_secrets()
+    except Exception:  # noqa: BLE001 - reading them must never stop the command line
+        _RUN_SECRETS[:] = secrets_in_environ(os.environ)
     handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("verirl")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -34,7 +35,7 @@ from urllib.parse import unquote
 import attrs
 
 from verirl._poll import Backoff, Clock, Sleep, poll
-from verirl._secrets import redact_url, scrub
+from verirl._secrets import HIDDEN, redact_url, scrub, secrets_in_environ
 from verirl._validate import check_number
 from verirl.errors import ConfigError, EnvServerUnavailable
 
@@ -67,6 +68,19 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+def shown_url(url: str) -> str:
+    """``url`` safe to log: `redact_url`, and the values of this process's secret variables.
+
+    A URL built with one (``http://h/$HF_TOKEN``) carries it with nothing to
+    tell it is a secret: it is hidden wherever it stands.
+    """
+    shown = redact_url(url)
+    for secret in secrets_in_environ(os.environ):
+        shown = scrub(shown, secret, HIDDEN)
+    return shown
+
 
 ENV_SERVER_BACKOFF = Backoff(initial=0.02, factor=2.0, cap=0.2)
 """`HttpEnvServerProbe`'s polls: 20 ms, doubling, then every 0.2 s (at most 5 a second)."""
@@ -243,13 +257,13 @@ class HttpEnvServerProbe:
 
     @property
     def url(self) -> str:
-        """The server's base URL, credentials shown as ``***``."""
-        return redact_url(self._target)
+        """The server's base URL, credentials shown as ``***`` (`shown_url`)."""
+        return shown_url(self._target)
 
     @property
     def health_url(self) -> str:
-        """The URL each health request goes to, credentials shown as ``***``."""
-        return redact_url(self._health_target)
+        """The URL each health request goes to, credentials shown as ``***`` (`shown_url`)."""
+        return shown_url(self._health_target)
 
     @property
     def _health_target(self) -> str:
