@@ -306,3 +306,28 @@ def test_on_one_node_a_rank_other_than_the_local_rank_names_both(environ):
 def test_on_one_node_matching_ranks_are_fine():
     node = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
     assert DistributedEnv.single_node(environ={**node, "GROUP_WORLD_SIZE": "1"}).rank == 1
+
+
+@pytest.mark.parametrize(
+    ("environ", "ok"),
+    [
+        (
+            {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"},
+            False,
+        ),  # local rank 1 of node 1?
+        ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, False),
+        ({"RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, True),  # 0 is local rank 0
+        ({"RANK": "3", "WORLD_SIZE": "4"}, True),  # one rank a node (LOCAL_WORLD_SIZE=1)
+    ],
+)
+def test_a_missing_local_rank_is_filled_only_where_it_can_be_told(environ, ok):
+    """``LOCAL_RANK=0`` for a later rank of a multi-rank node would act as the node's first."""
+    if ok:
+        assert (
+            DistributedEnv.single_node(environ={**environ, "MASTER_PORT": "29500"}).local_rank == 0
+        )
+        return
+    with pytest.raises(ConfigError) as info:
+        DistributedEnv.single_node(environ={**environ, "MASTER_PORT": "29500"})
+    assert info.value.field == "RANK"
+    assert "set LOCAL_RANK" in str(info.value)

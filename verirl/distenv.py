@@ -298,7 +298,9 @@ def _check_filled(variables: Mapping[str, str], filled: set[str]) -> None:
     if not filled & set(_LAUNCHER_VARS[:4]):
         return
     try:
-        _Launcher.read(variables).check()
+        launcher = _Launcher.read(variables)
+        launcher.check()
+        _refuse_unknown_local_rank(launcher, filled)
     except ConfigError as exc:
         missing = [name for name in _LAUNCHER_VARS[:4] if name in filled]  # ranks and sizes
         given = [
@@ -316,6 +318,23 @@ def _check_filled(variables: Mapping[str, str], filled: set[str]) -> None:
         value = variables.get(name)
         raise ConfigError(f"{name}={value!r}: {reason}", field=name, value=value,
                           reason=reason) from None  # fmt: skip
+
+
+def _refuse_unknown_local_rank(launcher: _Launcher, filled: set[str]) -> None:
+    """A ``RANK`` past 0 with several ranks a node and no ``LOCAL_RANK``: which one is unknown.
+
+    The default ``LOCAL_RANK=0`` would make this process act as its node's
+    first rank (start the node's vLLM server, lead the checkpoint choice)
+    beside the real one. On one node the checks already refuse it.
+    """
+    rank, local_world = launcher.rank, launcher.local_world_size
+    if "LOCAL_RANK" not in filled or "RANK" in filled or not rank or (local_world or 1) <= 1:
+        return
+    raise ConfigError.invalid(
+        "RANK",
+        launcher.env["RANK"],
+        f"with LOCAL_WORLD_SIZE={local_world} does not tell which rank of its node this is",
+    )
 
 
 @attrs.frozen
