@@ -128,3 +128,31 @@ def _refusal(clean, capsys, argv, variables):
     err = capsys.readouterr().err
     assert code == 2, err
     return re.sub(r"^.*? ERROR verirl: ", "", err.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("given", ["flag", "variable"])
+def test_a_download_folder_refused_at_fetch_time_names_what_the_user_gave(
+    clean, capsys, tmp_path, given
+):
+    """The Hub download folder is derived from the output dir: its errors name that, never
+    ``download_dir`` (a library field), whether given as --output-dir or VERIRL_OUTPUT_DIR."""
+    from fakes.hub import serve_fake_hub
+
+    out = tmp_path / "out"
+    (out / "_verirl-hub-download").mkdir(parents=True)
+    (out / "_verirl-hub-download" / "checkpoint-10").symlink_to(tmp_path)  # not verirl's
+    with serve_fake_hub() as hub:
+        hub.add_checkpoint("org/run", "checkpoint-10", 10)
+        argv = ["resume", "--hub-repo", "org/run", "--hub-endpoint", hub.endpoint, "--resume",
+                "latest"]  # fmt: skip
+        if given == "flag":
+            argv += ["--output-dir", str(out)]
+        else:
+            clean.setenv("VERIRL_OUTPUT_DIR", str(out))
+        clean.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    message = re.sub(r"^.*? ERROR verirl: ", "", err.strip().splitlines()[-1])
+    assert message.startswith("--output-dir=" if given == "flag" else "VERIRL_OUTPUT_DIR="), err
+    assert "download_dir" not in message

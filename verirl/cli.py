@@ -209,6 +209,16 @@ _FLAGS: dict[str, tuple[str, str]] = {
 }
 
 
+_SETTING_OF = {"gpus": "gpu_count", "log_dir": "vllm_log_dir", "hub_repo": "hub_repo_id",
+               "vllm_host": "vllm_remote_host", "resume": "resume_from"}  # fmt: skip
+"""Flags (argparse destinations) whose setting has another name; the others share theirs."""
+
+
+def _variable_of(dest: str) -> str | None:
+    """The variable behind the flag whose argparse destination is ``dest`` (None: none)."""
+    return Settings.variables().get(_SETTING_OF.get(dest, dest))
+
+
 _REQUIRED: dict[str, tuple[str, str, str]] = {
     # variable → (argparse dest, flag, how to give it): values a command cannot do without
     "VERIRL_MODEL": ("model", "--model", "pass --model NAME or set VERIRL_MODEL"),
@@ -234,6 +244,9 @@ def _flag_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError:
         dest, flag = _FLAGS.get(field, ("", ""))
     if dest and getattr(args, dest, None) is not None:
         return exc.renamed(flag)
+    variable = _variable_of(dest)
+    if variable is not None and os.environ.get(variable, "").strip():  # given by its variable
+        return exc.renamed(variable)
     if field == "log_path" and exc.reason:  # no flag, no variable: verirl's default folder
         return ConfigError.invalid(
             "the vLLM server's log file",
