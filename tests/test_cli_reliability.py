@@ -1106,6 +1106,12 @@ def test_a_descriptor_closed_for_launch_is_open_for_its_command(tmp_path, closed
         (["--json=1", "plan", "--gpus", "2"], True),  # a value it refuses: still a document
         (["plan", "--json=yes", "--gpus", "2"], True),
         (["launch", "--gpus", "x", "--", "python", "t.py", "--json=1"], False),
+        # "--model $MODEL --json" with MODEL empty: argparse reads --json as the option
+        (["plan", "--gpus", "2", "--model", "--json"], True),
+        (["resume", "--output-dir", "--json"], True),
+        (["wait-env", "--timeout", "--json", "http://127.0.0.1:9"], True),
+        (["launch", "--resume", "--json", "--", "true"], True),
+        (["doctor", "--env-url", "--js"], True),
     ],
 )
 def test_only_verirls_own_json_makes_a_usage_error_a_document(tmp_path, argv, document):

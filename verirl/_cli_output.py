@@ -178,10 +178,14 @@ def wants_json(
     takes = takes_value or _guess_takes_value
     command: str | None = None
     skip = False
+    previous = ""
     for arg in argv:
         if skip:
             skip = False
-            continue
+            # argparse takes a word like an option for one, not a value (``--model --json``:
+            # "expected one argument"), but after --vllm-args (``_join_dash_values`` joins them).
+            if not _READ_AS_OPTION.fullmatch(arg) or previous == "--vllm-args":
+                continue
         if arg == "--":
             break
         if arg == "-" or not arg.startswith("-"):
@@ -196,7 +200,13 @@ def wants_json(
         ):  # "--json=1" too: an error, in JSON
             return True
         skip = not equals and takes(command, name)
+        previous = name
     return False
+
+
+# A word argparse reads as an option wherever it stands: a dash, then no negative number and
+# no space (argparse's own rules for an unknown "-x"; verirl has no negative-number options).
+_READ_AS_OPTION = re.compile(r"-(?!\d+$|\d*\.\d+$)[^ ]+", re.DOTALL)
 
 
 SIGNAL_MESSAGES = {
