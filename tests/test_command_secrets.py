@@ -399,6 +399,30 @@ def test_personal_access_tokens_and_passphrases_are_hidden():
                                  HIDDEN, "--path", "/a", "--patience", "3"]  # fmt: skip
 
 
+def test_every_secret_word_a_url_parameter_hides_hides_a_flag_s_value_too():
+    """--pwd, --jwt, --cookie, --sessionid, --session-id, --bearer, --signature: as ?pwd=V is."""
+    from verirl._secrets import _PARAM_WORDS
+
+    named = ["pwd", "jwt", "cookie", "sessionid", "session-id", "bearer", "signature"]
+    argv = ["x"]
+    for index, name in enumerate(named):
+        argv += [f"--{name}", f"SeCrEt{index:02}"]
+    shown = redact_argv([*argv, "--session", "run-1", "--code-dir", "/a", "--sig-figs", "3"])
+    assert not [word for word in shown if "SeCrEt" in word], shown
+    assert shown[-6:] == ["--session", "run-1", "--code-dir", "/a", "--sig-figs", "3"]
+    # the parameter words a flag may carry too: none of them is shown in a flag
+    flagged = {"session", "sid", "code", "sig", "pass"}  # plain data as flags (or abbreviations)
+    assert set(named) - {"session-id", "signature"} <= _PARAM_WORDS - flagged
+
+
+def test_the_working_directory_is_no_secret(monkeypatch):
+    """``PWD`` names a folder: the values of secret-named variables leave it alone."""
+    from verirl._secrets import secrets_in_environ
+
+    monkeypatch.setenv("PWD", "/srv/project/run-7")
+    assert "/srv/project/run-7" not in secrets_in_environ(os.environ)
+
+
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])
 @pytest.mark.parametrize(
     "argv",

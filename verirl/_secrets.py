@@ -649,7 +649,8 @@ def redact_url(url: str) -> str:
 
 # pat: a personal access token (--github-pat)
 _SECRET_WORDS = frozenset({"token", "key", "secret", "password", "passwd", "apikey",
-                           "credential", "credentials", "auth", "passphrase", "pat"})  # fmt: skip
+                           "credential", "credentials", "auth", "passphrase", "pat", "pwd", "jwt",
+                           "cookie", "sessionid", "bearer", "signature"})  # fmt: skip
 # "tokens" is mostly a count (--max-tokens, num_tokens): a secret only after one of these.
 _TOKEN_OWNERS = frozenset({"api", "auth", "access", "refresh", "bearer", "hub", "hf", "session"})
 
@@ -669,6 +670,8 @@ def _ends_secret(words: Sequence[str]) -> bool:
     if last == "token" and before in _TOKEN_KINDS:
         return False  # a tokenizer's special token (eos_token: "</s>"), not a credential
     if last in _SECRET_WORDS or list(words[-3:]) == ["access", "key", "id"]:
+        return True
+    if [before, last] == ["session", "id"]:  # --session-id, as the sessionid parameter
         return True
     if last == "tokens":
         return before in _TOKEN_OWNERS
@@ -846,6 +849,7 @@ def secrets_in_environ(environ: Mapping[str, str]) -> list[str]:
         value
         for name, value in environ.items()
         if _secret_name(name)
+        and name != "PWD"  # the shell's working directory, not a password
         and len(value) >= _MIN_ENVIRON_SECRET
         and value.strip().lower() not in _NOT_SECRETS
     ]
