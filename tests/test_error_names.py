@@ -156,3 +156,50 @@ def test_a_download_folder_refused_at_fetch_time_names_what_the_user_gave(
     message = re.sub(r"^.*? ERROR verirl: ", "", err.strip().splitlines()[-1])
     assert message.startswith("--output-dir=" if given == "flag" else "VERIRL_OUTPUT_DIR="), err
     assert "download_dir" not in message
+
+
+def _valued_flags(command: str) -> list[str]:
+    """The flags of ``command`` that take a value, as its parser declares them."""
+    import argparse
+
+    from verirl.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sorted(
+        action.option_strings[-1]
+        for action in sub.choices[command]._actions
+        if action.option_strings and action.nargs != 0 and action.dest != "help"
+    )
+
+
+PYTHON_WORDS = ("None", "os.PathLike", "(str", "NoneType", "a str ", "float", "bool")
+
+
+@pytest.mark.parametrize(
+    ("command", "flag"),
+    [
+        (command, flag)
+        for command in ("plan", "resume", "launch")
+        for flag in _valued_flags(command)
+    ],
+)
+@pytest.mark.parametrize("value", ["", " "])
+def test_an_empty_flag_value_is_refused_in_the_command_line_s_words(  # noqa: PLR0917
+    clean, capsys, tmp_path, command, flag, value
+):
+    """``--output-dir ''`` (a variable that expanded to nothing): words a shell user can act on."""
+    clean.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    clean.setenv("HF_HUB_OFFLINE", "1")
+    tail = {"plan": ["--gpus", "1"], "resume": [], "launch": ["--gpus", "1"]}[command]
+    if flag == "--gpus":
+        tail = []
+    argv = [command, *tail, f"{flag}={value}", *(["--", "true"] if command == "launch" else [])]
+    try:
+        main(argv)
+    except SystemExit as exc:  # argparse's own refusal of the value
+        assert exc.code == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if " ERROR " in line or ": error:" in line]
+    for line in errors:
+        assert not [word for word in PYTHON_WORDS if word in line], line

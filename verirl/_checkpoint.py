@@ -310,8 +310,10 @@ def user_directory(field: str, value: object) -> Path:
             raw = os.fspath(raw)
         except (TypeError, ValueError) as exc:
             raise ConfigError.invalid(field, value, f"is not a usable path ({exc})") from None
-    if not isinstance(raw, str) or not raw.strip():
-        raise ConfigError.invalid(field, value, "must be a non-empty path (str or os.PathLike)")
+    if not isinstance(raw, str):
+        raise ConfigError.invalid(field, value, "must be a path (str or os.PathLike)")
+    if not raw.strip():
+        raise ConfigError.invalid(field, value, "is empty: give a folder's path")
     if "\0" in raw:
         raise ConfigError.invalid(field, value, "contains a NUL character")
     check_encodes(field, value, raw)

@@ -580,8 +580,10 @@ def _check_revision(value: object) -> None:
     """
     if value is None:
         return
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError.invalid("revision", value, "must be None or a non-empty string")
+    if not isinstance(value, str):
+        raise ConfigError.invalid("revision", value, "must be a string (or None: main)")
+    if not value.strip():
+        raise ConfigError.invalid("revision", value, "is empty: give a branch, tag or commit id")
     if len(value) > _MAX_REVISION:
         raise ConfigError.invalid(
             "revision", value, f"is too long ({len(value)} characters, at most {_MAX_REVISION})"

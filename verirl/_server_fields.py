@@ -167,10 +167,12 @@ def to_log_path(value: str | os.PathLike[str] | None) -> Path | None:
         return None
     raw: object = value
     if not isinstance(raw, (str, os.PathLike)):
-        raise ConfigError.invalid("log_path", value, "must be a non-empty path or None")
+        raise ConfigError.invalid("log_path", value, "must be a path or None")
     text = os.fspath(raw)
-    if not isinstance(text, str) or not text:
-        raise ConfigError.invalid("log_path", value, "must be a non-empty path or None")
+    if not isinstance(text, str):
+        raise ConfigError.invalid("log_path", value, "must be a path or None")
+    if not text:
+        raise ConfigError.invalid("log_path", value, "is empty: give a file's or a folder's path")
     problem = _unportable(text)
     if problem:
         raise ConfigError.invalid("log_path", value, problem)
@@ -188,8 +190,10 @@ def to_log_dir(value: str | os.PathLike[str] | None) -> Path | None:
         return None
     raw: object = value
     text = os.fspath(raw) if isinstance(raw, (str, os.PathLike)) else None
-    if not isinstance(text, str) or not text:
-        raise ConfigError.invalid("log_dir", value, "must be a non-empty path or None")
+    if not isinstance(text, str):
+        raise ConfigError.invalid("log_dir", value, "must be a path or None")
+    if not text:
+        raise ConfigError.invalid("log_dir", value, "is empty: give a folder's path")
     problem = _unportable(text)
     if problem:
         raise ConfigError.invalid("log_dir", value, problem)
