@@ -669,9 +669,7 @@ def _ends_secret(words: Sequence[str]) -> bool:
     last, before = words[-1], words[-2] if len(words) > 1 else ""
     if last == "token" and before in _TOKEN_KINDS:
         return False  # a tokenizer's special token (eos_token: "</s>"), not a credential
-    if last in _SECRET_WORDS or list(words[-3:]) == ["access", "key", "id"]:
-        return True
-    if [before, last] == ["session", "id"]:  # --session-id, as the sessionid parameter
+    if last in _SECRET_WORDS or any(tuple(words[-len(t) :]) == t for t in _SECRET_TAILS):
         return True
     if last == "tokens":
         return before in _TOKEN_OWNERS
@@ -680,6 +678,8 @@ def _ends_secret(words: Sequence[str]) -> bool:
     return last.endswith("s") and last[:-1] in _SECRET_WORDS
 
 
+# access_key_id: half of an S3 key pair; session_id: as the sessionid parameter.
+_SECRET_TAILS = (("access", "key", "id"), ("session", "id"))
 _TOKEN_KINDS = frozenset({"eos", "bos", "pad", "unk", "sep", "cls", "mask", "start", "end",
                           "special", "image", "video", "audio", "eot", "eom", "think"})  # fmt: skip
 _COUNTS = frozenset({"num", "max", "min", "n", "total", "count"})
