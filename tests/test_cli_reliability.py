@@ -976,7 +976,8 @@ def test_vllm_args_that_change_verirls_own_flags_are_refused(  # noqa: PLR0917
 
 # Flags verirl does not set that break its GPU plan or its wait on the port.
 PLAN_SPELLINGS = ["-pp 2", "--pipeline-parallel-size 2", "--pipeline_parallel_size=2",
-                  "-dpl 1", "--data-parallel-size-local 1", "--uds /tmp/vllm.sock"]  # fmt: skip
+                  "-dpl 1", "--data-parallel-size-local 1", "--uds /tmp/vllm.sock",
+                  "--headless", "--ssl-keyfile k.pem", "--ssl_certfile=c.pem"]  # fmt: skip
 
 
 @pytest.mark.parametrize("spelled", PLAN_SPELLINGS)

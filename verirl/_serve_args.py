@@ -59,6 +59,9 @@ PLAN_FLAGS = {
     "--pipeline-parallel-size": "verirl plans the server's GPUs as tensor x data parallel",
     "--data-parallel-size-local": "verirl plans the server's GPUs as tensor x data parallel",
     "--uds": "the server would listen on a socket, not on the port verirl waits on",
+    "--headless": "the server would run no API server, and verirl waits on its /health",
+    "--ssl-keyfile": "the server would answer HTTPS only, and verirl waits on plain HTTP",
+    "--ssl-certfile": "the server would answer HTTPS only, and verirl waits on plain HTTP",
 }
 """Flags verirl does not set but that break its plan or its wait: refused like `OWN_FLAGS`."""
 
