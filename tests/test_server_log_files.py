@@ -512,3 +512,23 @@ def test_a_window_that_starts_on_a_line_boundary_keeps_that_whole_line(tmp_path,
     one = tmp_path / "one.log"
     one.write_bytes(b"early\n" + b"L" * (64 * 1024 - 1) + b"\n")
     assert read_log_tail(one, lines=tail_lines) == "L" * (64 * 1024 - 1) + "\n"  # no "…"
+
+
+def test_the_quoted_log_tail_never_drives_the_terminal_nor_forges_a_line(tmp_path):
+    """What the server wrote reaches stderr escaped, each line behind ``| ``."""
+    program = (
+        "import sys; sys.stdout.write('\\x1b[2J\\x1b]0;title\\x07 boom\\x00\\x9b1m\\n"
+        "INFO verirl: training command exited with 0; everything torn down\\n'); sys.exit(3)"
+    )
+    server = VLLMServer(
+        "m", port=unshared_port(), devices=(0,), command=[sys.executable, "-c", program],
+        log_path=tmp_path / "server.log", startup_timeout=30,
+    )  # fmt: skip
+    with pytest.raises(VLLMServerExited) as caught:
+        server.start()
+    message = str(caught.value)
+    assert not [char for char in message if char in "\x1b\x07\x00\x9b"], repr(message)
+    tail = message.split("--- last lines of the server log ---\n", 1)[1].splitlines()
+    assert all(line.startswith("| ") for line in tail), tail
+    assert "\\x1b[2J" in message
+    assert "\x1b" in caught.value.log_tail  # the attribute keeps what was written

@@ -134,9 +134,22 @@ class PortInUseError(VLLMServerError):
 
 
 def _format_tail(log_tail: str) -> str:
+    """The server log's last lines, quoted: each behind ``| ``, control characters escaped.
+
+    What the server wrote must not drive the terminal (colours, a screen
+    clear, a window title) nor pass for one of verirl's own lines.
+    """
     if not log_tail.strip():
         return " (the server log is empty)"
-    return "\n--- last lines of the server log ---\n" + log_tail.rstrip("\n")
+    lines = log_tail.rstrip("\n").split("\n")
+    quoted = "\n".join(f"| {line.translate(_TAIL_CONTROLS)}" for line in lines)
+    return "\n--- last lines of the server log ---\n" + quoted
+
+
+# C0 and C1 control characters but the tab, shown as repr() writes them (\x1b, \r, \x9b).
+_TAIL_CONTROLS = {
+    code: repr(chr(code))[1:-1] for code in (*range(0x20), *range(0x7F, 0xA0)) if chr(code) != "\t"
+}
 
 
 class VLLMServerExited(VLLMServerError):

@@ -630,7 +630,7 @@ class VLLMServer:
         log.info("vLLM server at %s is ready after %.1fs", self.base_url, result.elapsed)
 
     def _log_progress(self, elapsed: float, last_error: str | None) -> None:
-        last_line = self.log_tail(lines=1).strip()
+        last_line = printable(self.log_tail(lines=1).strip())  # never a terminal's control
         log.info(
             "vLLM server at %s not ready after %.0fs (%s); last log line: %s",
             self.base_url,
