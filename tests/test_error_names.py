@@ -204,3 +204,15 @@ def test_an_empty_flag_value_is_refused_in_the_command_line_s_words(  # noqa: PL
     errors = [line for line in err.splitlines() if " ERROR " in line or ": error:" in line]
     for line in errors:
         assert not [word for word in PYTHON_WORDS if word in line], line
+
+
+def test_a_server_environment_too_long_to_start_blames_the_gpus_not_the_command(clean, capsys):
+    """E2BIG: ~30k GPUs make CUDA_VISIBLE_DEVICES longer than the kernel takes."""
+    from _support import unshared_port
+
+    code = main(["serve", "--gpus", "30000", "--vllm-gpus", "29999", "--model", "m",
+                 "--vllm-port", str(unshared_port()), "--vllm-command", "/bin/true"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 4, err
+    assert "--vllm-command" not in err
+    assert "CUDA_VISIBLE_DEVICES lists 29999 GPUs" in err

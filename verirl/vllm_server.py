@@ -39,6 +39,7 @@ constructor's arguments in `verirl._server_fields`.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import subprocess
@@ -499,7 +500,14 @@ class VLLMServer:
                 if run.popen is not None:
                     raise
                 why = exc.strerror or exc
-                if plan.kind == "command":
+                if exc.errno == errno.E2BIG:  # the kernel's bound, whatever the program
+                    msg = (
+                        f"the vLLM server's command line and environment are too long to start "
+                        f"it ({why}): its CUDA_VISIBLE_DEVICES lists "
+                        f"{len(environ['CUDA_VISIBLE_DEVICES'].split(','))} GPUs; use fewer, or "
+                        "a shorter environment"
+                    )
+                elif plan.kind == "command":
                     program = redact_argv([argv[0]])[0]  # a NAME=secret word as the program
                     msg = f"command={program!r}: cannot be started ({why})"
                 else:  # the program TRL's launch found: the installation is at fault
