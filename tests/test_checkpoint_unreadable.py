@@ -20,6 +20,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,6 +38,7 @@ from _checkpoint_support import (
     snapshot,
     unencodable,
 )
+from _support import clean_environ
 from verirl import (
     CheckpointResolver,
     CheckpointSourceError,
@@ -190,6 +193,29 @@ def test_a_root_behind_a_symlink_to_nothing_is_an_error_not_a_first_run(
         CheckpointResolver([source]).resolve("auto")
     assert main(["resume", "--output-dir", str(root), "--resume", "auto"]) == 5
     assert LocalCheckpointSource(tmp_path / "first-run").latest() is None  # a missing one is fine
+
+
+def test_a_root_whose_parent_cannot_be_searched_is_a_source_error(tmp_path):
+    """``stat`` of the root is EACCES (a real one: root without DAC override): exit 5, not 2."""
+    locked = tmp_path / "locked"
+    root = locked / "out"
+    make_checkpoint(root, "checkpoint-7")
+    locked.chmod(0o700)
+    os.chown(locked, 65534, 65534)  # nobody's
+    without_override = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    try:
+        done = subprocess.run(
+            [*without_override, sys.executable, "-m", "verirl", "resume", "--output-dir",
+             str(root), "--resume", "auto"],
+            capture_output=True, text=True, timeout=120, check=False,
+            env={**clean_environ(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)},
+        )  # fmt: skip
+    finally:
+        os.chown(locked, os.getuid(), os.getgid())
+        locked.chmod(0o755)
+    assert done.returncode == 5, done.stderr
+    assert "Permission denied" in done.stderr
+    assert "cannot read" in done.stderr  # the source error, not "--output-dir=…: cannot be used"
 
 
 # ---------------------------------------------------------------- the Hub source

@@ -326,5 +326,11 @@ def user_directory(field: str, value: object) -> Path:
     except (FileNotFoundError, NotADirectoryError):
         pass
     except OSError as exc:
-        raise ConfigError.invalid(field, value, f"cannot be used ({exc.strerror})") from None
+        if exc.errno in _PATH_SHAPE_ERRORS:  # the name itself: the user's to fix
+            raise ConfigError.invalid(field, value, f"cannot be used ({exc.strerror})") from None
+        raise unreadable(path, exc) from exc  # permissions, I/O: a source error (exit 5)
     return path
+
+
+# What a path's own spelling causes, whatever the disk holds.
+_PATH_SHAPE_ERRORS = frozenset({errno.ENAMETOOLONG, errno.ELOOP, errno.EINVAL})
