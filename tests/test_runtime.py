@@ -203,7 +203,8 @@ def test_rank_above_zero_times_out_when_no_server_appears():
     assert factory.servers == []
 
 
-def test_remote_topology_starts_nothing_and_waits_for_the_remote_health():
+def test_remote_topology_starts_nothing_and_waits_for_the_remote_health(caplog):
+    caplog.set_level("INFO", logger="verirl")
     factory = Recorder()
     with FakeEnvServer(health_path="/health") as remote:
         port = int(remote.url.rsplit(":", 1)[1])
@@ -213,6 +214,8 @@ def test_remote_topology_starts_nothing_and_waits_for_the_remote_health():
             assert session.training_devices == (0, 1, 2, 3)
         assert remote.requests >= 1
     assert factory.servers == []
+    assert f"for vLLM server {remote.url}/health" in caplog.text  # not "for env server"
+    assert "env server" not in caplog.text
 
 
 def test_sigterm_during_the_block_becomes_system_exit_and_tears_down(default_sigterm):

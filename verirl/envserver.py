@@ -160,6 +160,11 @@ def _progress_every(_inst: object, attribute: attrs.Attribute[float], value: obj
 _PATH_CHARS = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/%]*")
 
 
+def _label(_inst: object, _attribute: attrs.Attribute[str], value: object) -> None:
+    if not isinstance(value, str) or not value.isprintable() or not value.strip():
+        raise ConfigError.invalid("label", value, "must be printable, non-empty text")
+
+
 def _health_path(_inst: object, _attribute: attrs.Attribute[str], value: object) -> None:
     if not isinstance(value, str) or (value and not value.startswith("/")):
         raise ConfigError.invalid("health_path", value, "must be empty or start with '/'")
@@ -242,6 +247,8 @@ class HttpEnvServerProbe:
     )
     backoff: Backoff = attrs.field(default=ENV_SERVER_BACKOFF, kw_only=True, validator=_backoff)
     progress_every: float = attrs.field(default=10.0, kw_only=True, validator=_progress_every)
+    # What the log lines call the server: the runtime waits on a remote vLLM server with a probe.
+    label: str = attrs.field(default="env server", kw_only=True, repr=False, validator=_label)
     _scrub: Callable[[str], str] = attrs.field(init=False)
 
     @_scrub.default
@@ -316,11 +323,12 @@ class HttpEnvServerProbe:
         from verirl._http import TIMED_OUT  # noqa: PLC0415
 
         timeout = check_wait_timeout(timeout)
-        log.info("waiting up to %gs for env server %s", timeout, self.health_url)
+        log.info("waiting up to %gs for %s %s", timeout, self.label, self.health_url)
 
         def progress(elapsed: float, last_error: str | None) -> None:
             log.info(
-                "still waiting for env server %s after %.0fs (last: %s)",
+                "still waiting for %s %s after %.0fs (last: %s)",
+                self.label,
                 self.health_url,
                 elapsed,
                 last_error,

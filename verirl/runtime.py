@@ -961,7 +961,8 @@ class TrainingRuntime:
         url = str(self.topology.server_url)
         log.info("waiting for the vLLM server at %s (started elsewhere)", url)
         try:
-            HttpEnvServerProbe(url, health_path="/health").wait(self.remote_server_timeout)
+            probe = HttpEnvServerProbe(url, health_path="/health", label="vLLM server")
+            probe.wait(self.remote_server_timeout)
         except EnvServerUnavailable as exc:
             raise VLLMServerUnavailable(exc.url, exc.elapsed, exc.last_error) from exc
 
