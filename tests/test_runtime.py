@@ -207,14 +207,15 @@ def test_remote_topology_starts_nothing_and_waits_for_the_remote_health(caplog):
     caplog.set_level("INFO", logger="verirl")
     factory = Recorder()
     with FakeEnvServer(health_path="/health") as remote:
-        port = int(remote.url.rsplit(":", 1)[1])
+        url = remote.url
+        port = int(url.rsplit(":", 1)[1])
         topology = VLLMTopology.plan(4, max_model_len=64, remote_host="127.0.0.1", port=port)
         with runtime(topology=topology, server_factory=factory) as session:
             assert session.server is None
             assert session.training_devices == (0, 1, 2, 3)
         assert remote.requests >= 1
     assert factory.servers == []
-    assert f"for vLLM server {remote.url}/health" in caplog.text  # not "for env server"
+    assert f"for vLLM server {url}/health" in caplog.text  # not "for env server"
     assert "env server" not in caplog.text
 
 

@@ -358,7 +358,8 @@ class HttpEnvServerProbe:
         if not result.ready:
             raise EnvServerUnavailable(self.url, result.elapsed, result.last_error)
         log.info(
-            "env server %s healthy after %.2fs (%d requests)",
+            "%s %s healthy after %.2fs (%d requests)",
+            self.label,
             self.url,
             result.elapsed,
             result.attempts,
