@@ -394,3 +394,23 @@ def test_forwarding_closed_never_touches_its_pipe_again():
     finally:
         os.close(read)
         os.close(write)
+
+
+def test_reaping_a_command_the_kernel_holds_ends_at_its_deadline(caplog):
+    """A command SIGKILL cannot end (stuck in the kernel): launch logs it and goes, code 137.
+
+    A live process stands in for it here: _reap's wait is what is bounded.
+    """
+    from verirl._supervise import _reap
+
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = time.monotonic()
+        assert _reap(stuck, timeout=0.3) == 128 + signal.SIGKILL
+        assert time.monotonic() - started < 10
+        assert f"(pid {stuck.pid}) survives SIGKILL" in caplog.text
+    finally:
+        stuck.kill()
+        stuck.wait()
+    done = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    assert _reap(done, timeout=30) == 3

@@ -1010,13 +1010,35 @@ def _kill_command(child: subprocess.Popen[bytes], command: _Command | None = Non
     (command or _tracker(child)).kill()
 
 
-def _reap(child: subprocess.Popen[bytes]) -> int:
-    """Wait for an exited or SIGKILLed command; a signal meanwhile cannot stop a quick reap."""
-    while True:
+REAP_TIMEOUT = 60.0
+"""Seconds `_reap` waits for a SIGKILLed command: one stuck in the kernel (a hung file system
+or driver) survives SIGKILL until the kernel lets it go, and launch must end all the same."""
+
+
+def _reap(child: subprocess.Popen[bytes], timeout: float = REAP_TIMEOUT) -> int:
+    """Wait for an exited or SIGKILLed command, up to ``timeout`` s; a signal cannot cut it short.
+
+    Past the deadline the command is left to the kernel, logged, and counted
+    as killed (137).
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         try:
-            return child.wait()
-        except (KeyboardInterrupt, SystemExit):  # noqa: PERF203
+            return child.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:  # noqa: PERF203 - once, at the deadline
+            break
+        except (KeyboardInterrupt, SystemExit):
             continue
+    code = child.poll()
+    if code is not None:
+        return code
+    log.error(
+        "the training command (pid %d) survives SIGKILL after %gs, stuck in the kernel "
+        "(a hung file system or driver?): launch ends without it",
+        child.pid,
+        timeout,
+    )
+    return 128 + signal.SIGKILL
 
 
 def _end_leftovers(command: _Command, grace: float) -> None:
