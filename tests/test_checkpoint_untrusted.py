@@ -781,6 +781,48 @@ finally:  # coverage writes its data at exit
 """
 
 
+_FIREWALLED = """
+import errno, os, socket, sys
+from verirl import CheckpointResolver, HubCheckpointSource, LocalCheckpointSource
+import verirl._hub_source as module
+
+out, dl, endpoint, repo = sys.argv[1:5]
+real_connect, blocked = socket.socket.connect, []
+
+def connect(self, address):  # a firewall's REJECT: connect() fails with EPERM
+    if blocked:
+        raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
+    return real_connect(self, address)
+
+socket.socket.connect = connect
+download_all = module.HubCheckpointSource._download_all
+
+def after_the_listing(self, *args):
+    blocked.append(True)
+    import huggingface_hub
+    huggingface_hub.close_session()  # no connection kept from the listing
+    return download_all(self, *args)
+
+module.HubCheckpointSource._download_all = after_the_listing
+source = HubCheckpointSource(repo, download_dir=dl, endpoint=endpoint, timeout=5)
+print("resumed", CheckpointResolver([LocalCheckpointSource(out), source]).resolve("auto"))
+"""
+
+
+def test_a_firewall_refusing_the_download_is_the_hub_away_not_the_download_folder(hub, tmp_path):
+    """EPERM from connect() (an egress rule) under httpx's ConnectError: the next newest."""
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    make_checkpoint(tmp_path / "out", "checkpoint-10")
+    args = [str(tmp_path / "out"), str(tmp_path / "dl"), hub.endpoint, REPO]
+    done = subprocess.run(
+        [sys.executable, "-c", _FIREWALLED, *args],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == f"resumed {tmp_path / 'out' / 'checkpoint-10'}"
+    assert "trying the next newest, step 10" in done.stderr
+
+
 @pytest.mark.parametrize("how", ["cannot-create", "cannot-write"])
 def test_a_download_folder_that_cannot_take_the_newest_never_lets_an_older_stand_in(
     hub, tmp_path, how

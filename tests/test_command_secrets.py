@@ -407,9 +407,12 @@ def test_every_secret_word_a_url_parameter_hides_hides_a_flag_s_value_too():
     argv = ["x"]
     for index, name in enumerate(named):
         argv += [f"--{name}", f"SeCrEt{index:02}"]
-    shown = redact_argv([*argv, "--session", "run-1", "--code-dir", "/a", "--sig-figs", "3"])
+    for index, abbreviated in enumerate(["--cook", "--session-i", "--sessio", "--bear", "--signa"]):
+        argv += [abbreviated, f"SeCrEtAbbreviated{index:02}"]  # as argparse takes them
+    plain = ["--sessions-dir", "/r", "--code-dir", "/a", "--sig-figs", "3"]
+    shown = redact_argv([*argv, *plain])
     assert not [word for word in shown if "SeCrEt" in word], shown
-    assert shown[-6:] == ["--session", "run-1", "--code-dir", "/a", "--sig-figs", "3"]
+    assert shown[-6:] == plain  # ("--session" abbreviates --session-id: hidden, as --to is)
     # the parameter words a flag may carry too: none of them is shown in a flag
     flagged = {"session", "sid", "code", "sig", "pass"}  # plain data as flags (or abbreviations)
     assert set(named) - {"session-id", "signature"} <= _PARAM_WORDS - flagged

@@ -389,9 +389,10 @@ class HubCheckpointSource:
         if size > MAX_TRAINER_STATE_BYTES:  # not an interrupted save: never skipped
             why = f"a {TRAINER_STATE} of {human_size(size)}, too large to be a Trainer state"
             raise self._unusable(LAST_CHECKPOINT, why, None)
+        token = self._request_token()  # its own errors (a bad token) as they are
         with tempfile.TemporaryDirectory(prefix="verirl-hub-") as tmp:
             try:
-                self._download(filename, listing.commit, Path(tmp), self._request_token())
+                self._download(filename, listing.commit, Path(tmp), token)
                 # Unreadable once downloaded (an I/O error): an error, not "no checkpoint".
                 state, why = read_trainer_state(Path(tmp) / LAST_CHECKPOINT)
             except Exception as exc:
@@ -832,16 +833,31 @@ _LOCAL_ERRNOS = frozenset(
 
 
 def _local_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` or its cause chain is a file system error on this machine."""
+    """Whether ``exc`` or its cause chain is a file system error on this machine.
+
+    The walk stops at the first network error: a connect() a firewall refuses
+    is EPERM or EACCES under httpx's ``ConnectError``, and that is the Hub
+    away, not the download folder.
+    """
     seen: BaseException | None = exc
     for _ in range(16):  # the chain, bounded
-        if seen is None:
+        if seen is None or _network_error(seen):
             return False
-        network = isinstance(seen, (ConnectionError, TimeoutError))
-        if isinstance(seen, OSError) and not network and seen.errno in _LOCAL_ERRNOS:
+        if isinstance(seen, OSError) and seen.errno in _LOCAL_ERRNOS:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+_NETWORK_MODULES = frozenset({"httpx", "httpcore", "requests", "urllib", "h", "ssl", "aiohttp"})
+
+
+def _network_error(exc: BaseException) -> bool:
+    """An error of the network stack (an HTTP client's, a socket's), whatever its errno."""
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    roots = (k.__module__.split(".")[0].rstrip("0123456789") for k in type(exc).__mro__)
+    return any(root in _NETWORK_MODULES for root in roots)  # httpx2: huggingface_hub 2.x's
 
 
 """HTTP answers that refuse a listed file for good (at a pinned commit), unlike 5xx or no answer."""

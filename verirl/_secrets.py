@@ -708,7 +708,9 @@ _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Flags that hold a secret, dashes for underscores: a flag written as a prefix of one of these
 # (argparse takes an unambiguous abbreviation: ``--api-k V`` is ``--api-key V``) holds it too.
 _SECRET_FLAGS = ("--api-key", "--api-token", "--hub-token", "--hf-token", "--token", "--secret",
-                 "--auth-token", "--access-token", "--password", "--passwd")  # fmt: skip
+                 "--auth-token", "--access-token", "--password", "--passwd", "--pwd", "--jwt",
+                 "--cookie", "--sessionid", "--session-id", "--bearer",
+                 "--signature")  # fmt: skip
 _MIN_ABBREVIATION = 4  # "--ap": shorter ("--a", "--") abbreviates too many flags to mean one
 
 

@@ -1061,6 +1061,7 @@ class TrainingRuntime:
 
     def _tear_down(self, server: ServerHandle | None, watchdog: ServerWatchdog | None) -> None:
         """`stop`'s work, by the one stop that took ``server`` and ``watchdog``."""
+        ended = self._teardown  # set last, whatever interrupts the rest: other stops wait on it
         try:
             try:
                 self._stop_watching(watchdog)  # first: stopping the server must not look like death
@@ -1070,14 +1071,16 @@ class TrainingRuntime:
             if watchdog is not None:
                 watchdog.join(1.0)  # a daemon that never acts now: no need to wait out a request
         finally:
-            with self._lock:
-                held, self._holds_sigterm = self._holds_sigterm, False
-                self._started = False
-                ended, self._teardown, self._teardown_thread = self._teardown, None, None
-            if held:
-                SIGTERM_POLICY.release()
-            if ended is not None:
-                ended.set()
+            try:
+                with self._lock:
+                    held, self._holds_sigterm = self._holds_sigterm, False
+                    self._started = False
+                    self._teardown = self._teardown_thread = None
+                if held:
+                    SIGTERM_POLICY.release()
+            finally:
+                if ended is not None:
+                    ended.set()
 
     def __enter__(self) -> RuntimeSession:
         return self.start()
