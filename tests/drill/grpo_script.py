@@ -162,6 +162,20 @@ def main() -> None:
     except KeyboardInterrupt:  # its exit after a SIGINT (or a second SIGINT's, at once)
         recorder.write(trainer.state, event="exit", code="KeyboardInterrupt")
         raise
+    _leave_the_process_group()
+
+
+def _leave_the_process_group() -> None:
+    """Tear gloo down before the interpreter does: left to exit, its threads can abort the rank.
+
+    A rank that ended training normally then died of SIGABRT ("terminate
+    called without an active exception") in a fresh-clone CI run, and
+    torchrun reported the job failed. Trainer never destroys the group.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
