@@ -560,6 +560,11 @@ def test_doctor_sees_every_token_source_huggingface_hub_honours(tmp_path):
     assert rows["saved login"] == f"set (the token file {saved_login} (hf auth login))"
     assert rows["disabled"].startswith("set (the token file")
     assert "HF_HUB_DISABLE_IMPLICIT_TOKEN" in rows["disabled"]
+    saved_login.unlink()
+    saved_login.mkdir()  # a folder where the token file goes: huggingface_hub never reads it now
+    row, output = doctor_token_row(tmp_path, HF_HUB_DISABLE_IMPLICIT_TOKEN="1")
+    assert row.startswith("not sent: HF_HUB_DISABLE_IMPLICIT_TOKEN"), row
+    assert "Hub token lookup" not in output, output  # not a problem: no exit 1 for it
 
 
 def _echo_auth(request: http.server.BaseHTTPRequestHandler) -> Answer:

@@ -51,6 +51,22 @@ def test_fake_runtime_fixture(fake_runtime):
     assert session.server.stops == 1
 
 
+def test_fake_runtime_s_server_stays_alive_for_the_watchdog(fake_runtime, caplog):
+    """A test may hold the block longer than the watchdog's bound: the fake answers /health."""
+    import threading
+
+    import requests
+
+    caplog.set_level("WARNING", logger="verirl")
+    fake_runtime.vllm_unresponsive_timeout = 1.0
+    with fake_runtime as session:
+        assert session.server is not None
+        answer = requests.get(f"{session.server.base_url}/health", timeout=5)
+        assert answer.status_code == 200
+        threading.Event().wait(2.5)  # past the bound: an unanswered /health would interrupt here
+    assert "did not answer /health" not in caplog.text
+
+
 def test_plugin_is_registered_for_a_fresh_pytest_run(pytester, same_verirl):
     """A user's suite sees the fixtures with no conftest, only the installed entry point."""
     pytester.makepyfile(

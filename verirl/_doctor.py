@@ -31,7 +31,6 @@ import platform
 import shlex
 import shutil
 import sys
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +40,9 @@ from verirl._net import port_is_free
 from verirl._secrets import (
     TOKEN_SOURCES,
     check_token,
+    hub_token_within,
     implicit_hub_token,
+    implicit_token_disabled,
     redact_argv,
     redact_text,
     refuse_unreadable_token_file,
@@ -224,26 +225,18 @@ def hub_token_row(explicit: str | None = None) -> tuple[str, bool]:
         return "set (HF_TOKEN)", True
     refuse_unreadable_token_file()  # huggingface_hub would block on it: the caller's problem row
     implicit_hub_token()  # one huggingface_hub could not send: the caller's problem row
-    found: list[str | None] = []
-    failed: list[BaseException] = []
-
-    def lookup() -> None:
-        try:
-            from huggingface_hub import get_token  # noqa: PLC0415
-
-            found.append(get_token())
-        except Exception as exc:  # noqa: BLE001 - reported, not raised
-            failed.append(exc)
-
-    thread = threading.Thread(target=lookup, name="verirl-doctor-token", daemon=True)
-    thread.start()
-    thread.join(TOKEN_LOOKUP_TIMEOUT)
-    if failed:
-        error = failed[0]
-        return f"unknown: huggingface_hub could not read it ({type(error).__name__})", False
-    if not found:
-        return f"unknown: huggingface_hub did not answer within {TOKEN_LOOKUP_TIMEOUT:g} s", False
-    token = found[0]
+    unsent = "not sent: HF_HUB_DISABLE_IMPLICIT_TOKEN is set (huggingface_hub reads no token)"
+    try:
+        token = hub_token_within(TOKEN_LOOKUP_TIMEOUT)
+    except Exception as error:  # noqa: BLE001 - reported, not raised
+        if implicit_token_disabled():  # get_token reads it; a request would not
+            return unsent, True
+        why = (
+            f"did not answer within {TOKEN_LOOKUP_TIMEOUT:g} s"
+            if isinstance(error, TimeoutError)
+            else f"could not read it ({type(error).__name__})"
+        )
+        return f"unknown: huggingface_hub {why}", False
     if not token:
         return "not set", True
     row = f"set ({_sources_of(token)})"

@@ -78,7 +78,9 @@ def fake_runtime() -> TrainingRuntime:
     from verirl.topology import VLLMTopology  # noqa: PLC0415
 
     def factory(topology: VLLMTopology) -> ServerHandle:
-        return FakeVLLMServer.from_topology(topology, model="fake/model")
+        # Serving /health on its port: the runtime's watchdog polls it, and a fake that
+        # answered nothing was declared dead after vllm_unresponsive_timeout (60 s).
+        return FakeVLLMServer.from_topology(topology, model="fake/model", serve_http=True)
 
     environ: dict[str, str] = {}
     return TrainingRuntime(
