@@ -240,6 +240,8 @@ import os, signal, sys, threading, time
 import psutil
 from verirl import DistributedEnv, TrainingRuntime, VLLMServer, VLLMTopology
 
+signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a plain program (coverage's sigterm=true sets one)
+
 port, master_port = int(sys.argv[1]), int(sys.argv[2])
 env = {}
 runtime = TrainingRuntime(
