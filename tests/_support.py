@@ -404,3 +404,20 @@ def place_hub_token(
         return f"HF_HOME='{saved_login}': the Hub token in that file contains"
     monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", token)
     return "HUGGING_FACE_HUB_TOKEN='<hidden>': contains"
+
+
+def command_flags(command: str) -> list[str]:
+    """Every option of ``verirl COMMAND`` that takes a value, from the parser itself."""
+    import argparse
+
+    from verirl.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sorted(
+        action.option_strings[-1]
+        for action in sub.choices[command]._actions
+        if action.option_strings
+        and action.nargs is None
+        and not isinstance(action, argparse._HelpAction)
+    )

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from _support import command_flags
 from verirl.cli import main
 
 DERIVED = ("remote_host=", "gpu_count=", "devices=", "port=", "vllm_gpus=", "mode=",
@@ -158,21 +159,6 @@ def test_a_download_folder_refused_at_fetch_time_names_what_the_user_gave(
     assert "download_dir" not in message
 
 
-def _valued_flags(command: str) -> list[str]:
-    """The flags of ``command`` that take a value, as its parser declares them."""
-    import argparse
-
-    from verirl.cli import build_parser
-
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return sorted(
-        action.option_strings[-1]
-        for action in sub.choices[command]._actions
-        if action.option_strings and action.nargs != 0 and action.dest != "help"
-    )
-
-
 PYTHON_WORDS = ("None", "os.PathLike", "(str", "NoneType", "a str ", "float", "bool")
 
 
@@ -181,7 +167,7 @@ PYTHON_WORDS = ("None", "os.PathLike", "(str", "NoneType", "a str ", "float", "b
     [
         (command, flag)
         for command in ("plan", "resume", "launch")
-        for flag in _valued_flags(command)
+        for flag in command_flags(command)
     ],
 )
 @pytest.mark.parametrize("value", ["", " "])

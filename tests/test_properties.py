@@ -39,6 +39,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import verirl
+from _support import command_flags
 from fakes import FakeEnvServer
 from verirl import (
     Checkpoint,
@@ -848,22 +849,6 @@ URL_FLAGS = ("--env-url", "--hub-endpoint")
 
 def _not_a_url(text: str) -> bool:
     return "://" not in text
-
-
-def command_flags(command: str) -> list[str]:
-    """Every option of ``verirl COMMAND`` that takes a value, from the parser itself."""
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return sorted(
-        action.option_strings[-1]
-        for action in sub.choices[command]._actions
-        if action.option_strings
-        and action.nargs is None
-        and not isinstance(
-            action,
-            argparse._HelpAction,
-        )
-    )
 
 
 def flag_values(flag: str, closed_url: str) -> st.SearchStrategy[str]:
