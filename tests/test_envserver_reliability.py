@@ -24,7 +24,7 @@ from fakes import FakeEnvServer, FakeEnvServerProbe
 from verirl import Backoff, ConfigError, EnvServerUnavailable, HttpEnvServerProbe
 from verirl.envserver import deadline_session, validate_http_url
 
-SLACK = 1.5
+SLACK = 5.0
 """What a loaded 2-core machine may add to a deadline in these tests."""
 
 PROXY_VARS = ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")

@@ -36,6 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 HANG = 10.0
 """How long the stand-in resolver holds a name, as glibc does with an unanswered server."""
 
+SLACK = 4.0
+"""What a deadline may overrun on a loaded machine: well short of `HANG`, so a hang still fails."""
+
 REAL_GETADDRINFO = socket.getaddrinfo
 
 
@@ -94,7 +97,7 @@ def test_wait_ends_at_its_deadline_while_the_lookup_hangs(resolver):
     error, took = timed(lambda: probe.wait(1.0))
     assert isinstance(error, EnvServerUnavailable), error
     assert error.last_error == TIMED_OUT
-    assert took < 1.5, f"wait(1.0) took {took:.2f}s"
+    assert took < 1.0 + SLACK, f"wait(1.0) took {took:.2f}s"
     assert resolver.calls, "the stand-in resolver was not asked"
     assert all(thread != threading.current_thread().name for _, thread in resolver.calls)
 
@@ -103,14 +106,14 @@ def test_check_ends_within_request_timeout_while_the_lookup_hangs(resolver):
     probe = HttpEnvServerProbe("http://envserver.example:8000", request_timeout=0.5)
     healthy, took = timed(probe.check)
     assert healthy is False
-    assert took < 1.0, f"check() took {took:.2f}s"
+    assert took < 0.5 + SLACK, f"check() took {took:.2f}s"
 
 
 def test_request_health_names_a_timeout_and_the_host(resolver):
     with deadline_session() as session:
         reason, took = timed(lambda: request_health(session, "http://envserver.example/h", 0.3))
     assert reason == TIMED_OUT
-    assert took < 0.8, f"request_health took {took:.2f}s"
+    assert took < 0.3 + SLACK, f"request_health took {took:.2f}s"
 
 
 def test_overlapping_lookups_of_one_name_share_one_thread(resolver):
@@ -147,7 +150,7 @@ def test_a_signal_ends_a_wait_on_a_hanging_lookup(resolver):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert isinstance(error, Stop), error
-    assert took < 1.0, f"the signal ended the wait after {took:.2f}s"
+    assert took < 0.3 + SLACK, f"the signal ended the wait after {took:.2f}s"
 
 
 @contextlib.contextmanager
@@ -202,7 +205,7 @@ def test_a_hub_source_fails_within_its_timeout_while_the_lookup_hangs(
     assert isinstance(error, CheckpointSourceError), error
     assert "timed out" in str(error)
     assert "hub.example" in str(error)
-    assert took < 2.0, f"latest() took {took:.2f}s"
+    assert took < 1.0 + SLACK, f"latest() took {took:.2f}s"
 
 
 # ---------------------------------------------------------------- the CLI
@@ -279,7 +282,7 @@ def test_sigterm_ends_wait_env_at_once_while_the_lookup_hangs(tmp_path):
         proc.kill()
         proc.wait()
     assert proc.returncode == 143, err.decode(errors="replace")
-    assert took < 2.0, f"SIGTERM ended wait-env after {took:.2f}s"
+    assert took < SLACK, f"SIGTERM ended wait-env after {took:.2f}s"
 
 
 def test_a_bind_host_that_does_not_resolve_in_time_is_a_config_error(resolver, monkeypatch):
@@ -290,4 +293,4 @@ def test_a_bind_host_that_does_not_resolve_in_time_is_a_config_error(resolver, m
     assert isinstance(error, ConfigError), error
     assert "vllm-node.example" in str(error)
     assert "timed out" in str(error)
-    assert took < 1.0, f"check_port_free took {took:.2f}s"
+    assert took < 0.3 + SLACK, f"check_port_free took {took:.2f}s"
