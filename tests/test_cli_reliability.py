@@ -97,8 +97,8 @@ def started(
         kwargs: dict[str, object] = {other: captured, "stdin": subprocess.DEVNULL, "env": env}
         command = [sys.executable, "-m", "verirl", *argv]
         read_end = None
-        if how == "closed":
-            kwargs["preexec_fn"] = lambda: os.close(fd)
+        if how == "closed":  # the shell closes it: no Python between fork and exec
+            command = ["/bin/sh", "-c", f'exec "$@" {fd}>&-', "sh", *command]
         elif how == "none":
             command = [sys.executable, "-c", NONE_WRAPPER, stream, *argv]
             kwargs[stream] = subprocess.DEVNULL
@@ -1088,14 +1088,10 @@ def test_a_descriptor_closed_for_launch_is_open_for_its_command(tmp_path, closed
     file opened there taken for its output)."""
     check = "import os; [os.fstat(fd) for fd in (0, 1, 2)]; print('ok')"
 
-    def close_it() -> None:
-        os.close(closed)
-
     result = subprocess.run(
-        [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--",
-         sys.executable, "-c", check],
+        ["/bin/sh", "-c", f'exec "$@" {closed}<&-', "sh", sys.executable, "-m", "verirl", "launch",
+         "--gpus", "1", "--", sys.executable, "-c", check],
         capture_output=closed == 0, env=clean_environ(tmp_path), timeout=120, check=False,
-        preexec_fn=close_it,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
 

@@ -139,7 +139,8 @@ import os, signal, subprocess, sys, threading, time
 mode, armed, recorder = sys.argv[1], sys.argv[2], sys.argv[3:]
 
 def start():
-    subprocess.Popen([sys.executable, *recorder], preexec_fn=os.setpgrp, env={})
+    group_of_its_own = "import os, sys; os.setpgid(0, 0); os.execv(sys.argv[1], sys.argv[1:])"
+    subprocess.Popen([sys.executable, "-c", group_of_its_own, sys.executable, *recorder], env={})
     ready, deadline = recorder[-1], time.monotonic() + 60
     while not os.path.exists(ready) and time.monotonic() < deadline:
         threading.Event().wait(0.01)

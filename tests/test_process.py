@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -156,3 +157,123 @@ def test_an_orphaned_worker_whose_main_thread_ended_is_taken_down(tmp_path):
         tree.kill_now()
         if worker is not None and alive(worker):
             worker.kill()
+
+
+A_LIBRARY_S_AT_FORK_HOOK_WAITS = """
+import os, sys, threading
+from verirl import _supervise
+from verirl._process import popen_in_session, spawn
+
+held = threading.Lock()
+held.acquire()
+# As huggingface_hub's hook closing its HTTP client, whose lock another thread held at the fork.
+os.register_at_fork(after_in_child=held.acquire)
+command = [sys.executable, "-c", "print('ran', flush=True)"]
+if sys.argv[1] == "server":
+    child = spawn(lambda: popen_in_session(command, dict(os.environ), sys.stdout.buffer))
+else:
+    child = spawn(lambda: _supervise._start(command, dict(os.environ), []))
+print("exit", child.wait(timeout=30), flush=True)
+"""
+
+
+@linux_only
+@pytest.mark.parametrize("which", ["server", "launch"])
+def test_an_at_fork_hook_that_waits_in_the_child_does_not_stop_a_start(which):
+    """No Python runs between the fork and the command's exec, so no library's at-fork hook can
+    hang the child there (CI saw a server child stuck as a copy of the pytest worker)."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", A_LIBRARY_S_AT_FORK_HOOK_WAITS, which],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # the stuck child is still in this group
+        process.communicate()
+        pytest.fail("the start hung: the forked child ran the at-fork hook")
+    assert process.returncode == 0, err
+    assert out.splitlines() == ["ran", "exit 0"], (out, err)
+
+
+OPEN_FDS = """
+import os
+import signal
+def is_open(fd):
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+import sys
+found = [fd for fd in range(3, 1024) if is_open(fd)]
+with open(sys.argv[1], "w") as out:
+    out.write(str(found))
+"""
+
+
+@pytest.mark.parametrize("which", ["server", "launch"])
+def test_the_command_inherits_no_descriptor_of_ours(tmp_path, which):
+    """The pipe that reports an exec failure is closed by the exec: a daemon the command leaves
+    behind must not hold it (the parent would wait for its end)."""
+    from verirl import _supervise
+
+    command = [sys.executable, "-I", "-c", OPEN_FDS, str(tmp_path / "fds")]
+    with (tmp_path / "out").open("wb") as out:
+        if which == "server":
+            child = spawn(lambda: popen_in_session(command, dict(os.environ), out))
+        else:
+            child = spawn(lambda: _supervise._start(command, dict(os.environ), []))
+        assert child.wait(timeout=30) == 0
+    assert (tmp_path / "fds").read_text() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("program", "error"),
+    [("/nonexistent/verirl-test-program", FileNotFoundError),
+     ("{tmp}/not-executable", PermissionError),
+     ("no-such-program-on-path-verirl", FileNotFoundError)],
+)  # fmt: skip
+def test_a_command_that_cannot_be_exec_d_raises_as_subprocess_does_and_leaves_no_child(
+    tmp_path, program, error
+):
+    (tmp_path / "not-executable").write_text("#!/bin/sh\n")
+    (tmp_path / "not-executable").chmod(0o644)
+    program = program.format(tmp=tmp_path)
+    with pytest.raises(error) as info:
+        subprocess.Popen([program, "--flag"])  # what subprocess itself raises
+    before = {child.pid for child in psutil.Process().children()}
+    with (tmp_path / "out").open("wb") as out, pytest.raises(error) as info:
+        spawn(lambda: popen_in_session([program, "--flag"], dict(os.environ), out))
+    assert info.value.filename == program
+    assert info.value.strerror
+    left = [child for child in psutil.Process().children() if child.pid not in before]
+    assert left == []
+    assert (tmp_path / "out").read_bytes() == b""  # no traceback from the exec program
+
+
+CLOSED_STDIO = """
+import os, sys
+from verirl._process import popen_in_session, spawn
+
+result = open(sys.argv[1], "w")
+log = open(sys.argv[2], "wb")
+for fd in (0, 1, 2):
+    os.close(fd)
+command = [sys.executable, "-c", "print('to the log', flush=True)"]
+child = spawn(lambda: popen_in_session(command, dict(os.environ), log))
+result.write(f"exit {child.wait(timeout=30)}")
+result.close()
+"""
+
+
+@linux_only
+def test_a_parent_with_stdio_closed_still_starts_the_command_with_its_log(tmp_path):
+    """With 0-2 closed the report pipe would get those numbers; the command's stdout and stderr
+    (its log) must still be its log, and the start must still end."""
+    done = subprocess.run(
+        [sys.executable, "-c", CLOSED_STDIO, str(tmp_path / "result"), str(tmp_path / "log")],
+        timeout=60, check=False, capture_output=True,
+    )  # fmt: skip
+    assert (tmp_path / "result").read_text() == "exit 0", done
+    assert (tmp_path / "log").read_text() == "to the log\n"

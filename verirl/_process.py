@@ -3,9 +3,14 @@
 One concern, kept apart from `verirl.vllm_server` (which decides *what* runs and
 *when* it is ready) because it is the part that must never leave a GPU held:
 
-- **Death signal.** `death_signal_preexec` makes a child ask the kernel (Linux
+- **Death signal.** `start_child` has a child ask the kernel (Linux
   ``PR_SET_PDEATHSIG``) for SIGTERM when its parent dies, so even a SIGKILLed
-  trainer takes its server along; the CLI's ``launch`` uses it too.
+  trainer takes its server along; the CLI's ``launch`` uses it too. It asks
+  from a small ``python -I -S`` program that then execs the command, never
+  from a ``preexec_fn``: that runs every library's at-fork hooks in the forked
+  child of a threaded parent (huggingface_hub's closes its HTTP client), and
+  one waiting on a lock another thread held at the fork hangs the child before
+  it ever execs.
 - **Spawner thread.** The kernel sends that signal when the *thread* that
   forked the child exits, so `spawn` forks from one long-lived daemon thread
   (reset in a forked child, which has none).
@@ -26,6 +31,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import fcntl
 import functools
 import logging
 import os
@@ -35,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from typing import Any, BinaryIO, Protocol
@@ -55,6 +61,7 @@ __all__ = [
     "forget_at_exit",
     "popen_in_session",
     "spawn",
+    "start_child",
     "stop_all_servers",
     "stop_at_exit",
 ]
@@ -105,6 +112,167 @@ def death_signal_preexec() -> Callable[[], None] | None:
             os._exit(1)
 
     return preexec
+
+
+_EXEC_PROGRAM = """\
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+for name in ("SIGPIPE", "SIGXFSZ"):
+    if hasattr(signal, name):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+parent, report, group = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+os.set_inheritable(report, False)
+unblock = {int(number) for number in sys.argv[4].split(",") if number}
+argv = sys.argv[5:]
+try:
+    if group:
+        os.setpgid(0, 0)
+    if unblock:
+        if hasattr(signal, "sigtimedwait"):
+            while signal.sigtimedwait(unblock, 0) is not None:
+                pass
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, unblock)
+    if sys.platform.startswith("linux"):
+        import ctypes
+        ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0)
+    if os.getppid() != parent:
+        os._exit(1)
+    os.execvpe(argv[0], argv, os.environ)
+except OSError as exc:
+    os.write(report, f"{exc.errno or 0}:{exc.strerror or exc}".encode(errors="replace"))
+os._exit(127)
+"""
+"""Run by ``python -I -S -c`` between the fork and the command: what a ``preexec_fn`` did.
+
+Its arguments: the parent's pid, the report pipe, whether to make a group,
+the signals to unblock (pending ones dropped first), then the command. It
+restores the signal dispositions its own start-up changed, so the command
+starts as ``subprocess`` would start it; an ``exec`` failure is written to the
+report pipe (closed on a successful ``exec``), as ``subprocess`` does.
+"""
+_EXEC_DEADLINE = 60.0
+"""How long a child may take to reach its command's ``exec`` (a Python start-up)."""
+
+
+def _exec_wrapper() -> str | None:
+    """The Python that runs `_EXEC_PROGRAM`; ``None`` where none can (frozen, embedded)."""
+    executable = sys.executable
+    if not executable or getattr(sys, "frozen", False) or not os.access(executable, os.X_OK):
+        return None
+    return executable
+
+
+def _above_stdio(fd: int) -> int:
+    """``fd``, or a copy of it numbered 3 or more (the original closed).
+
+    A closed stdin, stdout or stderr frees 0-2 for a new pipe; the child's own
+    stdio would then replace (or be) the report pipe.
+    """
+    if fd > 2:  # noqa: PLR2004 - stderr's number
+        return fd
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    finally:
+        os.close(fd)
+
+
+def _read_report(fd: int, child: subprocess.Popen[bytes]) -> bytes:
+    """What the exec program reported before its ``exec`` (empty once it exec'd), bounded."""
+    import selectors  # noqa: PLC0415 - only on this path
+
+    report = b""
+    deadline = time.monotonic() + _EXEC_DEADLINE
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while (left := deadline - time.monotonic()) > 0:
+            if not selector.select(left):
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return report
+            report += chunk
+    log.warning(
+        "pid %d did not reach its command's exec within %.0fs; going on without knowing",
+        child.pid,
+        _EXEC_DEADLINE,
+    )
+    return report
+
+
+def start_child(
+    argv: Sequence[str],
+    environ: Mapping[str, str],
+    *,
+    stdin: int | BinaryIO | None = None,
+    stdout: int | BinaryIO | None = None,
+    stderr: int | BinaryIO | None = None,
+    new_session: bool = False,
+    new_group: bool = False,
+    unblock: Collection[int] = (),
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` tied to our life: SIGTERM when this process dies (Linux).
+
+    ``new_group`` gives it a process group of its own, ``unblock`` the signals
+    it must not inherit blocked (pending ones are dropped). Returns once the
+    command is exec'd; a command that cannot be exec'd raises the `OSError`
+    ``subprocess`` would. No Python runs in the forked child: see the module
+    docstring. Call it inside a `spawn` job, so that the death signal watches
+    the long-lived spawner thread.
+    """
+    if not argv:
+        msg = "start_child: argv is empty"
+        raise ValueError(msg)
+    popen_args: dict[str, Any] = {
+        "stdin": stdin,
+        "stdout": stdout,
+        "stderr": stderr,
+        "env": environ,
+        "start_new_session": new_session,
+    }
+    python = _exec_wrapper()
+    if python is None:
+        return _start_with_preexec(argv, popen_args, new_group=new_group, unblock=unblock)
+    read_end, write_end = (_above_stdio(fd) for fd in os.pipe())
+    try:
+        try:
+            child = subprocess.Popen(
+                [python, "-I", "-S", "-c", _EXEC_PROGRAM, str(os.getpid()), str(write_end),
+                 "1" if new_group else "0", ",".join(str(int(n)) for n in sorted(unblock)),
+                 *argv],
+                **popen_args, pass_fds=(write_end,),
+            )  # fmt: skip
+        finally:
+            os.close(write_end)
+        report = _read_report(read_end, child)
+    finally:
+        os.close(read_end)
+    if not report:
+        return child
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(_KILL_WAIT)
+    number, _, message = report.decode(errors="replace").partition(":")
+    raise OSError(int(number) if number.isdigit() else 0, message, argv[0])
+
+
+def _start_with_preexec(
+    argv: Sequence[str], popen_args: dict[str, Any], *, new_group: bool, unblock: Collection[int]
+) -> subprocess.Popen[bytes]:
+    """`start_child` with no Python to run the exec program: a ``preexec_fn`` after all."""
+    death_signal = death_signal_preexec()
+    stopping = set(unblock)
+
+    def preexec() -> None:
+        if new_group:
+            os.setpgid(0, 0)
+        if stopping:
+            if hasattr(signal, "sigtimedwait"):  # not on macOS
+                while signal.sigtimedwait(stopping, 0) is not None:
+                    pass
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping)
+        if death_signal is not None:
+            death_signal()
+
+    return subprocess.Popen(list(argv), **popen_args, preexec_fn=preexec)  # noqa: PLW1509 - only where no Python can run the exec program
 
 
 def set_death_signal(signum: int) -> bool:
@@ -225,14 +393,13 @@ def popen_in_session(
     Call it inside a `spawn` job, so that the death signal watches the
     long-lived spawner thread.
     """
-    return subprocess.Popen(
+    return start_child(
         argv,
+        environ,
         stdin=subprocess.DEVNULL,
         stdout=output,
         stderr=subprocess.STDOUT,
-        env=environ,
-        start_new_session=True,
-        preexec_fn=death_signal_preexec(),  # noqa: PLW1509 - only prctl + getppid, no locks
+        new_session=True,
     )
 
 

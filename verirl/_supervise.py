@@ -109,7 +109,7 @@ import psutil
 from verirl import _procfs
 from verirl._fs import printable
 from verirl._phases import SIGNAL_CHECK
-from verirl._process import MARKER_VAR, death_signal_preexec, set_child_subreaper, spawn
+from verirl._process import MARKER_VAR, set_child_subreaper, spawn, start_child
 from verirl._secrets import redact_argv, secrets_in_environ, shown_line
 from verirl._signals import TERMINATING, as_sigterm, mark_noted, raise_if_dropped
 from verirl.errors import VLLMServerError
@@ -203,36 +203,16 @@ LAUNCH_MARKER_VAR = "VERIRL_LAUNCH_MARKER"
 """In the command's environment: comma-separated markers, one per enclosing ``verirl launch``."""
 
 
-def _child_preexec(stopping: Collection[int]) -> Callable[[], None]:
-    """The command's ``preexec_fn``: a group of its own, ``stopping`` unblocked, death signal.
-
-    ``stopping`` is blocked from the fork on. A terminal's signal that came
-    before ``setpgid`` reached launch as well, which passes it on once the
-    command is known: the child's own copy is dropped here (``sigtimedwait``
-    takes a pending signal without running a handler).
-    """
-    death_signal = death_signal_preexec()
-
-    def preexec() -> None:
-        os.setpgid(0, 0)
-        if hasattr(signal, "sigtimedwait"):  # not on macOS
-            while signal.sigtimedwait(stopping, 0) is not None:
-                pass
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping)
-        if death_signal is not None:
-            death_signal()
-
-    return preexec
-
-
 def _start(
     command: Sequence[str], env: dict[str, str], started: list[subprocess.Popen[bytes]]
 ) -> subprocess.Popen[bytes]:
     """Start the command (on the spawner thread); record it in ``started`` at once."""
-    preexec = _child_preexec(_STOPPING)
+    # ``_STOPPING`` is blocked from the fork on. A terminal's signal that came
+    # before the child's own group reached launch as well, which passes it on
+    # once the command is known: the child drops its own pending copy.
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING)  # the child inherits the mask
     try:
-        child = subprocess.Popen(list(command), env=env, preexec_fn=preexec)  # noqa: PLW1509 - setpgid, sigmask, prctl, getppid only
+        child = start_child(command, env, new_group=True, unblock=_STOPPING)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     started.append(child)
