@@ -109,8 +109,10 @@ class Cluster:
         self.report.mkdir()
         self.tmp_path = tmp_path
         self.rdzv_port = unshared_port()
+        (tmp_path / "tmp").mkdir()
         self.common = {
             **os.environ,
+            "TMPDIR": str(tmp_path / "tmp"),  # torchrun's agent leaves a torchelastic_* folder
             "VERIRL_VLLM_HOST": "127.0.0.1",
             "VERIRL_VLLM_PORT": str(vllm_port),
             "VERIRL_GPU_COUNT": "1",

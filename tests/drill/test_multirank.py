@@ -31,8 +31,9 @@ def test_two_ranks_stop_at_the_same_step_with_one_checkpoint_and_resume(tiny_mod
     script = script_args(tiny_model, out, log, "--max-steps", str(STEPS), "--pause-at", str(PAUSE))
     torchrun = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", *script[1:]]
     command = launch_command(out, *torchrun)
+    (tmp := tmp_path / "tmp").mkdir()  # torchrun's agent leaves a torchelastic_* folder there
 
-    first = subprocess.Popen(command, env=clean_env(), stderr=subprocess.PIPE)
+    first = subprocess.Popen(command, env=clean_env(TMPDIR=str(tmp)), stderr=subprocess.PIPE)
     try:
         paused = wait_for_event(log, first, event="paused", rank=0)
         psutil.Process(int(paused["pid"])).send_signal(signal.SIGTERM)  # type: ignore[arg-type]
@@ -54,7 +55,9 @@ def test_two_ranks_stop_at_the_same_step_with_one_checkpoint_and_resume(tiny_mod
         "rng_state_1.pth",
     }
 
-    second = subprocess.run(command, env=clean_env(), capture_output=True, timeout=240, check=False)
+    second = subprocess.run(
+        command, env=clean_env(TMPDIR=str(tmp)), capture_output=True, timeout=240, check=False
+    )
     assert second.returncode == 0, second.stderr.decode(errors="replace")[-3000:]
     retry = [e for e in events(log) if e["pid"] not in {end["pid"] for end in ends.values()}]
     begins = [e for e in retry if e["event"] == "begin"]
