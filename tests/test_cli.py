@@ -714,6 +714,38 @@ def test_serve_on_a_dedicated_node_open_to_other_machines(tmp_path, clean_env):
     assert nothing_listens(port)
 
 
+def test_serve_dedicated_starts_under_the_job_wide_vllm_host_variable(
+    tmp_path, clean_env, monkeypatch
+):
+    """The README exports VERIRL_VLLM_HOST for the whole job: on the vLLM node it names that very
+    node, so serve --dedicated does not read it (a variable is never refused for a layout)."""
+    monkeypatch.setenv("VERIRL_VLLM_HOST", "vllm-node")
+    with verirl_serve(tmp_path, "--dedicated") as (proc, port):
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err
+    assert "VERIRL_VLLM_HOST is for the training nodes: serve --dedicated does not read it" in err
+    assert "dedicated vLLM node (nothing trains here)" in err
+    assert nothing_listens(port)
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [(["--dedicated", "--vllm-host", "vllm-node"], "--vllm-host='vllm-node'"),
+     ([], "VERIRL_VLLM_HOST='vllm-node'")],
+)  # fmt: skip
+def test_serve_refuses_a_remote_host_it_was_asked_to_use(
+    argv, named, clean_env, monkeypatch, capsys
+):
+    """An explicit --vllm-host, or the variable on a node that also trains: serve would start
+    nothing, so it is refused, naming where the host came from."""
+    monkeypatch.setenv("VERIRL_VLLM_HOST", "vllm-node")
+    code = main(["serve", "--model", "m", "--gpus", "2", *argv])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert named in err
+
+
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "[::1]"])
 def test_only_a_loopback_bind_needs_no_address_for_other_machines(host):
     assert _public_address(host) is None

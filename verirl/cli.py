@@ -686,7 +686,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # What serve cannot do without comes first: the model (the GPU count may be detected).
     if args.model is None and not os.environ.get(Settings.variable("model"), "").strip():
         raise _unset(Settings.variable("model"), "the vLLM server needs a model")
-    runtime = _runtime_from_args(args)
+    environ = None
+    remote = Settings.variable("vllm_remote_host")
+    if args.dedicated and args.vllm_host is None and os.environ.get(remote, "").strip():
+        # Set for the whole job, it names this node to the trainers: here it is not an error.
+        log.info("%s is for the training nodes: serve --dedicated does not read it", remote)
+        environ = {name: value for name, value in os.environ.items() if name != remote}
+    runtime = TrainingRuntime.from_settings(**_settings_from_args(args), environ=environ)
     topology = runtime.topology
     if topology.remote_host is not None:
         flag = (
