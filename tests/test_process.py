@@ -277,3 +277,25 @@ def test_a_parent_with_stdio_closed_still_starts_the_command_with_its_log(tmp_pa
     )  # fmt: skip
     assert (tmp_path / "result").read_text() == "exit 0", done
     assert (tmp_path / "log").read_text() == "to the log\n"
+
+
+@pytest.mark.parametrize(
+    "locale",
+    [{}, {"LANG": "C"}, {"LC_ALL": "C"}, {"LC_CTYPE": "C"},
+     {"LC_CTYPE": "POSIX", "LANG": "C.UTF-8"}, {"LANG": "C.UTF-8"}, {"LC_CTYPE": "odd\udcff"}],
+)  # fmt: skip
+def test_the_command_gets_exactly_the_environment_and_arguments_given(tmp_path, locale):
+    """Nothing the exec program's own start-up does reaches the command: Python's C-locale
+    coercion sets LC_CTYPE=C.UTF-8 in its environment, and non-UTF-8 bytes must round-trip."""
+    env = {"PATH": os.environ["PATH"], "ODD_BYTES": "caf\udce9", **locale}
+    script = 'printf "%s\\0" "$@" > "$0.args"; env -0 > "$0.env"'
+    argv = ["/bin/sh", "-c", script, str(tmp_path / "out"), "caf\udce9", "", "two words"]
+    with (tmp_path / "log").open("wb") as log:
+        child = spawn(lambda: popen_in_session(argv, env, log))
+        assert child.wait(timeout=30) == 0
+    got_env = dict(
+        line.split(b"=", 1) for line in (tmp_path / "out.env").read_bytes().split(b"\0") if line
+    )
+    got_env.pop(b"PWD", None)  # the shell's own
+    assert got_env == {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
+    assert (tmp_path / "out.args").read_bytes() == b"caf\xe9\0\0two words\0"

@@ -123,7 +123,11 @@ for name in ("SIGPIPE", "SIGXFSZ"):
 parent, report, group = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 os.set_inheritable(report, False)
 unblock = {int(number) for number in sys.argv[4].split(",") if number}
-argv = sys.argv[5:]
+if sys.argv[5] == "-":  # Python's C locale coercion set LC_CTYPE for its children: undone
+    os.environ.pop("LC_CTYPE", None)
+else:
+    os.environ["LC_CTYPE"] = sys.argv[5][1:]
+argv = sys.argv[6:]
 try:
     if group:
         os.setpgid(0, 0)
@@ -145,10 +149,12 @@ os._exit(127)
 """Run by ``python -I -S -c`` between the fork and the command: what a ``preexec_fn`` did.
 
 Its arguments: the parent's pid, the report pipe, whether to make a group,
-the signals to unblock (pending ones dropped first), then the command. It
-restores the signal dispositions its own start-up changed, so the command
-starts as ``subprocess`` would start it; an ``exec`` failure is written to the
-report pipe (closed on a successful ``exec``), as ``subprocess`` does.
+the signals to unblock (pending ones dropped first), ``LC_CTYPE`` as given
+(``-`` for none, else ``=value``), then the command. It restores what its own
+start-up changed (signal dispositions; ``LC_CTYPE``, which Python's C-locale
+coercion sets in the environment), so the command starts as ``subprocess``
+would start it; an ``exec`` failure is written to the report pipe (closed on
+a successful ``exec``), as ``subprocess`` does.
 """
 _EXEC_DEADLINE = 60.0
 """How long a child may take to reach its command's ``exec`` (a Python start-up)."""
@@ -238,7 +244,7 @@ def start_child(
             child = subprocess.Popen(
                 [python, "-I", "-S", "-c", _EXEC_PROGRAM, str(os.getpid()), str(write_end),
                  "1" if new_group else "0", ",".join(str(int(n)) for n in sorted(unblock)),
-                 *argv],
+                 "-" if "LC_CTYPE" not in environ else f"={environ['LC_CTYPE']}", *argv],
                 **popen_args, pass_fds=(write_end,),
             )  # fmt: skip
         finally:
