@@ -299,3 +299,28 @@ def test_the_command_gets_exactly_the_environment_and_arguments_given(tmp_path, 
     got_env.pop(b"PWD", None)  # the shell's own
     assert got_env == {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
     assert (tmp_path / "out.args").read_bytes() == b"caf\xe9\0\0two words\0"
+
+
+IGNORED = 'grep SigIgn /proc/$$/status > "$0"'
+
+
+@linux_only
+@pytest.mark.parametrize("ignored", [(), (signal.SIGINT,), (signal.SIGHUP, signal.SIGINT)])
+def test_the_command_ignores_the_signals_a_subprocess_would(tmp_path, ignored):
+    """A job started in the background by a shell ignores SIGINT, under nohup SIGHUP: the
+    command inherits that as from subprocess.Popen, and nothing the exec program set."""
+    before = {signum: signal.signal(signum, signal.SIG_IGN) for signum in ignored}
+    try:
+        plain = subprocess.Popen(["/bin/sh", "-c", IGNORED, str(tmp_path / "plain")])
+        assert plain.wait(timeout=30) == 0
+        with (tmp_path / "log").open("wb") as log:
+            argv = ["/bin/sh", "-c", IGNORED, str(tmp_path / "ours")]
+            child = spawn(lambda: popen_in_session(argv, dict(os.environ), log))
+            assert child.wait(timeout=30) == 0
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+    ours = int((tmp_path / "ours").read_text().split()[1], 16)
+    assert ours == int((tmp_path / "plain").read_text().split()[1], 16)
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ):
+        assert bool(ours & (1 << (signum - 1))) == (signum in ignored), signal.Signals(signum)

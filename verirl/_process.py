@@ -116,7 +116,8 @@ def death_signal_preexec() -> Callable[[], None] | None:
 
 _EXEC_PROGRAM = """\
 import os, signal, sys
-signal.signal(signal.SIGINT, signal.SIG_DFL)
+if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # ours; an ignored one stays
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 for name in ("SIGPIPE", "SIGXFSZ"):
     if hasattr(signal, name):
         signal.signal(getattr(signal, name), signal.SIG_DFL)
