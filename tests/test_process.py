@@ -324,3 +324,18 @@ def test_the_command_ignores_the_signals_a_subprocess_would(tmp_path, ignored):
     assert ours == int((tmp_path / "plain").read_text().split()[1], 16)
     for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ):
         assert bool(ours & (1 << (signum - 1))) == (signum in ignored), signal.Signals(signum)
+
+
+@pytest.mark.parametrize(
+    ("argv", "errno_"), [(["true", "x" * 200_000], 7), ([""], 0)], ids=["too-long", "empty-name"]
+)
+def test_a_start_that_fails_before_the_exec_is_an_error_naming_the_command(tmp_path, argv, errno_):
+    """Too long a command line names the command, not the Python that runs the exec program;
+    any failure of that program before the exec is raised, never a start that looks fine."""
+    before = {child.pid for child in psutil.Process().children()}
+    with (tmp_path / "out").open("wb") as out, pytest.raises(OSError) as info:
+        spawn(lambda: popen_in_session(argv, dict(os.environ), out))
+    assert info.value.errno == errno_
+    assert info.value.filename == argv[0]
+    assert [c for c in psutil.Process().children() if c.pid not in before] == []
+    assert (tmp_path / "out").read_bytes() == b""

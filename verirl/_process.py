@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import errno
 import fcntl
 import functools
 import logging
@@ -143,8 +144,10 @@ try:
     if os.getppid() != parent:
         os._exit(1)
     os.execvpe(argv[0], argv, os.environ)
-except OSError as exc:
-    os.write(report, f"{exc.errno or 0}:{exc.strerror or exc}".encode(errors="replace"))
+except BaseException as exc:  # anything that stops the exec is the parent's error to raise
+    number = getattr(exc, "errno", None) or 0
+    told = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
+    os.write(report, f"{number}:{told}".encode(errors="replace"))
 os._exit(127)
 """
 """Run by ``python -I -S -c`` between the fork and the command: what a ``preexec_fn`` did.
@@ -167,6 +170,24 @@ def _exec_wrapper() -> str | None:
     if not executable or getattr(sys, "frozen", False) or not os.access(executable, os.X_OK):
         return None
     return executable
+
+
+def _popen_named(
+    program: str,
+    python: str,
+    argv: list[str],
+    **kwargs: Any,  # noqa: ANN401 - Popen's own
+) -> subprocess.Popen[bytes]:
+    """``Popen(argv)`` of the exec program; an error it raises about the command names ``program``.
+
+    Too long an environment or command line (E2BIG) is the command's, not the Python's.
+    """
+    try:
+        return subprocess.Popen(argv, **kwargs)
+    except OSError as exc:
+        if exc.errno == errno.E2BIG and exc.filename == python:
+            raise OSError(exc.errno, exc.strerror, program) from None
+        raise
 
 
 def _above_stdio(fd: int) -> int:
@@ -242,7 +263,7 @@ def start_child(
     read_end, write_end = (_above_stdio(fd) for fd in os.pipe())
     try:
         try:
-            child = subprocess.Popen(
+            child = _popen_named(argv[0], python,
                 [python, "-I", "-S", "-c", _EXEC_PROGRAM, str(os.getpid()), str(write_end),
                  "1" if new_group else "0", ",".join(str(int(n)) for n in sorted(unblock)),
                  "-" if "LC_CTYPE" not in environ else f"={environ['LC_CTYPE']}", *argv],
