@@ -278,6 +278,9 @@ def start_child(
         return child
     with contextlib.suppress(subprocess.TimeoutExpired):
         child.wait(_KILL_WAIT)
+    for stream in (child.stdin, child.stdout, child.stderr):
+        if stream is not None:  # pipes the caller asked for: never handed over
+            stream.close()
     number, _, message = report.decode(errors="replace").partition(":")
     raise OSError(int(number) if number.isdigit() else 0, message, argv[0])
 
