@@ -794,3 +794,23 @@ def test_the_launch_grace_is_25_seconds_unless_a_flag_or_variable_says_otherwise
     assert _launch_grace(parse(["launch", "--shutdown-timeout", "3", "--", "true"])) == 3.0
     monkeypatch.setenv("VERIRL_SHUTDOWN_TIMEOUT", " ")
     assert _launch_grace(parse(["launch", "--", "true"])) == 25.0
+
+
+@pytest.mark.parametrize(
+    ("command", "flag", "value"),
+    [("plan", "--model", "m"), ("plan", "--vllm-gpus", "1"), ("launch", "--model", "m"),
+     ("launch", "--vllm-command", "vllm serve"), ("launch", "--vllm-gpus", "1"),
+     ("launch", "--log-dir", "/tmp")],
+)  # fmt: skip
+@pytest.mark.usefixtures("clean_env")
+def test_mode_server_with_a_remote_host_variable_still_refuses_the_local_server_s_flags(
+    command, flag, value, monkeypatch, capsys
+):
+    """VERIRL_VLLM_HOST puts vLLM on another machine even with --mode server: the flags of a
+    local server are refused as they are without --mode, never silently ignored."""
+    monkeypatch.setenv("VERIRL_VLLM_HOST", "vllm-node")
+    tail = ["--", "true"] if command == "launch" else []
+    assert main([command, "--gpus", "2", "--mode", "server", flag, value, *tail]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag}=" in err
+    assert "not used: with VERIRL_VLLM_HOST set, vLLM runs on another machine" in err

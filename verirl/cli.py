@@ -294,7 +294,7 @@ def _refuse_unused(args: argparse.Namespace) -> None:
                   "vllm_startup_timeout", "vllm_unresponsive_timeout")  # fmt: skip
     else:
         unused, why = (), ""
-    if not unused and getattr(args, "mode", None) != "server":
+    if not unused:  # --mode server too: VERIRL_VLLM_HOST may still put vLLM elsewhere
         unused, why = _unused_by_layout(args)
     for dest in unused:
         value = getattr(args, dest, None)
