@@ -446,3 +446,56 @@ def test_a_daemon_that_rewrote_its_launch_marker_does_not_outlive_launch(races, 
     assert list(race.signalled().values()) == [1], race.stderr
     assert "left 1 process(es) running" in race.stderr, race.stderr
     assert not race.survivors(), race.stderr
+
+
+SIGNAL_AS_THE_COMMAND_STARTS = """
+import os, signal, sys, time
+from verirl import _supervise
+
+ready = sys.argv[1]
+original = _supervise._start
+
+def start_then_signal(command, env, started):
+    child = original(command, env, started)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(ready) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGTERM)  # lands before launch has recorded the command
+    return child
+
+_supervise._start = start_then_signal
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+daemon = (
+    "import os, sys, time; open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid())); "
+    "os.rename(sys.argv[1] + '.tmp', sys.argv[1]); time.sleep(300)"
+)
+script = 'setsid "$0" -c "$1" "$2" </dev/null >/dev/null 2>&1 & exec sleep 300'
+command = ["/bin/sh", "-c", script, sys.executable, daemon, ready]
+try:
+    code = _supervise.run_command(command, dict(os.environ), 10.0)
+except SystemExit as exc:
+    code = exc.code
+print("code", code, flush=True)
+"""
+
+
+def test_a_signal_as_the_command_starts_still_reaches_a_daemon_it_started(tmp_path):
+    """A signal while the command is being started is raised once the child exists; stopping
+    the command then must know it as launch does (its marker, its start time), or a daemon it
+    had already started in a session of its own was never signalled and outlived launch."""
+    ready = tmp_path / "daemon.pid"
+    done = subprocess.run(
+        [sys.executable, "-c", SIGNAL_AS_THE_COMMAND_STARTS, str(ready)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    try:
+        daemon = [psutil.Process(int(ready.read_text()))]
+    except psutil.NoSuchProcess:
+        daemon = []  # gone already
+    try:
+        assert done.stdout.strip() == "code 143", done.stderr[-3000:]
+        assert not still_alive(daemon, timeout=5), "the daemon outlived launch"
+    finally:
+        for process in daemon:
+            with contextlib.suppress(psutil.Error):
+                process.kill()

@@ -1159,6 +1159,11 @@ def _run(
         for process in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
                 others[process.pid] = process.create_time()
+
+    made = functools.partial(
+        _tracked, marker=marker, since=since, others=others, own=own, forwarding=forwarding
+    )
+    known = functools.partial(_known, tracked, started, made)
     try:
         try:
             try:
@@ -1173,17 +1178,16 @@ def _run(
                 if cannot_run is not None:
                     cannot_run(f"cannot run {shown}: {why}")
                 return 127
-            tracked.append(_Command(child, marker, since, others, own=own))
-            tracked[0].forwarding = forwarding
-            tracked[0].wait_exited()
+            tracker = known() or _tracker(child)  # known: ``started`` holds the child
+            tracker.wait_exited()
             _call_ending(ending)
-            _end_leftovers(tracked[0], grace)
+            _end_leftovers(tracker, grace)
             code = _reap(child)
         except VLLMServerError:
             if not started:
                 raise
             log.error("stopping the training command: the vLLM server it uses failed")  # noqa: TRY400 - logged by the watchdog
-            code = _stop_command(started[0], signal.SIGTERM, grace, _first(tracked), ending)
+            code = _stop_command(started[0], signal.SIGTERM, grace, known(), ending)
             log.info(
                 "the training command exited with %d after the vLLM server failed", _code(code)
             )
@@ -1192,13 +1196,44 @@ def _run(
             if not started:
                 raise  # it never ran
             signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
-            code = _stop_command(started[0], signum, grace, _first(tracked), ending)
+            code = _stop_command(started[0], signum, grace, known(), ending)
     except BaseException:
         if started and (started[0].returncode is None or tracked):
-            _kill_command(started[0], _first(tracked))
+            _kill_command(started[0], known())
             _reap(started[0])
         raise
     return _code(code)
+
+
+def _tracked(
+    child: subprocess.Popen[bytes],
+    *,
+    marker: str,
+    since: float,
+    others: Mapping[int, float],
+    own: str,
+    forwarding: _Forwarding,
+) -> _Command:
+    """The `_Command` of ``child``: found by ``marker``, started after ``since``."""
+    command = _Command(child, marker, since, others, own=own)
+    command.forwarding = forwarding
+    return command
+
+
+def _known(
+    tracked: list[_Command],
+    started: list[subprocess.Popen[bytes]],
+    make: Callable[[subprocess.Popen[bytes]], _Command],
+) -> _Command | None:
+    """The command as tracked; made now if an interruption came before it was recorded.
+
+    A signal during the start is raised once the child exists (see `spawn`):
+    stopping the command needs its marker and start time, or a daemon it
+    forked already would not be found.
+    """
+    if not tracked and started:
+        tracked.append(make(started[0]))
+    return _first(tracked)
 
 
 def _first(tracked: list[_Command]) -> _Command | None:
