@@ -107,6 +107,19 @@ def test_the_null_byte_refusal_hides_it(capsys, monkeypatch):
     assert TOKEN not in captured.err + captured.out
 
 
+def test_an_empty_program_name_is_refused_before_anything_starts(capsys, monkeypatch):
+    """``launch -- ''`` is bad input (exit 2, naming COMMAND), like an empty --vllm-command."""
+    for name in [n for n in os.environ if n.startswith("VERIRL_")]:
+        monkeypatch.delenv(name)
+    code = main(["launch", "--gpus", "1", "--", "", "--api-key", TOKEN])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "COMMAND=" in captured.err
+    assert "its program name must not be empty" in captured.err
+    assert TOKEN not in captured.err + captured.out
+    assert "Traceback" not in captured.err
+
+
 @pytest.mark.parametrize("where", ["HF_HOME", "HF_TOKEN_PATH"])
 def test_a_token_from_the_saved_login_is_hidden(tmp_path, where):
     # huggingface_hub sends it with no variable set: it is a secret the command line may carry

@@ -850,6 +850,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     shown = redact_argv(command, secrets=secrets_in_environ(os.environ))  # never its secrets
     if any("\x00" in arg for arg in command):
         raise ConfigError.invalid("COMMAND", shown, "must not contain a null byte")
+    if not command[0]:
+        raise ConfigError.invalid("COMMAND", shown, "its program name must not be empty")
     grace = _launch_grace(args)
     _refuse_unused(args)
     from verirl._supervise import mark_this_launch, run_command  # noqa: PLC0415 - psutil
