@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -532,3 +533,35 @@ def test_the_quoted_log_tail_never_drives_the_terminal_nor_forges_a_line(tmp_pat
     assert all(line.startswith("| ") for line in tail), tail
     assert "\\x1b[2J" in message
     assert "\x1b" in caught.value.log_tail  # the attribute keeps what was written
+
+
+DROP_BOX = """
+import sys
+from pathlib import Path
+from verirl._server_fields import KeptFolder
+from verirl._server_log import open_server_log
+
+folder = KeptFolder(sys.argv[1])
+opened = open_server_log(folder, port=8001, argv=["vllm", "serve"], field="log_dir")
+opened.handle.close()
+print(opened.path)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "O_PATH"), reason="O_PATH is Linux's")
+def test_a_drop_box_log_folder_is_a_folder_to_log_into(tmp_path):
+    """A folder where files can be made but not listed (1733, another user's): the log is made
+    there. Root without DAC override stands for that user (see test_checkpoint_unreadable)."""
+    box = tmp_path / "box"
+    box.mkdir()
+    os.chown(box, 65534, 65534)
+    box.chmod(0o1733)
+    without_override = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    done = subprocess.run(
+        [*without_override, sys.executable, "-c", DROP_BOX, str(box)],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(box / "vllm-serve-8001.log")
+    assert (box / "vllm-serve-8001.log").read_text().startswith("--- verirl ")

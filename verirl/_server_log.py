@@ -141,8 +141,11 @@ def _open_folder(folder: Path, *, follow: bool = True) -> int:
 
     The log is then opened relative to it, so that the folder checked is the
     folder written into: one removed in between fails, never becomes a file.
+    ``O_PATH`` (Linux) needs no read permission: a drop-box folder (``1733``),
+    where files can be made but not listed, is a folder to log into.
     """
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    flags = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
+    flags |= 0 if follow else os.O_NOFOLLOW
     return os.open(folder, flags)
 
 
