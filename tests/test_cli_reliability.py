@@ -1406,3 +1406,30 @@ def test_a_bad_token_file_under_xdg_cache_home_is_named_by_that_variable(tmp_pat
     assert code == 2, (document, stderr)
     assert document["error"]["message"].startswith(f"Hub token unusable: {expected}"), document
     assert document["error"]["message"].count(expected) == 1, document
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [(["plan", "--gpus", "0"], 2), (["resume", "--resume", "/nonexistent/ckpt"], 5),
+     (["launch", "--gpus", "1", "--", "/bin/sh", "-c", "exit 3"], 3)],
+    ids=["plan", "resume", "launch"],
+)  # fmt: skip
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_after_the_json_document_does_not_change_the_exit_code(tmp_path, argv, code, sig):
+    """The document states the run's exit code; a platform's signal that lands between its
+    write and the exit (tens of ms) used to make the exit 143/130 under a document saying N.
+    Sent at the document's first byte: whichever comes first, the two agree."""
+    for _ in range(3):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "verirl", "--json", *argv], stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, env=clean_environ(tmp_path),
+        )  # fmt: skip
+        assert proc.stdout is not None
+        with proc:
+            first = proc.stdout.read(1)
+            proc.send_signal(sig)
+            document = json.loads(first + proc.stdout.read())
+            proc.wait(timeout=60)
+        stated = document.get("exit_code", document.get("error", {}).get("code"))
+        assert proc.returncode == stated, (proc.returncode, document)
+        assert stated in (code, 128 + sig), document

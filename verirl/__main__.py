@@ -124,8 +124,9 @@ def run() -> int:
     A signal noted while this module imported is raised first thing, and a
     SIGTERM whose exit verirl's import swallowed before the command starts.
     Once the command has returned, both signals are noted rather than raised
-    (the teardown finishes, the code says what came), and a ``--json`` run a
-    signal ended before its document was written still gets one.
+    (the teardown finishes, the code says what came, unless a ``--json``
+    document already stated it), and a ``--json`` run a signal ended before
+    its document was written still gets one.
     """
     try:  # the first statement: from the module's noting handlers straight into the try
         try:
@@ -146,7 +147,11 @@ def run() -> int:
     if process is not None:  # what the exit hook would stop, stopped while signals are noted
         process.stop_all_servers()
     received = program_received()  # its SystemExit may have been swallowed (see the handler)
-    code = code if received is None else 128 + received
+    stated = _stated()
+    if stated is not None:  # the --json document said it: a later signal does not change it
+        code = stated
+    elif received is not None:
+        code = 128 + received
     if code in (_CTRL_C, 128 + signal.SIGTERM):
         from verirl._cli_output import signal_document  # noqa: PLC0415 - imported by now, or quickly
 
@@ -232,6 +237,12 @@ _LATE_AS_SIGTERM = (*(() if _SIGHUP is None else (_SIGHUP,)), *TERMINATING)
 """Those noted at the end as a SIGTERM: a hang-up, and each of `TERMINATING` (`as_sigterm`)."""
 
 
+def _stated() -> int | None:
+    """The exit code the run's final ``--json`` document stated, if one was written."""
+    output = sys.modules.get("verirl._cli_output")
+    return None if output is None else output.final_code()
+
+
 def _late_signal_exit() -> None:
     """The last exit hook: a SIGTERM or Ctrl-C that came after `run` returned still sets the code.
 
@@ -256,7 +267,7 @@ def _late_signal_exit() -> None:
     for signum in (*_LATE, *ours):
         with contextlib.suppress(OSError, ValueError):
             signal.signal(signum, signal.SIG_IGN)
-    if late is None or not _EXIT_CODE or _EXIT_CODE[0] == 128 + late:
+    if late is None or not _EXIT_CODE or _EXIT_CODE[0] == 128 + late or _stated() is not None:
         return
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError, AttributeError):

@@ -124,10 +124,16 @@ def json_text(data: object, *, indent: int | None = 2) -> str:
 
 
 _WRITTEN: list[bool] = []
+_FINAL: list[int] = []
+"""The exit code the final document stated (see `write_document`)."""
 
 
-def write_document(data: object, *, indent: int | None = 2) -> None:
+def write_document(data: object, *, indent: int | None = 2, final: bool = True) -> None:
     """Write the run's ``--json`` document to stdout and note that it was written.
+
+    A ``final`` document states the run's exit code (`final_code`): a signal
+    that comes after it no longer changes that code (`verirl.__main__`).
+    ``serve``'s ready document is not final: a signal ends the server after it.
 
     After a SIGTERM whose ``SystemExit`` never reached the main thread
     (`verirl._signals.sigterm_lost`), the run exits 143 whatever the command
@@ -141,7 +147,22 @@ def write_document(data: object, *, indent: int | None = 2) -> None:
             raise_if_lost()
         program_exit_arrived()  # the document says so: no later wait raises it
     _WRITTEN.append(True)
+    if final:
+        _FINAL[:] = [_stated_code(data)]
     STDOUT.write(json_text(data, indent=indent))
+
+
+def _stated_code(data: object) -> int:
+    """The exit code a final document states: ``exit_code``, else ``error.code``, else 0."""
+    stated = data.get("exit_code") if isinstance(data, dict) else None
+    if stated is None:
+        stated = _error_code(data)
+    return stated if isinstance(stated, int) else 0
+
+
+def final_code() -> int | None:
+    """The exit code the run's final ``--json`` document states; ``None`` before one is written."""
+    return _FINAL[0] if _FINAL else None
 
 
 def _error_code(data: object) -> object:

@@ -593,12 +593,16 @@ def _emit(args: argparse.Namespace, data: dict[str, object], text: str) -> None:
 
 
 def _emit_json(
-    args: argparse.Namespace, data: dict[str, object], *, indent: int | None = 2
+    args: argparse.Namespace,
+    data: dict[str, object],
+    *,
+    indent: int | None = 2,
+    final: bool = True,
 ) -> None:
     if getattr(args, "json_emitted", False):
         return
     args.json_emitted = True
-    write_document(data, indent=indent)
+    write_document(data, indent=indent, final=final)
 
 
 def _error_document(code: int, message: str) -> dict[str, object]:
@@ -752,7 +756,7 @@ def _announce_ready(
         )
         ready["vllm_host"], ready["vllm_port"] = public, topology.port
     if args.json:
-        _emit_json(args, ready, indent=None)
+        _emit_json(args, ready, indent=None, final=False)  # a signal ends the server after it
     else:
         STDOUT.write("\n".join(lines) + "\n")
 
