@@ -1433,3 +1433,66 @@ def test_a_signal_after_the_json_document_does_not_change_the_exit_code(tmp_path
         stated = document.get("exit_code", document.get("error", {}).get("code"))
         assert proc.returncode == stated, (proc.returncode, document)
         assert stated in (code, 128 + sig), document
+
+
+@pytest.mark.parametrize(
+    "problem", ["fifo", "folder", "device", "unwritable-folder", "read-only-log"]
+)
+def test_doctor_finds_the_log_launch_would_refuse_in_launch_s_words(tmp_path, problem):
+    """doctor is launch's preflight: a server log launch cannot open is its exit 2, in the same
+    words; doctor itself makes and writes nothing there."""
+    port = str(unshared_port())
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    log = logs / f"vllm-serve-{port}.log"
+    as_other: list[str] = []
+    if problem == "fifo":
+        os.mkfifo(log)
+    elif problem == "folder":
+        log.mkdir()
+    elif problem == "device":
+        log.symlink_to("/dev/null")
+    else:  # another user's: root without DAC override stands for this one
+        as_other = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+        if problem == "read-only-log":
+            log.write_text("kept\n")
+            log.chmod(0o444)
+        os.chown(logs if problem == "unwritable-folder" else log, 65534, 65534)
+    environ = clean_environ(
+        tmp_path, VERIRL_VLLM_COMMAND=FAKE_VLLM, VERIRL_GPU_COUNT="2", VERIRL_MODEL="m",
+        VERIRL_VLLM_PORT=port, VERIRL_VLLM_LOG_DIR=str(logs),
+        PYTHONPATH=os.pathsep.join(sys.path),
+    )  # fmt: skip
+    before = sorted(p.name for p in logs.iterdir())
+    runs = {}
+    for command in (["doctor"], ["launch", "--", "true"]):
+        runs[command[0]] = subprocess.run(
+            [*as_other, sys.executable, "-m", "verirl", *command], capture_output=True,
+            text=True, env=environ, timeout=120, check=False,
+        )  # fmt: skip
+        if command == ["doctor"]:
+            assert sorted(p.name for p in logs.iterdir()) == before  # nothing made
+            if problem == "read-only-log":
+                assert log.read_text() == "kept\n"
+    launch, doctor = runs["launch"], runs["doctor"]
+    assert launch.returncode == doctor.returncode == 2, (launch.stderr, doctor.stderr)
+    (refusal,) = [line for line in launch.stderr.splitlines() if " ERROR " in line]
+    reason = refusal.split("ERROR verirl: ", 1)[1]
+    assert reason.startswith("VERIRL_VLLM_LOG_DIR=") or str(logs) in reason, reason
+    assert any(line.endswith(reason) for line in doctor.stderr.splitlines()), doctor.stderr
+
+
+def test_doctor_passes_a_log_folder_launch_can_use_and_makes_nothing_there(tmp_path):
+    port = str(unshared_port())
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    environ = clean_environ(
+        tmp_path, VERIRL_VLLM_COMMAND=FAKE_VLLM, VERIRL_GPU_COUNT="2", VERIRL_MODEL="m",
+        VERIRL_VLLM_PORT=port, VERIRL_VLLM_LOG_DIR=str(logs),
+    )  # fmt: skip
+    doctor = subprocess.run(
+        [sys.executable, "-m", "verirl", "doctor"], capture_output=True, text=True,
+        env=environ, timeout=120, check=False,
+    )  # fmt: skip
+    assert "vllm-serve" not in doctor.stderr, doctor.stderr
+    assert list(logs.iterdir()) == []

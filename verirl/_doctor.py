@@ -131,7 +131,10 @@ def _layout(
     local = runtime.topology.is_local_server
     try:
         if runtime.starts_server and runtime.server_factory is not None:
-            runtime.server_factory(runtime.topology)  # built, not started: no model is exit 2
+            server = runtime.server_factory(runtime.topology)  # built, not started: no model is 2
+            check_log = getattr(server, "check_log", None)
+            if check_log is not None:  # the log launch would open, looked at, not written
+                check_log()
     except ConfigError as exc:
         return local, [(EXIT_CONFIG, f"vLLM server: {explain(exc)}")]
     except Exception:  # noqa: BLE001 - the launch row below says what is wrong

@@ -267,6 +267,55 @@ def _open_for_appending(path: Path, field: str, folder: int | None) -> BinaryIO:
         raise ConfigError.invalid(field, printable(path), why) from None
 
 
+def check_server_log(requested: Path | None, *, port: int, field: str = "log_path") -> None:
+    """What `open_server_log` would refuse, found without making or writing anything.
+
+    ``doctor``'s preflight: a folder given as one that is missing or no folder,
+    an existing log that is not a regular file or cannot be appended to and
+    read back, a missing log in a folder that cannot be written: the
+    `ConfigError` `open_server_log` would raise, in its words. What is made at
+    start (the default folder, one spelled with a trailing slash, a file's
+    missing parent) is not checked, nor a full disk.
+    """
+    if requested is None:
+        return
+    name = log_file_name(port)
+    if getattr(requested, "must_exist", False):
+        path, folder = Path(requested) / name, _kept_folder(requested, field)
+    else:
+        path = Path(requested) / name if getattr(requested, "folder", False) else requested
+        try:
+            folder = _open_folder(path.parent)
+        except OSError:
+            return  # made, or refused, at start: as `_made_folder` or `_log_file` does then
+    try:
+        _check_in_folder(path, folder, field)
+    finally:
+        os.close(folder)
+
+
+def _check_in_folder(path: Path, folder: int, field: str) -> None:
+    """`check_server_log`'s look at ``path`` in the open ``folder``."""
+    cannot = "cannot be opened for appending and reading back ({})"
+    try:
+        mode = os.stat(path.name, dir_fd=folder).st_mode
+    except FileNotFoundError:
+        if not os.access(".", os.W_OK | os.X_OK, dir_fd=folder):
+            why = cannot.format(os.strerror(errno.EACCES))
+            raise ConfigError.invalid(field, printable(path), why) from None
+        return
+    except OSError as exc:
+        raise ConfigError.invalid(
+            field, printable(path), cannot.format(exc.strerror or exc)
+        ) from None
+    if stat.S_ISDIR(mode):
+        raise ConfigError.invalid(field, printable(path), cannot.format(os.strerror(errno.EISDIR)))
+    if not stat.S_ISREG(mode):
+        raise ConfigError.invalid(field, printable(path), _NOT_REGULAR.format(kind=_kind(mode)))
+    if not os.access(path.name, os.R_OK | os.W_OK, dir_fd=folder):
+        raise ConfigError.invalid(field, printable(path), cannot.format(os.strerror(errno.EACCES)))
+
+
 def _check_regular(handle: BinaryIO, path: Path, field: str) -> None:
     """After the header was written (a full disk says so first): only a regular file."""
     mode = os.fstat(handle.fileno()).st_mode

@@ -114,6 +114,7 @@ from verirl._server_log import (
     LOG_TAIL_LINES,
     KeptLog,
     check_lines,
+    check_server_log,
     log_file_name,
     open_server_log,
     read_log_tail,
@@ -579,6 +580,16 @@ class VLLMServer:
                 run.release_sigterm()
             else:
                 run.holds_sigterm = False
+
+    def check_log(self) -> None:
+        """What `start` would refuse about the log, as a `ConfigError`, found without writing.
+
+        A preflight (``verirl doctor``): see `verirl._server_log.check_server_log`.
+        """
+        if self.log_dir is not None:
+            check_server_log(self.log_dir, port=self.port, field="log_dir")
+        else:
+            check_server_log(self._log_path, port=self.port)
 
     def _open_log(self, argv: tuple[str, ...]) -> BinaryIO:
         """Open this run's log (see `open_server_log`), remember where the run starts."""
