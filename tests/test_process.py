@@ -320,8 +320,11 @@ def test_the_command_ignores_the_signals_a_subprocess_would(tmp_path, ignored):
     finally:
         for signum, handler in before.items():
             signal.signal(signum, handler)
-    ours = int((tmp_path / "ours").read_text().split()[1], 16)
-    assert ours == int((tmp_path / "plain").read_text().split()[1], 16)
+    # Signals 1-31 only: 32 and 33 are glibc's own (no program sets them) and read as ignored
+    # or not depending on how the parent was started (a 3.13 Popen child shows 33 ignored).
+    standard = (1 << 31) - 1
+    ours = int((tmp_path / "ours").read_text().split()[1], 16) & standard
+    assert ours == int((tmp_path / "plain").read_text().split()[1], 16) & standard
     for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ):
         assert bool(ours & (1 << (signum - 1))) == (signum in ignored), signal.Signals(signum)
 
