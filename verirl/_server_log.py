@@ -233,6 +233,10 @@ _NOT_REGULAR = (
 )
 
 
+_CANNOT_APPEND = "cannot be opened for appending and reading back ({})"
+"""Why a log cannot be used: `open_server_log`'s words, and `check_server_log`'s for the same."""
+
+
 def _open_for_appending(path: Path, field: str, folder: int | None) -> BinaryIO:
     """Open ``path`` (in the open ``folder`` if given) to append and read back, without blocking.
 
@@ -248,7 +252,7 @@ def _open_for_appending(path: Path, field: str, folder: int | None) -> BinaryIO:
         if exc.errno == errno.ENXIO:  # a FIFO or socket with nobody at the other end
             why = _NOT_REGULAR.format(kind="a FIFO or socket")
         else:
-            why = f"cannot be opened for appending and reading back ({exc.strerror or exc})"
+            why = _CANNOT_APPEND.format(exc.strerror or exc)
         raise ConfigError.invalid(field, printable(path), why) from None
     try:
         mode = os.fstat(fd).st_mode
@@ -263,7 +267,7 @@ def _open_for_appending(path: Path, field: str, folder: int | None) -> BinaryIO:
         return os.fdopen(fd, "ab", buffering=0)  # seeks to the end: a /proc file cannot
     except OSError as exc:
         os.close(fd)
-        why = f"cannot be opened for appending and reading back ({exc.strerror or exc})"
+        why = _CANNOT_APPEND.format(exc.strerror or exc)
         raise ConfigError.invalid(field, printable(path), why) from None
 
 
@@ -296,7 +300,7 @@ def check_server_log(requested: Path | None, *, port: int, field: str = "log_pat
 
 def _check_in_folder(path: Path, folder: int, field: str) -> None:
     """`check_server_log`'s look at ``path`` in the open ``folder``."""
-    cannot = "cannot be opened for appending and reading back ({})"
+    cannot = _CANNOT_APPEND  # launch and doctor say the same
     try:
         mode = os.stat(path.name, dir_fd=folder).st_mode
     except FileNotFoundError:
