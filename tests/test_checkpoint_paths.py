@@ -351,3 +351,43 @@ def test_a_resolved_checkpoint_read_back_as_text_is_the_same_folder(
     assert again is not None
     assert Path(again).samefile(mine), (answer, again)
     assert CheckpointResolver([]).resolve_from_env({RESUME_ENV_VAR: answer}) == again
+
+
+# ---------------------------------------------------------------- one byte, one spelling
+
+_XFF = os.fsdecode(b"x\xffy")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["resume", "--resume", f"/nonexistent/{_XFF}"],
+        ["resume", "--json", "--resume", f"/nonexistent/{_XFF}"],
+        ["resume", f"/nonexistent/{_XFF}"],  # argparse's own "unrecognized arguments"
+        ["plan", "--json", "--vllm-host", _XFF, "--gpus", "1"],
+        ["plan", "--gpus", _XFF],
+    ],
+    ids=["resume", "resume-json", "argparse", "plan-host-json", "plan-gpus"],
+)
+def test_a_byte_that_is_not_utf8_is_written_one_way_in_every_message(argv, tmp_path):
+    """``repr`` writes such a byte as ``\\udcff`` where `printable` writes ``\\xff``: one way only."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERIRL_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "verirl", *argv],
+        capture_output=True, env=env, cwd=tmp_path, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode in (2, 5), result
+    shown = result.stdout + result.stderr
+    assert b"Traceback" not in shown
+    assert b"\\udc" not in shown.replace(b"\\\\", b"/")
+    assert b"x\\\\xffy" in result.stdout if "--json" in argv else b"x\\xffy" in result.stderr
+
+
+def test_quoted_writes_escaped_bytes_as_printable_does_and_everything_else_as_repr():
+    from verirl._fs import printable, quoted
+
+    assert quoted(_XFF) == f"'{printable(_XFF)}'" == "'x\\xffy'"
+    assert quoted((_XFF, 1)) == "('x\\xffy', 1)"
+    assert quoted("\\" + _XFF) == "'\\\\x\\xffy'"  # a backslash, then the byte
+    for text in ["plain", "it's", 'say "hi"', "\\udcff", "\\\\udcff", "x\ud800", "\n\x1b"]:
+        assert quoted(text) == repr(text)  # a typed backslash-u is no byte

@@ -26,7 +26,7 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-from verirl._fs import expand_user, printable, read_capped
+from verirl._fs import expand_user, printable, quoted, read_capped
 from verirl._validate import check_int
 from verirl.errors import CheckpointSourceError, ConfigError
 
@@ -285,7 +285,7 @@ def check_origin(description: str, checkpoint: Checkpoint) -> None:
         raise ConfigError.invalid(
             "checkpoint",
             checkpoint,
-            f"comes from {checkpoint.source!r}, not from {description!r}",
+            f"comes from {quoted(checkpoint.source)}, not from {quoted(description)}",
         )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 
+from verirl._fs import quoted
 from verirl.errors import ConfigError
 
 __all__ = [
@@ -67,7 +68,7 @@ def _ordinal(entry: str, value: str) -> int:
         raise ConfigError.invalid(
             VISIBLE_DEVICES_VAR,
             value,
-            f"entry {entry!r} is not a GPU index (ASCII digits) or a GPU-/MIG- UUID",
+            f"entry {quoted(entry)} is not a GPU index (ASCII digits) or a GPU-/MIG- UUID",
         )
     return int(prefix)
 
@@ -129,7 +130,7 @@ def map_visible_devices(devices: Iterable[int], parent_visible: str | None) -> s
                 "devices",
                 chosen,
                 f"GPU index {device} is beyond the {len(visible)} GPU(s) this process sees "
-                f"(CUDA_VISIBLE_DEVICES={parent_visible!r})",
+                f"(CUDA_VISIBLE_DEVICES={quoted(parent_visible)})",
             )
     return ",".join(visible[device] for device in chosen)
 

@@ -33,6 +33,7 @@ from verirl._fs import (
     lstat_kind,
     make_owned_dir,
     printable,
+    quoted,
     read_capped,
     read_owner_record,
 )
@@ -311,7 +312,7 @@ def _not_a_leftover(path: Path, prefix: str, folder: str) -> str | None:
                     continue
                 if kind == "file" and (relative in files or relative.startswith(f"{_HF_CACHE}/")):
                     continue
-                return f"it holds {printable(relative)!r}, which no download puts there"
+                return f"it holds {quoted(relative)}, which no download puts there"
     except OSError as exc:
         return f"it cannot be read ({type(exc).__name__}: {exc.strerror})"
     return None

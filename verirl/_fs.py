@@ -29,11 +29,13 @@ from pathlib import Path
 __all__ = [
     "OWNER_MARKER",
     "FileRefusedError",
+    "escape_bytes",
     "expand_user",
     "flock_with_deadline",
     "lstat_kind",
     "make_owned_dir",
     "printable",
+    "quoted",
     "read_capped",
     "read_owner_record",
     "same_file",
@@ -76,15 +78,36 @@ def printable(value: str | os.PathLike[str]) -> str:
     escapes them (``\n``, ``\x00``, ``\x1b``). Other text is returned as it is.
     Only for showing: the path itself is what is opened, passed and returned.
     """
-    text = os.fspath(value)
+    return escape_bytes(os.fspath(value)).translate(_CONTROLS)
+
+
+def escape_bytes(text: str) -> str:
+    r"""``text`` with the bytes that are not UTF-8 shown as ``\xff``, as `printable` shows them.
+
+    For text of several lines (a log line quoting a server log's tail), which
+    `printable` would fold into one.
+    """
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         try:
-            text = os.fsencode(text).decode("utf-8", "backslashreplace")
+            return os.fsencode(text).decode("utf-8", "backslashreplace")
         except UnicodeEncodeError:  # a surrogate that is no escaped byte
-            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text.translate(_CONTROLS)
+            return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def quoted(value: object) -> str:
+    r"""``repr(value)``, bytes that are not UTF-8 shown as `printable` shows them (``\xff``).
+
+    ``repr("x\udcff")`` writes the escaped byte as ``\udcff`` where the path
+    beside it in the same message reads ``\xff``: one byte, one spelling.
+    """
+    return _ESCAPED_BYTE.sub(r"\1\\x\2", repr(value))
+
+
+# An escaped byte (U+DC80..U+DCFF) as repr() writes it, not preceded by an escaped backslash.
+_ESCAPED_BYTE = re.compile(r"(?<!\\)((?:\\\\)*)\\udc([89a-f][0-9a-f])")
 
 
 # A control character in a name (a NUL, a new line, an escape sequence) would cut or forge a log

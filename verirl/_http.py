@@ -34,6 +34,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.util.connection import allowed_gai_family
 
+from verirl._fs import quoted
 from verirl._resolve import AddrInfo, LookupTimeoutError, needs_dns, resolve
 from verirl._secrets import redact_text
 from verirl._validate import MAX_PORT, host_address, ipv4_spelling
@@ -101,7 +102,7 @@ def _check_host(field: str, url: str, host: str) -> None:
         return
     labels = host.removesuffix(".").split(".")
     if len(host) > _MAX_HOST_LENGTH or not all(_HOST_LABEL.fullmatch(label) for label in labels):
-        raise _invalid_url(field, url, "has an invalid host name", repr(host))
+        raise _invalid_url(field, url, "has an invalid host name", quoted(host))
     if all(label.isdigit() for label in labels) or ipv4_spelling(host) is not None:
         # A resolver reads hex, octal and short forms (0x7f000001, 0177.0.0.1,
         # 127.1) as an IPv4 address too: only the dotted quad is taken, so the
@@ -112,7 +113,7 @@ def _check_host(field: str, url: str, host: str) -> None:
             spelled = ipv4_spelling(host)
             hint = None if spelled is None else f"write it as a dotted quad, e.g. {str(spelled)!r}"
             raise _invalid_url(
-                field, url, "has an invalid IPv4 address", repr(host), hint
+                field, url, "has an invalid IPv4 address", quoted(host), hint
             ) from None
 
 
@@ -120,7 +121,7 @@ def _check_port(field: str, url: str, port: str | None) -> None:
     if port is None:
         return
     if not (port.isascii() and port.isdigit()):
-        raise _invalid_url(field, url, "has an invalid port", repr(port))
+        raise _invalid_url(field, url, "has an invalid port", quoted(port))
     if not 1 <= int(port) <= MAX_PORT:
         raise _invalid_url(field, url, f"port must be 1..{MAX_PORT}")
 
@@ -171,7 +172,7 @@ def validate_http_url(field: str, url: object) -> str:
         end = hostport.find("]") + 1
         host, rest = hostport[:end], hostport[end:]
         if not end or (rest and not rest.startswith(":")):
-            raise _invalid_url(field, url, "has an invalid host", repr(hostport))
+            raise _invalid_url(field, url, "has an invalid host", quoted(hostport))
         port = rest[1:] if rest else None
     else:
         host, colon, port_text = hostport.partition(":")

@@ -47,6 +47,7 @@ from verirl._checkpoint import (
     user_directory,
 )
 from verirl._download_dir import MARKER, FileEntry, RemoteFolder, fetch_folder, human_size
+from verirl._fs import quoted
 from verirl._phases import DaemonExecutor
 from verirl._secrets import (
     check_token,
@@ -168,7 +169,7 @@ class HubCheckpointSource:
 
     def __repr__(self) -> str:
         shown = ", ".join(
-            f"{field.name}={getattr(self, field.name)!r}"
+            f"{field.name}={quoted(getattr(self, field.name))}"
             for field in attrs.fields(type(self))
             if field.repr
         )
@@ -407,7 +408,7 @@ class HubCheckpointSource:
                 LAST_CHECKPOINT,
                 self.description,
                 TRAINER_STATE,
-                shorten(repr(state.get("global_step"))),
+                shorten(quoted(state.get("global_step"))),
             )
         return step
 
@@ -592,7 +593,7 @@ def _check_revision(value: object) -> None:
     bad = next((ch for ch in value if ch.isspace() or not ch.isprintable()), None)
     if bad is not None:
         raise ConfigError.invalid(
-            "revision", value, f"must not contain whitespace or control characters ({bad!r})"
+            "revision", value, f"must not contain whitespace or control characters ({quoted(bad)})"
         )
     parts = value.split("/")
     if (
@@ -686,12 +687,12 @@ def _folders_of(
         folder = path.split("/", 1)[0]
         if not _safe_repo_path(path):
             unusable.setdefault(
-                folder, f"a file path that is not safe to download ({shorten(repr(path))})"
+                folder, f"a file path that is not safe to download ({shorten(quoted(path))})"
             )
             continue
         if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= _MAX_FILE_SIZE:
             unusable.setdefault(
-                folder, f"{shorten(path)} has no usable size ({shorten(repr(size))})"
+                folder, f"{shorten(path)} has no usable size ({shorten(quoted(size))})"
             )
             continue
         lfs = entry.get("lfs")
@@ -701,7 +702,7 @@ def _folders_of(
     for folder, files in folders.items():
         clash = _file_and_folder(files)
         if clash is not None:  # no download can make both
-            unusable.setdefault(folder, f"{shorten(repr(clash))} both as a file and as a folder")
+            unusable.setdefault(folder, f"{shorten(quoted(clash))} both as a file and as a folder")
     return folders, unusable
 
 
@@ -729,7 +730,7 @@ def _commit_id(sha: object, revision: str | None) -> str:
     if sha is None or sha == "":  # a mirror that does not say: pin to what was asked
         return revision or "main"
     if not isinstance(sha, str) or not _COMMIT_ID.fullmatch(sha):
-        msg = f"the Hub answered with a commit id that is not one: {shorten(repr(sha))}"
+        msg = f"the Hub answered with a commit id that is not one: {shorten(quoted(sha))}"
         raise ValueError(msg)
     return sha
 

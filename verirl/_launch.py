@@ -28,6 +28,7 @@ from typing import Any, Literal, NoReturn
 
 import attrs
 
+from verirl._fs import quoted
 from verirl._secrets import HIDDEN, redact_argv, redact_text
 from verirl.errors import ConfigError, VLLMServerError
 
@@ -88,8 +89,8 @@ class LaunchPlan:
         env = {name: redact_argv([f"{name}={value}"])[0].partition("=")[2]
                for name, value in self.env.items()}  # fmt: skip
         return (
-            f"LaunchPlan(argv={tuple(redact_argv(self.argv))!r}, env={env!r}, "
-            f"kind={self.kind!r}, reason={redact_text(self.reason)!r})"
+            f"LaunchPlan(argv={quoted(tuple(redact_argv(self.argv)))}, env={quoted(env)}, "
+            f"kind={quoted(self.kind)}, reason={quoted(redact_text(self.reason))})"
         )
 
     __str__ = __repr__
@@ -360,8 +361,8 @@ def _check_own(parsed: object, own: Mapping[str, object]) -> None:
             raise ConfigError.invalid(
                 "extra_args",
                 HIDDEN,
-                f"they set {name} to {value!r}, but VLLMServer sets it from "
-                f"{name}={expected!r} (and waits on that); pass {name}= instead",
+                f"they set {name} to {quoted(value)}, but VLLMServer sets it from "
+                f"{name}={quoted(expected)} (and waits on that); pass {name}= instead",
             )
 
 

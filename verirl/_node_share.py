@@ -39,7 +39,7 @@ import attrs
 
 from verirl import _procfs
 from verirl._checkpoint import shorten
-from verirl._fs import flock_with_deadline, printable, read_capped
+from verirl._fs import flock_with_deadline, printable, quoted, read_capped
 from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError
 
 __all__ = ["NODE_WAIT_TIMEOUT", "CheckpointResolving", "NodeSharedResolver", "attempt_key"]
@@ -347,7 +347,7 @@ class NodeSharedResolver:
                     _raise_from_record(record)
                 path = record["path"]
                 if path is not None and not isinstance(path, str):
-                    msg = f"local rank 0's checkpoint choice is not a path: {shorten(repr(path))}"
+                    msg = f"local rank 0's checkpoint choice is not a path: {shorten(quoted(path))}"
                     raise CheckpointSourceError(msg)
                 log.info("local rank 0 chose %s", printable(path) if path else "a fresh start")
                 return path

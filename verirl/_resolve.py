@@ -18,6 +18,8 @@ import socket
 import threading
 from typing import Any
 
+from verirl._fs import quoted
+
 __all__ = ["AddrInfo", "LookupTimeoutError", "needs_dns", "resolve"]
 
 AddrInfo = tuple[Any, Any, int, str, Any]
@@ -30,7 +32,7 @@ class LookupTimeoutError(TimeoutError):
     """A name lookup that did not finish within its timeout; ``host`` is the name asked."""
 
     def __init__(self, host: str, timeout: float) -> None:
-        super().__init__(f"DNS lookup of {host!r} timed out (timeout={timeout:g}s)")
+        super().__init__(f"DNS lookup of {quoted(host)} timed out (timeout={timeout:g}s)")
         self.host = host
         self.timeout = timeout
 

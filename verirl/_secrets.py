@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from urllib.parse import quote, quote_plus, unquote
 
-from verirl._fs import printable
+from verirl._fs import escape_bytes, printable, quoted
 from verirl.errors import ConfigError
 
 __all__ = [
@@ -312,6 +312,9 @@ def _forms(secret: str) -> list[str]:
     forms = {
         secret,
         repr(secret)[1:-1],
+        quoted(secret)[1:-1],
+        printable(secret),
+        escape_bytes(secret),
         ascii(secret)[1:-1],
         repr(secret.encode("utf-8", "backslashreplace"))[2:-1],
         quote(raw),

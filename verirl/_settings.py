@@ -19,6 +19,7 @@ from typing import Any
 
 import attrs
 
+from verirl._fs import quoted
 from verirl._secrets import (
     HIDDEN,
     hub_token_in_use,
@@ -106,12 +107,12 @@ def _flags(name: str, raw: str) -> tuple[str, ...]:
 
 def _shown_url(value: str | None) -> str:
     """A URL setting in the repr: its password and secret parameters hidden."""
-    return repr(value if value is None else redact_url(value))
+    return quoted(value if value is None else redact_url(value))
 
 
 def _shown_argv(value: tuple[str, ...] | None) -> str:
     """A command or flags setting in the repr: ``--api-key`` values and tokens hidden."""
-    return repr(value if value is None else tuple(redact_argv(value)))
+    return quoted(value if value is None else tuple(redact_argv(value)))
 
 
 def _setting(
@@ -253,7 +254,7 @@ class Read:
         how = "unset" if raw is None else "blank"
         detected = "" if count is None else f"; {count} GPU(s) detected"
         return ConfigError(
-            f"VERIRL_GPU_COUNT={raw!r} ({how}{detected}): {reason}",
+            f"VERIRL_GPU_COUNT={quoted(raw)} ({how}{detected}): {reason}",
             field="VERIRL_GPU_COUNT",
             value=raw,
             reason=reason,

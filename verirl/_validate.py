@@ -14,6 +14,7 @@ import re
 import socket
 from collections.abc import Mapping, MutableMapping
 
+from verirl._fs import quoted
 from verirl._secrets import redact_url
 from verirl.errors import ConfigError
 
@@ -153,13 +154,15 @@ def check_host(field: str, value: object) -> str:
     text = check_text(field, value, what)
     if len(text) > 2 and text[0] == "[" and text[-1] == "]":  # noqa: PLR2004 - "[" + "]"
         raise ConfigError.invalid(
-            field, value, f"write an IPv6 address without brackets, e.g. {text[1:-1]!r}"
+            field, value, f"write an IPv6 address without brackets, e.g. {quoted(text[1:-1])}"
         )
     scheme, sep, rest = text.partition("://")
     if sep:
         bare = rest.split("/", 1)[0]
         raise ConfigError.invalid(
-            field, value, f"is a URL, not a host: drop the {scheme!r} scheme, e.g. {bare!r}"
+            field,
+            value,
+            f"is a URL, not a host: drop the {quoted(scheme)} scheme, e.g. {quoted(bare)}",
         )
     try:
         ipaddress.ip_address(text)

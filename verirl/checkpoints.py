@@ -36,7 +36,7 @@ from verirl._checkpoint import (
     path_request,
     read_trainer_state,
 )
-from verirl._fs import expand_user, printable
+from verirl._fs import expand_user, printable, quoted
 from verirl._hub_source import HubCheckpointSource
 from verirl._local_source import LocalCheckpointSource
 from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError
@@ -174,7 +174,7 @@ class CheckpointResolver:
         value: object = env.get(RESUME_ENV_VAR)
         if value is not None and not isinstance(value, str):
             raise ConfigError.invalid(RESUME_ENV_VAR, value, "must be a string")
-        log.debug("%s=%r", RESUME_ENV_VAR, value)
+        log.debug("%s=%s", RESUME_ENV_VAR, quoted(value))
         try:
             return self.resolve(value)
         except ConfigError as exc:
@@ -206,14 +206,14 @@ class CheckpointResolver:
             if failures:
                 reasons = "; ".join(printable(str(exc)) for _, exc in failures)
                 msg = (
-                    f"no checkpoint for {request!r}: {len(failures)} of {len(searched)} "
+                    f"no checkpoint for {quoted(request)}: {len(failures)} of {len(searched)} "
                     f"source(s) could not be read ({reasons}); searched: {', '.join(searched)}"
                 )
                 raise CheckpointSourceError(msg) from _original(failures[0][1])
             if not strict:
                 log.warning(
-                    "%r: no complete checkpoint yet, starting fresh; searched: %s",
-                    request,
+                    "%s: no complete checkpoint yet, starting fresh; searched: %s",
+                    quoted(request),
                     ", ".join(searched),
                 )
                 return None
@@ -287,7 +287,7 @@ def _refuse_if_newer_may_hide(
     if hiding:
         reasons = "; ".join(printable(str(exc)) for _, exc in hiding)
         msg = (
-            f"no checkpoint for {request!r}: {len(hiding)} source(s) may hold a newer "
+            f"no checkpoint for {quoted(request)}: {len(hiding)} source(s) may hold a newer "
             f"checkpoint than the one found, but could not be read ({reasons}); resuming "
             f"an older one would overwrite it; searched: {', '.join(searched)}"
         )
@@ -324,8 +324,8 @@ def _drop_missing_repos(
     for source, exc in failures:
         if isinstance(exc, CheckpointSourceError) and exc.repo_missing:
             log.warning(
-                "%r: %s does not exist yet (%s); nothing was pushed there to resume from",
-                request,
+                "%s: %s does not exist yet (%s); nothing was pushed there to resume from",
+                quoted(request),
                 describe_source(source),
                 printable(str(exc)),
             )

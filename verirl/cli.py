@@ -70,7 +70,7 @@ from verirl._cli_output import (
     wants_json,
     write_document,
 )
-from verirl._fs import printable
+from verirl._fs import escape_bytes, printable, quoted
 from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT
 from verirl._net import url_host
 from verirl._secrets import (
@@ -151,7 +151,7 @@ def _ascii_int(text: str) -> int:
     try:
         return parse_int("value", text, -(2**63))
     except ConfigError:
-        raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"invalid integer: {quoted(text)}") from None
 
 
 def _ascii_seconds(text: str, *, positive: bool = False) -> float:
@@ -159,7 +159,7 @@ def _ascii_seconds(text: str, *, positive: bool = False) -> float:
     try:
         return parse_seconds("value", text, positive=positive)
     except ConfigError as exc:
-        raise argparse.ArgumentTypeError(f"invalid seconds {text!r}: {exc.reason}") from None
+        raise argparse.ArgumentTypeError(f"invalid seconds {quoted(text)}: {exc.reason}") from None
 
 
 def _ascii_positive_seconds(text: str) -> float:
@@ -260,7 +260,8 @@ def _flag_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError:
     if required is None or not blank or not hasattr(args, required[0]):
         return exc
     message, state = str(exc), None
-    prefix = f"{field}={exc.value!r} ("  # the library's "VERIRL_GPU_COUNT=None (unset; …): why"
+    # the library's "VERIRL_GPU_COUNT=None (unset; …): why"
+    prefix = f"{field}={quoted(exc.value)} ("
     if message.startswith(prefix):
         inner, found, _ = message[len(prefix) :].partition("): ")
         state = f"is {inner}" if found else None
@@ -969,7 +970,8 @@ class _Parser(argparse.ArgumentParser):
     """
 
     def error(self, message: str) -> NoReturn:
-        message = redact_message(message)  # it quotes what was typed: --api-key=V, a URL's password
+        # It quotes what was typed: --api-key=V, a URL's password, a name that is not UTF-8.
+        message = redact_message(escape_bytes(message))
         match = _EXPECTED_ONE.fullmatch(message)
         if match:  # the value started with "-", so argparse took it for a flag
             message += f" (a value that starts with '-' goes after '=': {match[1]}=VALUE)"
@@ -1161,7 +1163,7 @@ class _StderrHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            text = _hidden(self.format(record))
+            text = _hidden(escape_bytes(self.format(record)))
         except Exception:  # noqa: BLE001 - logging's own contract: never raise from emit
             self.handleError(record)
             return

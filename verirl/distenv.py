@@ -16,6 +16,7 @@ from collections.abc import Collection, Mapping, MutableMapping
 
 import attrs
 
+from verirl._fs import quoted
 from verirl._net import find_free_port
 from verirl._validate import (
     MAX_PORT,
@@ -274,9 +275,9 @@ def _stale_launcher_variables(env: Mapping[str, str]) -> frozenset[str]:
     address = env.get("MASTER_ADDR")
     if address is not None and address.strip() not in _LOOPBACK_NAMES:
         log.warning(
-            "MASTER_ADDR=%r is ignored: no launcher set WORLD_SIZE, so this is one process "
+            "MASTER_ADDR=%s is ignored: no launcher set WORLD_SIZE, so this is one process "
             "that meets only itself, on 127.0.0.1",
-            address,
+            quoted(address),
         )
     stale = frozenset(name for name in env if name.startswith(_AGENT_PREFIX) or name in _AGENT_VARS)
     if stale:
@@ -316,7 +317,7 @@ def _check_filled(variables: Mapping[str, str], filled: set[str]) -> None:
             "launcher should"
         )
         value = variables.get(name)
-        raise ConfigError(f"{name}={value!r}: {reason}", field=name, value=value,
+        raise ConfigError(f"{name}={quoted(value)}: {reason}", field=name, value=value,
                           reason=reason) from None  # fmt: skip
 
 

@@ -34,6 +34,7 @@ from urllib.parse import unquote
 
 import attrs
 
+from verirl._fs import quoted
 from verirl._poll import Backoff, Clock, Sleep, poll
 from verirl._secrets import HIDDEN, redact_url, scrub, secrets_in_environ
 from verirl._validate import check_number
@@ -257,9 +258,9 @@ class HttpEnvServerProbe:
 
     def __repr__(self) -> str:
         return (
-            f"HttpEnvServerProbe(url={self.url!r}, health_path={self.health_path!r}, "
-            f"request_timeout={self.request_timeout!r}, backoff={self.backoff!r}, "
-            f"progress_every={self.progress_every!r})"
+            f"HttpEnvServerProbe(url={quoted(self.url)}, health_path={quoted(self.health_path)}, "
+            f"request_timeout={quoted(self.request_timeout)}, backoff={quoted(self.backoff)}, "
+            f"progress_every={quoted(self.progress_every)})"
         )
 
     @property

@@ -54,6 +54,12 @@ def _redacted(message: str) -> str:
     return redact_message(message)
 
 
+def _quoted(value: object) -> str:
+    from verirl._fs import quoted  # noqa: PLC0415 - keep this module's imports at none
+
+    return quoted(value)
+
+
 def _where(log_path: str | None) -> str:
     """``; full log: PATH``, the path shown escaped (a control character would forge a line)."""
     from verirl._fs import printable  # noqa: PLC0415 - keep this module's imports at none
@@ -80,7 +86,7 @@ class ConfigError(VeriRLError, ValueError):
     @classmethod
     def invalid(cls, field: str, value: object, reason: str) -> ConfigError:
         """Build the usual message: ``field=value: reason``."""
-        return cls(f"{field}={value!r}: {reason}", field=field, value=value, reason=reason)
+        return cls(f"{field}={_quoted(value)}: {reason}", field=field, value=value, reason=reason)
 
     def renamed(self, field: str) -> ConfigError:
         """The same error under another name (a CLI flag, an environment variable).
@@ -233,9 +239,9 @@ class CheckpointNotFoundError(VeriRLError, FileNotFoundError):
         self.reason = reason
         places = ", ".join(self.searched) if self.searched else "no sources configured"
         if reason:
-            super().__init__(f"no checkpoint for {request!r}: {reason}; searched: {places}")
+            super().__init__(f"no checkpoint for {_quoted(request)}: {reason}; searched: {places}")
         else:
-            super().__init__(f"no complete checkpoint for {request!r}; searched: {places}")
+            super().__init__(f"no complete checkpoint for {_quoted(request)}; searched: {places}")
 
 
 class CheckpointSourceError(VeriRLError):

@@ -70,7 +70,7 @@ from typing import Any, Final
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from verirl._checkpoint import INCOMPLETE_MARKER, read_trainer_state
-from verirl._fs import printable
+from verirl._fs import printable, quoted
 from verirl._signals import SIGTERM_POLICY
 from verirl._stop import STOP_REQUESTS
 from verirl._validate import check_int
@@ -115,11 +115,11 @@ def _check_signals(value: object) -> tuple[signal.Signals, ...]:
     found: list[signal.Signals] = []
     for item in value:
         if isinstance(item, bool) or not isinstance(item, int):
-            raise ConfigError.invalid("signals", value, f"{item!r} is not a signal number")
+            raise ConfigError.invalid("signals", value, f"{quoted(item)} is not a signal number")
         try:
             signum = signal.Signals(item)
         except ValueError:
-            raise ConfigError.invalid("signals", value, f"{item!r} is not a signal") from None
+            raise ConfigError.invalid("signals", value, f"{quoted(item)} is not a signal") from None
         if signum in _UNCATCHABLE:
             raise ConfigError.invalid("signals", value, f"{signum.name} cannot be caught")
         if signum not in found:
@@ -188,7 +188,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
 
     def __repr__(self) -> str:
         names = ", ".join(signum.name for signum in self._signals)
-        return f"PreemptionCallback(signals=({names}), exit_code={self._exit_code!r})"
+        return f"PreemptionCallback(signals=({names}), exit_code={quoted(self._exit_code)})"
 
     @property
     def signals(self) -> tuple[signal.Signals, ...]:

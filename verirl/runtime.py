@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from verirl._checkpoint import RESUME_KEYWORDS, resume_request
+from verirl._fs import quoted
 from verirl._node_share import (
     NODE_WAIT_TIMEOUT,
     CheckpointResolving,
@@ -214,7 +215,7 @@ def _plan(read: Read) -> VLLMTopology:
         count = detect_gpu_count(environ=read.environ)
         if count < 1:
             visible = read.environ.get("CUDA_VISIBLE_DEVICES")
-            where = f"CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else "torch"
+            where = f"CUDA_VISIBLE_DEVICES={quoted(visible)}" if visible is not None else "torch"
             raise read.unset_gpu_count(f"no GPU was detected ({where}); set it")
     else:  # given: never a plan for GPUs that CUDA_VISIBLE_DEVICES hides
         check_visible_gpus(count, read.environ, field=read.name("gpu_count") or "gpu_count")
@@ -251,7 +252,7 @@ def _inherited(read: Read, named: str | None) -> str:
     """
     fields = ("gpu_count", "vllm_gpus", "mode", "max_model_len", "vllm_port", "vllm_remote_host")
     inherited = [
-        f"{variable}={getattr(read.settings, field)!r}"
+        f"{variable}={quoted(getattr(read.settings, field))}"
         for field in fields
         if (variable := read.name(field)) not in (None, field, named)
     ]

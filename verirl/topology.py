@@ -18,6 +18,7 @@ from typing import Literal, Protocol
 import attrs
 
 from verirl._child_env import VISIBLE_DEVICES_VAR, parse_visible_devices
+from verirl._fs import quoted
 from verirl._net import connect_host, url_host
 from verirl._serve_args import vllm_serve_args
 from verirl._validate import (
@@ -568,7 +569,7 @@ def check_local_server(topology: ServerTopology) -> None:
         raise ConfigError.invalid(
             "topology.remote_host",
             remote,
-            f"vLLM runs on that host (mode={topology.mode!r}); no local server to start",
+            f"vLLM runs on that host (mode={quoted(topology.mode)}); no local server to start",
         )
     raise ConfigError.invalid(
         "topology.mode",
@@ -611,8 +612,8 @@ def detect_gpu_count(
         return count
     if visible is not None:
         count = len(listed or ())  # as torch reads it: "0,,1" is one GPU
-        log.info("torch is not installed; CUDA_VISIBLE_DEVICES=%r makes %d GPU(s) visible",
-                 visible, count)  # fmt: skip
+        log.info("torch is not installed; CUDA_VISIBLE_DEVICES=%s makes %d GPU(s) visible",
+                 quoted(visible), count)  # fmt: skip
         return count
     log.info("torch is not installed and CUDA_VISIBLE_DEVICES is unset: assuming 0 GPUs")
     return 0
@@ -635,6 +636,6 @@ def check_visible_gpus(gpu_count: int, environ: Mapping[str, str], *, field: str
         raise ConfigError.invalid(
             field,
             gpu_count,
-            f"{VISIBLE_DEVICES_VAR}={visible!r} {seen} (read as torch reads it); "
+            f"{VISIBLE_DEVICES_VAR}={quoted(visible)} {seen} (read as torch reads it); "
             f"lower the count or change {VISIBLE_DEVICES_VAR}",
         )

@@ -58,7 +58,7 @@ from verirl._child_env import (
     map_visible_devices,
     vllm_child_environ,
 )
-from verirl._fs import printable
+from verirl._fs import printable, quoted
 from verirl._launch import (
     COMMAND_HINT,
     INSTALL_HINT,
@@ -272,9 +272,9 @@ class VLLMServer:
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(model={self.model!r}, base_url={self.base_url!r}, "
-            f"devices={self.devices!r}, running={self.running}, pid={self.pid}, "
-            f"log_path={None if self.log_path is None else str(self.log_path)!r})"
+            f"{type(self).__name__}(model={quoted(self.model)}, base_url={quoted(self.base_url)}, "
+            f"devices={quoted(self.devices)}, running={self.running}, pid={self.pid}, "
+            f"log_path={quoted(None if self.log_path is None else str(self.log_path))})"
         )
 
     # ------------------------------------------------------------ properties
@@ -510,10 +510,10 @@ class VLLMServer:
                     )
                 elif plan.kind == "command":
                     program = redact_argv([argv[0]])[0]  # a NAME=secret word as the program
-                    msg = f"command={program!r}: cannot be started ({why})"
+                    msg = f"command={quoted(program)}: cannot be started ({why})"
                 else:  # the program TRL's launch found: the installation is at fault
                     msg = (
-                        f"cannot start {argv[0]!r} ({why}); reinstall TRL and vLLM "
+                        f"cannot start {quoted(argv[0])} ({why}); reinstall TRL and vLLM "
                         f"(`{INSTALL_HINT} --force-reinstall`), or {COMMAND_HINT}"
                     )
                 raise VLLMServerError(msg) from exc
