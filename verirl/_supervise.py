@@ -1178,7 +1178,7 @@ def _run(
                 if cannot_run is not None:
                     cannot_run(f"cannot run {shown}: {why}")
                 return 127
-            tracker = known() or _tracker(child)  # known: ``started`` holds the child
+            tracker = known() or made(child)  # ``started`` holds the child: known() is it
             tracker.wait_exited()
             _call_ending(ending)
             _end_leftovers(tracker, grace)
