@@ -370,7 +370,7 @@ _XFF = os.fsdecode(b"x\xffy")
     ids=["resume", "resume-json", "argparse", "plan-host-json", "plan-gpus"],
 )
 def test_a_byte_that_is_not_utf8_is_written_one_way_in_every_message(argv, tmp_path):
-    """``repr`` writes such a byte as ``\\udcff`` where `printable` writes ``\\xff``: one way only."""
+    """``repr`` writes such a byte as ``\\udcff``, `printable` as ``\\xff``: only the latter."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERIRL_")}
     result = subprocess.run(
         [sys.executable, "-m", "verirl", *argv],

@@ -6,6 +6,7 @@ import socket
 import pytest
 
 from verirl import ConfigError, DistributedEnv, find_free_port
+from verirl._fs import quoted
 
 TORCHRUN = {
     "RANK": "3",
@@ -180,7 +181,7 @@ def test_local_rank_without_local_world_size_names_both():
 def test_integers_are_ascii_digits_only(name, value):
     with pytest.raises(ConfigError, match=rf"^{name}=") as info:
         DistributedEnv.single_node(environ={name: value})
-    assert repr(value) in str(info.value)
+    assert quoted(value) in str(info.value)
 
 
 def test_blanks_around_digits_are_fine():

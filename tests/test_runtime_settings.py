@@ -7,6 +7,7 @@ import math
 import pytest
 
 from verirl import ConfigError, TrainingRuntime, VLLMServer, VLLMTopology
+from verirl._fs import quoted
 from verirl.runtime import resolver_from_settings, topology_from_settings
 
 INTEGER_VARIABLES = ["VERIRL_GPU_COUNT", "VERIRL_MAX_MODEL_LEN", "VERIRL_VLLM_GPUS",
@@ -36,7 +37,7 @@ def test_range_and_plan_errors_name_the_variable(name, value):
     with pytest.raises(ConfigError, match=rf"^{name}=") as info:
         topology_from_settings(environ=environ)
     assert info.value.field == name
-    assert repr(value) in str(info.value)
+    assert quoted(value) in str(info.value)
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "1e400", "1_0", "\u0663", "1e30",
@@ -175,7 +176,7 @@ def test_vllm_startup_timeout_variable_must_be_positive_and_finite(value):
     with pytest.raises(ConfigError, match=r"^VERIRL_VLLM_STARTUP_TIMEOUT=") as info:
         TrainingRuntime.from_settings(environ=environ)
     assert info.value.field == "VERIRL_VLLM_STARTUP_TIMEOUT"
-    assert repr(value) in str(info.value)
+    assert quoted(value) in str(info.value)
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]", "0.0.0.0"])

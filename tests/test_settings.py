@@ -12,6 +12,7 @@ import attrs
 import pytest
 
 from verirl import ConfigError, TrainingRuntime, VLLMTopology, topology_from_settings
+from verirl._fs import quoted
 from verirl._settings import Settings
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -91,7 +92,7 @@ def test_a_bad_value_names_the_variable_and_shows_the_value(variable, value):
     with pytest.raises(ConfigError, match=rf"^{variable}=") as info:
         Settings.from_environ({variable: value})
     assert info.value.field == variable
-    assert repr(value) in str(info.value)
+    assert quoted(value) in str(info.value)
 
 
 def test_a_bad_token_is_never_shown():

@@ -26,6 +26,7 @@ import requests
 
 from _support import alive, unshared_port
 from fakes.envserver import FakeEnvServer
+from verirl._fs import quoted
 from verirl._http import deadline_session
 from verirl._launch import COMMAND_HINT
 from verirl._readiness import health_check
@@ -1023,7 +1024,7 @@ def test_bad_input_is_a_config_error_naming_field_and_value(kwargs, field):
     assert str(info.value).startswith(f"{field}=")
     if field not in ("env", "devices"):
         value = kwargs.get(field, model)
-        assert repr(value) in str(info.value)
+        assert quoted(value) in str(info.value)
 
 
 @pytest.mark.parametrize(

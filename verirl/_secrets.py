@@ -345,6 +345,13 @@ def scrub(text: str, secret: str | None, placeholder: str = "<token>") -> str:
     return text
 
 
+def scrub_all(text: str, secrets: Iterable[str], placeholder: str = "<token>") -> str:
+    """``text`` with every form of each of ``secrets`` replaced, a longer one before its parts."""
+    for secret in sorted(set(secrets), key=len, reverse=True):
+        text = scrub(text, secret, placeholder)
+    return text
+
+
 def scrub_exception(exc: BaseException, secret: str | None) -> None:
     """Scrub ``secret`` from the string arguments of ``exc`` and of its cause/context chain."""
     if not secret:
@@ -834,9 +841,7 @@ def redact_argv(argv: Iterable[str], *, secrets: Iterable[str | None] = ()) -> l
     """
     known = [secret for secret in (*secrets, *known_secrets()) if secret]
     shown = _redact_words(list(argv), known)
-    for secret in known:
-        shown = [scrub(arg, secret, HIDDEN) for arg in shown]
-    return shown
+    return [scrub_all(arg, known, HIDDEN) for arg in shown]
 
 
 def shown_line(argv: Iterable[str], *, secrets: Iterable[str | None] = ()) -> str:

@@ -81,6 +81,7 @@ from verirl._secrets import (
     redact_message,
     redact_text,
     scrub,
+    scrub_all,
     secrets_in_environ,
     shown_command,
 )
@@ -1149,10 +1150,7 @@ def _hidden(text: str) -> str:
     Credentials it names (`redact_message`), and this run's secrets
     (`_RUN_SECRETS`: in a URL the user built with one).
     """
-    text = redact_message(text)
-    for secret in _RUN_SECRETS:
-        text = scrub(text, secret, HIDDEN)
-    return text
+    return scrub_all(redact_message(text), _RUN_SECRETS, HIDDEN)
 
 
 class _StderrHandler(logging.Handler):

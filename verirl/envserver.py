@@ -24,6 +24,7 @@ URL check and deadline session), so three rules hold for every one:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -36,7 +37,7 @@ import attrs
 
 from verirl._fs import quoted
 from verirl._poll import Backoff, Clock, Sleep, poll
-from verirl._secrets import HIDDEN, redact_url, scrub, secrets_in_environ
+from verirl._secrets import HIDDEN, redact_url, scrub_all, secrets_in_environ
 from verirl._validate import check_number
 from verirl.errors import ConfigError, EnvServerUnavailable
 
@@ -77,10 +78,7 @@ def shown_url(url: str) -> str:
     A URL built with one (``http://h/$HF_TOKEN``) carries it with nothing to
     tell it is a secret: it is hidden wherever it stands.
     """
-    shown = redact_url(url)
-    for secret in secrets_in_environ(os.environ):
-        shown = scrub(shown, secret, HIDDEN)
-    return shown
+    return scrub_all(redact_url(url), secrets_in_environ(os.environ), HIDDEN)
 
 
 ENV_SERVER_BACKOFF = Backoff(initial=0.02, factor=2.0, cap=0.2)
@@ -207,12 +205,7 @@ def _scrubber(url: str) -> Callable[[str], str]:
     if not password:  # a token given as the user name
         secrets += [user, unquote(user)]
 
-    def scrub_all(text: str) -> str:
-        for secret in sorted(set(secrets), key=len, reverse=True):
-            text = scrub(text, secret, "***")
-        return text
-
-    return scrub_all
+    return functools.partial(scrub_all, secrets=secrets, placeholder="***")
 
 
 @attrs.define(repr=False)

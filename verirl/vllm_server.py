@@ -90,7 +90,7 @@ from verirl._secrets import (
     known_secrets,
     redact_argv,
     redact_text,
-    scrub,
+    scrub_all,
     secrets_in_environ,
 )
 from verirl._serve_args import vllm_serve_args
@@ -676,7 +676,6 @@ def _hide_secrets(text: str, argv: Sequence[str], env: Mapping[str, str]) -> str
             _, equals, value = word.partition("=")
             if equals and value:
                 secrets.add(value)
-    for secret in sorted(secrets, key=len, reverse=True):  # a longer one before its parts
-        if len(secret) >= 4:  # noqa: PLR2004 - a shorter one would hide ordinary words
-            text = scrub(text, secret, HIDDEN)
+    # A secret shorter than 4 characters would hide ordinary words.
+    text = scrub_all(text, (s for s in secrets if len(s) >= 4), HIDDEN)  # noqa: PLR2004
     return "\n".join(redact_text(line) for line in text.split("\n"))
