@@ -10,17 +10,18 @@ scrubbed is every spelling of the secret a message could carry: raw, as
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import json
 import locale
 import os
 import re
 import shlex
 import stat
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from urllib.parse import quote, quote_plus, unquote
 
 from verirl._fs import escape_bytes, printable, quoted
+from verirl._phases import DaemonExecutor
 from verirl.errors import ConfigError
 
 __all__ = [
@@ -126,29 +127,21 @@ def hub_token_within(timeout: float) -> str | None:
     thread, it raises `TimeoutError` when it has not answered in time, and
     whatever ``get_token`` raised. ``None``: no token.
     """
-    found: list[str | None] = []
-    failed: list[BaseException] = []
-
-    def lookup() -> None:
-        try:
-            from huggingface_hub import get_token  # noqa: PLC0415
-
-            found.append(get_token())
-        except Exception as exc:  # noqa: BLE001 - raised in the caller's thread
-            failed.append(exc)
-
-    thread = threading.Thread(target=lookup, name="verirl-hub-token", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if failed:
-        raise failed[0]
-    if not found:
+    future = DaemonExecutor().submit(_get_token)
+    try:
+        return future.result(timeout) or None
+    except concurrent.futures.TimeoutError:
         source = (
             " (an OIDC exchange: HF_OIDC_RESOURCE)" if os.environ.get("HF_OIDC_RESOURCE") else ""
         )
         msg = f"huggingface_hub did not find the Hub token{source} within {timeout:g}s"
-        raise TimeoutError(msg)
-    return found[0] or None
+        raise TimeoutError(msg) from None
+
+
+def _get_token() -> str | None:
+    from huggingface_hub import get_token  # noqa: PLC0415 - the light path loads no Hub client
+
+    return get_token()
 
 
 def implicit_token_disabled(environ: Mapping[str, str] | None = None) -> bool:
