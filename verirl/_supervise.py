@@ -266,6 +266,9 @@ class _Command:
         self.signum: int = signal.SIGTERM
         self.inner: set[int] = set()  # pids of nested launches, named in markers after ours
         self.signalled: set[psutil.Process] = set()  # got self.signum (or left to a forwarder)
+        # Sent by launch: when (clock ticks after boot) and to which program image (`_image`).
+        self.sent: dict[psutil.Process, tuple[int, tuple[str, ...] | None]] = {}
+        self.first_tick = 0  # when the signal went out
         self.interrupted: threading.Event | None = None  # set by `_grace_signals` during a grace
         self.forwarding: _Forwarding | None = None  # SIGQUIT, SIGUSR1, ... to pass on
         try:
@@ -577,9 +580,56 @@ class _Command:
         self.signum = signum
         self.pending = []
         self.signalled = set()
+        self.sent = {}
+        self.first_tick = _ticks_now()
         self._deliver(processes)
         self._signal_command(signum)
         return processes
+
+    def catch_up(self) -> list[psutil.Process]:
+        """The signal, now, to each process that missed it since it was passed on; those found.
+
+        Two kinds miss it: a process forked before its parent got the signal
+        but after launch's look (a pool starting its workers while launch
+        went through the tree), and a process that got it between ``fork``
+        and ``exec``, in the handler it inherited, so that the program it
+        then ran never saw it. Both would run on while their parent waits
+        for them, until the grace's SIGKILL. A process forked after its
+        parent got the signal is that parent's to stop, as before.
+        """
+        for process, (_, image) in list(self.sent.items()):
+            if image is not None and _alive(process):
+                now = _image(process.pid)
+                if now is not None and now != image:  # it exec'd since it got the signal
+                    self._send(process)
+        by_pid = {process.pid: process for process in self.signalled if _alive(process)}
+        if self.leader is not None and self.leader in self.sent and not self.exited():
+            by_pid[self.child.pid] = self.leader
+        missed = [
+            process
+            for process in self.collect()
+            if process not in self.signalled and self._forked_before_signal(process, by_pid)
+        ]
+        self._deliver(missed)
+        return missed
+
+    def _forked_before_signal(
+        self, process: psutil.Process, signalled: Mapping[int, psutil.Process]
+    ) -> bool:
+        """Whether ``process`` started no later than its nearest signalled ancestor got the signal.
+
+        With no signalled ancestor (an orphan launch adopted), no later than
+        the signal went out. Ticks are coarse (10 ms): a tie counts as before.
+        """
+        start = _procfs.start_time(process.pid)
+        if start is None:
+            return False
+        for pid in _ancestors(process):
+            ancestor = signalled.get(pid)
+            if ancestor is not None:
+                sent = self.sent.get(ancestor)
+                return sent is not None and start <= sent[0]  # not sent: its forwarder's
+        return start <= self.first_tick
 
     def signal_new(self) -> list[psutil.Process]:
         """The signal passed on, once, to each process found since; all alive now.
@@ -606,13 +656,20 @@ class _Command:
                 continue
             if _server_marker(process):  # a verirl server whose owner died: the kernel's
                 continue  # death signal has reached it (a live owner's is pending, above)
-            with contextlib.suppress(psutil.Error):
-                process.send_signal(self.signum)  # psutil refuses a pid that was reused
+            self._send(process)
+
+    def _send(self, process: psutil.Process) -> None:
+        """``self.signum`` to ``process``, noted with when and to which program image."""
+        self.sent[process] = (_ticks_now(), _image(process.pid))
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(self.signum)  # psutil refuses a pid that was reused
 
     def _signal_command(self, signum: int) -> None:
         """``signum`` to the command itself, unless it has exited (its pid is not reused then)."""
         if self.exited():
             return
+        if self.leader is not None:
+            self.sent[self.leader] = (_ticks_now(), _image(self.child.pid))
         try:
             os.kill(self.child.pid, signum)
         except ProcessLookupError:
@@ -724,8 +781,15 @@ class _Command:
                 os.close(pidfd)
 
     def wait_gone(self, processes: list[psutil.Process], deadline: float) -> bool:
-        """Wait until the command and ``processes`` are gone; False at the deadline."""
+        """Wait until the command and ``processes`` are gone; False at the deadline.
+
+        Meanwhile launch looks for processes that missed the signal
+        (`catch_up`), soon after it went out and then less often.
+        """
         delay = 0.001
+        processes = list(processes)
+        gap = _FIRST_CATCH_UP
+        look = time.monotonic() + gap
         while not self.exited() or any(_alive(process) for process in processes):
             if self.interrupted is not None and self.interrupted.is_set():
                 raise KeyboardInterrupt  # its handler's own exception was lost
@@ -734,6 +798,10 @@ class _Command:
             now = time.monotonic()
             if now >= deadline:
                 return False
+            if now >= look and self.sent:
+                processes += self.catch_up()
+                gap = min(gap * 2, _MAX_CATCH_UP)
+                look = time.monotonic() + gap
             time.sleep(min(delay, deadline - now))  # a signal interrupts it: "interrupted again"
             delay = min(delay * 2, 0.05)
         return True
@@ -764,6 +832,38 @@ def _ending(process: psutil.Process) -> bool:
         return not _procfs.read(process.pid, "cmdline")
     except OSError:
         return not _alive(process)
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_boottime = functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME)
+_FIRST_CATCH_UP = 0.02
+_MAX_CATCH_UP = 1.0
+
+
+def _ticks_now() -> int:
+    """Now, in the clock ticks after boot that ``/proc/PID/stat`` gives a start time in."""
+    return int(_boottime() * _CLOCK_TICKS)
+
+
+def _image(pid: int) -> tuple[str, ...] | None:
+    """Which program ``pid`` runs: where its code, arguments and environment lie in memory.
+
+    ``fork`` keeps these, ``exec`` lays them out anew (at addresses ASLR
+    picks): a change means the process ran a new program. None when the
+    kernel does not show them (another user's process, or exiting).
+    """
+    fields = _procfs.stat_fields(pid)
+    if fields is None or len(fields) <= _ENV_END_FIELD:
+        return None
+    image = (*fields[_START_CODE_FIELD : _START_CODE_FIELD + 2],
+             *fields[_ARG_START_FIELD : _ENV_END_FIELD + 1])  # fmt: skip
+    return None if all(value == "0" for value in image) else image
+
+
+# Indices in `_procfs.stat_fields` (from field 3): start_code (26), arg_start (48), env_end (51).
+_START_CODE_FIELD = 23
+_ARG_START_FIELD = 45
+_ENV_END_FIELD = 48
 
 
 def _ancestors(process: psutil.Process) -> Iterator[int]:

@@ -1,0 +1,277 @@
+"""Class 6: a process launch's signal could miss gets it all the same, and exactly once.
+
+Launch passes SIGTERM/SIGINT on process by process, after a look at the
+process table, the command last. Two kinds of process can miss it that way:
+
+- one forked after the look but before its parent got the signal (a pool
+  starting its workers as the preemption comes);
+- one that got it between ``fork`` and ``exec``, in the handler it inherited
+  from its parent, so that the program it then ran never saw it.
+
+Both run on while their parent waits for them, and the grace ended in a
+SIGKILL (exit 137, no checkpoint). A process forked after its parent got the
+signal (a helper the parent's handler starts to save) is the parent's to stop:
+launch leaves it alone while the parent lives.
+
+Real processes throughout; recorder programs append each signal they get,
+with their pid, to a file.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from _support import clear_verirl_env, end_launch, naming
+from verirl import _supervise
+
+DEADLINE = 30.0
+"""Seconds any one awaited event may take (a loaded CI machine starts Pythons slowly)."""
+
+GRACE = 25.0
+"""launch's grace: a process that missed the signal holds the command past it (exit 137)."""
+
+# The command: forks a child that waits, before its exec, for the handler it inherited.
+FORK_THEN_EXEC = """
+import os, signal, sys, time
+record, ready, program = sys.argv[1], sys.argv[2], sys.argv[3]
+got = []
+
+def note(signum, _frame):
+    with open(record, "a") as sink:
+        sink.write(f"{os.getpid()} {signal.Signals(signum).name} before-exec\\n")
+    got.append(signum)
+
+signal.signal(signal.SIGTERM, note)
+signal.signal(signal.SIGINT, note)
+child = os.fork()
+if child == 0:
+    end = time.monotonic() + 60
+    while not got and time.monotonic() < end:  # the signal lands between fork and exec
+        time.sleep(0.005)
+    # the program gets what comes now once it has its handlers (a start-up would die of it)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    os.execv(sys.executable, [sys.executable, program, record])
+with open(ready, "w") as sink:
+    sink.write(str(child))
+os.waitpid(child, 0)
+sys.exit(0)
+"""
+
+# What the child execs: records what it gets, and exits 0 on it.
+EXECED = """
+import os, signal, sys, time
+record = sys.argv[1]
+
+def note(signum, _frame):
+    with open(record, "a") as sink:
+        sink.write(f"{os.getpid()} {signal.Signals(signum).name} program\\n")
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, note)
+signal.signal(signal.SIGINT, note)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+time.sleep(120)
+sys.exit(3)
+"""
+
+# The command: on the signal, after a moment, starts a helper to save, and waits for it.
+SAVES_WITH_A_HELPER = """
+import os, signal, subprocess, sys, time
+record, ready, helper = sys.argv[1], sys.argv[2], sys.argv[3]
+got = []
+signal.signal(signal.SIGTERM, lambda signum, _frame: got.append(signum))
+with open(ready, "w") as sink:
+    sink.write("ready")
+end = time.monotonic() + 60
+while not got and time.monotonic() < end:
+    time.sleep(0.005)
+time.sleep(0.3)  # well after the signal, in clock ticks too
+sys.exit(subprocess.run([sys.executable, helper, record], check=False).returncode)
+"""
+
+HELPER = """
+import os, signal, sys, time
+record = sys.argv[1]
+
+def note(signum, _frame):
+    with open(record, "a") as sink:
+        sink.write(f"{os.getpid()} {signal.Signals(signum).name} helper\\n")
+
+signal.signal(signal.SIGTERM, note)
+time.sleep(1.5)  # the save
+with open(record, "a") as sink:
+    sink.write(f"{os.getpid()} saved helper\\n")
+"""
+
+
+class Scene:
+    """``verirl launch --gpus 1`` (no server) running one of the programs above."""
+
+    def __init__(self, tmp_path: Path, program: str, *extra: str) -> None:
+        self.tmp_path = tmp_path
+        self.record = tmp_path / "record"
+        self.ready = tmp_path / "ready"
+        self.stderr_path = tmp_path / "launch.err"
+        script = tmp_path / "command.py"
+        script.write_text(textwrap.dedent(program))
+        argv = [sys.executable, "-m", "verirl", "launch", "--gpus", "1",
+                "--shutdown-timeout", f"{GRACE:g}", "--",
+                sys.executable, str(script), str(self.record), str(self.ready), *extra]  # fmt: skip
+        with self.stderr_path.open("w") as sink:
+            self.proc = subprocess.Popen(
+                argv, stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True
+            )
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def lines(self) -> list[list[str]]:
+        text = self.record.read_text() if self.record.exists() else ""
+        return [line.split() for line in text.splitlines()]
+
+    def signal_when_ready(self, sig: signal.Signals) -> int:
+        deadline = time.monotonic() + DEADLINE
+        while not self.ready.exists():
+            assert self.proc.poll() is None, self.stderr
+            assert time.monotonic() < deadline, f"the command never got ready: {self.stderr}"
+            psutil.wait_procs([], timeout=0.02)
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=GRACE + DEADLINE)
+
+    def close(self) -> None:
+        end_launch(self.proc, naming(str(self.tmp_path)))
+
+
+@pytest.fixture
+def scenes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Scene]]:
+    clear_verirl_env(monkeypatch, tmp_path)
+    started: list[Scene] = []
+
+    def start(program: str, *extra: str) -> Scene:
+        scene = Scene(tmp_path, program, *extra)
+        started.append(scene)
+        return scene
+
+    yield start
+    for scene in started:
+        scene.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_process_signalled_between_fork_and_exec_gets_it_again_in_its_program(
+    scenes: Callable[..., Scene], tmp_path: Path, sig: signal.Signals
+) -> None:
+    program = tmp_path / "execed.py"
+    program.write_text(textwrap.dedent(EXECED))
+    scene = scenes(FORK_THEN_EXEC, str(program))
+    code = scene.signal_when_ready(sig)
+    child = int(scene.ready.read_text())
+    got = [line for line in scene.lines() if line[0] == str(child)]
+    # once in the handler it inherited, once in the program it ran: never in the program twice
+    assert got == [[str(child), sig.name, "before-exec"], [str(child), sig.name, "program"]], (
+        scene.stderr
+    )
+    assert code == 0, scene.stderr  # the command's own code, not a SIGKILL after the grace
+    assert "outlived" not in scene.stderr
+    assert not naming(str(tmp_path))
+
+
+def test_a_helper_started_after_the_signal_is_left_to_its_parent(
+    scenes: Callable[..., Scene], tmp_path: Path
+) -> None:
+    helper = tmp_path / "helper.py"
+    helper.write_text(textwrap.dedent(HELPER))
+    scene = scenes(SAVES_WITH_A_HELPER, str(helper))
+    code = scene.signal_when_ready(signal.SIGTERM)
+    assert [line[1:] for line in scene.lines()] == [["saved", "helper"]], scene.stderr
+    assert code == 0, scene.stderr
+    assert not naming(str(tmp_path))
+
+
+# A command that forks a worker each time it is asked (a line on stdin); workers record.
+POOL = """
+import os, signal, sys, time
+record = sys.argv[1]
+got = []
+signal.signal(signal.SIGTERM, lambda signum, _frame: got.append(signum))
+workers = []
+for line in sys.stdin:
+    worker = os.fork()
+    if worker == 0:
+        def note(signum, _frame):
+            with open(record, "a") as sink:
+                sink.write(f"{os.getpid()} {signal.Signals(signum).name} worker\\n")
+            os._exit(0)
+        signal.signal(signal.SIGTERM, note)
+        time.sleep(120)
+        os._exit(3)
+    workers.append(worker)
+    print(worker, flush=True)
+for worker in workers:  # the pool's join
+    os.waitpid(worker, 0)
+sys.exit(0)
+"""
+
+
+def test_a_worker_forked_after_launch_looked_but_before_its_parent_got_the_signal_gets_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker is forked right after the look that `signal_once` takes, before it signals."""
+    record = tmp_path / "record"
+    since = time.time() - 1
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(POOL), str(record)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    assert child.stdin is not None
+    assert child.stdout is not None
+    workers: list[int] = []
+
+    def fork_one() -> int:
+        child.stdin.write(b"fork\n")
+        child.stdin.flush()
+        workers.append(int(child.stdout.readline()))
+        return workers[-1]
+
+    try:
+        fork_one()
+        command = _supervise._Command(child, "no-marker", since)
+        looks = []
+        real_collect = command.collect
+
+        def collect() -> list[psutil.Process]:
+            found = real_collect()
+            if not looks:  # the first look, in signal_once: a worker is forked just after it
+                looks.append(found)
+                fork_one()
+                child.stdin.close()  # the pool has its workers: it joins them once they end
+            return found
+
+        monkeypatch.setattr(command, "collect", collect)
+        started = time.monotonic()
+        code = _supervise._stop_command(child, signal.SIGTERM, GRACE, command)
+        took = time.monotonic() - started
+        assert [process.pid for process in looks[0]] == workers[:1]  # the look missed the second
+        got = sorted(line[0] for line in (text.split() for text in record.read_text().splitlines()))
+        assert got == sorted(map(str, workers))  # each worker once
+        assert code == 0  # the pool joined its workers and exited: no SIGKILL
+        assert took < GRACE
+    finally:
+        for pid in [*workers, child.pid]:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                continue
+        child.stdin.close()
+        child.stdout.close()
+        child.wait()
