@@ -233,6 +233,7 @@ def test_local_names_that_are_not_utf8_work_and_every_line_about_them_encodes(
 def test_the_node_key_and_the_shared_record_take_names_that_are_not_utf8(tmp_path, name):
     folder = fresh_dir(tmp_path) / name
     chosen = str(folder / f"checkpoint-3{name}")
+    Path(chosen).mkdir(parents=True)  # a follower checks the folder is there
     env = {"TORCHELASTIC_ERROR_FILE": f"/tmp/{name}/attempt_0/0/error.json"}
     key = attempt_key(env, folder=folder, request=chosen)
     assert key != attempt_key(env, folder=folder, request=chosen)  # a new resolution, a new key

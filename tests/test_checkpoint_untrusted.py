@@ -405,6 +405,7 @@ def _follow_in_thread(follower: NodeSharedResolver) -> tuple[threading.Event, li
 
 @pytest.mark.parametrize("how", ["new-file", "removed", "symlink", "fifo"])
 def test_a_lock_file_replaced_under_the_leader_is_no_sign_it_stopped(tmp_path, how):
+    (tmp_path / "checkpoint-3").mkdir()  # a follower checks the folder is there
     slow = Slow(str(tmp_path / "checkpoint-3"))
     leader = NodeSharedResolver(slow, tmp_path, "k", leader=True, timeout=30)
     lead = threading.Thread(target=leader.resolve, args=("latest",))
@@ -459,6 +460,7 @@ def test_the_leader_never_writes_its_record_through_a_symlink(tmp_path):
     names = [f".verirl-node-k.{suffix}" for suffix in ("json", "claim")]
     for name in [*names, *(f"{name}.{pid}.tmp" for name in names)]:
         (tmp_path / name).symlink_to(target)
+    (tmp_path / "checkpoint-3").mkdir()  # a follower checks the folder is there
     slow = Slow(str(tmp_path / "checkpoint-3"))
     slow.release.set()
     assert NodeSharedResolver(slow, tmp_path, "k", leader=True).resolve("latest") == slow.answer

@@ -225,6 +225,7 @@ class Slow:
 
 
 def test_followers_wait_for_the_leader_and_get_its_answer(tmp_path):
+    (tmp_path / "checkpoint-3").mkdir()
     slow = Slow(str(tmp_path / "checkpoint-3"))
     key = "k-0"
     leader = NodeSharedResolver(slow, tmp_path, key, leader=True, timeout=30)
@@ -261,6 +262,20 @@ def test_a_garbled_record_is_an_error_naming_it(tmp_path):
     (tmp_path / ".verirl-node-k.json").write_text("[1, 2]")
     with pytest.raises(CheckpointSourceError, match="is not a JSON object"):
         NodeSharedResolver(Slow(None), tmp_path, "k", leader=False, timeout=5).resolve("latest")
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["\ud800", "/tmp/a\u0000b", "", "/nonexistent/checkpoint-9", 5, ["a"], {"p": 1}, True],
+    ids=["lone-surrogate", "nul", "empty", "missing", "number", "list", "object", "bool"],
+)
+def test_a_record_naming_no_folder_this_rank_finds_is_an_error_naming_it(tmp_path, path):
+    """The record is a file in a shared folder: a path no file name can hold (it crashed launch
+    with a traceback), "" (read as a fresh start) or a folder that is not there is refused."""
+    (tmp_path / ".verirl-node-k.json").write_text(json.dumps({"path": path}))
+    with pytest.raises(CheckpointSourceError, match=r"\.verirl-node-k\.json") as info:
+        NodeSharedResolver(Slow(None), tmp_path, "k", leader=False, timeout=5).resolve("latest")
+    assert "local rank 0" in str(info.value)
 
 
 def test_not_found_keeps_its_type_and_places(tmp_path):
@@ -356,10 +371,12 @@ def test_a_retry_by_the_same_parent_never_reads_the_previous_attempts_answer(tmp
     """Attempt 1 chose checkpoint-10 and saved up to 30; attempt 2's ranks must all resume at 30."""
     script = tmp_path / "rank.py"
     script.write_text(SPAWN_RANK)
+    for chosen in ("checkpoint-10", "checkpoint-30"):  # a follower checks the folder is there
+        (tmp_path / chosen).mkdir()
     loop = subprocess.run(
         [sys.executable, "-c", SPAWN_LOOP, str(script), str(tmp_path / "dl"),
          str(tmp_path / "waiting")],
-        capture_output=True, text=True, timeout=180, check=False,
+        capture_output=True, text=True, timeout=180, check=False, cwd=tmp_path,
     )  # fmt: skip
     assert loop.returncode == 0, loop.stderr
     first, second = json.loads(loop.stdout)

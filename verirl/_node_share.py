@@ -345,10 +345,7 @@ class NodeSharedResolver:
             if record is not None:
                 if "path" not in record:
                     _raise_from_record(record)
-                path = record["path"]
-                if path is not None and not isinstance(path, str):
-                    msg = f"local rank 0's checkpoint choice is not a path: {shorten(quoted(path))}"
-                    raise CheckpointSourceError(msg)
+                path = None if record["path"] is None else self._check_choice(record["path"])
                 log.info("local rank 0 chose %s", printable(path) if path else "a fresh start")
                 return path
             left = deadline - time.monotonic()
@@ -361,6 +358,31 @@ class NodeSharedResolver:
                 raise CheckpointSourceError(msg)
             time.sleep(min(pause, left))
             pause = min(pause * 2, _MAX_PAUSE)
+
+    def _check_choice(self, path: object) -> str:
+        """``path``, or `CheckpointSourceError` unless it names a folder this rank finds.
+
+        The record is a file in a shared folder: anything may stand there. Local
+        rank 0 writes ``null`` for a fresh start, never ``""``, and a folder it
+        found on this node.
+        """
+        where = printable(self._path(".json"))
+        if not isinstance(path, str) or not path or "\x00" in path:
+            shown = shorten(quoted(path))
+            msg = f"local rank 0's checkpoint choice is not a path: {shown} (in {where})"
+            raise CheckpointSourceError(msg)
+        try:
+            os.fsencode(path)
+            found = os.path.isdir(path)  # noqa: PTH112 - text in, no Path() round trip
+        except (UnicodeError, OSError, ValueError):
+            found = False
+        if not found:
+            msg = (
+                f"local rank 0 chose {shorten(quoted(path))} (in {where}), which is no folder "
+                "this rank finds"
+            )
+            raise CheckpointSourceError(msg)
+        return path
 
     def _leader_gone(self) -> bool:
         """The leader took the lock (its claim exists) and no longer holds it.
