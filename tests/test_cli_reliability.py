@@ -1496,3 +1496,150 @@ def test_doctor_passes_a_log_folder_launch_can_use_and_makes_nothing_there(tmp_p
     )  # fmt: skip
     assert "vllm-serve" not in doctor.stderr, doctor.stderr
     assert list(logs.iterdir()) == []
+
+
+def _full_pipe(*, blocking: bool) -> tuple[int, int, int]:
+    """A pipe whose buffer is full, its reader alive: (read end, write end, bytes in it)."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    filled = 0
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            filled += os.write(write_end, b"x" * 4096)
+    os.set_blocking(write_end, blocking)
+    return read_end, write_end, filled
+
+
+def _wait_in_kernel(proc: subprocess.Popen[bytes], word: str) -> None:
+    """Until ``proc`` sleeps in a kernel function whose name holds ``word`` (poll: for room)."""
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.suppress(OSError):
+            if word in Path(f"/proc/{proc.pid}/wchan").read_text():
+                return
+        assert proc.poll() is None, proc.returncode
+        assert time.monotonic() < deadline, f"never waited in {word}"
+        psutil.wait_procs([], timeout=0.01)
+
+
+def _drain(read_end: int, proc: subprocess.Popen[bytes]) -> bytes:
+    """All the pipe holds once ``proc`` has exited (it holds the only write end)."""
+    data = b""
+    while chunk := os.read(read_end, 1 << 16):
+        data += chunk
+    proc.wait(timeout=60)
+    return data
+
+
+_SIGNALLED_DOCUMENTS = [
+    (["plan", "--gpus", "0"], 2),
+    (["plan", "--gpus", "2"], 0),
+    (["resume", "--resume", "/nonexistent/ckpt"], 5),
+    (["launch", "--gpus", "1", "--", "/bin/sh", "-c", "exit 3"], 3),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"), _SIGNALLED_DOCUMENTS, ids=["plan-error", "plan", "resume", "launch"]
+)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_the_document_waits_for_a_slow_reader_does_not_cut_it(
+    tmp_path, argv, code, sig
+):
+    """stdout a pipe whose reader is behind: the document's write blocks, the platform's signal
+    lands in it. The document used to be dropped while the run exited with the code it states."""
+    read_end, write_end, filled = _full_pipe(blocking=True)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "verirl", "--json", *argv], stdout=write_end,
+            stderr=subprocess.DEVNULL, env=clean_environ(tmp_path),
+        )  # fmt: skip
+        os.close(write_end)
+        write_end = -1
+        _wait_in_kernel(proc, "poll")
+        proc.send_signal(sig)
+        document = json.loads(_drain(read_end, proc)[filled:])
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+    stated = document.get("exit_code", document.get("error", {}).get("code", 0))
+    assert (proc.returncode, stated) == (code, code), document
+
+
+@pytest.mark.parametrize("argv", [["plan", "--gpus", "2"], ["launch", "--help"]],
+                         ids=["plan", "long-help"])  # fmt: skip
+def test_a_non_blocking_stdout_whose_reader_is_behind_gets_the_whole_document(tmp_path, argv):
+    """A shared pipe left O_NONBLOCK (node, ssh, CI runners): EAGAIN is a reader behind, not gone;
+    the document used to be dropped or cut at 4096 bytes, the run exiting 0."""
+    read_end, write_end, filled = _full_pipe(blocking=False)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "verirl", "--json", *argv], stdout=write_end,
+            stderr=subprocess.DEVNULL, env=clean_environ(tmp_path),
+        )  # fmt: skip
+        os.close(write_end)
+        write_end = -1
+        _wait_in_kernel(proc, "poll")
+        document = json.loads(_drain(read_end, proc)[filled:])
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+    assert proc.returncode == 0
+    assert document.get("help") or document.get("gpu_count") == 2, document
+
+
+def test_a_signal_while_stdout_s_reader_takes_nothing_ends_the_run_within_its_bound(tmp_path):
+    """A reader that never reads again: the signal still ends the run, within the bound a write
+    after a signal has (FINISH_AFTER_SIGNAL), with the signal's code: no document states another."""
+    from verirl._cli_output import FINISH_AFTER_SIGNAL
+
+    read_end, write_end, _ = _full_pipe(blocking=True)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "verirl", "--json", "plan", "--gpus", "2"], stdout=write_end,
+            stderr=subprocess.DEVNULL, env=clean_environ(tmp_path),
+        )  # fmt: skip
+        _wait_in_kernel(proc, "poll")
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        took = time.monotonic() - signalled
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert code == 128 + signal.SIGTERM
+    assert took < FINISH_AFTER_SIGNAL + 10  # one bound, not one per document tried
+
+
+@pytest.mark.parametrize("where", ["HF_TOKEN_PATH", "HF_HOME", "XDG_CACHE_HOME"])
+def test_the_saved_hub_login_in_a_url_is_hidden_on_stdout_too(tmp_path, where):
+    """A URL built with the saved login (``hf auth login``'s file) showed it in clear on stdout
+    (wait-env's line and document, doctor's row) while stderr hid it, as it hides ``HF_TOKEN``."""
+    token = "hf_SavedLoginToken0123456789"
+    file = {"HF_TOKEN_PATH": tmp_path / "tok", "HF_HOME": tmp_path / "hf-home" / "token",
+            "XDG_CACHE_HOME": tmp_path / "xdg" / "huggingface" / "token"}[where]  # fmt: skip
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(token + "\n")
+    extra = {"HF_TOKEN_PATH": str(file)} if where == "HF_TOKEN_PATH" else {}
+    env = clean_environ(tmp_path, VERIRL_GPU_COUNT="1", **extra)
+    if where == "XDG_CACHE_HOME":
+        del env["HF_HOME"]
+        env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    with loopback_server(lambda _request: (200, {}, b"ok")) as server:
+        healthy, dead = f"{server.url}/{token}", f"http://127.0.0.1:{unshared_port()}/{token}"
+        runs = [
+            ["wait-env", healthy], ["--json", "wait-env", healthy],
+            ["wait-env", "--timeout", "0.2", dead],
+            ["--json", "wait-env", "--timeout", "0.2", dead],
+            ["doctor", "--env-url", healthy], ["--json", "doctor", "--env-url", healthy],
+        ]  # fmt: skip
+        for argv in runs:
+            result = subprocess.run(
+                [sys.executable, "-m", "verirl", *argv], capture_output=True, text=True,
+                env=env, timeout=120, check=False,
+            )  # fmt: skip
+            shown = result.stdout + result.stderr
+            assert token not in shown, (argv, shown)
+            assert "<hidden>" in result.stdout, (argv, result.stdout)

@@ -13,14 +13,19 @@ print "Exception ignored … BrokenPipeError" and turn the exit code into 120).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
+import math
 import os
 import re
 import select
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 from typing import TextIO
 
 from verirl._signals import program_exit_arrived, raise_if_lost, sigterm_lost
@@ -57,18 +62,31 @@ class Channel:
             return None
         return stream
 
-    def write(self, text: str) -> bool:
-        """Write ``text`` and flush; False (and nothing raised) when the channel is gone."""
+    def write(self, text: str, *, whole: bool = False, within: float | None = None) -> bool:
+        """Write ``text`` and flush; False (and nothing raised) when the channel is gone.
+
+        Written to the descriptor, past what the stream buffered: a pipe left
+        non-blocking (a shared one: node, ssh, CI runners) whose reader is
+        behind is waited for (up to `NONBLOCKING_WAIT` s), not taken for gone.
+        With ``whole``, a signal whose handler raises (SIGTERM's SystemExit,
+        Ctrl-C's KeyboardInterrupt) in the middle of the write does not cut
+        it: the rest is written (within `FINISH_AFTER_SIGNAL` s), then the
+        exception is raised (`whole_write_left` says how much did not go out).
+        ``within``: give up after that many seconds (a write after a signal).
+        """
         stream = self.stream
         if stream is None:
             return False
         try:
+            data = _encoded(stream, text)
             try:
-                stream.write(text)
-            except UnicodeEncodeError:  # a path of bytes that are not UTF-8: written as those bytes
+                fd = stream.fileno()
+            except (OSError, ValueError, AttributeError):  # a text-only stream (a test's StringIO)
+                stream.write(data.decode(_encoding(stream), "backslashreplace"))
                 stream.flush()
-                _write_bytes(stream, text)
-            stream.flush()
+                return True
+            stream.flush()  # what it buffered first: the order stays
+            _write_all(fd, data, whole=whole, within=within)
         except UnicodeError:  # not the channel's fault: it stays
             return False
         except (OSError, ValueError, AttributeError):  # closed, broken pipe, no buffer
@@ -101,17 +119,132 @@ class Channel:
                 os.close(devnull)
 
 
-def _write_bytes(stream: TextIO, text: str) -> None:
-    """``text`` as the bytes it stands for (``os.fsencode``), escaped where it stands for none."""
+NONBLOCKING_WAIT = 300.0
+"""Seconds a write waits for the reader of a non-blocking pipe to make room, before giving up."""
+
+FINISH_AFTER_SIGNAL = 5.0
+"""Seconds a whole write (`Channel.write`) goes on after a signal interrupted it."""
+
+_PIPE_BUF = 4096  # a write this long to a pipe with room goes through whole, without blocking
+
+
+def _encoding(stream: TextIO) -> str:
+    return getattr(stream, "encoding", None) or "utf-8"
+
+
+def _encoded(stream: TextIO, text: str) -> bytes:
+    """``text`` as the stream encodes it; a name of bytes that are not UTF-8 as those bytes."""
     try:
-        data = os.fsencode(text)
+        return text.encode(_encoding(stream), getattr(stream, "errors", None) or "strict")
     except UnicodeEncodeError:
-        data = text.encode("utf-8", "backslashreplace")
-    buffer = getattr(stream, "buffer", None)
-    if buffer is None:  # a text-only stream (a test's StringIO): the escaped text
-        stream.write(data.decode("utf-8", "backslashreplace"))
-    else:
-        buffer.write(data)
+        try:
+            return os.fsencode(text)
+        except UnicodeEncodeError:
+            return text.encode("utf-8", "backslashreplace")
+
+
+def _write_all(fd: int, data: bytes, *, whole: bool, within: float | None) -> None:
+    """Write ``data`` to ``fd`` (see `Channel.write`'s ``whole`` and ``within``)."""
+    if not whole:
+        _write_plainly(fd, data)
+        return
+    _LEFT[:] = [len(data), len(data)]
+    with _signals_held() as held:
+        view = memoryview(data)
+        deadline = None if within is None else time.monotonic() + within
+        waiting_since = time.monotonic()
+        finishing = False
+        while view:
+            now = time.monotonic()
+            if held and not finishing:  # a signal came: the rest gets FINISH_AFTER_SIGNAL
+                finishing = True
+                deadline = min(deadline or math.inf, now + FINISH_AFTER_SIGNAL)
+            limit = deadline if deadline is not None else waiting_since + NONBLOCKING_WAIT
+            if now >= limit:
+                if deadline is None:
+                    raise BlockingIOError(errno.EAGAIN, "the reader took nothing")
+                break
+            if not _room_by(fd, min(limit, now + _SIGNAL_LOOK)):
+                continue
+            try:
+                written = os.write(fd, view[:_PIPE_BUF])  # with room: it does not block
+            except BlockingIOError:  # another writer took the room
+                written = 0
+            view = view[written:]
+            _LEFT[1:] = [len(view)]
+            if written:
+                waiting_since = time.monotonic()
+
+
+def _write_plainly(fd: int, data: bytes) -> None:
+    """Write ``data`` to ``fd``; a non-blocking pipe that is full is waited for."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:  # noqa: PERF203 - a reader behind: wait for room
+            if not _room_by(fd, time.monotonic() + NONBLOCKING_WAIT):
+                raise
+
+
+_SIGNAL_LOOK = 0.1  # how often a whole write's wait for room looks for a signal held
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[list[int]]:
+    """Inside the block, SIGINT, SIGTERM and SIGHUP are noted, not handled; handled after it.
+
+    A handler's exception (SystemExit, KeyboardInterrupt) raised between
+    ``os.write`` returning and its count being noted would have bytes written
+    twice; and Python runs handlers in the main thread whichever thread the
+    kernel gave the signal to, so blocking signals (``pthread_sigmask``) does
+    not keep them out. The list yielded gets each signal number as it comes.
+    Only the main thread can set handlers; elsewhere the block runs as is.
+    """
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+    saved: dict[int, Callable[[int, FrameType | None], object]] = {}
+    try:
+        for signum in _STOPPING:
+            previous = signal.getsignal(signum)
+            if callable(previous):  # SIG_DFL and SIG_IGN stay as they are
+                saved[signum] = previous
+                signal.signal(signum, lambda number, _frame: held.append(number))
+        yield held
+    finally:
+        for number, handler in saved.items():
+            signal.signal(number, handler)
+        for number in held:
+            saved[number](number, None)  # its exception (SystemExit, KeyboardInterrupt) goes on
+
+
+_STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+_LEFT: list[int] = []  # the last whole write's length, and what of it is not written yet
+
+
+def whole_write_left() -> tuple[int, int] | None:
+    """The last whole write (`Channel.write`): its length and the bytes it did not write."""
+    return (_LEFT[0], _LEFT[1]) if _LEFT else None
+
+
+def _room_by(fd: int, deadline: float) -> bool:
+    """Wait until a write to ``fd`` would not block, or ``deadline``; False at the deadline.
+
+    A pipe whose reader went away (``POLLERR``) or a closed descriptor
+    counts as ready: the write then fails at once, as it should.
+    """
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if poller.poll(max(1, math.ceil(left * 1000))):
+            return True
 
 
 STDOUT = Channel("stdout")
@@ -146,10 +279,24 @@ def write_document(data: object, *, indent: int | None = 2, final: bool = True) 
         if _error_code(data) != lost:
             raise_if_lost()
         program_exit_arrived()  # the document says so: no later wait raises it
-    _WRITTEN.append(True)
-    if final:
-        _FINAL[:] = [_stated_code(data)]
-    STDOUT.write(json_text(data, indent=indent))
+    text = json_text(data, indent=indent)
+    _LEFT.clear()
+    try:
+        _WRITTEN.append(True)
+        if final:
+            _FINAL[:] = [_stated_code(data)]
+        # A document that reports a signal is written after it: within a bound, like the rest.
+        signalled = _stated_code(data) in SIGNAL_MESSAGES
+        STDOUT.write(text, whole=True, within=FINISH_AFTER_SIGNAL if signalled else None)
+    except BaseException:
+        # A signal before the document went out whole (it came before the write began, or the
+        # reader took no more within FINISH_AFTER_SIGNAL): the document states nothing.
+        left = whole_write_left()
+        if left is None or left[1]:
+            _FINAL.clear()  # the signal's code is the run's
+            if left is None or left[0] == left[1]:  # none of it went: the error document may
+                _WRITTEN.clear()
+        raise
 
 
 def _stated_code(data: object) -> int:
@@ -257,8 +404,9 @@ def signal_document(argv: Sequence[str], code: int) -> None:
     verirl`` writes it here, so that ``--json`` still means one document.
     """
     wanted = _DECIDED[0] if _DECIDED else wants_json(argv)
-    if document_written() or not wanted:
-        return
+    left = whole_write_left()
+    if document_written() or not wanted or (left is not None and left[1]):
+        return  # written, not wanted, or stdout's reader took nothing within the bound
     document: dict[str, object] = {
         "error": {"code": code, "message": SIGNAL_MESSAGES.get(code, f"exit code {code}")}
     }

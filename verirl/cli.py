@@ -591,7 +591,7 @@ def _emit(args: argparse.Namespace, data: dict[str, object], text: str) -> None:
     if args.json:
         _emit_json(args, data)
     else:
-        STDOUT.write(text + "\n")
+        STDOUT.write(_for_stdout(text + "\n"))
 
 
 def _emit_json(
@@ -604,7 +604,7 @@ def _emit_json(
     if getattr(args, "json_emitted", False):
         return
     args.json_emitted = True
-    write_document(data, indent=indent, final=final)
+    write_document(_document_for_stdout(data), indent=indent, final=final)
 
 
 def _error_document(code: int, message: str) -> dict[str, object]:
@@ -760,7 +760,7 @@ def _announce_ready(
     if args.json:
         _emit_json(args, ready, indent=None, final=False)  # a signal ends the server after it
     else:
-        STDOUT.write("\n".join(lines) + "\n")
+        STDOUT.write(_for_stdout("\n".join(lines) + "\n"))
 
 
 def _public_address(host: str) -> str | None:
@@ -1153,6 +1153,35 @@ def _hidden(text: str) -> str:
     return scrub_all(redact_message(text), _RUN_SECRETS, HIDDEN)
 
 
+def _for_stdout(text: str) -> str:
+    """``text`` for stdout: this run's secrets (`_RUN_SECRETS`) hidden, nothing else changed.
+
+    Not `_hidden`'s patterns: programs read stdout (``$(verirl resume)``), and
+    a path that only looks like ``token=…`` must come out as it is. A saved
+    Hub login in a URL the user built with it is hidden here as on stderr.
+    """
+    return scrub_all(text, _RUN_SECRETS, HIDDEN)
+
+
+def _document_for_stdout(data: object) -> object:
+    """``data`` with `_for_stdout` applied to every text in it, keys included."""
+    if isinstance(data, str):
+        return _for_stdout(data)
+    if isinstance(data, dict):
+        return {_document_for_stdout(k): _document_for_stdout(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_document_for_stdout(item) for item in data]
+    return data
+
+
+def _read_run_secrets() -> None:
+    """Fill `_RUN_SECRETS` (once a run: before anything is shown)."""
+    try:
+        _RUN_SECRETS[:] = known_secrets()
+    except Exception:  # noqa: BLE001 - reading them must never stop the command line
+        _RUN_SECRETS[:] = secrets_in_environ(os.environ)
+
+
 class _StderrHandler(logging.Handler):
     """Log lines to stderr through `STDERR`: a closed or abandoned stderr fails nothing.
 
@@ -1173,10 +1202,7 @@ def _configure_logging(verbosity: int) -> Callable[[], None]:
     level = {-1: logging.WARNING, 0: logging.INFO}.get(verbosity, logging.DEBUG)
     if verbosity < -1:
         level = logging.ERROR
-    try:
-        _RUN_SECRETS[:] = known_secrets()
-    except Exception:  # noqa: BLE001 - reading them must never stop the command line
-        _RUN_SECRETS[:] = secrets_in_environ(os.environ)
+    _read_run_secrets()
     handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("verirl")
@@ -1334,10 +1360,11 @@ def _takes_value(parser: argparse.ArgumentParser, command: str | None, option: s
 def _print_parse_output(
     captured: list[tuple[str, str]], code: int, *, json_wanted: bool, launch: bool = False
 ) -> None:
-    errors = "".join(text for text, channel in captured if channel == "stderr")
+    _read_run_secrets()
+    errors = _hidden("".join(text for text, channel in captured if channel == "stderr"))
     if errors:
         STDERR.write(errors)
-    out = "".join(text for text, channel in captured if channel != "stderr")
+    out = _for_stdout("".join(text for text, channel in captured if channel != "stderr"))
     if not json_wanted:
         if out:
             STDOUT.write(out)
