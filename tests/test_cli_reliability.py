@@ -1531,6 +1531,30 @@ def _drain(read_end: int, proc: subprocess.Popen[bytes]) -> bytes:
     return data
 
 
+def _document_behind_a_full_pipe(
+    tmp_path: Path, argv: list[str], *, blocking: bool, sig: signal.Signals | None = None
+) -> tuple[int, dict[str, object]]:
+    """``verirl --json ARGV`` writing to a full pipe whose reader drains once verirl waits for
+    room (after ``sig``, when given): its exit code and the document it wrote."""
+    read_end, write_end, filled = _full_pipe(blocking=blocking)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "verirl", "--json", *argv], stdout=write_end,
+            stderr=subprocess.DEVNULL, env=clean_environ(tmp_path),
+        )  # fmt: skip
+        os.close(write_end)
+        write_end = -1
+        _wait_in_kernel(proc, "poll")
+        if sig is not None:
+            proc.send_signal(sig)
+        document = json.loads(_drain(read_end, proc)[filled:])
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+    return proc.returncode, document
+
+
 _SIGNALLED_DOCUMENTS = [
     (["plan", "--gpus", "0"], 2),
     (["plan", "--gpus", "2"], 0),
@@ -1548,23 +1572,9 @@ def test_a_signal_while_the_document_waits_for_a_slow_reader_does_not_cut_it(
 ):
     """stdout a pipe whose reader is behind: the document's write blocks, the platform's signal
     lands in it. The document used to be dropped while the run exited with the code it states."""
-    read_end, write_end, filled = _full_pipe(blocking=True)
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "verirl", "--json", *argv], stdout=write_end,
-            stderr=subprocess.DEVNULL, env=clean_environ(tmp_path),
-        )  # fmt: skip
-        os.close(write_end)
-        write_end = -1
-        _wait_in_kernel(proc, "poll")
-        proc.send_signal(sig)
-        document = json.loads(_drain(read_end, proc)[filled:])
-    finally:
-        os.close(read_end)
-        if write_end >= 0:
-            os.close(write_end)
+    returncode, document = _document_behind_a_full_pipe(tmp_path, argv, blocking=True, sig=sig)
     stated = document.get("exit_code", document.get("error", {}).get("code", 0))
-    assert (proc.returncode, stated) == (code, code), document
+    assert (returncode, stated) == (code, code), document
 
 
 @pytest.mark.parametrize("argv", [["plan", "--gpus", "2"], ["launch", "--help"]],
@@ -1572,21 +1582,8 @@ def test_a_signal_while_the_document_waits_for_a_slow_reader_does_not_cut_it(
 def test_a_non_blocking_stdout_whose_reader_is_behind_gets_the_whole_document(tmp_path, argv):
     """A shared pipe left O_NONBLOCK (node, ssh, CI runners): EAGAIN is a reader behind, not gone;
     the document used to be dropped or cut at 4096 bytes, the run exiting 0."""
-    read_end, write_end, filled = _full_pipe(blocking=False)
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "verirl", "--json", *argv], stdout=write_end,
-            stderr=subprocess.DEVNULL, env=clean_environ(tmp_path),
-        )  # fmt: skip
-        os.close(write_end)
-        write_end = -1
-        _wait_in_kernel(proc, "poll")
-        document = json.loads(_drain(read_end, proc)[filled:])
-    finally:
-        os.close(read_end)
-        if write_end >= 0:
-            os.close(write_end)
-    assert proc.returncode == 0
+    returncode, document = _document_behind_a_full_pipe(tmp_path, argv, blocking=False)
+    assert returncode == 0
     assert document.get("help") or document.get("gpu_count") == 2, document
 
 
