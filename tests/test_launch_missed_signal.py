@@ -86,16 +86,33 @@ sys.exit(3)
 # The command: on the signal, after a moment, starts a helper to save, and waits for it.
 SAVES_WITH_A_HELPER = """
 import os, signal, subprocess, sys, time
-record, ready, helper = sys.argv[1], sys.argv[2], sys.argv[3]
+record, ready, helper, delay = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 got = []
 signal.signal(signal.SIGTERM, lambda signum, _frame: got.append(signum))
 with open(ready, "w") as sink:
     sink.write("ready")
 end = time.monotonic() + 60
 while not got and time.monotonic() < end:
-    time.sleep(0.005)
-time.sleep(0.3)  # well after the signal, in clock ticks too
+    time.sleep(0.001)
+time.sleep(delay)
 sys.exit(subprocess.run([sys.executable, helper, record], check=False).returncode)
+"""
+
+# The command: runs a program that, on the signal, execs its save (a shell's `trap "exec …"`).
+PARENT_OF_AN_EXECER = """
+import signal, subprocess, sys
+record, ready, execer, helper = sys.argv[1:5]
+signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
+sys.exit(subprocess.run([sys.executable, execer, record, ready, helper], check=False).returncode)
+"""
+
+EXECER = """
+import os, signal, sys, time
+record, ready, helper = sys.argv[1:4]
+signal.signal(signal.SIGTERM, lambda *_: os.execv(sys.executable, [sys.executable, helper, record]))
+with open(ready, "w") as sink:
+    sink.write("ready")
+time.sleep(60)
 """
 
 HELPER = """
@@ -186,13 +203,28 @@ def test_a_process_signalled_between_fork_and_exec_gets_it_again_in_its_program(
     assert not naming(str(tmp_path))
 
 
+@pytest.mark.parametrize("delay", [0, 0.3], ids=["at-once", "later"])
 def test_a_helper_started_after_the_signal_is_left_to_its_parent(
-    scenes: Callable[..., Scene], tmp_path: Path
+    scenes: Callable[..., Scene], tmp_path: Path, delay: float
 ) -> None:
     helper = tmp_path / "helper.py"
     helper.write_text(textwrap.dedent(HELPER))
-    scene = scenes(SAVES_WITH_A_HELPER, str(helper))
+    scene = scenes(SAVES_WITH_A_HELPER, str(helper), str(delay))
     code = scene.signal_when_ready(signal.SIGTERM)
+    assert [line[1:] for line in scene.lines()] == [["saved", "helper"]], scene.stderr
+    assert code == 0, scene.stderr
+    assert not naming(str(tmp_path))
+
+
+def test_a_program_that_execs_its_save_on_the_signal_gets_it_once(
+    scenes: Callable[..., Scene], tmp_path: Path
+) -> None:
+    helper, execer = tmp_path / "helper.py", tmp_path / "execer.py"
+    helper.write_text(textwrap.dedent(HELPER))
+    execer.write_text(textwrap.dedent(EXECER))
+    scene = scenes(PARENT_OF_AN_EXECER, str(execer), str(helper))
+    code = scene.signal_when_ready(signal.SIGTERM)
+    # its own program took the signal: the save it exec'd is not sent it again
     assert [line[1:] for line in scene.lines()] == [["saved", "helper"]], scene.stderr
     assert code == 0, scene.stderr
     assert not naming(str(tmp_path))

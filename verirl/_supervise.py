@@ -266,9 +266,11 @@ class _Command:
         self.signum: int = signal.SIGTERM
         self.inner: set[int] = set()  # pids of nested launches, named in markers after ours
         self.signalled: set[psutil.Process] = set()  # got self.signum (or left to a forwarder)
-        # Sent by launch: when (clock ticks after boot) and to which program image (`_image`).
-        self.sent: dict[psutil.Process, tuple[int, tuple[str, ...] | None]] = {}
-        self.first_tick = 0  # when the signal went out
+        # Sent by launch: to which program image (`_image`), and whether that was its parent's
+        # (a child between fork and exec, whose program may never see the signal).
+        self.sent: dict[psutil.Process, tuple[tuple[str, ...] | None, bool]] = {}
+        # The children (pid, start time) of each process launch signalled, read just before.
+        self.children_then: set[tuple[int, int]] = set()
         self.interrupted: threading.Event | None = None  # set by `_grace_signals` during a grace
         self.forwarding: _Forwarding | None = None  # SIGQUIT, SIGUSR1, ... to pass on
         try:
@@ -581,7 +583,7 @@ class _Command:
         self.pending = []
         self.signalled = set()
         self.sent = {}
-        self.first_tick = _ticks_now()
+        self.children_then = set()
         self._deliver(processes)
         self._signal_command(signum)
         return processes
@@ -589,47 +591,36 @@ class _Command:
     def catch_up(self) -> list[psutil.Process]:
         """The signal, now, to each process that missed it since it was passed on; those found.
 
-        Two kinds miss it: a process forked before its parent got the signal
-        but after launch's look (a pool starting its workers while launch
-        went through the tree), and a process that got it between ``fork``
-        and ``exec``, in the handler it inherited, so that the program it
-        then ran never saw it. Both would run on while their parent waits
-        for them, until the grace's SIGKILL. A process forked after its
-        parent got the signal is that parent's to stop, as before.
+        Two kinds miss it: a child its parent had when launch signalled the
+        parent but that launch's look came too early for (a pool starting its
+        workers while launch went through the tree); and a child signalled
+        while still a copy of its parent, between ``fork`` and ``exec``, whose
+        handler (the parent's) took it, so that the program it then ran never
+        saw it. Both would run on while their parent waits for them, until
+        the grace's SIGKILL. A process forked after its parent got the signal
+        (a helper the parent's handler starts to save) is that parent's to
+        stop, and one that had its own program when it got the signal and
+        runs another since (a save it exec'd) got it once already.
         """
-        for process, (_, image) in list(self.sent.items()):
-            if image is not None and _alive(process):
+        for process, (image, copy) in list(self.sent.items()):
+            if copy and image is not None and _alive(process):
                 now = _image(process.pid)
                 if now is not None and now != image:  # it exec'd since it got the signal
                     self._send(process)
-        by_pid = {process.pid: process for process in self.signalled if _alive(process)}
-        if self.leader is not None and self.leader in self.sent and not self.exited():
-            by_pid[self.child.pid] = self.leader
         missed = [
             process
             for process in self.collect()
-            if process not in self.signalled and self._forked_before_signal(process, by_pid)
+            if process not in self.signalled and _identity(process.pid) in self.children_then
         ]
         self._deliver(missed)
         return missed
 
-    def _forked_before_signal(
-        self, process: psutil.Process, signalled: Mapping[int, psutil.Process]
-    ) -> bool:
-        """Whether ``process`` started no later than its nearest signalled ancestor got the signal.
-
-        With no signalled ancestor (an orphan launch adopted), no later than
-        the signal went out. Ticks are coarse (10 ms): a tie counts as before.
-        """
-        start = _procfs.start_time(process.pid)
-        if start is None:
-            return False
-        for pid in _ancestors(process):
-            ancestor = signalled.get(pid)
-            if ancestor is not None:
-                sent = self.sent.get(ancestor)
-                return sent is not None and start <= sent[0]  # not sent: its forwarder's
-        return start <= self.first_tick
+    def _note_children(self, pid: int) -> None:
+        """Remember the children ``pid`` has now (just before launch signals it)."""
+        for child in _children_of(pid):
+            identity = _identity(child)
+            if identity is not None:
+                self.children_then.add(identity)
 
     def signal_new(self) -> list[psutil.Process]:
         """The signal passed on, once, to each process found since; all alive now.
@@ -659,8 +650,12 @@ class _Command:
             self._send(process)
 
     def _send(self, process: psutil.Process) -> None:
-        """``self.signum`` to ``process``, noted with when and to which program image."""
-        self.sent[process] = (_ticks_now(), _image(process.pid))
+        """``self.signum`` to ``process``, noted with its children and its program image."""
+        self._note_children(process.pid)
+        image = _image(process.pid)
+        with contextlib.suppress(psutil.Error):
+            parent = _image(process.ppid())
+            self.sent[process] = (image, image is not None and image == parent)
         with contextlib.suppress(psutil.Error):
             process.send_signal(self.signum)  # psutil refuses a pid that was reused
 
@@ -669,7 +664,8 @@ class _Command:
         if self.exited():
             return
         if self.leader is not None:
-            self.sent[self.leader] = (_ticks_now(), _image(self.child.pid))
+            self._note_children(self.child.pid)
+            self.sent[self.leader] = (_image(self.child.pid), False)  # started by launch: exec'd
         try:
             os.kill(self.child.pid, signum)
         except ProcessLookupError:
@@ -834,15 +830,14 @@ def _ending(process: psutil.Process) -> bool:
         return not _alive(process)
 
 
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-_boottime = functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME)
 _FIRST_CATCH_UP = 0.02
 _MAX_CATCH_UP = 1.0
 
 
-def _ticks_now() -> int:
-    """Now, in the clock ticks after boot that ``/proc/PID/stat`` gives a start time in."""
-    return int(_boottime() * _CLOCK_TICKS)
+def _identity(pid: int) -> tuple[int, int] | None:
+    """``pid`` with its start time: which process it is (None when it is gone)."""
+    start = _procfs.start_time(pid)
+    return None if start is None else (pid, start)
 
 
 def _image(pid: int) -> tuple[str, ...] | None:
