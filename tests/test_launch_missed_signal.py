@@ -1,17 +1,13 @@
 """Class 6: a process launch's signal could miss gets it all the same, and exactly once.
 
 Launch passes SIGTERM/SIGINT on process by process, after a look at the
-process table, the command last. Two kinds of process can miss it that way:
-
-- one forked after the look but before its parent got the signal (a pool
-  starting its workers as the preemption comes);
-- one that got it between ``fork`` and ``exec``, in the handler it inherited
-  from its parent, so that the program it then ran never saw it.
-
-Both run on while their parent waits for them, and the grace ended in a
-SIGKILL (exit 137, no checkpoint). A process forked after its parent got the
-signal (a helper the parent's handler starts to save) is the parent's to stop:
-launch leaves it alone while the parent lives.
+process table, the command last. A process forked after the look but before
+its parent got the signal (a pool starting its workers as the preemption
+comes) missed it, ran on while its parent waited for it, and the grace ended
+in a SIGKILL (exit 137, no checkpoint). A process forked after its parent got
+the signal (a helper the parent's handler starts to save) is the parent's to
+stop, and a program that took the signal and exec'd its save got it once:
+launch leaves both alone.
 
 Real processes throughout; recorder programs append each signal they get,
 with their pid, to a file.
@@ -39,50 +35,6 @@ DEADLINE = 30.0
 GRACE = 25.0
 """launch's grace: a process that missed the signal holds the command past it (exit 137)."""
 
-# The command: forks a child that waits, before its exec, for the handler it inherited.
-FORK_THEN_EXEC = """
-import os, signal, sys, time
-record, ready, program = sys.argv[1], sys.argv[2], sys.argv[3]
-got = []
-
-def note(signum, _frame):
-    with open(record, "a") as sink:
-        sink.write(f"{os.getpid()} {signal.Signals(signum).name} before-exec\\n")
-    got.append(signum)
-
-signal.signal(signal.SIGTERM, note)
-signal.signal(signal.SIGINT, note)
-child = os.fork()
-if child == 0:
-    end = time.monotonic() + 60
-    while not got and time.monotonic() < end:  # the signal lands between fork and exec
-        time.sleep(0.005)
-    # the program gets what comes now once it has its handlers (a start-up would die of it)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    os.execv(sys.executable, [sys.executable, program, record])
-with open(ready, "w") as sink:
-    sink.write(str(child))
-os.waitpid(child, 0)
-sys.exit(0)
-"""
-
-# What the child execs: records what it gets, and exits 0 on it.
-EXECED = """
-import os, signal, sys, time
-record = sys.argv[1]
-
-def note(signum, _frame):
-    with open(record, "a") as sink:
-        sink.write(f"{os.getpid()} {signal.Signals(signum).name} program\\n")
-    sys.exit(0)
-
-signal.signal(signal.SIGTERM, note)
-signal.signal(signal.SIGINT, note)
-signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-time.sleep(120)
-sys.exit(3)
-"""
-
 # The command: on the signal, after a moment, starts a helper to save, and waits for it.
 SAVES_WITH_A_HELPER = """
 import os, signal, subprocess, sys, time
@@ -98,12 +50,20 @@ time.sleep(delay)
 sys.exit(subprocess.run([sys.executable, helper, record], check=False).returncode)
 """
 
-# The command: runs a program that, on the signal, execs its save (a shell's `trap "exec …"`).
+# The command: runs a program that, on the signal, execs its save (a shell's `trap "exec …"`),
+# started as a program of its own or forked (a subshell, a fork-start worker).
 PARENT_OF_AN_EXECER = """
-import signal, subprocess, sys
-record, ready, execer, helper = sys.argv[1:5]
+import os, runpy, signal, subprocess, sys
+record, ready, execer, helper, how = sys.argv[1:6]
 signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
-sys.exit(subprocess.run([sys.executable, execer, record, ready, helper], check=False).returncode)
+if how == "exec":
+    sys.exit(subprocess.run([sys.executable, execer, record, ready, helper]).returncode)
+child = os.fork()
+if child == 0:
+    sys.argv = [execer, record, ready, helper]
+    runpy.run_path(execer, run_name="__main__")
+    os._exit(3)
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
 """
 
 EXECER = """
@@ -184,25 +144,6 @@ def scenes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable
         scene.close()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_process_signalled_between_fork_and_exec_gets_it_again_in_its_program(
-    scenes: Callable[..., Scene], tmp_path: Path, sig: signal.Signals
-) -> None:
-    program = tmp_path / "execed.py"
-    program.write_text(textwrap.dedent(EXECED))
-    scene = scenes(FORK_THEN_EXEC, str(program))
-    code = scene.signal_when_ready(sig)
-    child = int(scene.ready.read_text())
-    got = [line for line in scene.lines() if line[0] == str(child)]
-    # once in the handler it inherited, once in the program it ran: never in the program twice
-    assert got == [[str(child), sig.name, "before-exec"], [str(child), sig.name, "program"]], (
-        scene.stderr
-    )
-    assert code == 0, scene.stderr  # the command's own code, not a SIGKILL after the grace
-    assert "outlived" not in scene.stderr
-    assert not naming(str(tmp_path))
-
-
 @pytest.mark.parametrize("delay", [0, 0.3], ids=["at-once", "later"])
 def test_a_helper_started_after_the_signal_is_left_to_its_parent(
     scenes: Callable[..., Scene], tmp_path: Path, delay: float
@@ -216,13 +157,14 @@ def test_a_helper_started_after_the_signal_is_left_to_its_parent(
     assert not naming(str(tmp_path))
 
 
+@pytest.mark.parametrize("how", ["exec", "fork"])
 def test_a_program_that_execs_its_save_on_the_signal_gets_it_once(
-    scenes: Callable[..., Scene], tmp_path: Path
+    scenes: Callable[..., Scene], tmp_path: Path, how: str
 ) -> None:
     helper, execer = tmp_path / "helper.py", tmp_path / "execer.py"
     helper.write_text(textwrap.dedent(HELPER))
     execer.write_text(textwrap.dedent(EXECER))
-    scene = scenes(PARENT_OF_AN_EXECER, str(execer), str(helper))
+    scene = scenes(PARENT_OF_AN_EXECER, str(execer), str(helper), how)
     code = scene.signal_when_ready(signal.SIGTERM)
     # its own program took the signal: the save it exec'd is not sent it again
     assert [line[1:] for line in scene.lines()] == [["saved", "helper"]], scene.stderr

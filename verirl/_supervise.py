@@ -266,10 +266,8 @@ class _Command:
         self.signum: int = signal.SIGTERM
         self.inner: set[int] = set()  # pids of nested launches, named in markers after ours
         self.signalled: set[psutil.Process] = set()  # got self.signum (or left to a forwarder)
-        # Sent by launch: to which program image (`_image`), and whether that was its parent's
-        # (a child between fork and exec, whose program may never see the signal).
-        self.sent: dict[psutil.Process, tuple[tuple[str, ...] | None, bool]] = {}
-        # The children (pid, start time) of each process launch signalled, read just before.
+        self.sent: set[psutil.Process] = set()  # got the signal from launch itself
+        # The children (pid, start time) of each process launch signalled, listed just before.
         self.children_then: set[tuple[int, int]] = set()
         self.interrupted: threading.Event | None = None  # set by `_grace_signals` during a grace
         self.forwarding: _Forwarding | None = None  # SIGQUIT, SIGUSR1, ... to pass on
@@ -582,7 +580,7 @@ class _Command:
         self.signum = signum
         self.pending = []
         self.signalled = set()
-        self.sent = {}
+        self.sent = set()
         self.children_then = set()
         self._deliver(processes)
         self._signal_command(signum)
@@ -591,22 +589,13 @@ class _Command:
     def catch_up(self) -> list[psutil.Process]:
         """The signal, now, to each process that missed it since it was passed on; those found.
 
-        Two kinds miss it: a child its parent had when launch signalled the
-        parent but that launch's look came too early for (a pool starting its
-        workers while launch went through the tree); and a child signalled
-        while still a copy of its parent, between ``fork`` and ``exec``, whose
-        handler (the parent's) took it, so that the program it then ran never
-        saw it. Both would run on while their parent waits for them, until
-        the grace's SIGKILL. A process forked after its parent got the signal
-        (a helper the parent's handler starts to save) is that parent's to
-        stop, and one that had its own program when it got the signal and
-        runs another since (a save it exec'd) got it once already.
+        A child its parent already had when launch signalled the parent, but
+        that launch's look came too early for (a pool starting its workers
+        while launch went through the tree), would run on while its parent
+        waits for it, until the grace's SIGKILL. A process forked after its
+        parent got the signal (a helper the parent's handler starts to save)
+        is that parent's to stop.
         """
-        for process, (image, copy) in list(self.sent.items()):
-            if copy and image is not None and _alive(process):
-                now = _image(process.pid)
-                if now is not None and now != image:  # it exec'd since it got the signal
-                    self._send(process)
         missed = [
             process
             for process in self.collect()
@@ -615,9 +604,14 @@ class _Command:
         self._deliver(missed)
         return missed
 
-    def _note_children(self, pid: int) -> None:
-        """Remember the children ``pid`` has now (just before launch signals it)."""
-        for child in _children_of(pid):
+    def _note_children(self, listed: list[int]) -> None:
+        """Remember the children listed just before launch signalled their parent.
+
+        Only the list is read before the signal (one read, so that a child
+        forked meanwhile is rarely left out); which process each is (its
+        start time) is read after.
+        """
+        for child in listed:
             identity = _identity(child)
             if identity is not None:
                 self.children_then.add(identity)
@@ -650,28 +644,27 @@ class _Command:
             self._send(process)
 
     def _send(self, process: psutil.Process) -> None:
-        """``self.signum`` to ``process``, noted with its children and its program image."""
-        self._note_children(process.pid)
-        image = _image(process.pid)
-        with contextlib.suppress(psutil.Error):
-            parent = _image(process.ppid())
-            self.sent[process] = (image, image is not None and image == parent)
+        """``self.signum`` to ``process``, noted with the children it had then."""
+        listed = _children_of(process.pid)
+        self.sent.add(process)
         with contextlib.suppress(psutil.Error):
             process.send_signal(self.signum)  # psutil refuses a pid that was reused
+        self._note_children(listed)
 
     def _signal_command(self, signum: int) -> None:
         """``signum`` to the command itself, unless it has exited (its pid is not reused then)."""
         if self.exited():
             return
+        listed = _children_of(self.child.pid)
         if self.leader is not None:
-            self._note_children(self.child.pid)
-            self.sent[self.leader] = (_image(self.child.pid), False)  # started by launch: exec'd
+            self.sent.add(self.leader)
         try:
             os.kill(self.child.pid, signum)
         except ProcessLookupError:
             pass
         except OSError as exc:
             log.warning("cannot signal the training command (pid %d): %s", self.child.pid, exc)
+        self._note_children(listed)
 
     def pass_to_orphans(self) -> None:
         """The signal to each process left to a forwarder that died without passing it on.
@@ -838,27 +831,6 @@ def _identity(pid: int) -> tuple[int, int] | None:
     """``pid`` with its start time: which process it is (None when it is gone)."""
     start = _procfs.start_time(pid)
     return None if start is None else (pid, start)
-
-
-def _image(pid: int) -> tuple[str, ...] | None:
-    """Which program ``pid`` runs: where its code, arguments and environment lie in memory.
-
-    ``fork`` keeps these, ``exec`` lays them out anew (at addresses ASLR
-    picks): a change means the process ran a new program. None when the
-    kernel does not show them (another user's process, or exiting).
-    """
-    fields = _procfs.stat_fields(pid)
-    if fields is None or len(fields) <= _ENV_END_FIELD:
-        return None
-    image = (*fields[_START_CODE_FIELD : _START_CODE_FIELD + 2],
-             *fields[_ARG_START_FIELD : _ENV_END_FIELD + 1])  # fmt: skip
-    return None if all(value == "0" for value in image) else image
-
-
-# Indices in `_procfs.stat_fields` (from field 3): start_code (26), arg_start (48), env_end (51).
-_START_CODE_FIELD = 23
-_ARG_START_FIELD = 45
-_ENV_END_FIELD = 48
 
 
 def _ancestors(process: psutil.Process) -> Iterator[int]:
