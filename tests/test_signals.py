@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import signal
+import sys
 import threading
+import time
 
 import pytest
 
@@ -186,3 +188,40 @@ def test_after_a_lost_sigterm_only_its_own_document_is_written(program_state, ca
     write_document(terminated)
     assert capsys.readouterr().out.strip().startswith("{")
     raise_if_dropped()  # the document said it: arrived
+
+
+def test_a_signal_in_the_trace_function_s_own_lock_is_handled_a_moment_later():
+    """coverage's tracer calls ``lock_data`` from C with no ``finally``: SystemExit raised there
+    left the lock held, and ``verirl serve`` under coverage hung after "SIGTERM received"."""
+    import threading
+
+    from verirl._signals import handle_later, in_tracers_lock
+
+    frames = []
+
+    class Tracer:  # coverage's shape: the trace function carries the collector's lock methods
+        def __call__(self, *_trace_event):
+            return None
+
+        def lock_data(self):
+            frames.append(sys._getframe())
+
+        def unlock_data(self):
+            frames.append(sys._getframe())
+
+    tracer = Tracer()
+    tracer.lock_data()
+    tracer.unlock_data()
+    assert [in_tracers_lock(frame, tracer) for frame in frames] == [True, True]
+    assert not in_tracers_lock(sys._getframe(), tracer)
+    assert not in_tracers_lock(frames[0], object())  # no tracer, or one without such a lock
+    got = threading.Event()
+    previous = signal.signal(signal.SIGUSR2, lambda *_: got.set())
+    try:
+        handle_later(signal.SIGUSR2)
+        deadline = time.monotonic() + 10
+        while not got.is_set() and time.monotonic() < deadline:
+            got.wait(0.01)  # the handler runs in the main thread, between these waits
+        assert got.is_set()
+    finally:
+        signal.signal(signal.SIGUSR2, previous)

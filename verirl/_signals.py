@@ -130,6 +130,9 @@ class SigtermPolicy:
         After `interrupt`, the SIGTERM it sent raises the interrupt's error
         instead (or nothing, once `withdraw` took the error back).
         """
+        if in_tracers_lock(_frame):
+            handle_later(signum)
+            return
         ours, cause = self.take_interrupt()
         if ours and cause is None:
             log.debug("an interrupt withdrawn or outlived by its holder; SIGTERM ignored")
@@ -310,9 +313,42 @@ def program_handler(signum: int, _frame: types.FrameType | None) -> None:
     nor may the command run on: until the exit is seen to arrive, the main
     thread's next wait raises it again (`raise_if_dropped`).
     """
+    if in_tracers_lock(_frame):
+        handle_later(signum)
+        return
     _PROGRAM_RECEIVED.append(signum)
     _UNARRIVED[:] = [signum]
     raise SystemExit(128 + signum)
+
+
+def in_tracers_lock(frame: types.FrameType | None, tracer: object = None) -> bool:
+    """Whether ``frame`` is the trace function's own lock (coverage's ``lock_data``).
+
+    A handler's exception raised there leaves that lock held (the tracer
+    calls it from C, with no ``finally``), and the next traced call in any
+    thread waits for it forever: a ``verirl serve`` under coverage hung so
+    after "SIGTERM received". The signal is then handled a moment later.
+    ``tracer``: the trace function (default: this thread's, ``sys.gettrace()``).
+    """
+    tracer = sys.gettrace() if tracer is None else tracer
+    if frame is None or tracer is None:
+        return False
+    for name in ("lock_data", "unlock_data"):
+        code = getattr(getattr(getattr(tracer, name, None), "__func__", None), "__code__", None)
+        if code is not None and frame.f_code is code:
+            return True
+    return False
+
+
+HANDLE_LATER_AFTER = 0.01
+"""Seconds after which a signal that landed in a tracer's lock is sent again (`handle_later`)."""
+
+
+def handle_later(signum: int) -> None:
+    """Send ``signum`` to this process again in `HANDLE_LATER_AFTER` s, from a daemon thread."""
+    timer = threading.Timer(HANDLE_LATER_AFTER, os.kill, args=(os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
 
 
 _UNARRIVED: list[int] = []
