@@ -266,7 +266,6 @@ class _Command:
         self.signum: int = signal.SIGTERM
         self.inner: set[int] = set()  # pids of nested launches, named in markers after ours
         self.signalled: set[psutil.Process] = set()  # got self.signum (or left to a forwarder)
-        self.sent: set[psutil.Process] = set()  # got the signal from launch itself
         # The children (pid, start time) of each process launch signalled, listed just before.
         self.children_then: set[tuple[int, int]] = set()
         self.interrupted: threading.Event | None = None  # set by `_grace_signals` during a grace
@@ -580,7 +579,6 @@ class _Command:
         self.signum = signum
         self.pending = []
         self.signalled = set()
-        self.sent = set()
         self.children_then = set()
         self._deliver(processes)
         self._signal_command(signum)
@@ -646,7 +644,6 @@ class _Command:
     def _send(self, process: psutil.Process) -> None:
         """``self.signum`` to ``process``, noted with the children it had then."""
         listed = _children_of(process.pid)
-        self.sent.add(process)
         with contextlib.suppress(psutil.Error):
             process.send_signal(self.signum)  # psutil refuses a pid that was reused
         self._note_children(listed)
@@ -656,8 +653,6 @@ class _Command:
         if self.exited():
             return
         listed = _children_of(self.child.pid)
-        if self.leader is not None:
-            self.sent.add(self.leader)
         try:
             os.kill(self.child.pid, signum)
         except ProcessLookupError:
@@ -787,7 +782,7 @@ class _Command:
             now = time.monotonic()
             if now >= deadline:
                 return False
-            if now >= look and self.sent:
+            if now >= look and self.children_then:  # none: nothing could have missed it
                 processes += self.catch_up()
                 gap = min(gap * 2, _MAX_CATCH_UP)
                 look = time.monotonic() + gap
