@@ -1,13 +1,16 @@
 """Class 6: a process launch's signal could miss gets it all the same, and exactly once.
 
-Launch passes SIGTERM/SIGINT on process by process, after a look at the
+Launch passed SIGTERM/SIGINT on process by process, after a look at the
 process table, the command last. A process forked after the look but before
 its parent got the signal (a pool starting its workers as the preemption
 comes) missed it, ran on while its parent waited for it, and the grace ended
-in a SIGKILL (exit 137, no checkpoint). A process forked after its parent got
-the signal (a helper the parent's handler starts to save) is the parent's to
-stop, and a program that took the signal and exec'd its save got it once:
-launch leaves both alone.
+in a SIGKILL (exit 137, no checkpoint); a look again during the grace still
+missed one forked between launch listing the parent's children and signalling
+the parent. Launch now signals the command's group with one ``killpg``, which
+no fork races. A process forked after its parent got the signal (a helper
+the parent's handler starts to save) is the parent's to stop, and a program
+that took the signal and exec'd its save got it once: launch leaves both
+alone.
 
 Real processes throughout; recorder programs append each signal they get,
 with their pid, to a file.
@@ -15,6 +18,7 @@ with their pid, to a file.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -180,6 +184,7 @@ got = []
 signal.signal(signal.SIGTERM, lambda signum, _frame: got.append(signum))
 workers = []
 for line in sys.stdin:
+    ready, told = os.pipe()
     worker = os.fork()
     if worker == 0:
         def note(signum, _frame):
@@ -187,8 +192,12 @@ for line in sys.stdin:
                 sink.write(f"{os.getpid()} {signal.Signals(signum).name} worker\\n")
             os._exit(0)
         signal.signal(signal.SIGTERM, note)
+        os.write(told, b"x")  # its own handler is in place
         time.sleep(120)
         os._exit(3)
+    os.close(told)
+    os.read(ready, 1)
+    os.close(ready)
     workers.append(worker)
     print(worker, flush=True)
 for worker in workers:  # the pool's join
@@ -197,55 +206,87 @@ sys.exit(0)
 """
 
 
-def test_a_worker_forked_after_launch_looked_but_before_its_parent_got_the_signal_gets_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+class Pool:
+    """POOL started in a session of its own; forks a worker when asked."""
+
+    def __init__(self, record: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(POOL), str(record)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
+        self.workers: list[int] = []
+
+    def fork_one(self) -> None:
+        self.stdin.write(b"fork\n")
+        self.stdin.flush()
+        self.workers.append(int(self.stdout.readline()))
+
+    def fork_the_last(self) -> None:
+        self.fork_one()
+        self.stdin.close()  # the pool has its workers: it joins them once they end
+
+    def close(self) -> None:
+        for pid in [*self.workers, self.proc.pid]:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                continue
+        if not self.stdin.closed:
+            self.stdin.close()
+        self.stdout.close()
+        self.proc.wait()
+
+
+def _fork_before_the_command_is_signalled(pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool forks its last worker right before launch's SIGTERM to it (or its group)."""
+    for name in ("kill", "killpg"):
+        real = getattr(os, name)
+
+        def signalling(pid: int, signum: int, real: Callable[[int, int], None] = real) -> None:
+            if pid == pool.proc.pid and signum == signal.SIGTERM and not pool.stdin.closed:
+                pool.fork_the_last()
+            real(pid, signum)
+
+        monkeypatch.setattr(os, name, signalling)
+
+
+@pytest.mark.parametrize("when", ["after-the-look", "before-the-signal"])
+def test_a_worker_forked_before_its_parent_got_the_signal_gets_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
 ) -> None:
-    """The worker is forked right after the look that `signal_once` takes, before it signals."""
+    """A worker is forked right after `signal_once`'s look, or right before the command is
+    signalled (after launch listed the command's children: a pool forking back to back)."""
     record = tmp_path / "record"
     since = time.time() - 1
-    child = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(POOL), str(record)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
-    assert child.stdin is not None
-    assert child.stdout is not None
-    workers: list[int] = []
-
-    def fork_one() -> int:
-        child.stdin.write(b"fork\n")
-        child.stdin.flush()
-        workers.append(int(child.stdout.readline()))
-        return workers[-1]
-
+    pool = Pool(record)
     try:
-        fork_one()
-        command = _supervise._Command(child, "no-marker", since)
+        pool.fork_one()
+        command = _supervise._Command(pool.proc, "no-marker", since)
         looks = []
         real_collect = command.collect
 
         def collect() -> list[psutil.Process]:
             found = real_collect()
-            if not looks:  # the first look, in signal_once: a worker is forked just after it
+            if not looks:  # the first look, in signal_once
                 looks.append(found)
-                fork_one()
-                child.stdin.close()  # the pool has its workers: it joins them once they end
+                if when == "after-the-look":
+                    pool.fork_the_last()
             return found
 
         monkeypatch.setattr(command, "collect", collect)
+        if when == "before-the-signal":
+            _fork_before_the_command_is_signalled(pool, monkeypatch)
         started = time.monotonic()
-        code = _supervise._stop_command(child, signal.SIGTERM, GRACE, command)
+        code = _supervise._stop_command(pool.proc, signal.SIGTERM, GRACE, command)
         took = time.monotonic() - started
-        assert [process.pid for process in looks[0]] == workers[:1]  # the look missed the second
+        monkeypatch.undo()
+        assert [process.pid for process in looks[0]] == pool.workers[:1]  # the look missed one
         got = sorted(line[0] for line in (text.split() for text in record.read_text().splitlines()))
-        assert got == sorted(map(str, workers))  # each worker once
+        assert got == sorted(map(str, pool.workers))  # each worker once
         assert code == 0  # the pool joined its workers and exited: no SIGKILL
         assert took < GRACE
     finally:
-        for pid in [*workers, child.pid]:
-            try:
-                psutil.Process(pid).kill()
-            except psutil.Error:
-                continue
-        child.stdin.close()
-        child.stdout.close()
-        child.wait()
+        pool.close()

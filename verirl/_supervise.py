@@ -49,12 +49,15 @@ command's process group, so a process that dropped its environment
 an orphan reparented to launch; and every descendant of a process found
 (a child that set up a group of its own and dropped its environment under a
 parent that still lives) is found too. On a signal, each process of the
-command gets it once, from launch, one process at a time (a ``killpg``
-would also reach a process forked after launch looked, or one leaving the
-group as it lands, which the next look would then signal again), except a
-process outside the group that
+command gets it once, from launch: the command's process group with one
+``killpg`` (the kernel delivers it to every member at one instant, so a child
+its parent forks just then is not missed: a fork in flight is restarted, or
+its child gets the signal too), then each process found outside the group,
+one at a time. A member of the group found later got it from that ``killpg``,
+or was forked after its parent got it and is that parent's to stop: launch
+never signals a member again. Outside the group, a process that
 a live process of the command passes it on to (should that one die without
-passing it on, launch does): a rank of
+passing it on, launch does) is left to it: a rank of
 torchrun (``TORCHELASTIC_RUN_ID`` in its environment) while its parent lives,
 as torchrun forwards the signal to the ranks it started in sessions of their
 own, and a rank stops what it started; and a process of a nested ``verirl
@@ -63,10 +66,12 @@ vLLM server too, from its start (`mark_this_launch`), or, for one that dropped
 its environment, such a launch among its ancestors) while that inner launch
 lives, as it passes the signal on to its own command the same way. Each
 time all those signalled are gone within the grace, launch looks again: a
-process found then (an orphan adopted once its parent died of the signal, or
-one started since) gets the same signal once, from launch, and the rest of
-the grace; a process that got it is never sent it again
-(each is known by pid and creation time). After the grace, whatever is left
+process found then outside the group (an orphan adopted once its parent died
+of the signal, or one started since) gets the same signal once, from launch,
+and the rest of the grace; a process that got it is never sent it again
+(each is known by pid and creation time). Once the command's leader is
+reaped, its group id could name another group: then each member too gets the
+signal from launch, one at a time. After the grace, whatever is left
 is SIGKILLed, and launch keeps looking (a few seconds at most) until a look
 finds nothing new, as a killed parent's orphans are only reparented to launch
 once it is gone. When the command exits on its own, what it left running
@@ -78,6 +83,11 @@ A known limit: launch cannot tell that some other parent passes signals on to
 a child it started outside the group (in a session or group of its own), so
 such a child gets the signal twice, once from launch and once from its
 parent; only torchrun's ranks and a nested launch's command are recognised.
+The members of the group found are read right before its ``killpg``, so one
+that leaves the group on the signal (``setsid`` in its handler) is not sent
+it again; one that leaves in the microseconds between that read and the
+``killpg`` misses it, and one forked after launch's look that leaves the group
+on the signal gets it twice.
 
 The server watchdog (`verirl._watchdog`) reaches the main thread here the
 same way a SIGTERM does, as the policy's interrupt: its `VLLMServerError`
@@ -266,6 +276,7 @@ class _Command:
         self.signum: int = signal.SIGTERM
         self.inner: set[int] = set()  # pids of nested launches, named in markers after ours
         self.signalled: set[psutil.Process] = set()  # got self.signum (or left to a forwarder)
+        self.group_signalled = False  # the group got self.signum with one killpg
         # The children (pid, start time) of each process launch signalled, listed just before.
         self.children_then: set[tuple[int, int]] = set()
         self.interrupted: threading.Event | None = None  # set by `_grace_signals` during a grace
@@ -449,9 +460,10 @@ class _Command:
     def forward_queued(self) -> None:
         """Each signal of `TERMINATING` that arrived since (`_Forwarding`) passed on once.
 
-        Each process of the command found now gets it once, from launch, the
-        command last, as for SIGTERM (`signal_once`), but without touching the
-        state of a grace in progress; and launch goes on waiting. Left out:
+        Each process of the command found now gets it once, from launch, as
+        for SIGTERM (`signal_once`: the group with one ``killpg``, then each
+        process outside it), but without touching the state of a grace in
+        progress; and launch goes on waiting. Left out:
         a process that a live process of the command passes signals on to (an
         inner launch's, which passes these on too; a torchrun rank for SIGQUIT
         alone, the only one of them torchrun's agent passes on), and a vLLM
@@ -461,8 +473,12 @@ class _Command:
             return
         for signum in self.forwarding.take():
             processes = self.collect()
+            grouped = self.signal_group(signum)
             for process in processes:
-                if not self.in_group(process) and self.forwarded_by_parent(
+                if self.in_group(process):
+                    if grouped:
+                        continue
+                elif self.forwarded_by_parent(
                     process, torchrun=signum == getattr(signal, "SIGQUIT", None)
                 ):
                     continue
@@ -470,7 +486,8 @@ class _Command:
                     continue
                 with contextlib.suppress(psutil.Error):
                     process.send_signal(signum)  # psutil refuses a pid that was reused
-            self._signal_command(signum)
+            if not grouped:
+                self._signal_command(signum, note=False)
             log.warning(
                 "passed %s on to the training command (pid %d) and its processes",
                 _signal_name(signum),
@@ -567,22 +584,43 @@ class _Command:
     def signal_once(self, signum: int) -> list[psutil.Process]:
         """``signum`` to each process of the command exactly once; what was found then.
 
-        Each process found gets it from us, one by one, the command last: a
-        ``killpg`` would also reach a process forked after the look (or one
-        that leaves the group as the signal lands) without launch knowing, and
-        the next look would signal it again. What is forked later is found by
-        `signal_new`. Outside the group, a process that a live process of the
-        command passes signals on to (a torchrun rank, an inner launch's
-        command) is left to it.
+        The group gets it with one ``killpg`` (`signal_group`), which no fork
+        can race; each process found outside the group gets it from us, one
+        by one, unless a live process of the command passes signals on to it
+        (a torchrun rank, an inner launch's command). What is forked later
+        outside the group is found by `catch_up` and `signal_new`.
         """
         processes = self.collect()
         self.signum = signum
         self.pending = []
         self.signalled = set()
         self.children_then = set()
+        members = [process for process in processes if self.in_group(process)]
+        self.group_signalled = self.signal_group(signum)
+        if self.group_signalled:  # got it: one that leaves the group on it is not sent it again
+            self.signalled.update(members)
         self._deliver(processes)
-        self._signal_command(signum)
+        if not self.group_signalled:
+            self._signal_command(signum)
         return processes
+
+    def signal_group(self, signum: int) -> bool:
+        """``signum`` to the command's process group at once; False when launch must go one by one.
+
+        While the command is not reaped its pid cannot be reused, so the group
+        id names its group. Once reaped (or on a platform without process
+        groups), launch signals each member on its own.
+        """
+        if self.child.returncode is not None or not hasattr(os, "killpg"):
+            return False
+        try:
+            os.killpg(self.child.pid, signum)
+        except ProcessLookupError:
+            return False
+        except OSError as exc:
+            log.warning("cannot signal the training command's group %d: %s", self.child.pid, exc)
+            return False
+        return True
 
     def catch_up(self) -> list[psutil.Process]:
         """The signal, now, to each process that missed it since it was passed on; those found.
@@ -627,9 +665,16 @@ class _Command:
         return processes
 
     def _deliver(self, processes: list[psutil.Process]) -> None:
-        """The signal to each of ``processes`` not given it yet, unless a forwarder passes it."""
+        """The signal to each of ``processes`` not given it yet, unless a forwarder passes it.
+
+        After the group's ``killpg`` a member got it then, or was forked after
+        its parent got it: launch leaves it to that parent.
+        """
         for process in processes:
             if process in self.signalled:  # pid and creation time: a reused pid is another
+                continue
+            if self.group_signalled and self.in_group(process):
+                self.signalled.add(process)
                 continue
             self.signalled.add(process)
             if not self.in_group(process) and self.forwarded_by_parent(process):
@@ -648,11 +693,14 @@ class _Command:
             process.send_signal(self.signum)  # psutil refuses a pid that was reused
         self._note_children(listed)
 
-    def _signal_command(self, signum: int) -> None:
-        """``signum`` to the command itself, unless it has exited (its pid is not reused then)."""
+    def _signal_command(self, signum: int, *, note: bool = True) -> None:
+        """``signum`` to the command itself, unless it has exited (its pid is not reused then).
+
+        With ``note``, its children then are remembered for `catch_up`.
+        """
         if self.exited():
             return
-        listed = _children_of(self.child.pid)
+        listed = _children_of(self.child.pid) if note else []
         try:
             os.kill(self.child.pid, signum)
         except ProcessLookupError:
