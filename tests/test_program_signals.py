@@ -191,3 +191,26 @@ except KeyboardInterrupt:
 """
     result, _ = _run(tmp_path, script)
     assert result.stdout.split() == ["raised"], result.stderr
+
+
+def test_the_program_s_ctrl_c_handler_is_python_s_own_minding_the_tracer_s_lock(tmp_path):
+    """While a command runs, Ctrl-C is `program_interrupt`: a KeyboardInterrupt (exit 130), but
+    never raised inside coverage's lock (`verirl._signals.in_tracers_lock`)."""
+    script = """
+import signal, sys
+import verirl.__main__ as program
+import verirl.cli
+from verirl._signals import program_interrupt
+
+def main(argv=None):
+    print(signal.getsignal(signal.SIGINT) is program_interrupt, flush=True)
+    signal.raise_signal(signal.SIGINT)
+    return 0
+
+verirl.cli.main = main
+sys.argv = ["verirl", "plan", "--gpus", "2"]
+sys.exit(program.run())
+"""
+    result, _ = _run(tmp_path, script)
+    assert result.stdout.split() == ["True"], result.stderr
+    assert result.returncode == 130, result.stderr

@@ -225,3 +225,40 @@ def test_a_signal_in_the_trace_function_s_own_lock_is_handled_a_moment_later():
         assert got.is_set()
     finally:
         signal.signal(signal.SIGUSR2, previous)
+
+
+def test_the_program_s_ctrl_c_in_the_trace_function_s_own_lock_is_raised_a_moment_later():
+    """As for SIGTERM: Python's own KeyboardInterrupt raised in coverage's ``lock_data`` left the
+    lock held; the ``verirl`` program's Ctrl-C handler sends it again a moment later."""
+    import threading
+
+    from verirl._signals import program_interrupt
+
+    frames = []
+
+    class Tracer:  # coverage's shape (see above)
+        def __call__(self, *_trace_event):
+            return None
+
+        def lock_data(self):
+            frames.append(sys._getframe())
+
+    tracer = Tracer()
+    tracer.lock_data()
+    got = threading.Event()
+    previous_trace = sys.gettrace()
+    previous = signal.signal(signal.SIGINT, lambda *_: got.set())
+    try:
+        sys.settrace(tracer)
+        try:
+            program_interrupt(signal.SIGINT, frames[0])  # in the lock: nothing raised now
+        finally:
+            sys.settrace(previous_trace)
+        deadline = time.monotonic() + 10
+        while not got.is_set() and time.monotonic() < deadline:
+            got.wait(0.01)
+        assert got.is_set()  # sent again, to the handler in place then
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    with pytest.raises(KeyboardInterrupt):
+        program_interrupt(signal.SIGINT, sys._getframe())

@@ -65,6 +65,7 @@ from verirl._signals import (  # noqa: E402
     noted,
     program_exit_arrived,
     program_handler,
+    program_interrupt,
     program_note,
     program_received,
     raise_if_dropped,
@@ -170,10 +171,14 @@ def _take_over() -> None:
     """Put the program's raising handlers in place of `_note_start_up`; raise a noted signal.
 
     SIGTERM gets `program_handler` (its ``SystemExit`` says 143 even if it is
-    swallowed), Ctrl-C Python's ``KeyboardInterrupt``. A SIGTERM noted while this
-    module imported is raised as `program_handler` raises it; else a Ctrl-C.
+    swallowed), Ctrl-C `program_interrupt` (Python's ``KeyboardInterrupt``). A
+    SIGTERM noted while this module imported is raised as `program_handler`
+    raises it; else a Ctrl-C.
     """
     _raising_handlers()
+    with contextlib.suppress(ValueError):  # off the main thread: nothing was installed
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, program_interrupt)
     came, _NOTED[:] = _NOTED[:], []
     if signal.SIGTERM in came or _SIGHUP in came:
         program_handler(signal.SIGTERM, None)
@@ -295,7 +300,11 @@ def _note_signals() -> None:
     """
     if _OURS[0]:
         signal.signal(signal.SIGTERM, program_note)
-    if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _note_start_up):
+    if signal.getsignal(signal.SIGINT) in (
+        signal.default_int_handler,
+        _note_start_up,
+        program_interrupt,
+    ):
         signal.signal(signal.SIGINT, program_note)
     program_exit_arrived()
 

@@ -59,6 +59,7 @@ __all__ = [
     "noted",
     "program_exit_arrived",
     "program_handler",
+    "program_interrupt",
     "program_note",
     "program_received",
     "raise_if_dropped",
@@ -319,6 +320,18 @@ def program_handler(signum: int, _frame: types.FrameType | None) -> None:
     _PROGRAM_RECEIVED.append(signum)
     _UNARRIVED[:] = [signum]
     raise SystemExit(128 + signum)
+
+
+def program_interrupt(signum: int, frame: types.FrameType | None) -> None:
+    """The ``verirl`` program's Ctrl-C handler: Python's own ``KeyboardInterrupt``.
+
+    Unless it lands in the trace function's own lock, where the exception
+    would leave that lock held (`in_tracers_lock`): it is handled a moment later.
+    """
+    if in_tracers_lock(frame):
+        handle_later(signum)
+        return
+    signal.default_int_handler(signum, frame)
 
 
 def in_tracers_lock(frame: types.FrameType | None, tracer: object = None) -> bool:
