@@ -530,6 +530,67 @@ def test_an_interrupt_during_teardown_skips_the_grace_period(make_server, ctrl_c
     assert server.pid is None
 
 
+def test_a_stop_from_a_sigterm_handler_during_the_grace_keeps_its_end(make_server):
+    """The README's advice for a program with its own SIGTERM handler is to call ``stop()``
+    there; one that landed during a ``stop()`` started a whole new grace (6 s + 4 s here)."""
+    grace = 6.0
+    server = make_server(shutdown_timeout=grace, env={"FAKE_VLLM_IGNORE_SIGTERM": "1"})
+    server.start()
+    procs = tree(server)
+    stopping = server._tree.stopping  # set as stop() begins
+    done = threading.Event()
+
+    def sigterm_inside_the_grace() -> None:
+        if stopping.wait(timeout=60) and not done.wait(grace - 2):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    preempter = threading.Thread(target=sigterm_inside_the_grace)
+    preempter.start()
+    try:
+        started = time.monotonic()
+        server.stop()
+        took = time.monotonic() - started
+    finally:
+        done.set()
+        preempter.join()
+        signal.signal(signal.SIGTERM, previous)
+    assert not survivors(procs)
+    assert took < grace + 2.5, took  # a new grace would end at 2 * grace - 2
+
+
+def test_a_ctrl_c_while_another_thread_stops_the_server_cuts_its_grace_short(
+    make_server, ctrl_c_raises
+):
+    """A supervisor thread runs ``stop()``; the main thread, interrupted, waits for it in its
+    own ``stop()``: a second Ctrl-C there waited out the other thread's whole grace."""
+    server = make_server(shutdown_timeout=600.0, env={"FAKE_VLLM_IGNORE_SIGTERM": "1"})
+    server.start()
+    procs = tree(server)
+    stopping = server._tree.stopping  # set as stop() begins
+    supervisor = threading.Thread(target=server.stop)
+    supervisor.start()
+    assert stopping.wait(timeout=60)
+    done = threading.Event()
+
+    def ctrl_c() -> None:  # a real signal: interrupt_main() would not wake a lock's wait
+        if not done.wait(0.3):  # the main thread waits for the supervisor's stop by then
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    interrupter = threading.Thread(target=ctrl_c)
+    interrupter.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            server.stop()  # waits for the supervisor's 600 s grace without the interrupt
+    finally:
+        done.set()
+        interrupter.join()
+    supervisor.join(timeout=60)
+    assert not supervisor.is_alive()
+    assert not survivors(procs)
+    assert server.pid is None
+
+
 # ---------------------------------------------------------------- interrupted at awkward points
 
 

@@ -556,6 +556,8 @@ class ProcessTree:
     seen: dict[int, psutil.Process] = attrs.field(factory=dict, init=False)
     stopping: threading.Event = attrs.field(factory=threading.Event, init=False)
     ready: bool = attrs.field(default=False, init=False)
+    grace_ends: float | None = attrs.field(default=None, init=False)  # of the shutdown under way
+    cut_short: threading.Event = attrs.field(factory=threading.Event, init=False)  # the grace's
 
     def __attrs_post_init__(self) -> None:
         try:
@@ -659,16 +661,23 @@ class ProcessTree:
     def survivors(self) -> list[psutil.Process]:
         return [process for process in self.seen.values() if _alive(process)]
 
-    def wait_gone(self, deadline: float) -> bool:
-        """Wait until the server and every remembered descendant are gone; False at deadline."""
+    def wait_gone(self, deadline: float, *, grace: bool = False) -> bool:
+        """Wait until the server and every remembered descendant are gone; False at deadline.
+
+        A ``grace`` ends early, False, once `cut_short` is set (a Ctrl-C in
+        another thread that waits for this stop).
+        """
         delay = 0.001
         while True:
             if self.exited() and not self.survivors():
                 return True
             now = time.monotonic()
-            if now >= deadline:
+            if now >= deadline or (grace and self.cut_short.is_set()):
                 return False
-            time.sleep(min(delay, deadline - now))
+            if grace:
+                self.cut_short.wait(min(delay, deadline - now))
+            else:
+                time.sleep(min(delay, deadline - now))
             delay = min(delay * 2, 0.02)
 
     def gone(self, *, rescan: bool) -> bool:
@@ -698,15 +707,23 @@ class ProcessTree:
         """SIGTERM everything, ``grace`` seconds, SIGKILL the rest, reap. True if it was clean.
 
         Interrupted (a second Ctrl-C), it skips the grace, SIGKILLs at once,
-        reaps and re-raises.
+        reaps and re-raises. One called during another (a ``stop()`` in a
+        signal's handler) keeps the grace under way: it ends no later.
         """
         clean = False
+        outer = self.grace_ends is None
+        grace_ends = time.monotonic() + grace
+        if self.grace_ends is not None:
+            grace_ends = min(grace_ends, self.grace_ends)
+        self.grace_ends = grace_ends
         try:
             self.collect()
             self.signal_all(signal.SIGTERM)
             self.signal_all(signal.SIGCONT)  # a stopped (hung, SIGSTOPped) process acts on it then
-            clean = self.wait_gone(time.monotonic() + grace)
-            if not clean:
+            clean = self.wait_gone(grace_ends, grace=True)
+            if not clean and self.cut_short.is_set():
+                log.warning("interrupted: sending SIGKILL to vLLM server pid %d", self.pid)
+            elif not clean:
                 log.warning(
                     "vLLM server pid %d still running %.1fs after SIGTERM; sending SIGKILL "
                     "(processes: %s)",
@@ -726,6 +743,8 @@ class ProcessTree:
             self.kill_now()
             raise
         finally:
+            if outer:
+                self.grace_ends = None
             try:
                 self.popen.wait(timeout=_KILL_WAIT)
             except subprocess.TimeoutExpired:

@@ -437,8 +437,13 @@ class VLLMServer:
         self._stop()
 
     def _stop(self) -> None:
-        """`stop`, without cancelling a start: what a start's own failure path calls."""
-        with self._lock:
+        """`stop`, without cancelling a start: what a start's own failure path calls.
+
+        Interrupted (a Ctrl-C) while another thread's stop runs the grace, it
+        cuts that grace short (SIGKILL now), as a Ctrl-C in that thread would.
+        """
+        self._lock_for_stop()
+        try:
             tree = self._tree
             if tree is None:
                 return
@@ -454,6 +459,20 @@ class VLLMServer:
                 raise
             if gone:
                 self._forget()
+        finally:
+            self._lock.release()
+
+    def _lock_for_stop(self) -> None:
+        """Take the server's lock; a Ctrl-C while another thread holds it stopping cuts it short."""
+        if self._lock.acquire(blocking=False):
+            return
+        try:
+            self._lock.acquire()
+        except BaseException:
+            tree = self._tree
+            if tree is not None and tree.stopping.is_set():
+                tree.cut_short.set()
+            raise
 
     def __enter__(self) -> Self:
         self.start()
