@@ -18,6 +18,7 @@ import ipaddress
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -85,7 +86,8 @@ NONE_WRAPPER = (
 def started(
     argv: list[str], env: dict[str, str], stream: str, how: str
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """``python -m verirl ARGV`` with ``stream`` (stdout/stderr) closed, None or a reader-less pipe.
+    """``python -m verirl ARGV`` with ``stream`` (stdout/stderr) closed, None, a reader-less pipe
+    or (``stalled``) a full pipe whose reader reads nothing.
 
     Yields the process and the name of the other stream, which is captured (a temp file).
     """
@@ -102,12 +104,16 @@ def started(
         elif how == "none":
             command = [sys.executable, "-c", NONE_WRAPPER, stream, *argv]
             kwargs[stream] = subprocess.DEVNULL
+        elif how == "stalled":
+            read_end, write_end, _ = _full_pipe(blocking=True)
+            kwargs[stream] = write_end
         else:  # a pipe whose reader is gone before the first write
             read_end, write_end = os.pipe()
             kwargs[stream] = write_end
         proc = subprocess.Popen(command, **kwargs)  # type: ignore[call-overload]
         if read_end is not None:
-            os.close(read_end)
+            if how != "stalled":
+                os.close(read_end)
             os.close(write_end)
         try:
             yield proc, other
@@ -115,6 +121,8 @@ def started(
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=30)
+            if how == "stalled":
+                os.close(read_end)
             captured.seek(0)
             proc.captured = captured.read().decode("utf-8", "replace")  # type: ignore[attr-defined]
 
@@ -155,8 +163,12 @@ def test_every_command_survives_a_lost_output_channel(tmp_path, env_server, stre
     assert not failures, failures
 
 
-@pytest.mark.parametrize("how", ["closed", "none", "broken"])
-@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+@pytest.mark.parametrize(
+    ("stream", "how"),
+    # a stalled stdout holds the path resume prints, its product, as a pipe holds any output
+    [(stream, how) for stream in ("stdout", "stderr") for how in ("closed", "none", "broken")]
+    + [("stderr", "stalled")],
+)
 def test_a_hub_download_survives_a_lost_output_channel(tmp_path, stream, how):
     # huggingface_hub's progress bars write to stderr from the download threads
     env = clean_environ(tmp_path)
@@ -216,6 +228,41 @@ def test_serve_piped_into_head_keeps_serving(tmp_path):
                 proc.kill()
     assert proc.returncode == 143
     assert not [word for word in BAD_OUTPUT if word in err.decode()], err
+    assert nothing_listens(port)
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "non-blocking"])
+def test_serve_with_a_stderr_nobody_reads_serves_and_ends_on_sigterm(tmp_path, blocking):
+    """A supervisor that reads stderr only at the end: the pipe is full before serve starts.
+    No log line may hold the command up, nor the SIGTERM handler's own line its exit."""
+    port = unshared_port()
+    read, write, _ = _full_pipe(blocking=blocking)
+    argv = [sys.executable, "-m", "verirl", "serve", "--gpus", "2", "--model", "m",
+            "--vllm-port", str(port), "--vllm-command", FAKE_VLLM, "--log-dir", str(tmp_path),
+            "--host", "0.0.0.0"]  # fmt: skip
+    try:
+        with subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=write, stdin=subprocess.DEVNULL,
+            env=clean_environ(tmp_path),
+        ) as proc:  # fmt: skip
+            os.close(write)
+            write = -1
+            try:
+                assert proc.stdout is not None
+                ready, _, _ = select.select([proc.stdout], [], [], 120)
+                assert ready, "no ready line: a log line held serve up"
+                assert proc.stdout.readline().startswith(b"vLLM server ready")
+                wait_healthy(port, proc)
+                proc.send_signal(signal.SIGTERM)
+                code = proc.wait(timeout=60)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+    finally:
+        os.close(read)
+        if write >= 0:
+            os.close(write)
+    assert code == 143
     assert nothing_listens(port)
 
 
@@ -938,6 +985,33 @@ def test_other_values_starting_with_dashes_say_to_use_equals(clean_env, capsys, 
     assert f"goes after '=': {flag}=VALUE" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["launch", "--gpus", "2", "--model", "m", "--vllm-args", "--", "true"], "--vllm-args"),
+        (["serve", "--gpus", "2", "--model", "m", "--vllm-args=--"], "--vllm-args"),
+        (["serve", "--gpus", "2", "--model", "m", "--vllm-command=--"], "--vllm-command"),
+        (["plan", "--gpus", "2", "--vllm-port=--"], "--vllm-port"),
+        (["plan", "--gpus", "2", "--model=--"], "--model"),
+        (["resume", "--resume=--"], "--resume"),
+    ],
+    ids=["vllm-args-forgotten", "vllm-args", "vllm-command", "port", "model", "resume"],
+)
+def test_two_dashes_as_a_flag_s_value_is_a_usage_error_naming_the_flag(
+    clean_env, capsys, argv, flag
+):
+    """argparse stores ``[]`` for ``--flag=--``: a traceback (AttributeError, exit 1), a value
+    ``[]`` the user never typed, or a flag silently ignored; and ``--vllm-args --`` took the
+    command's separator for the value."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2, err
+    assert f"argument {flag}: expected one argument" in err, err
+    assert "Traceback" not in err
+    assert "[]" not in err
+
+
 # The flags verirl gives the server itself (the contract's VLLMServer argv), spelled out here.
 OWN_FLAGS = ("--model", "--host", "--port", "--gpu-memory-utilization", "--max-model-len",
              "--tensor-parallel-size", "--data-parallel-size")  # fmt: skip
@@ -952,6 +1026,7 @@ OWN_SPELLINGS = [
     *dict.fromkeys(s for flag in OWN_FLAGS for s in _spellings(flag)),
     "-tp 2",
     "-dp 2",
+    "--p 9",  # TRL's parser (and the fake's) takes it for --port: its only flag in p
 ]
 
 
@@ -1242,27 +1317,36 @@ def test_a_capped_variable_is_named_in_the_warning(clean_env, capsys, monkeypatc
     assert "8192: VERIRL_MAX_MODEL_LEN=20000 is not used" in warning
 
 
-@pytest.mark.parametrize("command", ["launch", "serve"])
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+@pytest.mark.parametrize("command", ["launch", "serve", "doctor"])
 def test_a_bad_file_in_the_default_log_folder_is_named_with_the_flag_that_moves_it(
-    tmp_path, command
+    tmp_path, command, kind
 ):
-    """No flag or variable gave the path: the message says where it is and how to move it."""
+    """No flag or variable gave the path: the message says where it is and how to move it;
+    doctor, the preflight, says what launch will (it exited 0 on the default folder)."""
     port = unshared_port()
     folder = tmp_path / "tmp" / f"verirl-vllm-{os.getuid()}"
     folder.mkdir(parents=True, mode=0o700)
-    os.mkfifo(folder / f"vllm-serve-{port}.log")
+    if kind == "fifo":
+        os.mkfifo(folder / f"vllm-serve-{port}.log")
+    else:
+        (folder / f"vllm-serve-{port}.log").mkdir()
     environ = clean_environ(tmp_path, TMPDIR=str(tmp_path / "tmp"))
     argv = [command, "--gpus", "2", "--model", "m", "--vllm-port", str(port),
             "--vllm-command", FAKE_VLLM, "--json"]  # fmt: skip
     if command == "launch":
         argv += ["--", "true"]
+    elif command == "doctor":
+        argv = ["doctor", "--vllm-port", str(port), "--json"]
+        environ.update(VERIRL_GPU_COUNT="2", VERIRL_MODEL="m", VERIRL_VLLM_COMMAND=FAKE_VLLM)
     result = subprocess.run(
         [sys.executable, "-m", "verirl", *argv], capture_output=True, text=True,
         env=environ, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
     message = json.loads(result.stdout)["error"]["message"]
-    assert message.startswith("the vLLM server's log file=")
+    # doctor says which check failed first: "vLLM server: "
+    assert message.removeprefix("vLLM server: ").startswith("the vLLM server's log file=")
     assert "--log-dir or VERIRL_VLLM_LOG_DIR" in message
     assert "log_path" not in result.stderr
 

@@ -207,9 +207,10 @@ def _prepare() -> None:
     on the spot before. ``verirl launch`` passes them on to its command instead
     while the command runs (`verirl._supervise`).
     """
-    from verirl._cli_output import reserve_standard_fds  # noqa: PLC0415 - inside the try
+    from verirl._cli_output import STDERR, reserve_standard_fds  # noqa: PLC0415 - inside the try
 
     reserve_standard_fds()
+    STDERR.in_background()  # a reader of stderr that stops reading holds up no command
     atexit.register(_late_signal_exit)  # registered first, so it runs after every later hook
     previous = signal.getsignal(signal.SIGTERM)
     # SIG_IGN was inherited and is meant; a Python-level handler can only have been set by

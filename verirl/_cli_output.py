@@ -12,12 +12,14 @@ print "Exception ignored … BrokenPipeError" and turn the exit code into 120).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import fcntl
 import json
 import math
 import os
+import queue
 import re
 import select
 import signal
@@ -53,6 +55,7 @@ class Channel:
     def __init__(self, name: str) -> None:
         self._name = name
         self._failed: TextIO | None = None  # the stream that failed (a test may swap in another)
+        self._backlog: _Backlog | None = None
 
     @property
     def stream(self) -> TextIO | None:
@@ -73,6 +76,8 @@ class Channel:
         it: the rest is written (within `FINISH_AFTER_SIGNAL` s), then the
         exception is raised (`whole_write_left` says how much did not go out).
         ``within``: give up after that many seconds (a write after a signal).
+        In the background (`in_background`), a write that is not ``whole`` is
+        queued and returns at once.
         """
         stream = self.stream
         if stream is None:
@@ -85,6 +90,10 @@ class Channel:
                 stream.write(data.decode(_encoding(stream), "backslashreplace"))
                 stream.flush()
                 return True
+            if self._backlog is not None and not whole:
+                self._backlog.put(stream, fd, data)
+                return True
+            self.drain(within if within is not None else NONBLOCKING_WAIT)  # the order stays
             stream.flush()  # what it buffered first: the order stays
             _write_all(fd, data, whole=whole, within=within)
         except UnicodeError:  # not the channel's fault: it stays
@@ -93,6 +102,42 @@ class Channel:
             self._abandon(stream)
             return False
         return True
+
+    def in_background(self) -> None:
+        """From now on, writes that are not ``whole`` go out from a thread of their own.
+
+        A reader that stops reading (a full pipe: a supervisor that reads
+        stderr only at the end, a stopped ``less``) then blocks that thread
+        and nothing else: the command goes on, a signal's handler that logs
+        still raises at once, and lines beyond `BACKLOG_LINES` are dropped
+        (and counted, in a line of their own once the reader reads again).
+        `drain` waits for what is queued, within a bound; so does the exit.
+        """
+        if self._backlog is None:
+            self._backlog = _Backlog(self._write_queued, self._name)
+            atexit.register(self.drain, FINISH_AFTER_SIGNAL)
+
+    def queued_file(self) -> _QueuedFile | None:
+        """A file for writers that take one (a progress bar), writing through this channel.
+
+        ``None`` unless the channel is in the background: the writer's own
+        stream is as good then.
+        """
+        return None if self._backlog is None else _QueuedFile(self)
+
+    def drain(self, within: float) -> bool:
+        """Wait up to ``within`` s for the queued writes to go out; False if some did not."""
+        return self._backlog is None or self._backlog.drain(within)
+
+    def _write_queued(self, stream: TextIO, fd: int, data: bytes) -> None:
+        """A queued write, on the backlog's thread (a blocking one may wait there for good)."""
+        if self.stream is not stream:  # abandoned meanwhile, or swapped out
+            return
+        try:
+            stream.flush()
+            _write_plainly(fd, data)
+        except (OSError, ValueError, AttributeError):
+            self._abandon(stream)
 
     def flush(self) -> None:
         """Flush whatever the stream buffers; a failure abandons it like a failed write."""
@@ -118,6 +163,88 @@ class Channel:
             finally:
                 os.close(devnull)
 
+
+class _QueuedFile:
+    """``write`` and ``flush`` of a text file, through a `Channel` in the background."""
+
+    encoding = "utf-8"
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+
+    def write(self, text: str) -> int:
+        self._channel.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing to do: each write is queued whole."""
+
+    def isatty(self) -> bool:
+        stream = self._channel.stream
+        try:
+            return stream is not None and stream.isatty()
+        except (OSError, ValueError):
+            return False
+
+
+class _Backlog:
+    """The writes a `Channel` in the background has queued, and the thread that makes them.
+
+    `queue.SimpleQueue.put` may be called from a signal's handler that
+    interrupted another ``put``: a line logged there is queued too.
+    """
+
+    def __init__(self, write: Callable[[TextIO, int, bytes], None], name: str) -> None:
+        self._write = write
+        self._name = name
+        self._queue: queue.SimpleQueue[tuple[TextIO, int, bytes] | threading.Event] = (
+            queue.SimpleQueue()
+        )
+        self._dropped = 0
+        self._thread: threading.Thread | None = None
+        self._starting = threading.Lock()
+
+    def put(self, stream: TextIO, fd: int, data: bytes) -> None:
+        if self._queue.qsize() >= BACKLOG_LINES:
+            self._dropped += 1
+            return
+        self._queue.put((stream, fd, data))
+        self._start()
+
+    def drain(self, within: float) -> bool:
+        if self._thread is None:
+            return True
+        done = threading.Event()
+        self._queue.put(done)  # after everything queued before it
+        return done.wait(max(within, 0))
+
+    def _start(self) -> None:
+        if self._thread is not None or not self._starting.acquire(blocking=False):
+            return  # running, or being started (by the code a signal's handler interrupted)
+        try:
+            if self._thread is None:
+                thread = threading.Thread(target=self._run, name="verirl-stderr", daemon=True)
+                thread.start()
+                self._thread = thread
+        finally:
+            self._starting.release()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            stream, fd, data = item
+            dropped, self._dropped = self._dropped, 0
+            if dropped:
+                note = f"verirl: {dropped} line(s) not written: {self._name} was not read\n"
+                self._write(stream, fd, note.encode())
+            self._write(stream, fd, data)
+
+
+BACKLOG_LINES = 10_000
+"""Writes a `Channel` in the background holds for a reader that stopped reading; then it drops."""
 
 NONBLOCKING_WAIT = 300.0
 """Seconds a write waits for the reader of a non-blocking pipe to make room, before giving up."""

@@ -876,11 +876,27 @@ def _progress_bar() -> type | None:
     With no stderr (``2>&-``, ``pythonw``) or a closed one, tqdm raises while
     it holds its class-wide lock, and every other download thread then waits
     on that lock forever: the download, and the process's exit, would hang.
+    In the ``verirl`` program, the bar writes through its stderr channel
+    (`verirl._cli_output`): a reader of stderr that stops reading holds up
+    no download.
     """
+    from verirl._cli_output import STDERR  # noqa: PLC0415 - the program's, when it runs
+
+    queued = STDERR.queued_file()
     stream = sys.stderr
-    if stream is not None and not getattr(stream, "closed", False):
+    usable = stream is not None and not getattr(stream, "closed", False)
+    if usable and queued is None:
         return None  # huggingface_hub's own (and its HF_HUB_DISABLE_PROGRESS_BARS)
     from huggingface_hub.utils.tqdm import tqdm as hub_tqdm  # noqa: PLC0415
+
+    if usable:
+
+        class Queued(hub_tqdm):
+            def __init__(self, *args: object, **kwargs: object) -> None:
+                kwargs.setdefault("file", queued)
+                super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+        return Queued
 
     class Silent(hub_tqdm):
         def __init__(self, *args: object, **kwargs: object) -> None:

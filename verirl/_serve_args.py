@@ -78,7 +78,7 @@ def own_flag_reason(flag: str) -> str:
     return PLAN_FLAGS.get(flag, "verirl sets it itself and waits on it")
 
 
-_MIN_ABBREVIATION = 4  # "--po": shorter prefixes match too many of vLLM's flags to mean ours
+_MIN_ABBREVIATION = 3  # "--p": TRL's parser takes it for --port (its only flag in p)
 
 
 def own_flag(extra_args: Sequence[str]) -> tuple[str, str] | None:

@@ -101,22 +101,14 @@ def default_log_dir() -> Path:
     user's) is never written into: a fresh ``verirl-vllm-*`` folder is made
     instead, with a warning.
     """
-    base = Path(tempfile.gettempdir())
-    uid = os.getuid() if hasattr(os, "getuid") else None
-    folder = base / ("verirl-vllm" if uid is None else f"verirl-vllm-{uid}")
+    folder = _default_folder_path()
     with contextlib.suppress(FileExistsError):
         folder.mkdir(mode=0o700)
     try:
         info = os.lstat(folder)
     except OSError:
         info = None
-    ours = (
-        info is not None
-        and stat.S_ISDIR(info.st_mode)
-        and (uid is None or info.st_uid == uid)
-        and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    )
-    if ours:
+    if info is not None and _ours(info):
         return folder
     fresh = Path(tempfile.mkdtemp(prefix="verirl-vllm-"))
     log.warning(
@@ -125,6 +117,22 @@ def default_log_dir() -> Path:
         printable(fresh),
     )
     return fresh
+
+
+def _default_folder_path() -> Path:
+    """Where `default_log_dir` is: ``<tmp>/verirl-vllm-<uid>``."""
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    return Path(tempfile.gettempdir()) / ("verirl-vllm" if uid is None else f"verirl-vllm-{uid}")
+
+
+def _ours(info: os.stat_result) -> bool:
+    """Whether the default folder's ``lstat`` is a directory of this user's alone."""
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    return (
+        stat.S_ISDIR(info.st_mode)
+        and (uid is None or info.st_uid == uid)
+        and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
 
 
 _DEFAULT_TRIES = 3
@@ -169,6 +177,23 @@ def _default_folder(field: str) -> tuple[Path, int]:
         raise ConfigError.invalid(
             field, printable(folder), f"no log file can be made ({problem.strerror or problem})"
         ) from None
+
+
+def _existing_default_folder() -> tuple[Path, int] | None:
+    """`default_log_dir` and a descriptor of it, when it exists and is this user's; else None.
+
+    Nothing is made: a folder missing, or not ours (`default_log_dir` then
+    logs elsewhere), leaves nothing to check beforehand.
+    """
+    folder = _default_folder_path()
+    try:
+        fd = _open_folder(folder, follow=False)
+    except OSError:
+        return None
+    if not _ours(os.fstat(fd)):
+        os.close(fd)
+        return None
+    return folder, fd
 
 
 def _kept_folder(folder: Path, field: str) -> int:
@@ -277,13 +302,20 @@ def check_server_log(requested: Path | None, *, port: int, field: str = "log_pat
     ``doctor``'s preflight: a folder given as one that is missing or no folder,
     an existing log that is not a regular file or cannot be appended to and
     read back, a missing log in a folder that cannot be written: the
-    `ConfigError` `open_server_log` would raise, in its words. What is made at
-    start (the default folder, one spelled with a trailing slash, a file's
-    missing parent) is not checked, nor a full disk.
+    `ConfigError` `open_server_log` would raise, in its words; in the
+    default folder too, when it is there and ours. What is made at start (the
+    default folder, one spelled with a trailing slash, a file's missing
+    parent) is not checked, nor a full disk.
     """
-    if requested is None:
-        return
     name = log_file_name(port)
+    if requested is None:
+        default = _existing_default_folder()
+        if default is not None:
+            try:
+                _check_in_folder(default[0] / name, default[1], field)
+            finally:
+                os.close(default[1])
+        return
     if getattr(requested, "must_exist", False):
         path, folder = Path(requested) / name, _kept_folder(requested, field)
     else:

@@ -20,8 +20,10 @@ Exit codes (`EXIT_CODES`; the parser's epilog and the README say the same):
   start, exited or timed out; for ``serve``, it died while serving);
 - 5 no checkpoint where one was asked for, or a checkpoint source failed;
 - ``doctor`` is a preflight: 3 when the env server it checks is not healthy,
-  else 4 when no vLLM server can start here, else 1 for anything else it
-  finds unusable, 0 when everything is;
+  else 4 when no vLLM server can start here, else 2 when ``launch`` could
+  not plan the job, else 5 when it would find no checkpoint where the disk
+  alone decides, else 1 for anything else it finds unusable, 0 when
+  everything is;
 - 130 on Ctrl-C (SIGINT) and 143 on SIGTERM, whenever it arrives (while
   starting, serving or tearing down; ``python -m verirl`` and the ``verirl``
   script handle SIGTERM from their first line, see `verirl.__main__`);
@@ -1025,7 +1027,8 @@ Exit codes:
   SIGTERM/Ctrl-C is passed on once to the command's process group (which cannot
   read the terminal's stdin); SIGKILL after --shutdown-timeout or a 2nd Ctrl-C;
   4 if the vLLM server died while it ran (the command got SIGTERM the same way).
-  doctor: 3 env server not healthy, 4 no vLLM server can start here, 1 other.
+  doctor: 3 env server not healthy, 4 no vLLM server can start here,
+  2 launch could not plan the job, 5 no checkpoint it would resume, 1 other.
 
 -v/-q/--json go before or after COMMAND. A setting not given as a flag comes
 from its VERIRL_* variable (named in the command's --help)."""
@@ -1307,13 +1310,33 @@ def _join_dash_values(argv: Sequence[str]) -> list[str]:
             joined += argv[index:]
             break
         following = argv[index + 1] if index + 1 < len(argv) else None
-        if arg == "--vllm-args" and following is not None and following.startswith("-"):
+        if (
+            arg == "--vllm-args"
+            and following is not None
+            and following.startswith("-")
+            and following != "--"  # the command's separator: the value was forgotten
+        ):
             joined.append(f"{arg}={following}")
             index += 2
             continue
         joined.append(arg)
         index += 1
     return joined
+
+
+def _refuse_dashes_as_a_value(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """``--flag=--`` (before the command's ``--``) is a usage error naming the flag.
+
+    argparse drops a ``--`` from an option's values, so the flag got an empty
+    list where a string or a number belongs: a traceback, or a value of ``[]``
+    shown to the user, or a flag silently ignored.
+    """
+    for arg in argv:
+        if arg == "--":
+            return
+        flag, equals, value = arg.partition("=")
+        if flag.startswith("--") and equals and value == "--":
+            parser.error(f"argument {flag}: expected one argument, not '--'")
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -1326,6 +1349,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     token = _PARSE_OUTPUT.set(captured)
     try:
         try:
+            _refuse_dashes_as_a_value(parser, argv)
             return parser.parse_args(argv)
         except SystemExit as first:
             joined = _join_dash_values(argv)
