@@ -266,6 +266,41 @@ def test_serve_with_a_stderr_nobody_reads_serves_and_ends_on_sigterm(tmp_path, b
     assert nothing_listens(port)
 
 
+@pytest.mark.parametrize("dedicated", [[], ["--dedicated"]], ids=["serve", "dedicated"])
+def test_serve_reads_none_of_the_job_s_training_settings(tmp_path, dedicated):
+    """A multi-node job shares one environment: on the vLLM node, serve waited for the env
+    server and resolved (downloaded) checkpoints, ending 3 or 5 for things it never uses."""
+    port = unshared_port()
+    dead = f"http://127.0.0.1:{unshared_port()}"
+    environ = clean_environ(
+        tmp_path,
+        VERIRL_ENV_SERVER_URL=dead, VERIRL_ENV_TIMEOUT="1", VERIRL_OUTPUT_DIR=str(tmp_path / "out"),
+        VERIRL_HUB_REPO_ID="org/run", VERIRL_HUB_ENDPOINT=dead,
+        VERIRL_RESUME_FROM_CHECKPOINT="latest",
+    )  # fmt: skip
+    argv = [sys.executable, "-m", "verirl", "serve", "--gpus", "2", "--model", "m",
+            "--vllm-port", str(port), "--vllm-command", FAKE_VLLM, "--log-dir", str(tmp_path),
+            *dedicated]  # fmt: skip
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        env=environ,
+    ) as proc:  # fmt: skip
+        try:
+            assert proc.stdout is not None
+            ready, _, _ = select.select([proc.stdout], [], [], 120)
+            assert ready
+            line = proc.stdout.readline()
+            assert line.startswith(b"vLLM server ready"), (line, proc.poll())
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 143, err
+    assert not (tmp_path / "out").exists()
+    assert nothing_listens(port)
+
+
 def test_plan_json_piped_into_head_c1(tmp_path):
     """``verirl plan --json | head -c 1`` ends 0, silently."""
     command = (

@@ -689,17 +689,35 @@ def _exit_if_sigterm_was_lost() -> None:
         raise SystemExit(128 + signal.SIGTERM)
 
 
+_NOT_SERVES = ("env_url", "env_timeout", "output_dir", "hub_repo_id", "hub_endpoint",
+               "hub_revision", "resume_from")  # fmt: skip
+"""Settings of the whole job that serve has no use for: no env-server wait, no resume.
+
+Set in a job's shared environment (a multi-node job's vLLM node), they made
+serve wait for the env server and download checkpoints, and end 3 or 5.
+"""
+
+
+def _serve_environ(args: argparse.Namespace) -> dict[str, str]:
+    """The environment serve reads: the job's, less what is for the training side."""
+    unread = [Settings.variable(name) for name in _NOT_SERVES]
+    given = [name for name in unread if os.environ.get(name, "").strip()]
+    if given:
+        log.info("%s: for the training side, serve does not read them", ", ".join(given))
+    remote = Settings.variable("vllm_remote_host")
+    if args.dedicated and args.vllm_host is None and os.environ.get(remote, "").strip():
+        # Set for the whole job, it names this node to the trainers: here it is not an error.
+        log.info("%s is for the training nodes: serve --dedicated does not read it", remote)
+        unread.append(remote)
+    return {name: value for name, value in os.environ.items() if name not in unread}
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the vLLM server in the foreground until Ctrl-C (130) or SIGTERM (143); 4 if it dies."""
     # What serve cannot do without comes first: the model (the GPU count may be detected).
     if args.model is None and not os.environ.get(Settings.variable("model"), "").strip():
         raise _unset(Settings.variable("model"), "the vLLM server needs a model")
-    environ = None
-    remote = Settings.variable("vllm_remote_host")
-    if args.dedicated and args.vllm_host is None and os.environ.get(remote, "").strip():
-        # Set for the whole job, it names this node to the trainers: here it is not an error.
-        log.info("%s is for the training nodes: serve --dedicated does not read it", remote)
-        environ = {name: value for name, value in os.environ.items() if name != remote}
+    environ = _serve_environ(args)
     runtime = TrainingRuntime.from_settings(**_settings_from_args(args), environ=environ)
     topology = runtime.topology
     if topology.remote_host is not None:
