@@ -11,6 +11,8 @@ interrupts the main thread, whoever holds the SIGTERM policy there.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -297,3 +299,68 @@ def test_a_second_stop_from_another_thread_waits_for_the_teardown_and_keeps_the_
     assert not left, (done.stdout, done.stderr[-3000:])
     assert done.returncode == 143, (done.returncode, done.stdout, done.stderr[-3000:])
     assert "thread: stop returned, server alive: False" in done.stdout.splitlines()
+
+
+_CTRL_C_WHILE_ANOTHER_THREAD_STOPS = """
+import signal, sys, threading, time
+import psutil
+from verirl import DistributedEnv, TrainingRuntime, VLLMServer, VLLMTopology
+
+port, master_port = int(sys.argv[1]), int(sys.argv[2])
+env = {}
+runtime = TrainingRuntime(
+    VLLMTopology.plan(2, max_model_len=64, port=port),
+    environ=env,
+    dist_env=DistributedEnv.single_node(environ=env, master_port=master_port),
+    server_factory=lambda t: VLLMServer.from_topology(
+        t, model="m", command=[sys.executable, "-m", "fakes.vllm_serve"],
+        env={"FAKE_VLLM_IGNORE_SIGTERM": "1"}, shutdown_timeout=600.0, log_path=sys.argv[3],
+    ),
+)
+session = runtime.start()
+server = psutil.Process(session.server.pid)
+print("tree", server.pid, *[child.pid for child in server.children(recursive=True)], flush=True)
+supervisor = threading.Thread(target=runtime.stop)  # its grace: 600 s
+supervisor.start()
+deadline = time.monotonic() + 30
+while runtime.session is not None:  # until the supervisor's stop is tearing down
+    assert time.monotonic() < deadline
+    time.sleep(0.01)
+main = threading.main_thread().ident
+threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT)).start()  # Ctrl-C
+try:
+    runtime.stop()  # waits for the supervisor's stop
+except KeyboardInterrupt:
+    print("main: interrupted", flush=True)
+supervisor.join(60)
+print("supervisor done:", not supervisor.is_alive(), flush=True)
+"""
+
+
+def test_a_ctrl_c_while_another_thread_stops_the_runtime_cuts_the_server_s_grace_short(
+    tmp_path,
+):
+    """The main thread waits in its ``stop()`` for a supervisor thread's teardown: a Ctrl-C there
+    waited out the server's whole grace (600 s here) instead of skipping it."""
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(_CTRL_C_WHILE_ANOTHER_THREAD_STOPS)
+    args = [str(unshared_port()), str(find_free_port()), str(tmp_path)]
+    proc = subprocess.Popen(
+        [sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, cwd=Path(__file__).resolve().parent.parent, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        tree_line = next((line for line in out.splitlines() if line.startswith("tree ")), "tree")
+        tree = [
+            psutil.Process(int(pid)) for pid in tree_line.split()[1:] if psutil.pid_exists(int(pid))
+        ]
+        left = still_alive(tree, timeout=5)
+        kill_all(left)
+    assert not left, (out, err[-3000:])
+    assert "main: interrupted" in out.splitlines(), (out, err[-3000:])
+    assert "supervisor done: True" in out.splitlines(), (out, err[-3000:])

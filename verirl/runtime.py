@@ -615,6 +615,7 @@ class TrainingRuntime:
     # A stop tearing down (set when it ends), and its thread: another stop waits for it.
     _teardown: threading.Event | None = attrs.field(default=None, init=False, repr=False)
     _teardown_thread: int | None = attrs.field(default=None, init=False, repr=False)
+    _stopping_server: ServerHandle | None = attrs.field(default=None, init=False, repr=False)
     # The server's start-time ConfigError fields → the settings they came from (from_settings).
     _start_names: Mapping[str, str] = attrs.field(factory=dict, init=False, repr=False)
 
@@ -1040,6 +1041,7 @@ class TrainingRuntime:
             starting = self._starting
             phases = self._phases
             teardown = self._teardown
+            stopping = self._stopping_server
             if starting:  # a start in progress (another thread): it tears down and raises
                 self._stop_requested = True
                 server = self._server
@@ -1048,6 +1050,7 @@ class TrainingRuntime:
                 self._session = None
                 watchdog, self._watchdog = self._watchdog, None
                 self._teardown, self._teardown_thread = threading.Event(), threading.get_ident()
+                self._stopping_server = server
         if starting:
             if phases is not None:
                 phases.cancel(VeriRLError(_STOPPED_WHILE_STARTING))
@@ -1056,7 +1059,13 @@ class TrainingRuntime:
             return
         if teardown is not None:
             if self._teardown_thread != threading.get_ident():
-                teardown.wait()  # as long as that stop: the server's own stop is bounded
+                try:
+                    teardown.wait()  # as long as that stop: the server's own stop is bounded
+                except BaseException:  # a Ctrl-C here skips that stop's grace, as it would there
+                    cut = getattr(stopping, "cut_stop_short", None)
+                    if callable(cut):
+                        cut()
+                    raise
             return
         self._tear_down(server, watchdog)
 
@@ -1077,6 +1086,7 @@ class TrainingRuntime:
                     held, self._holds_sigterm = self._holds_sigterm, False
                     self._started = False
                     self._teardown = self._teardown_thread = None
+                    self._stopping_server = None
                 if held:
                     SIGTERM_POLICY.release()
             finally:

@@ -469,10 +469,19 @@ class VLLMServer:
         try:
             self._lock.acquire()
         except BaseException:
-            tree = self._tree
-            if tree is not None and tree.stopping.is_set():
-                tree.cut_short.set()
+            self.cut_stop_short()
             raise
+
+    def cut_stop_short(self) -> None:
+        """End the grace of a `stop` under way in another thread: SIGKILL now.
+
+        What a Ctrl-C in a thread that waits for that stop does (a second
+        Ctrl-C skips the grace, whichever thread runs it). Nothing, when no
+        stop is under way.
+        """
+        tree = self._tree
+        if tree is not None and tree.stopping.is_set():
+            tree.cut_short.set()
 
     def __enter__(self) -> Self:
         self.start()
