@@ -301,6 +301,31 @@ def test_serve_reads_none_of_the_job_s_training_settings(tmp_path, dedicated):
     assert nothing_listens(port)
 
 
+@pytest.mark.parametrize("output_dir", [False, True], ids=["current-folder", "output-dir"])
+def test_a_file_in_the_way_of_the_hub_download_folder_is_named_as_that_folder(tmp_path, output_dir):
+    """The folder is verirl's, made from --output-dir or in the current folder: the message
+    named a field (``download_dir=``) or gave --output-dir a value the user never typed."""
+    env = clean_environ(tmp_path)
+    del env["HF_HUB_OFFLINE"]
+    work = tmp_path / "work"
+    (work / "out").mkdir(parents=True)
+    base = work / "out" if output_dir else work
+    (base / "_verirl-hub-download").write_text("x")
+    with serve_fake_hub() as hub:
+        hub.add_checkpoint("org/run", "checkpoint-10", 10)
+        argv = [sys.executable, "-m", "verirl", "--json", "resume", "--hub-repo", "org/run",
+                "--hub-endpoint", hub.endpoint, "--resume", "auto",
+                *(["--output-dir", "out"] if output_dir else [])]  # fmt: skip
+        result = subprocess.run(
+            argv, capture_output=True, text=True, env=env, cwd=work, timeout=120, check=False
+        )
+    message = json.loads(result.stdout)["error"]["message"]
+    assert message.startswith("the Hub download folder="), message
+    assert ("--output-dir='out'" in message) == output_dir, message
+    assert ("current folder" in message) != output_dir, message
+    assert "download_dir" not in result.stdout + result.stderr
+
+
 def test_plan_json_piped_into_head_c1(tmp_path):
     """``verirl plan --json | head -c 1`` ends 0, silently."""
     command = (

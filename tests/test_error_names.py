@@ -155,7 +155,9 @@ def test_a_download_folder_refused_at_fetch_time_names_what_the_user_gave(
     err = capsys.readouterr().err
     assert code == 2, err
     message = re.sub(r"^.*? ERROR verirl: ", "", err.strip().splitlines()[-1])
-    assert message.startswith("--output-dir=" if given == "flag" else "VERIRL_OUTPUT_DIR="), err
+    # named as what it is, with what the user gave it from (not that value's name on this one)
+    assert message.startswith("the Hub download folder="), err
+    assert f"under {'--output-dir' if given == 'flag' else 'VERIRL_OUTPUT_DIR'}=" in message, err
     assert "download_dir" not in message
 
 

@@ -238,9 +238,30 @@ def _unset(variable: str, reason: str, *, state: str | None = None) -> ConfigErr
     return ConfigError(message, field=flag, value=None, reason=reason)
 
 
+def _download_folder_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError:
+    """``exc`` about the Hub download folder, named as such, with what it was made from.
+
+    The user gave ``--output-dir`` (or its variable), or nothing: the folder is
+    verirl's, under it or in the current folder.
+    """
+    variable = Settings.variable("output_dir")
+    given = getattr(args, "output_dir", None)
+    if given is not None:
+        where = f"verirl's, under --output-dir={quoted(given)}"
+    elif os.environ.get(variable, "").strip():
+        where = f"verirl's, under {variable}={quoted(os.environ[variable])}"
+    else:
+        where = "verirl's, in the current folder (no --output-dir given)"
+    return ConfigError.invalid(
+        "the Hub download folder", exc.value, f"{exc.reason}; the folder is {where}"
+    )
+
+
 def _flag_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError:
     """``exc`` naming the flag the value came from, rather than the library's field."""
     field = exc.field or ""
+    if field == "download_dir" and exc.reason:  # a folder verirl derived: say from what
+        return _download_folder_error(args, exc)
     if field == "url":  # the env server URL: a positional of wait-env, a flag elsewhere
         flag, dest = ("url", "url") if args.cmd == "wait-env" else ("--env-url", "env_url")
     else:

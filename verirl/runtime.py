@@ -285,8 +285,9 @@ def _resolver(read: Read) -> CheckpointResolver:
         with read.naming("output_dir"):
             sources.append(LocalCheckpointSource(folder))
     if repo is not None:
+        # download_dir keeps its name: a folder verirl made from output_dir, not the value given
         fields = {"repo_id": "hub_repo_id", "token": "hub_token", "revision": "hub_revision",
-                  "endpoint": "hub_endpoint", "download_dir": "output_dir"}  # fmt: skip
+                  "endpoint": "hub_endpoint"}  # fmt: skip
         token = read.text("hub_token")
         with read.naming(fields):
             hub = HubCheckpointSource(
