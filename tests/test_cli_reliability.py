@@ -1377,6 +1377,31 @@ def test_a_capped_variable_is_named_in_the_warning(clean_env, capsys, monkeypatc
     assert "8192: VERIRL_MAX_MODEL_LEN=20000 is not used" in warning
 
 
+@pytest.mark.parametrize("given", ["flag", "variable"])
+def test_a_bad_log_file_in_the_folder_given_is_named_as_that_file(tmp_path, given):
+    """``--log-dir D``'s error showed D/vllm-serve-PORT.log as the flag's value."""
+    port = unshared_port()
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    os.mkfifo(folder / f"vllm-serve-{port}.log")
+    environ = clean_environ(tmp_path)
+    argv = [sys.executable, "-m", "verirl", "--json", "serve", "--gpus", "2", "--model", "m",
+            "--vllm-port", str(port), "--vllm-command", FAKE_VLLM]  # fmt: skip
+    if given == "flag":
+        argv += ["--log-dir", str(folder)]
+    else:
+        environ["VERIRL_VLLM_LOG_DIR"] = str(folder)
+    result = subprocess.run(
+        argv, capture_output=True, text=True, env=environ, timeout=120, check=False
+    )
+    assert result.returncode == 2, result.stderr
+    message = json.loads(result.stdout)["error"]["message"]
+    file = str(folder / f"vllm-serve-{port}.log")
+    assert message.startswith(f"the vLLM server's log file={file!r}: "), message
+    name = "--log-dir" if given == "flag" else "VERIRL_VLLM_LOG_DIR"
+    assert message.endswith(f"; it is in {name}={str(folder)!r}"), message
+
+
 @pytest.mark.parametrize("kind", ["fifo", "folder"])
 @pytest.mark.parametrize("command", ["launch", "serve", "doctor"])
 def test_a_bad_file_in_the_default_log_folder_is_named_with_the_flag_that_moves_it(

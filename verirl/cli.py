@@ -257,11 +257,43 @@ def _download_folder_error(args: argparse.Namespace, exc: ConfigError) -> Config
     )
 
 
+def _derived_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError | None:
+    """``exc`` about a path verirl made from what the user gave, named as that path; else None."""
+    field = exc.field or ""
+    if not exc.reason:
+        return None
+    if field == "download_dir":
+        return _download_folder_error(args, exc)
+    if field in ("log_dir", "vllm_log_dir", "--log-dir", Settings.variable("vllm_log_dir")):
+        return _log_file_error(args, exc)
+    return None
+
+
+def _log_file_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError | None:
+    """``exc`` about the log file verirl names in the folder given, named as that file.
+
+    ``None`` when the error is about the folder itself (the value given).
+    """
+    variable = Settings.variable("vllm_log_dir")
+    given, name = getattr(args, "log_dir", None), "--log-dir"
+    if given is None:
+        given, name = os.environ.get(variable, "").strip() or None, variable
+    if given is None or not isinstance(exc.value, str):
+        return None
+    folder = os.path.normpath(os.path.expanduser(given))  # noqa: PTH111 - a str, as given
+    if os.path.dirname(exc.value) != folder:  # noqa: PTH120
+        return None
+    return ConfigError.invalid(
+        "the vLLM server's log file", exc.value, f"{exc.reason}; it is in {name}={quoted(given)}"
+    )
+
+
 def _flag_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError:
     """``exc`` naming the flag the value came from, rather than the library's field."""
     field = exc.field or ""
-    if field == "download_dir" and exc.reason:  # a folder verirl derived: say from what
-        return _download_folder_error(args, exc)
+    derived = _derived_error(args, exc)
+    if derived is not None:
+        return derived
     if field == "url":  # the env server URL: a positional of wait-env, a flag elsewhere
         flag, dest = ("url", "url") if args.cmd == "wait-env" else ("--env-url", "env_url")
     else:
