@@ -565,3 +565,30 @@ def test_a_drop_box_log_folder_is_a_folder_to_log_into(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(box / "vllm-serve-8001.log")
     assert (box / "vllm-serve-8001.log").read_text().startswith("--- verirl ")
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_a_log_path_that_is_the_program_s_own_output_file_is_refused(tmp_path, stream):
+    """``log_path="/dev/stdout"`` with stdout a regular file was accepted: the server's lines went
+    in among the program's own, which overwrote them."""
+    script = (
+        "import sys\n"
+        "from verirl import ConfigError, VLLMServer\n"
+        f"server = VLLMServer('m', port=1, devices=(0,), log_path='/dev/{stream}',\n"
+        "                     command=(sys.executable, '-c', 'pass'))\n"
+        "try:\n"
+        "    server.start()\n"
+        "except ConfigError as exc:\n"
+        "    print(exc, file=sys.stderr if sys.argv[1] == 'stdout' else sys.stdout)\n"
+        "finally:\n"
+        "    server.stop()\n"
+    )
+    output = tmp_path / "output"
+    with output.open("w") as sink:
+        other = subprocess.run(
+            [sys.executable, "-c", script, stream], text=True, timeout=60, check=False,
+            **{stream: sink, "stdout" if stream == "stderr" else "stderr": subprocess.PIPE},
+        )  # fmt: skip
+    shown = other.stderr if stream == "stdout" else other.stdout
+    refusal = f"log_path='/dev/{stream}': must be a file of its own: it is this program's {stream}"
+    assert refusal in shown, (shown, output.read_text())

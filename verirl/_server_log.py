@@ -287,6 +287,11 @@ def _open_for_appending(path: Path, field: str, folder: int | None) -> BinaryIO:
     if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):  # never written to: a reader would get it
         os.close(fd)
         raise ConfigError.invalid(field, printable(path), _NOT_REGULAR.format(kind=_kind(mode)))
+    own = _own_output(fd)
+    if own is not None:  # /dev/stdout to a file: the server's lines amid the program's own
+        os.close(fd)
+        why = f"must be a file of its own: it is this program's {own}"
+        raise ConfigError.invalid(field, printable(path), why)
     try:
         os.set_blocking(fd, True)
         return os.fdopen(fd, "ab", buffering=0)  # seeks to the end: a /proc file cannot
@@ -294,6 +299,22 @@ def _open_for_appending(path: Path, field: str, folder: int | None) -> BinaryIO:
         os.close(fd)
         why = _CANNOT_APPEND.format(exc.strerror or exc)
         raise ConfigError.invalid(field, printable(path), why) from None
+
+
+def _own_output(fd: int) -> str | None:
+    """``"stdout"`` or ``"stderr"`` when ``fd`` is the same file as this process's; else None."""
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        return None
+    for name, std in (("stdout", 1), ("stderr", 2)):
+        try:
+            other = os.fstat(std)
+        except OSError:
+            continue
+        if (other.st_dev, other.st_ino) == (info.st_dev, info.st_ino):
+            return name
+    return None
 
 
 def check_server_log(requested: Path | None, *, port: int, field: str = "log_path") -> None:
