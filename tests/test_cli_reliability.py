@@ -493,6 +493,22 @@ def test_launch_json_with_an_unwritable_stderr_still_runs_the_command(tmp_path):
     assert json.loads(result.stdout) == {"exit_code": 0}
 
 
+@pytest.mark.parametrize("quiet", [[], ["-q"]], ids=["logging", "quiet"])
+def test_launch_json_with_a_stderr_on_a_full_device_still_runs_the_command(tmp_path, quiet):
+    """``2>/dev/full``: the command's stdout, sent to launch's stderr under --json, failed
+    (ENOSPC: its ``print`` exited 1) where the same command without --json succeeds."""
+    script = "import sys; print('x' * 100, flush=True); sys.exit(0)"
+    with open("/dev/full", "w") as full:  # noqa: PTH123
+        result = subprocess.run(
+            [sys.executable, "-m", "verirl", *quiet, "launch", "--json", "--gpus", "1", "--mode",
+             "colocate", "--", sys.executable, "-c", script],
+            stdout=subprocess.PIPE, stderr=full, text=True, env=clean_environ(tmp_path),
+            timeout=120, check=False,
+        )  # fmt: skip
+    assert json.loads(result.stdout) == {"exit_code": 0}
+    assert result.returncode == 0
+
+
 def test_launch_json_with_a_stderr_pipe_nobody_reads_still_runs_the_command(tmp_path):
     # the command's stdout goes to launch's stderr under --json: a dead pipe there was SIGPIPE
     marker = tmp_path / "ran"

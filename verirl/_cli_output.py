@@ -566,12 +566,23 @@ def _reserve(fd: int) -> None:
 
 
 def _writable(fd: int) -> bool:
-    """Whether ``fd`` is open for writing and, if a pipe or socket, someone still reads it."""
+    """Whether ``fd`` is open for writing and, if a pipe or socket, someone still reads it.
+
+    A write of nothing fails where every write would (``/dev/full``: ENOSPC).
+    """
     try:
         mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
     except OSError:
         return False
-    return mode in (os.O_WRONLY, os.O_RDWR) and not _reader_gone(fd)
+    if mode not in (os.O_WRONLY, os.O_RDWR) or _reader_gone(fd):
+        return False
+    try:
+        os.write(fd, b"")
+    except BlockingIOError:  # a reader behind: it is there
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def _reader_gone(fd: int) -> bool:
