@@ -591,6 +591,37 @@ def test_a_ctrl_c_while_another_thread_stops_the_server_cuts_its_grace_short(
     assert server.pid is None
 
 
+class _InterruptAsReleased:
+    """A lock that raises KeyboardInterrupt once, as its first ``with`` block ends."""
+
+    def __init__(self, lock: threading.RLock) -> None:
+        self._lock = lock
+        self.armed = True
+
+    def __enter__(self) -> object:
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._lock.release()
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+
+
+def test_a_ctrl_c_as_start_counts_itself_leaves_the_server_usable(make_server):
+    """The start was counted before its ``try``: a Ctrl-C right then left it counted for good,
+    so the next stop() took it for a start in progress and cancelled every later start."""
+    server = make_server()
+    server._starts_lock = _InterruptAsReleased(server._starts_lock)  # the count's lock
+    with pytest.raises(KeyboardInterrupt):
+        server.start()
+    server.stop()
+    server.start()  # refused before: "start was cancelled"
+    assert server.pid is not None
+    server.stop()
+
+
 # ---------------------------------------------------------------- interrupted at awkward points
 
 

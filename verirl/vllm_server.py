@@ -222,7 +222,7 @@ class VLLMServer:
     _run: Run | None = attrs.field(default=None, init=False, repr=False)
     _owner: int = attrs.field(factory=os.getpid, init=False, repr=False)
     _lock: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
-    _starts: int = attrs.field(default=0, init=False, repr=False)
+    _starts: set[str] = attrs.field(factory=set, init=False, repr=False)  # markers of starts
     _cancel: threading.Event = attrs.field(factory=threading.Event, init=False, repr=False)
     _starts_lock: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
     """Guards ``_starts`` and the setting of ``_cancel``: held for an instant, never over a wait.
@@ -386,31 +386,28 @@ class VLLMServer:
         process left, and this server refuses to start again.
         """
         run = Run(marker=uuid.uuid4().hex)
-        with self._lock, self._starts_lock:
-            self._refuse_if_cancelled(again=True)
-            self._starts += 1
-        counted = [True]
-        try:
+        try:  # from before the count: an interruption anywhere after it uncounts this start
+            with self._lock, self._starts_lock:
+                self._refuse_if_cancelled(again=True)
+                self._starts.add(run.marker)
             with self._lock:
                 tree = self._launch(run)
                 if self._cancel.is_set():  # a stop() during the spawn found no tree to stop
                     tree.stopping.set()
             # Wait outside the lock, so that stop() from another thread can cancel the start.
             self._wait_until_ready(tree)
-            self._end_start(counted)
+            self._end_start(run)
         except BaseException:
             self._abandon(run)
             raise
         finally:
-            if counted[0]:
-                with self._starts_lock:
-                    self._starts -= 1
+            with self._starts_lock:
+                self._starts.discard(run.marker)  # none if it was never counted
 
-    def _end_start(self, counted: list[bool]) -> None:
+    def _end_start(self, run: Run) -> None:
         """The start is over: a `stop` from now on is an ordinary one; one that came raises."""
         with self._starts_lock:
-            self._starts -= 1
-            counted[0] = False
+            self._starts.discard(run.marker)
             cancelled = self._cancel.is_set()
         if cancelled:  # a stop() came as the server got ready: it stops the server
             self._stop()
