@@ -596,9 +596,14 @@ class _Command:
         self.signalled = set()
         self.children_then = set()
         members = [process for process in processes if self.in_group(process)]
+        # Their children, listed right before: one forked since the look that left the group
+        # (a worker in a session of its own) is not reached by the killpg; `catch_up` sends it.
+        listed = [child for pid in (self.child.pid, *(p.pid for p in members))
+                  for child in _children_of(pid)]  # fmt: skip
         self.group_signalled = self.signal_group(signum)
         if self.group_signalled:  # got it: one that leaves the group on it is not sent it again
             self.signalled.update(members)
+            self._note_children(listed)
         self._deliver(processes)
         if not self.group_signalled:
             self._signal_command(signum)
