@@ -1084,8 +1084,22 @@ def test_two_dashes_as_a_flag_s_value_is_a_usage_error_naming_the_flag(
     err = capsys.readouterr().err
     assert info.value.code == 2, err
     assert f"argument {flag}: expected one argument" in err, err
+    assert f"see verirl {argv[0]} --help" in err, err  # the command's own usage
     assert "Traceback" not in err
     assert "[]" not in err
+
+
+def test_two_dashes_as_the_value_of_the_command_s_own_flag_is_the_command_s(tmp_path):
+    """``launch … COMMAND --sep=--`` (no ``--`` before COMMAND): not one of verirl's flags."""
+    marker = tmp_path / "argv"
+    script = "import sys; open(sys.argv[1], 'w').write(sys.argv[2])"
+    result = subprocess.run(
+        [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--mode", "colocate",
+         sys.executable, "-c", script, str(marker), "--sep=--"],
+        capture_output=True, text=True, env=clean_environ(tmp_path), timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert marker.read_text() == "--sep=--"
 
 
 # The flags verirl gives the server itself (the contract's VLLMServer argv), spelled out here.

@@ -1402,12 +1402,27 @@ def _refuse_dashes_as_a_value(parser: argparse.ArgumentParser, argv: Sequence[st
     list where a string or a number belongs: a traceback, or a value of ``[]``
     shown to the user, or a flag silently ignored.
     """
+    command = command_word(argv)
+    target = _subcommand_parser(parser, command)
     for arg in argv:
         if arg == "--":
             return
         flag, equals, value = arg.partition("=")
-        if flag.startswith("--") and equals and value == "--":
-            parser.error(f"argument {flag}: expected one argument, not '--'")
+        ours = _takes_value(parser, command, flag) or _takes_value(parser, None, flag)
+        if flag.startswith("--") and equals and value == "--" and ours:  # not the command's
+            target.error(f"argument {flag}: expected one argument, not '--'")
+
+
+def _subcommand_parser(
+    parser: argparse.ArgumentParser, command: str | None
+) -> argparse.ArgumentParser:
+    """The parser of ``command`` (``parser`` itself for ``None`` or an unknown one)."""
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps its subparsers only here
+        if isinstance(action, argparse._SubParsersAction) and command is not None:  # noqa: SLF001
+            found = action.choices.get(command)
+            if isinstance(found, argparse.ArgumentParser):
+                return found
+    return parser
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -1440,11 +1455,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 
 def _takes_value(parser: argparse.ArgumentParser, command: str | None, option: str) -> bool:
     """Whether ``option`` of ``command`` (``None``: verirl's own, before it) takes a value."""
-    target = parser
-    for action in parser._actions:  # noqa: SLF001 - argparse keeps its subparsers only here
-        if isinstance(action, argparse._SubParsersAction) and command is not None:  # noqa: SLF001
-            target = action.choices.get(command, parser)
-    options = target._option_string_actions  # noqa: SLF001
+    options = _subcommand_parser(parser, command)._option_string_actions  # noqa: SLF001
     found = options.get(option)
     if found is None and option.startswith("--"):  # an abbreviation argparse would accept
         matches = {id(a): a for name, a in options.items() if name.startswith(option)}
