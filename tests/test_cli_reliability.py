@@ -326,6 +326,57 @@ def test_a_file_in_the_way_of_the_hub_download_folder_is_named_as_that_folder(tm
     assert "download_dir" not in result.stdout + result.stderr
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["--json", "plan", "--gpus", "0"], ["--json", "launch", "--gpus", "1", "--", "true"]],
+    ids=["error", "launch"],
+)
+def test_stderr_s_lines_come_before_the_document_on_one_stream(tmp_path, argv):
+    """``2>&1``: a line logged before the document must come before it, although stderr is
+    written from a thread of its own (it came after it in 6 runs of 12)."""
+    for _ in range(8):
+        result = subprocess.run(
+            [sys.executable, "-m", "verirl", *argv], stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, env=clean_environ(tmp_path), timeout=120,
+            check=False,
+        )  # fmt: skip
+        text = result.stdout
+        assert "\n{\n" in "\n" + text, text
+        document = text[("\n" + text).index("\n{\n") :]
+        json.loads(document)  # the document is the last thing written: nothing after it
+        assert " verirl" in text[: len(text) - len(document)], text  # the log line, before
+
+
+_QUEUED_WRITES = """
+import os, sys
+from verirl._cli_output import STDERR
+STDERR.in_background()
+for n in range(int(sys.argv[1])):
+    STDERR.write(f"line {n}\\n")
+if os.fork() == 0:  # a child forked meanwhile writes through a queue of its own
+    STDERR.write("from the child\\n")
+    sys.exit(0)
+os.wait()
+"""
+
+
+def test_a_healthy_stderr_gets_every_queued_line_and_a_forked_child_s_too(tmp_path):
+    """Quick writes to a file-backed stderr lost all past 10000 ("stderr was not read"), and a
+    child forked from the program lost its lines and waited out the exit's drain (5 s)."""
+    out = tmp_path / "err"
+    with out.open("w") as sink:
+        result = subprocess.run(
+            [sys.executable, "-c", _QUEUED_WRITES, "20000"], stderr=sink, timeout=120,
+            check=False,
+        )  # fmt: skip
+    assert result.returncode == 0
+    lines = out.read_text().splitlines()
+    assert lines.count("from the child") == 1
+    assert [line for line in lines if line.startswith("line ")] == [
+        f"line {n}" for n in range(20000)
+    ]
+
+
 def test_plan_json_piped_into_head_c1(tmp_path):
     """``verirl plan --json | head -c 1`` ends 0, silently."""
     command = (

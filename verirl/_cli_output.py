@@ -94,6 +94,8 @@ class Channel:
                 self._backlog.put(stream, fd, data)
                 return True
             self.drain(within if within is not None else NONBLOCKING_WAIT)  # the order stays
+            if self is not STDERR:  # lines logged before it come before it (``2>&1``)
+                STDERR.drain(ORDER_WAIT)
             stream.flush()  # what it buffered first: the order stays
             _write_all(fd, data, whole=whole, within=within)
         except UnicodeError:  # not the channel's fault: it stays
@@ -109,7 +111,7 @@ class Channel:
         A reader that stops reading (a full pipe: a supervisor that reads
         stderr only at the end, a stopped ``less``) then blocks that thread
         and nothing else: the command goes on, a signal's handler that logs
-        still raises at once, and lines beyond `BACKLOG_LINES` are dropped
+        still raises at once, and lines beyond `BACKLOG_LINES` (a reader far behind) are dropped
         (and counted, in a line of their own once the reader reads again).
         `drain` waits for what is queued, within a bound; so does the exit.
         """
@@ -197,12 +199,19 @@ class _Backlog:
     def __init__(self, write: Callable[[TextIO, int, bytes], None], name: str) -> None:
         self._write = write
         self._name = name
+        self.reset()
+        if hasattr(os, "register_at_fork"):  # a forked child has the queue, not the thread
+            os.register_at_fork(after_in_child=self.reset)
+
+    def reset(self) -> None:
+        """Nothing queued, no thread: at the start, and in a child forked from this process."""
         self._queue: queue.SimpleQueue[tuple[TextIO, int, bytes] | threading.Event] = (
             queue.SimpleQueue()
         )
         self._dropped = 0
         self._thread: threading.Thread | None = None
         self._starting = threading.Lock()
+        self.stalled = False  # a drain gave up: the next ones do not wait until a write is done
 
     def put(self, stream: TextIO, fd: int, data: bytes) -> None:
         if self._queue.qsize() >= BACKLOG_LINES:
@@ -216,7 +225,11 @@ class _Backlog:
             return True
         done = threading.Event()
         self._queue.put(done)  # after everything queued before it
-        return done.wait(max(within, 0))
+        if self.stalled:
+            return done.is_set()
+        drained = done.wait(max(within, 0))
+        self.stalled = not drained
+        return drained
 
     def _start(self) -> None:
         if self._thread is not None or not self._starting.acquire(blocking=False):
@@ -238,12 +251,16 @@ class _Backlog:
             stream, fd, data = item
             dropped, self._dropped = self._dropped, 0
             if dropped:
-                note = f"verirl: {dropped} line(s) not written: {self._name} was not read\n"
+                note = f"verirl: {dropped} line(s) not written: {self._name} was read too slowly\n"
                 self._write(stream, fd, note.encode())
             self._write(stream, fd, data)
+            self.stalled = False
 
 
-BACKLOG_LINES = 10_000
+BACKLOG_LINES = 100_000
+
+ORDER_WAIT = 1.0
+"""Seconds a write to stdout waits for stderr's queued lines, which came first, to go out."""
 """Writes a `Channel` in the background holds for a reader that stopped reading; then it drops."""
 
 NONBLOCKING_WAIT = 300.0
