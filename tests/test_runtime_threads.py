@@ -237,12 +237,9 @@ def test_a_sigterm_handler_that_stops_the_server_mid_start_never_deadlocks(tmp_p
         assert "start raised VLLMServerError" in lines, done.stdout
 
 
-_TWO_STOPS = """
-import os, signal, sys, threading, time
-import psutil
+_SLOW_SERVER_RUNTIME = """
+import sys
 from verirl import DistributedEnv, TrainingRuntime, VLLMServer, VLLMTopology
-
-signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a plain program (coverage's sigterm=true sets one)
 
 port, master_port = int(sys.argv[1]), int(sys.argv[2])
 env = {}
@@ -252,9 +249,20 @@ runtime = TrainingRuntime(
     dist_env=DistributedEnv.single_node(environ=env, master_port=master_port),
     server_factory=lambda t: VLLMServer.from_topology(
         t, model="m", command=[sys.executable, "-m", "fakes.vllm_serve"],
-        env={"FAKE_VLLM_IGNORE_SIGTERM": "1"}, shutdown_timeout=3.0, log_path=sys.argv[3],
+        env={"FAKE_VLLM_IGNORE_SIGTERM": "1"}, shutdown_timeout=float(sys.argv[4]),
+        log_path=sys.argv[3],
     ),
 )
+"""
+"""A runtime over a fake server that ignores SIGTERM; argv: port, master port, log, grace."""
+
+
+_TWO_STOPS = _SLOW_SERVER_RUNTIME + """
+import os, signal, sys, threading, time
+import psutil
+
+signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a plain program (coverage's sigterm=true sets one)
+
 
 def second_stop():
     deadline = time.monotonic() + 30
@@ -284,7 +292,7 @@ def test_a_second_stop_from_another_thread_waits_for_the_teardown_and_keeps_the_
     """
     script = tmp_path / "two_stops.py"
     script.write_text(_TWO_STOPS)
-    args = [str(unshared_port()), str(find_free_port()), str(tmp_path)]
+    args = [str(unshared_port()), str(find_free_port()), str(tmp_path), "3.0"]
     done = subprocess.run(
         [sys.executable, str(script), *args],
         capture_output=True, text=True, timeout=60, check=False,
@@ -301,22 +309,10 @@ def test_a_second_stop_from_another_thread_waits_for_the_teardown_and_keeps_the_
     assert "thread: stop returned, server alive: False" in done.stdout.splitlines()
 
 
-_CTRL_C_WHILE_ANOTHER_THREAD_STOPS = """
+_CTRL_C_WHILE_ANOTHER_THREAD_STOPS = _SLOW_SERVER_RUNTIME + """
 import signal, sys, threading, time
 import psutil
-from verirl import DistributedEnv, TrainingRuntime, VLLMServer, VLLMTopology
 
-port, master_port = int(sys.argv[1]), int(sys.argv[2])
-env = {}
-runtime = TrainingRuntime(
-    VLLMTopology.plan(2, max_model_len=64, port=port),
-    environ=env,
-    dist_env=DistributedEnv.single_node(environ=env, master_port=master_port),
-    server_factory=lambda t: VLLMServer.from_topology(
-        t, model="m", command=[sys.executable, "-m", "fakes.vllm_serve"],
-        env={"FAKE_VLLM_IGNORE_SIGTERM": "1"}, shutdown_timeout=600.0, log_path=sys.argv[3],
-    ),
-)
 session = runtime.start()
 server = psutil.Process(session.server.pid)
 print("tree", server.pid, *[child.pid for child in server.children(recursive=True)], flush=True)
@@ -344,7 +340,7 @@ def test_a_ctrl_c_while_another_thread_stops_the_runtime_cuts_the_server_s_grace
     waited out the server's whole grace (600 s here) instead of skipping it."""
     script = tmp_path / "ctrl_c.py"
     script.write_text(_CTRL_C_WHILE_ANOTHER_THREAD_STOPS)
-    args = [str(unshared_port()), str(find_free_port()), str(tmp_path)]
+    args = [str(unshared_port()), str(find_free_port()), str(tmp_path), "600"]
     proc = subprocess.Popen(
         [sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, cwd=Path(__file__).resolve().parent.parent, start_new_session=True,
