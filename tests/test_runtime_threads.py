@@ -257,7 +257,9 @@ runtime = TrainingRuntime(
 """A runtime over a fake server that ignores SIGTERM; argv: port, master port, log, grace."""
 
 
-_TWO_STOPS = _SLOW_SERVER_RUNTIME + """
+_TWO_STOPS = (
+    _SLOW_SERVER_RUNTIME
+    + """
 import os, signal, sys, threading, time
 import psutil
 
@@ -280,6 +282,7 @@ with runtime as session:
     threading.Thread(target=second_stop).start()
 print("main: stopped", flush=True)
 """
+)
 
 
 def test_a_second_stop_from_another_thread_waits_for_the_teardown_and_keeps_the_policy(tmp_path):
@@ -309,7 +312,9 @@ def test_a_second_stop_from_another_thread_waits_for_the_teardown_and_keeps_the_
     assert "thread: stop returned, server alive: False" in done.stdout.splitlines()
 
 
-_CTRL_C_WHILE_ANOTHER_THREAD_STOPS = _SLOW_SERVER_RUNTIME + """
+_CTRL_C_WHILE_ANOTHER_THREAD_STOPS = (
+    _SLOW_SERVER_RUNTIME
+    + """
 import signal, sys, threading, time
 import psutil
 
@@ -331,6 +336,7 @@ except KeyboardInterrupt:
 supervisor.join(60)
 print("supervisor done:", not supervisor.is_alive(), flush=True)
 """
+)
 
 
 def test_a_ctrl_c_while_another_thread_stops_the_runtime_cuts_the_server_s_grace_short(
