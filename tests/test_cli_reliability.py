@@ -377,6 +377,78 @@ def test_a_healthy_stderr_gets_every_queued_line_and_a_forked_child_s_too(tmp_pa
     ]
 
 
+_LINES_THEN_A_STALLED_WAIT = """
+import sys
+from verirl._cli_output import STDERR, STDOUT
+STDERR.in_background()
+for n in range(300):
+    STDERR.write(f"line {n} " + "x" * 1000 + "\\n")  # more than the pipe holds
+STDOUT.write("document\\n")  # its wait for stderr gives up: the reader is behind
+"""
+
+
+def test_the_exit_waits_for_stderr_s_lines_after_a_write_to_stdout_gave_up_on_them(tmp_path):
+    """A stdout write that gave up its wait for stderr's queue made the exit's wait return at
+    once too: the run's last lines (launch's "torn down") were lost for a reader behind."""
+    with subprocess.Popen(
+        [sys.executable, "-c", _LINES_THEN_A_STALLED_WAIT], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env=clean_environ(tmp_path),
+    ) as proc:  # fmt: skip
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"document\n"  # written after the wait gave up
+        _, err = proc.communicate(timeout=60)  # the reader catches up now
+    assert proc.returncode == 0
+    assert [line.split()[1] for line in err.decode().splitlines()] == [str(n) for n in range(300)]
+
+
+def test_launch_json_in_a_background_job_under_tostop_is_not_stopped(tmp_path):
+    """``verirl --json launch … > doc &`` with ``stty tostop``: the check that stderr (the
+    terminal) can take the command's output wrote to it, and the job stopped on SIGTTOU."""
+    import pty
+    import termios
+
+    document = tmp_path / "doc.json"
+    argv = [sys.executable, "-m", "verirl", "-q", "--json", "launch", "--gpus", "1", "--", "true"]
+    env = clean_environ(tmp_path)
+    pid, terminal = pty.fork()
+    if pid == 0:  # a shell's session on the terminal, with a background job
+        code = 3
+        try:
+            attrs = termios.tcgetattr(0)
+            attrs[3] |= termios.TOSTOP
+            termios.tcsetattr(0, termios.TCSANOW, attrs)
+            job = os.fork()
+            if job == 0:
+                os.setpgid(0, 0)  # not the terminal's foreground group
+                out = os.open(document, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                os.dup2(out, 1)
+                os.execve(sys.executable, argv, env)  # noqa: S606 - the job, as a shell runs it
+            os.setpgid(job, job)
+            _, status = os.waitpid(job, os.WUNTRACED)
+            if os.WIFSTOPPED(status):
+                os.kill(job, signal.SIGKILL)
+                os.waitpid(job, 0)
+                code = 4
+            else:
+                code = os.waitstatus_to_exitcode(status)
+        finally:
+            os._exit(code)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            assert time.monotonic() < deadline
+            with contextlib.suppress(OSError):  # the terminal's output: read, so nothing blocks
+                if select.select([terminal], [], [], 0.05)[0]:
+                    os.read(terminal, 4096)
+    finally:
+        os.close(terminal)
+    assert os.waitstatus_to_exitcode(status) == 0  # 4: stopped by SIGTTOU
+    assert json.loads(document.read_text()) == {"exit_code": 0}
+
+
 def test_plan_json_piped_into_head_c1(tmp_path):
     """``verirl plan --json | head -c 1`` ends 0, silently."""
     command = (
@@ -1481,6 +1553,19 @@ def test_a_bad_log_file_in_the_folder_given_is_named_as_that_file(tmp_path, give
     assert message.startswith(f"the vLLM server's log file={file!r}: "), message
     name = "--log-dir" if given == "flag" else "VERIRL_VLLM_LOG_DIR"
     assert message.endswith(f"; it is in {name}={str(folder)!r}"), message
+
+
+def test_a_missing_log_folder_spelled_with_a_slash_is_named_as_the_flag_s_value(tmp_path):
+    """``--log-dir missing/`` is about the folder given, not a log file in it."""
+    folder = f"{tmp_path / 'missing'}/"
+    result = subprocess.run(
+        [sys.executable, "-m", "verirl", "--json", "serve", "--gpus", "2", "--model", "m",
+         "--vllm-command", FAKE_VLLM, "--log-dir", folder],
+        capture_output=True, text=True, env=clean_environ(tmp_path), timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    message = json.loads(result.stdout)["error"]["message"]
+    assert message.startswith(f"--log-dir={folder!r}: "), message
 
 
 @pytest.mark.parametrize("kind", ["fifo", "folder"])

@@ -592,3 +592,22 @@ def test_a_log_path_that_is_the_program_s_own_output_file_is_refused(tmp_path, s
     shown = other.stderr if stream == "stdout" else other.stdout
     refusal = f"log_path='/dev/{stream}': must be a file of its own: it is this program's {stream}"
     assert refusal in shown, (shown, output.read_text())
+
+
+def test_a_log_that_took_a_closed_stdout_s_number_is_no_output_of_the_program(tmp_path):
+    """A daemon started with stdout closed (``>&-``): its log file gets descriptor 1, and was
+    then refused as "this program's stdout" (compared with itself)."""
+    script = (
+        "import sys\n"
+        "from verirl._server_log import open_server_log\n"
+        "opened = open_server_log(__import__('pathlib').Path(sys.argv[1]), port=1, argv=['x'])\n"
+        "sys.stderr.write(f'fd {opened.handle.fileno()}\\n')\n"
+    )
+    log = tmp_path / "server.log"
+    result = subprocess.run(
+        ["/bin/sh", "-c", 'exec "$@" >&-', "sh", sys.executable, "-c", script, str(log)],
+        capture_output=False, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "fd 1"  # the log took the closed stdout's number
+    assert log.read_text().startswith("--- verirl ")

@@ -117,7 +117,7 @@ class Channel:
         """
         if self._backlog is None:
             self._backlog = _Backlog(self._write_queued, self._name)
-            atexit.register(self.drain, FINISH_AFTER_SIGNAL)
+            atexit.register(self.drain, FINISH_AFTER_SIGNAL, at_exit=True)
 
     def queued_file(self) -> _QueuedFile | None:
         """A file for writers that take one (a progress bar), writing through this channel.
@@ -127,9 +127,13 @@ class Channel:
         """
         return None if self._backlog is None else _QueuedFile(self)
 
-    def drain(self, within: float) -> bool:
-        """Wait up to ``within`` s for the queued writes to go out; False if some did not."""
-        return self._backlog is None or self._backlog.drain(within)
+    def drain(self, within: float, *, at_exit: bool = False) -> bool:
+        """Wait up to ``within`` s for the queued writes to go out; False if some did not.
+
+        A wait that gave up makes the next ones return at once (until a write
+        goes out), except the exit's: the run's last lines get their bound.
+        """
+        return self._backlog is None or self._backlog.drain(within, at_exit=at_exit)
 
     def _write_queued(self, stream: TextIO, fd: int, data: bytes) -> None:
         """A queued write, on the backlog's thread (a blocking one may wait there for good)."""
@@ -220,12 +224,12 @@ class _Backlog:
         self._queue.put((stream, fd, data))
         self._start()
 
-    def drain(self, within: float) -> bool:
+    def drain(self, within: float, *, at_exit: bool = False) -> bool:
         if self._thread is None:
             return True
         done = threading.Event()
         self._queue.put(done)  # after everything queued before it
-        if self.stalled:
+        if self.stalled and not at_exit:
             return done.is_set()
         drained = done.wait(max(within, 0))
         self.stalled = not drained
@@ -593,6 +597,8 @@ def _writable(fd: int) -> bool:
         return False
     if mode not in (os.O_WRONLY, os.O_RDWR) or _reader_gone(fd):
         return False
+    if os.isatty(fd):  # a write, even of nothing, stops a background job under ``stty tostop``
+        return True
     try:
         os.write(fd, b"")
     except BlockingIOError:  # a reader behind: it is there

@@ -308,6 +308,8 @@ def _own_output(fd: int) -> str | None:
     except OSError:
         return None
     for name, std in (("stdout", 1), ("stderr", 2)):
+        if std == fd:  # the program's was closed: the log took its number, it is no output
+            continue
         try:
             other = os.fstat(std)
         except OSError:

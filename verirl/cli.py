@@ -281,7 +281,8 @@ def _log_file_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError |
     if given is None or not isinstance(exc.value, str):
         return None
     folder = os.path.normpath(os.path.expanduser(given))  # noqa: PTH111 - a str, as given
-    if os.path.dirname(exc.value) != folder:  # noqa: PTH120
+    value = os.path.normpath(exc.value)
+    if value == folder or os.path.dirname(value) != folder:  # noqa: PTH120 - the folder itself
         return None
     return ConfigError.invalid(
         "the vLLM server's log file", exc.value, f"{exc.reason}; it is in {name}={quoted(given)}"
