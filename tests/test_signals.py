@@ -262,3 +262,44 @@ def test_the_program_s_ctrl_c_in_the_trace_function_s_own_lock_is_raised_a_momen
         signal.signal(signal.SIGINT, previous)
     with pytest.raises(KeyboardInterrupt):
         program_interrupt(signal.SIGINT, sys._getframe())
+
+
+def test_a_signal_made_a_sigterm_in_the_trace_function_s_own_lock_is_handled_a_moment_later():
+    """SIGUSR1, SIGQUIT, SIGHUP are made a SIGTERM by `as_sigterm`: SIGTERM's handler runs inside
+    it and sees its frame, not coverage's lock it landed in; the SystemExit then left the lock
+    held (``serve`` under coverage hung after SIGUSR1 in CI, on 3.10)."""
+    import threading
+
+    from verirl._signals import as_sigterm
+
+    frames = []
+
+    class Tracer:  # coverage's shape (see above)
+        def __call__(self, *_trace_event):
+            return None
+
+        def lock_data(self):
+            frames.append(sys._getframe())
+
+    tracer = Tracer()
+    tracer.lock_data()
+    again, terms = threading.Event(), []
+    previous_trace = sys.gettrace()
+    previous_usr2 = signal.signal(signal.SIGUSR2, lambda *_: again.set())
+    previous_term = signal.signal(signal.SIGTERM, lambda signum, _frame: terms.append(signum))
+    try:
+        sys.settrace(tracer)
+        try:
+            as_sigterm(signal.SIGUSR2, frames[0])  # in the lock: no SIGTERM now
+        finally:
+            sys.settrace(previous_trace)
+        assert terms == []
+        deadline = time.monotonic() + 10
+        while not again.is_set() and time.monotonic() < deadline:
+            again.wait(0.01)
+        assert again.is_set()  # its own signal, sent again
+        as_sigterm(signal.SIGUSR2, sys._getframe())  # elsewhere: a SIGTERM at once
+        assert terms == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGUSR2, previous_usr2)
+        signal.signal(signal.SIGTERM, previous_term)

@@ -55,6 +55,7 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from types import FrameType  # noqa: E402
 from typing import Any  # noqa: E402
 
 from verirl._signals import (  # noqa: E402
@@ -227,13 +228,14 @@ def _prepare() -> None:
     sys.unraisablehook = _unraisable(sys.unraisablehook)
 
 
-def _hang_up(_signum: int, _frame: object) -> None:
+def _hang_up(signum: int, frame: FrameType | None) -> None:
     """A hang-up (a closed terminal, a dropped ssh) is a SIGTERM: the same teardown, code 143.
 
     By default it killed the program on the spot: no teardown, and what the
-    command started outside its process group ran on.
+    command started outside its process group ran on. As `as_sigterm`, it
+    looks itself for the tracer's lock the SIGTERM's handler would not see.
     """
-    signal.raise_signal(signal.SIGTERM)
+    as_sigterm(signum, frame)
 
 
 _EXIT_CODE: list[int] = []

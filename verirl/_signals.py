@@ -91,7 +91,7 @@ from its start, so it stays ignored.
 """
 
 
-def as_sigterm(_signum: int, _frame: types.FrameType | None) -> None:
+def as_sigterm(signum: int, frame: types.FrameType | None) -> None:
     """A handler that makes its signal a SIGTERM to this thread: SIGTERM's policy then acts.
 
     The CLI's handler for each of `TERMINATING` (SIGQUIT, SIGUSR1, ...): by
@@ -99,7 +99,12 @@ def as_sigterm(_signum: int, _frame: types.FrameType | None) -> None:
     left its vLLM server to the death signal and a launch's command to run on.
     Sent with ``raise_signal`` so that whatever handles SIGTERM now (the
     program's handler, the policy's, a noting one during teardown) handles it.
+    That handler runs inside this one and sees this frame, not the tracer's
+    lock this one may have landed in (`in_tracers_lock`): that is looked at here.
     """
+    if in_tracers_lock(frame):
+        handle_later(signum)
+        return
     signal.raise_signal(signal.SIGTERM)
 
 
