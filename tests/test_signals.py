@@ -6,6 +6,9 @@ import signal
 import sys
 import threading
 import time
+import types
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -227,16 +230,11 @@ def test_a_signal_in_the_trace_function_s_own_lock_is_handled_a_moment_later():
         signal.signal(signal.SIGUSR2, previous)
 
 
-def test_the_program_s_ctrl_c_in_the_trace_function_s_own_lock_is_raised_a_moment_later():
-    """As for SIGTERM: Python's own KeyboardInterrupt raised in coverage's ``lock_data`` left the
-    lock held; the ``verirl`` program's Ctrl-C handler sends it again a moment later."""
-    import threading
-
-    from verirl._signals import program_interrupt
-
+def _in_the_tracers_lock() -> tuple[Any, types.FrameType]:
+    """A trace function of coverage's shape (see above) and a frame of its ``lock_data``."""
     frames = []
 
-    class Tracer:  # coverage's shape (see above)
+    class Tracer:
         def __call__(self, *_trace_event):
             return None
 
@@ -245,19 +243,42 @@ def test_the_program_s_ctrl_c_in_the_trace_function_s_own_lock_is_raised_a_momen
 
     tracer = Tracer()
     tracer.lock_data()
+    return tracer, frames[0]
+
+
+def _handled_in_the_tracers_lock(
+    handler: Callable[[int, types.FrameType | None], object], signum: int
+) -> None:
+    """``handler(signum, frame)`` as when the signal lands in coverage's lock, its tracer set."""
+    tracer, frame = _in_the_tracers_lock()
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        handler(signum, frame)
+    finally:
+        sys.settrace(previous)
+
+
+def _waited(event: threading.Event) -> bool:
+    """Whether ``event`` is set within 10 s (a signal's handler runs between the waits)."""
+    deadline = time.monotonic() + 10
+    while not event.is_set() and time.monotonic() < deadline:
+        event.wait(0.01)
+    return event.is_set()
+
+
+def test_the_program_s_ctrl_c_in_the_trace_function_s_own_lock_is_raised_a_moment_later():
+    """As for SIGTERM: Python's own KeyboardInterrupt raised in coverage's ``lock_data`` left the
+    lock held; the ``verirl`` program's Ctrl-C handler sends it again a moment later."""
+    import threading
+
+    from verirl._signals import program_interrupt
+
     got = threading.Event()
-    previous_trace = sys.gettrace()
     previous = signal.signal(signal.SIGINT, lambda *_: got.set())
     try:
-        sys.settrace(tracer)
-        try:
-            program_interrupt(signal.SIGINT, frames[0])  # in the lock: nothing raised now
-        finally:
-            sys.settrace(previous_trace)
-        deadline = time.monotonic() + 10
-        while not got.is_set() and time.monotonic() < deadline:
-            got.wait(0.01)
-        assert got.is_set()  # sent again, to the handler in place then
+        _handled_in_the_tracers_lock(program_interrupt, signal.SIGINT)  # nothing raised now
+        assert _waited(got)  # sent again, to the handler in place then
     finally:
         signal.signal(signal.SIGINT, previous)
     with pytest.raises(KeyboardInterrupt):
@@ -272,32 +293,13 @@ def test_a_signal_made_a_sigterm_in_the_trace_function_s_own_lock_is_handled_a_m
 
     from verirl._signals import as_sigterm
 
-    frames = []
-
-    class Tracer:  # coverage's shape (see above)
-        def __call__(self, *_trace_event):
-            return None
-
-        def lock_data(self):
-            frames.append(sys._getframe())
-
-    tracer = Tracer()
-    tracer.lock_data()
     again, terms = threading.Event(), []
-    previous_trace = sys.gettrace()
     previous_usr2 = signal.signal(signal.SIGUSR2, lambda *_: again.set())
     previous_term = signal.signal(signal.SIGTERM, lambda signum, _frame: terms.append(signum))
     try:
-        sys.settrace(tracer)
-        try:
-            as_sigterm(signal.SIGUSR2, frames[0])  # in the lock: no SIGTERM now
-        finally:
-            sys.settrace(previous_trace)
+        _handled_in_the_tracers_lock(as_sigterm, signal.SIGUSR2)  # no SIGTERM now
         assert terms == []
-        deadline = time.monotonic() + 10
-        while not again.is_set() and time.monotonic() < deadline:
-            again.wait(0.01)
-        assert again.is_set()  # its own signal, sent again
+        assert _waited(again)  # its own signal, sent again
         as_sigterm(signal.SIGUSR2, sys._getframe())  # elsewhere: a SIGTERM at once
         assert terms == [signal.SIGTERM]
     finally:
