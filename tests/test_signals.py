@@ -305,3 +305,90 @@ def test_a_signal_made_a_sigterm_in_the_trace_function_s_own_lock_is_handled_a_m
     finally:
         signal.signal(signal.SIGUSR2, previous_usr2)
         signal.signal(signal.SIGTERM, previous_term)
+
+
+_RAISING_HANDLERS = {
+    "as_sigterm": (signal.SIGUSR2, None),
+    "program_handler": (signal.SIGTERM, SystemExit),
+    "program_interrupt": (signal.SIGINT, KeyboardInterrupt),
+    "policy": (signal.SIGTERM, SystemExit),
+    "hang_up": (signal.SIGHUP, None),
+}
+
+
+def _raising_handler(name: str) -> Callable[[int, types.FrameType | None], object]:
+    import verirl.__main__ as program
+    from verirl import _signals
+
+    if name == "policy":
+        policy = SigtermPolicy()
+        policy._users = 1  # held, without installing it: its raise is what is checked
+        return policy.handle
+    if name == "hang_up":
+        return program._hang_up
+    return getattr(_signals, name)
+
+
+@pytest.mark.parametrize("name", sorted(_RAISING_HANDLERS))
+def test_each_raising_handler_waits_out_the_tracer_s_lock_and_raises_elsewhere(name):
+    """Every handler verirl installs that raises, in coverage's lock: nothing now, its signal
+    again a moment later; elsewhere its exception (or a SIGTERM, for those made one)."""
+    signum, raised = _RAISING_HANDLERS[name]
+    handler = _raising_handler(name)
+    again, terms = threading.Event(), []
+    previous = signal.signal(signum, lambda *_: again.set())
+    previous_term = signal.getsignal(signal.SIGTERM)
+    if raised is None:
+        signal.signal(signal.SIGTERM, lambda number, _frame: terms.append(number))
+    try:
+        _handled_in_the_tracers_lock(handler, signum)
+        assert terms == []
+        assert _waited(again)
+        if raised is None:
+            handler(signum, sys._getframe())
+            assert terms == [signal.SIGTERM]
+        else:
+            with pytest.raises(raised):
+                handler(signum, sys._getframe())
+    finally:
+        signal.signal(signum, previous)
+        signal.signal(signal.SIGTERM, previous_term)
+
+
+def test_no_handler_in_verirl_raises_without_the_tracer_s_lock_guard():
+    """The class, swept in the source: a function taking (signum, frame) that raises, raises a
+    signal or calls Python's Ctrl-C handler is made with `outside_tracers_lock` (one that was
+    not, ``as_sigterm``, hung ``serve`` under coverage), or passes its frame on to one that is."""
+    import ast
+    from pathlib import Path
+
+    import verirl
+
+    passes_the_frame_on = {"noting", "_hang_up"}  # they call a guarded handler with the frame
+    found, unguarded = [], []
+    for path in sorted(Path(verirl.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            names = [argument.arg for argument in node.args.args]
+            if names[-2:] not in (["signum", "frame"], ["signum", "_frame"], ["_signum", "_frame"]):
+                continue
+            body = list(ast.walk(node))
+            raises = any(isinstance(part, ast.Raise) for part in body) or any(
+                isinstance(part, ast.Attribute)
+                and part.attr in ("raise_signal", "default_int_handler")
+                for part in body
+            )
+            if not raises:
+                continue
+            found.append(node.name)
+            guarded = any(
+                isinstance(decorator, ast.Name) and decorator.id == "outside_tracers_lock"
+                for decorator in node.decorator_list
+            )
+            if not guarded and node.name not in passes_the_frame_on:
+                unguarded.append(f"{path.name}:{node.lineno} {node.name}")
+    assert unguarded == []
+    assert {"as_sigterm", "handle", "program_handler", "program_interrupt", "_on_signal"} <= set(
+        found
+    )

@@ -38,6 +38,7 @@ the CLI:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -45,6 +46,7 @@ import sys
 import threading
 import types
 from collections.abc import Callable, Iterator
+from typing import TypeVar, cast
 
 __all__ = [
     "EXIT_GRACE",
@@ -57,6 +59,7 @@ __all__ = [
     "mark_noted",
     "note_dropped",
     "noted",
+    "outside_tracers_lock",
     "program_exit_arrived",
     "program_handler",
     "program_interrupt",
@@ -91,7 +94,33 @@ from its start, so it stays ignored.
 """
 
 
-def as_sigterm(signum: int, frame: types.FrameType | None) -> None:
+_Raising = TypeVar("_Raising", bound=Callable[..., None])
+
+
+def outside_tracers_lock(handler: _Raising) -> _Raising:
+    """``handler``, run only where its exception cannot land in the tracer's lock.
+
+    ``handler`` is a function or method whose last two arguments are the
+    signal and the frame (`in_tracers_lock` looks at that frame). Every
+    verirl handler that raises (``SystemExit``, ``KeyboardInterrupt``, a
+    watchdog's error) is made with it, so that none can forget the check: one
+    that did (``as_sigterm``) hung ``serve`` under coverage. There the signal
+    is sent again a moment later (`handle_later`) and nothing runs now.
+    """
+
+    @functools.wraps(handler)
+    def guarded(*args: object) -> None:
+        signum, frame = args[-2], args[-1]
+        if in_tracers_lock(cast("types.FrameType | None", frame)):
+            handle_later(cast("int", signum))
+            return
+        handler(*args)
+
+    return cast("_Raising", guarded)
+
+
+@outside_tracers_lock
+def as_sigterm(_signum: int, _frame: types.FrameType | None) -> None:
     """A handler that makes its signal a SIGTERM to this thread: SIGTERM's policy then acts.
 
     The CLI's handler for each of `TERMINATING` (SIGQUIT, SIGUSR1, ...): by
@@ -100,11 +129,9 @@ def as_sigterm(signum: int, frame: types.FrameType | None) -> None:
     Sent with ``raise_signal`` so that whatever handles SIGTERM now (the
     program's handler, the policy's, a noting one during teardown) handles it.
     That handler runs inside this one and sees this frame, not the tracer's
-    lock this one may have landed in (`in_tracers_lock`): that is looked at here.
+    lock this one may have landed in (`in_tracers_lock`): that is looked at
+    before, by `outside_tracers_lock`.
     """
-    if in_tracers_lock(frame):
-        handle_later(signum)
-        return
     signal.raise_signal(signal.SIGTERM)
 
 
@@ -130,15 +157,13 @@ class SigtermPolicy:
         """Whether a SIGTERM was turned into ``SystemExit`` since the first holder acquired."""
         return self._fired
 
+    @outside_tracers_lock
     def handle(self, signum: int, _frame: types.FrameType | None) -> None:
         """The handler: raise ``SystemExit(128 + signum)`` once; act as the default if unheld.
 
         After `interrupt`, the SIGTERM it sent raises the interrupt's error
         instead (or nothing, once `withdraw` took the error back).
         """
-        if in_tracers_lock(_frame):
-            handle_later(signum)
-            return
         ours, cause = self.take_interrupt()
         if ours and cause is None:
             log.debug("an interrupt withdrawn or outlived by its holder; SIGTERM ignored")
@@ -310,6 +335,7 @@ def exit_on_sigterm() -> contextlib.AbstractContextManager[bool]:
 _PROGRAM_RECEIVED: list[int] = []
 
 
+@outside_tracers_lock
 def program_handler(signum: int, _frame: types.FrameType | None) -> None:
     """The ``verirl`` program's own SIGTERM handler (`verirl.__main__`): exit ``128 + signum``.
 
@@ -319,23 +345,18 @@ def program_handler(signum: int, _frame: types.FrameType | None) -> None:
     nor may the command run on: until the exit is seen to arrive, the main
     thread's next wait raises it again (`raise_if_dropped`).
     """
-    if in_tracers_lock(_frame):
-        handle_later(signum)
-        return
     _PROGRAM_RECEIVED.append(signum)
     _UNARRIVED[:] = [signum]
     raise SystemExit(128 + signum)
 
 
+@outside_tracers_lock
 def program_interrupt(signum: int, frame: types.FrameType | None) -> None:
     """The ``verirl`` program's Ctrl-C handler: Python's own ``KeyboardInterrupt``.
 
     Unless it lands in the trace function's own lock, where the exception
     would leave that lock held (`in_tracers_lock`): it is handled a moment later.
     """
-    if in_tracers_lock(frame):
-        handle_later(signum)
-        return
     signal.default_int_handler(signum, frame)
 
 

@@ -71,7 +71,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from verirl._checkpoint import INCOMPLETE_MARKER, read_trainer_state
 from verirl._fs import printable, quoted
-from verirl._signals import SIGTERM_POLICY
+from verirl._signals import SIGTERM_POLICY, outside_tracers_lock
 from verirl._stop import STOP_REQUESTS
 from verirl._validate import check_int
 from verirl.errors import CheckpointSourceError, ConfigError
@@ -471,6 +471,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         if signal.SIGTERM not in self._previous:
             self._stop_cooperating()
 
+    @outside_tracers_lock
     def _on_signal(self, signum: int, _frame: types.FrameType | None) -> None:
         if signum == signal.SIGTERM:
             # Before any routing, a stale handler's included: the watchdog's interrupt is not a
