@@ -421,3 +421,15 @@ def command_flags(command: str) -> list[str]:
         and action.nargs is None
         and not isinstance(action, argparse._HelpAction)
     )
+
+
+def duplicate_window() -> float:
+    """Seconds a recorder of signals stays after its first one: through launch's catch-up looks
+    until their gap is its longest, and two looks more (a duplicate from any is counted)."""
+    from verirl import _supervise
+
+    gap, window = _supervise._FIRST_CATCH_UP, 0.0
+    while gap < _supervise._MAX_CATCH_UP:
+        window += gap
+        gap *= 2
+    return window + 2 * _supervise._MAX_CATCH_UP

@@ -36,10 +36,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _support import clear_verirl_env, end_launch, naming, still_alive
+from _support import clear_verirl_env, duplicate_window, end_launch, naming, still_alive
 
 DEADLINE = 30.0
 """Seconds any one awaited event may take (a loaded CI machine starts Pythons slowly)."""
+
+DUPLICATE_WINDOW = duplicate_window()
 
 RECORDER = """
 import os, signal, sys, threading
@@ -59,10 +61,10 @@ with open(ready + ".tmp", "w") as sink:
     sink.write(f"{os.getpid()} {os.getsid(0)} {os.getpgrp()}")
 os.replace(ready + ".tmp", ready)
 got.wait(300)
-# Stay a moment after the first signal, so that a duplicate still finds us and is counted.
-threading.Event().wait(1.0)
+# Stay after the first signal while launch still looks, so that a duplicate is counted.
+threading.Event().wait(DUPLICATE_WINDOW)
 sys.exit(0)
-"""
+""".replace("DUPLICATE_WINDOW", repr(DUPLICATE_WINDOW))
 
 ZL_RECORDER = """
 import ctypes, os, signal, sys, threading, time
@@ -84,7 +86,7 @@ def note():
         sink.write(f"{me} {os.getsid(0)} {os.getpgrp()}")
     os.replace(ready + ".tmp", ready)
     signum = signal.sigwait(stopping)
-    until = time.monotonic() + 1.0  # a duplicate within a second is noted too
+    until = time.monotonic() + DUPLICATE_WINDOW  # while launch still looks: noted too
     while signum is not None:
         with open(record, "a") as sink:
             sink.write(signal.Signals(signum).name + "\\n")
@@ -94,7 +96,7 @@ def note():
 
 threading.Thread(target=note).start()
 ctypes.CDLL(None).pthread_exit(None)
-"""
+""".replace("DUPLICATE_WINDOW", repr(DUPLICATE_WINDOW))
 
 DAEMONIZE = """
 import os, sys

@@ -32,7 +32,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _support import clear_verirl_env, end_launch, naming, still_alive, unshared_port
+from _support import (
+    clear_verirl_env,
+    duplicate_window,
+    end_launch,
+    naming,
+    still_alive,
+    unshared_port,
+)
 
 DEADLINE = 30.0
 """Seconds any one awaited event may take (a loaded CI machine starts Pythons slowly)."""
@@ -290,14 +297,14 @@ record, armed = sys.argv[1], sys.argv[2]  # then the flags verirl gives a server
 def noted(signum, _frame):
     with open(record, "a") as sink:
         sink.write(f"{os.getpid()} {signum}\\n")
-    time.sleep(1.0)  # a duplicate sent meanwhile interrupts the sleep and is noted too
+    time.sleep(DUPLICATE_WINDOW)  # a duplicate sent meanwhile interrupts it and is noted too
     os._exit(0)
 
 signal.signal(signal.SIGTERM, noted)
 signal.signal(signal.SIGINT, noted)
 open(armed, "w").close()
 time.sleep(120)  # never ready: the inner launch is still starting it
-"""
+""".replace("DUPLICATE_WINDOW", repr(duplicate_window()))
 
 
 def test_a_nested_launchs_server_starting_gets_the_signal_once(tmp_path, monkeypatch) -> None:

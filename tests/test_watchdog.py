@@ -8,7 +8,6 @@ socket read) and must be interrupted promptly.
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import socket
 import sys
@@ -142,13 +141,16 @@ def test_a_swallowed_interrupt_still_ends_the_block_with_the_servers_death(
         with rt as session:
             deadline = time.monotonic() + 30
             server = psutil.Process(session.server.pid)  # type: ignore[union-attr]
-            while not swallowed and time.monotonic() < deadline:
-                try:  # the kill inside: the interrupt may come before the next line runs
-                    if server.is_running():
-                        server.kill()
-                    threading.Event().wait(0.05)  # a generation call, retried on any error
-                except Exception as exc:  # noqa: BLE001 - the user's code under test
-                    swallowed.append(exc)
+            try:  # the interrupt may also land on the loop's own lines, outside the retry's try
+                while not swallowed and time.monotonic() < deadline:
+                    try:  # the kill inside: the interrupt may come before the next line runs
+                        if server.is_running():
+                            server.kill()
+                        threading.Event().wait(0.05)  # a generation call, retried on any error
+                    except Exception as exc:  # noqa: BLE001 - the user's code under test
+                        swallowed.append(exc)
+            except Exception as exc:  # noqa: BLE001 - the same user's code, one level up
+                swallowed.append(exc)
 
     with pytest.raises(VLLMServerExited) as caught:
         train()
@@ -164,13 +166,19 @@ def test_a_failure_handed_over_by_stop_watchdog_is_not_raised_again(
     with rt as session:
         deadline = time.monotonic() + 30
         server = psutil.Process(session.server.pid)  # type: ignore[union-attr]
-        while rt._watchdog.failure is None and time.monotonic() < deadline:
-            with contextlib.suppress(VLLMServerExited):  # the kill inside: the interrupt may
-                if server.is_running():  # come before the next line runs
-                    server.kill()
-                threading.Event().wait(0.05)
-        with contextlib.suppress(VLLMServerExited):  # an interrupt on its way lands here
-            assert isinstance(rt.stop_watchdog(), VLLMServerExited)
+        interrupted: list[BaseException] = []
+        try:  # the interrupt may land on the loop's own lines as well as inside
+            while not interrupted and time.monotonic() < deadline:
+                try:
+                    if server.is_running():
+                        server.kill()
+                    threading.Event().wait(0.05)
+                except VLLMServerExited as exc:
+                    interrupted.append(exc)
+        except VLLMServerExited as exc:
+            interrupted.append(exc)
+        assert len(interrupted) == 1  # its one interrupt has come: none is on its way
+        assert rt.stop_watchdog() is interrupted[0]
     assert rt.session is None
 
 
