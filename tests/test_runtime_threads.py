@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -366,3 +367,152 @@ def test_a_ctrl_c_while_another_thread_stops_the_runtime_cuts_the_server_s_grace
     assert not left, (out, err[-3000:])
     assert "main: interrupted" in out.splitlines(), (out, err[-3000:])
     assert "supervisor done: True" in out.splitlines(), (out, err[-3000:])
+
+
+def _interrupted_at(codes: set[Any], point: int | None) -> tuple[list[int], Any]:
+    """A profile function that counts the points in ``codes``' frames where a signal can be
+    handled and, with ``point``, raises a Ctrl-C at that one; and the count so far.
+
+    Python handles a signal at a function's entry, right after a call returns and at a
+    loop's jump back (none in the code checked here): the profile's "call" of such a frame,
+    and the "c_return" or "return" of a call it made. An exception from a profile function
+    is raised there, and unsets it: one interrupt, at a point a signal can reach.
+    """
+    seen = [0]
+
+    def profile(frame: Any, event: str, _arg: object) -> None:
+        if event in ("call", "c_return"):
+            ours = frame.f_code in codes
+        elif event == "return":
+            ours = frame.f_back is not None and frame.f_back.f_code in codes
+        else:
+            return
+        if ours:
+            seen[0] += 1
+            if seen[0] == point:
+                raise KeyboardInterrupt
+
+    return seen, profile
+
+
+def _traced(codes: set[Any], point: int | None, job: Callable[[], object]) -> int:
+    """``job()`` with a Ctrl-C at its ``point``-th point in ``codes`` (none: count them)."""
+    seen, profile = _interrupted_at(codes, point)
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        job()
+    except KeyboardInterrupt:
+        assert point is not None
+    finally:
+        sys.setprofile(previous)
+    return seen[0]
+
+
+def _codes(*functions: Any) -> set[Any]:
+    return {getattr(function, "__wrapped__", function).__code__ for function in functions}
+
+
+def _bare_runtime(factory: Callable[[VLLMTopology], Any]) -> TrainingRuntime:
+    env: dict[str, str] = {}
+    return TrainingRuntime(
+        VLLMTopology.plan(2, max_model_len=64, port=find_free_port()),
+        environ=env,
+        dist_env=DistributedEnv.single_node(environ=env, master_port=find_free_port()),
+        server_factory=factory,
+    )
+
+
+def _check_stoppable(rt: TrainingRuntime, factory: Any, where: str) -> None:
+    """A stop() from another thread ends within the bound and leaves nothing held or running;
+    then the runtime starts and stops again, SIGTERM's default back."""
+    thread, outcome = _in_thread(rt.stop)
+    thread.join(BOUND)
+    assert outcome == [None], where
+    assert not any(server.running for server in factory.servers), where
+    assert rt.session is None, where
+    assert SIGTERM_POLICY._users == 0, where  # released (by a thread: its handler stays)
+    count = len(factory.servers)
+    with rt:
+        assert len(factory.servers) == count + 1, where
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, where
+
+
+def test_a_ctrl_c_at_any_line_of_stop_leaves_a_runtime_that_stop_ends(default_sigterm):
+    """A Ctrl-C between stop() claiming the teardown and its try left the claim for good
+    (review round 25, C-F2): another thread's stop() then waited forever and the server ran
+    on. At every line of stop(): a second stop() ends within the bound, the server stopped,
+    the SIGTERM policy released, and the runtime starts and stops again."""
+    from _support import Recorder
+    from verirl import runtime
+
+    tr = TrainingRuntime
+    codes = _codes(tr.stop, tr._tear_down, tr._release, runtime._wait_for, SIGTERM_POLICY.release)
+
+    def interrupted(line: int | None) -> tuple[int, TrainingRuntime, Recorder]:
+        factory = Recorder()
+        rt = _bare_runtime(factory)
+        rt.start()
+        return _traced(codes, line, rt.stop), rt, factory
+
+    lines, _, _ = interrupted(None)
+    assert lines > 10
+    for line in range(1, lines + 1):
+        _, rt, factory = interrupted(line)
+        _check_stoppable(rt, factory, f"a Ctrl-C at point {line} of {lines} of stop()")
+
+
+def test_a_ctrl_c_at_any_line_of_start_leaves_a_runtime_that_stop_ends(default_sigterm):
+    """A Ctrl-C right after start() marked the runtime started, before its try, left it
+    "already started" for good; one at the end of the SIGTERM policy's acquire() left the
+    policy held for good, its handler never put back (review round 28, B-F1 and B-F2). At
+    every line of start() and acquire(): stop() ends it all, and it starts again."""
+    from _support import Recorder
+
+    tr = TrainingRuntime
+    codes = _codes(tr.start, tr._claim_start, SIGTERM_POLICY.acquire)
+
+    def interrupted(line: int | None) -> tuple[int, TrainingRuntime, Recorder]:
+        factory = Recorder()
+        rt = _bare_runtime(factory)
+        return _traced(codes, line, rt.start), rt, factory
+
+    lines, rt, factory = interrupted(None)
+    rt.stop()
+    assert lines > 10
+    for line in range(1, lines + 1):
+        _, rt, factory = interrupted(line)
+        _check_stoppable(rt, factory, f"a Ctrl-C at point {line} of {lines} of start()")
+
+
+def test_a_ctrl_c_as_a_server_takes_the_sigterm_policy_leaves_it_released(
+    tmp_path, default_sigterm
+):
+    """A Ctrl-C at the end of the policy's acquire() left its count with no holder to release
+    it: the handler stayed for good, and after one caught SIGTERM a later server's SIGTERM was
+    "received again" and ignored (review round 28, B-F2). At every point of the hold: the
+    start ends, nothing runs, the policy is released, and the server starts again."""
+    from verirl._process import Run
+
+    codes = _codes(SIGTERM_POLICY.acquire, Run.hold_sigterm)
+
+    def interrupted(point: int | None) -> tuple[int, VLLMServer]:
+        server = VLLMServer(
+            "m", port=unshared_port(), command=FAKE, devices=(0,), log_path=tmp_path,
+            shutdown_timeout=5.0,
+        )  # fmt: skip
+        return _traced(codes, point, server.start), server
+
+    points, server = interrupted(None)
+    server.stop()
+    assert points >= 3
+    for point in range(1, points + 1):
+        where = f"a Ctrl-C at point {point} of {points} of the hold"
+        _, server = interrupted(point)
+        server.stop()
+        assert not server.running, where
+        assert SIGTERM_POLICY._users == 0, where
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, where
+        with server:
+            assert SIGTERM_POLICY._users == 1, where
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, where

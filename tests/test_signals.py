@@ -322,7 +322,7 @@ def _raising_handler(name: str) -> Callable[[int, types.FrameType | None], objec
 
     if name == "policy":
         policy = SigtermPolicy()
-        policy._users = 1  # held, without installing it: its raise is what is checked
+        policy._anonymous = 1  # held, without installing it: its raise is what is checked
         return policy.handle
     if name == "hang_up":
         return program._hang_up
@@ -330,7 +330,7 @@ def _raising_handler(name: str) -> Callable[[int, types.FrameType | None], objec
 
 
 @pytest.mark.parametrize("name", sorted(_RAISING_HANDLERS))
-def test_each_raising_handler_waits_out_the_tracer_s_lock_and_raises_elsewhere(name):
+def test_each_raising_handler_waits_out_the_tracer_s_lock_and_raises_elsewhere(name, program_state):
     """Every handler verirl installs that raises, in coverage's lock: nothing now, its signal
     again a moment later; elsewhere its exception (or a SIGTERM, for those made one)."""
     signum, raised = _RAISING_HANDLERS[name]

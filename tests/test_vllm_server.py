@@ -591,6 +591,22 @@ def test_a_ctrl_c_while_another_thread_stops_the_server_cuts_its_grace_short(
     assert server.pid is None
 
 
+def test_a_stop_cut_short_before_it_began_skips_its_grace(make_server):
+    """A Ctrl-C in a runtime's stop() that waits for another thread's teardown can come
+    before that teardown's server.stop() began (it stops the watchdog first): the cut was
+    lost and the whole grace ran (review round 28, B's last note). It holds for that stop."""
+    server = make_server(shutdown_timeout=600.0, env={"FAKE_VLLM_IGNORE_SIGTERM": "1"})
+    server.start()
+    procs = tree(server)
+    server.cut_stop_short()
+    supervisor = threading.Thread(target=server.stop)
+    supervisor.start()
+    supervisor.join(timeout=60)  # the 600 s grace, without the cut
+    assert not supervisor.is_alive()
+    assert not survivors(procs)
+    assert server.pid is None
+
+
 class _InterruptAsReleased:
     """A lock that raises KeyboardInterrupt once, as its first ``with`` block ends."""
 

@@ -443,15 +443,16 @@ class Run:
     """
 
     marker: str
-    holds_sigterm: bool = False
     popen: subprocess.Popen[bytes] | None = None
     tree: ProcessTree | None = None
 
+    def hold_sigterm(self) -> None:
+        """Hold `SIGTERM_POLICY` as this run (see `SigtermPolicy.acquire`'s ``holder``)."""
+        SIGTERM_POLICY.acquire(self)
+
     def release_sigterm(self) -> None:
-        """Release this run's hold on `SIGTERM_POLICY`, at most once."""
-        if self.holds_sigterm:
-            self.holds_sigterm = False
-            SIGTERM_POLICY.release()
+        """Release this run's hold on `SIGTERM_POLICY`, if it has one: at most once."""
+        SIGTERM_POLICY.release(self)
 
 
 # ---------------------------------------------------------------- stopped at exit

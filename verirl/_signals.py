@@ -140,12 +140,21 @@ class SigtermPolicy:
 
     def __init__(self) -> None:
         self._lock = threading.RLock()  # the handler may run while the main thread holds it
-        self._users = 0
+        self._anonymous = 0  # holders that keep their own count (`held`)
+        self._holders: dict[int, object] = {}  # id → holder, for `acquire(holder)`
         self._installed = False
         self._fired = False
         self._cause: BaseException | None = None
         self._interrupt_sent = False
         self._cooperating: list[Callable[[int, types.FrameType | None], object]] = []
+
+    @property
+    def _users(self) -> int:
+        return self._anonymous + len(self._holders)
+
+    def holds(self, holder: object) -> bool:
+        """Whether ``holder`` holds the policy (`acquire` with it, not released yet)."""
+        return id(holder) in self._holders
 
     @property
     def active(self) -> bool:
@@ -268,35 +277,62 @@ class SigtermPolicy:
             if self._users:
                 self._fired = True
 
-    def acquire(self) -> bool:
-        """Count a holder and install the handler if SIGTERM has the default. True if counted."""
+    def acquire(self, holder: object = None) -> bool:
+        """Count a holder and install the handler if SIGTERM has the default. True if counted.
+
+        With ``holder``, the count is that object's, made in one store and
+        undone by ``release(holder)`` (a no-op when it holds nothing): a caller
+        interrupted between this call and noting its result still releases
+        exactly what it holds. Without, the caller keeps the count itself.
+        """
         if threading.current_thread() is not threading.main_thread():
             log.debug("not in the main thread: SIGTERM is left as it is")
             return False
         with self._lock:
-            if self._users == 0:
-                current = signal.getsignal(signal.SIGTERM)
-                self._installed = False
-                self._fired = False
-                self._cause = None
-                self._interrupt_sent = False
-                if current == self.handle:
-                    self._installed = True
-                elif current == signal.SIG_DFL:
-                    try:
-                        signal.signal(signal.SIGTERM, self.handle)
-                    except ValueError:  # not the main interpreter
-                        return False
-                    self._installed = True
-                else:
-                    log.debug("SIGTERM already has a handler (%r); leaving it", current)
-            self._users += 1
+            if holder is not None and self.holds(holder):
+                return True
+            first = self._users == 0
+            # Counted before anything is installed, and marked installed before it is: a
+            # Ctrl-C between any two steps leaves what `release` undoes.
+            if holder is None:
+                self._anonymous += 1
+            else:
+                self._holders[id(holder)] = holder
+            if first and not self._install():
+                self.release(holder)
+                return False
         return True
 
-    def release(self) -> None:
-        """Uncount a holder; after the last one, put the default back if ours is still there."""
+    def _install(self) -> bool:
+        """The first holder's: our handler over the default; False where none can be set."""
+        current = signal.getsignal(signal.SIGTERM)
+        self._installed = False
+        self._fired = False
+        self._cause = None
+        self._interrupt_sent = False
+        if current == self.handle:
+            self._installed = True
+        elif current == signal.SIG_DFL:
+            self._installed = True
+            try:
+                signal.signal(signal.SIGTERM, self.handle)
+            except ValueError:  # not the main interpreter
+                self._installed = False
+                return False
+        else:
+            log.debug("SIGTERM already has a handler (%r); leaving it", current)
+        return True
+
+    def release(self, holder: object = None) -> None:
+        """Uncount a holder; after the last one, put the default back if ours is still there.
+
+        ``holder``: the one given to `acquire`; nothing happens when it holds nothing.
+        """
         with self._lock:
-            self._users = max(self._users - 1, 0)
+            if holder is None:
+                self._anonymous = max(self._anonymous - 1, 0)
+            elif self._holders.pop(id(holder), None) is None:
+                return
             if self._users or not self._installed:
                 return
             on_main = threading.current_thread() is threading.main_thread()
@@ -307,17 +343,17 @@ class SigtermPolicy:
     @contextlib.contextmanager
     def held(self) -> Iterator[bool]:
         """Hold the policy for a ``with`` block; yields whether this holder was counted."""
-        counted = self.acquire()
+        token = object()
         try:
-            yield counted
+            yield self.acquire(token)
         finally:
-            if counted:
-                self.release()
+            self.release(token)
 
     def reset_after_fork(self) -> None:
         """A forked child holds nothing; its copy of the handler acts as the default."""
         self._lock = threading.RLock()  # the handler may run while the main thread holds it
-        self._users = 0
+        self._anonymous = 0
+        self._holders = {}
         self._fired = False
         self._cause = None
         self._interrupt_sent = False

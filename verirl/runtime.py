@@ -285,7 +285,7 @@ def _resolver(read: Read) -> CheckpointResolver:
         with read.naming("output_dir"):
             sources.append(LocalCheckpointSource(folder))
     if repo is not None:
-        # download_dir keeps its name: a folder verirl made from output_dir, not the value given
+        # download_dir is a folder verirl made from output_dir: its errors say so (origin)
         fields = {"repo_id": "hub_repo_id", "token": "hub_token", "revision": "hub_revision",
                   "endpoint": "hub_endpoint"}  # fmt: skip
         token = read.text("hub_token")
@@ -293,6 +293,7 @@ def _resolver(read: Read) -> CheckpointResolver:
             hub = HubCheckpointSource(
                 repo,
                 download_dir=os.path.join(folder or ".", HUB_DOWNLOAD_FOLDER),  # noqa: PTH118
+                download_dir_origin=_download_dir_origin(read, folder),
                 token=token,
                 revision=read.text("hub_revision"),
                 endpoint=read.text("hub_endpoint"),
@@ -301,6 +302,14 @@ def _resolver(read: Read) -> CheckpointResolver:
             implicit_hub_token()
         sources.append(hub)
     return CheckpointResolver(sources)
+
+
+def _download_dir_origin(read: Read, folder: str | None) -> str:
+    """What the Hub download folder was made from, in the words the caller used."""
+    name = read.name("output_dir")
+    if folder is None or name is None:
+        return "in the current folder (no output_dir given)"
+    return f"under {name}={quoted(folder)}"
 
 
 def resolver_from_settings(
@@ -535,6 +544,33 @@ def _has_sources(resolver: CheckpointResolving | None) -> bool:
     return not isinstance(resolver, CheckpointResolver) or bool(resolver.sources)
 
 
+@attrs.define(eq=False)
+class _Teardown:
+    """One `TrainingRuntime.stop`'s claim on the teardown: its thread, what it stops, its end.
+
+    Made before the stop takes anything, and stored on the runtime in one
+    statement: the ``finally`` that follows can then always tell whether this
+    stop holds the teardown, wherever a signal's exception interrupted it.
+    """
+
+    thread: int
+    server: ServerHandle | None = None
+    watchdog: ServerWatchdog | None = None
+    session: RuntimeSession | None = None
+    ended: threading.Event = attrs.field(factory=threading.Event)
+
+
+def _wait_for(claim: _Teardown) -> None:
+    """Wait for another thread's stop; a Ctrl-C here cuts its grace short, as it would there."""
+    try:
+        claim.ended.wait()  # as long as that stop: the server's own stop is bounded
+    except BaseException:
+        cut = getattr(claim.server, "cut_stop_short", None)
+        if callable(cut):
+            cut()
+        raise
+
+
 @attrs.define
 class TrainingRuntime:
     """The facade: distributed env, vLLM server, env-server wait and checkpoint, together.
@@ -605,7 +641,7 @@ class TrainingRuntime:
     _server: ServerHandle | None = attrs.field(default=None, init=False, repr=False)
     _session: RuntimeSession | None = attrs.field(default=None, init=False, repr=False)
     _started: bool = attrs.field(default=False, init=False, repr=False)
-    _holds_sigterm: bool = attrs.field(default=False, init=False, repr=False)
+    _start_claim: object = attrs.field(default=None, init=False, repr=False)  # the last start()
     _watchdog: ServerWatchdog | None = attrs.field(default=None, init=False, repr=False)
     _failure_taken: bool = attrs.field(default=False, init=False, repr=False)
     # start() and stop() from several threads: the state below changes under this lock.
@@ -613,10 +649,8 @@ class TrainingRuntime:
     _phases: Phases | None = attrs.field(default=None, init=False, repr=False)
     _starting: bool = attrs.field(default=False, init=False, repr=False)
     _stop_requested: bool = attrs.field(default=False, init=False, repr=False)
-    # A stop tearing down (set when it ends), and its thread: another stop waits for it.
-    _teardown: threading.Event | None = attrs.field(default=None, init=False, repr=False)
-    _teardown_thread: int | None = attrs.field(default=None, init=False, repr=False)
-    _stopping_server: ServerHandle | None = attrs.field(default=None, init=False, repr=False)
+    # The stop tearing down: another stop waits for it (`_Teardown`).
+    _claim: _Teardown | None = attrs.field(default=None, init=False, repr=False)
     # The server's start-time ConfigError fields → the settings they came from (from_settings).
     _start_names: Mapping[str, str] = attrs.field(factory=dict, init=False, repr=False)
 
@@ -808,28 +842,16 @@ class TrainingRuntime:
         url = getattr(self.env_probe, "url", None)  # a test's fake may have none
         if isinstance(url, str):  # a runtime built by hand: what from_settings checks
             _check_env_url_port(self.topology, url, "env_probe")
-        with self._lock:
-            if self._started:
-                msg = "TrainingRuntime is already started; stop() it first"
-                raise RuntimeError(msg)
-            self._started = True
-            self._failure_taken = False
-            self._starting = True
-            self._stop_requested = False
-        origin = time.monotonic()
-        try:
-            dist = self._apply_dist_env()
-        except BaseException:
-            with self._lock:
-                self._started = self._starting = False
-            raise
-        timings = [PhaseTiming("dist-env", 0.0, time.monotonic() - origin)]
+        mine = object()  # this start's claim: stored in one statement, inside the try
         server_start: concurrent.futures.Future[None] | None = None
-        checkpoint: concurrent.futures.Future[str | None] | None = None
         try:
+            self._claim_start(mine)
+            origin = time.monotonic()
+            dist = self._apply_dist_env()
+            timings = [PhaseTiming("dist-env", 0.0, time.monotonic() - origin)]
             # Held from the main thread (where Python runs handlers) until stop(): the
             # phases, the server's start included, run on worker threads.
-            self._holds_sigterm = SIGTERM_POLICY.acquire()
+            SIGTERM_POLICY.acquire(self)
             phases = Phases(origin)
             with self._lock:
                 self._refuse_if_stopped()
@@ -842,18 +864,29 @@ class TrainingRuntime:
                 self._phases = None
                 self._starting = False
                 self._open_session(dist, origin, timings, checkpoint)
+                assert self._session is not None  # noqa: S101 - set just above
+                return self._session
         except BaseException:
             # Every phase runs on daemon threads (the Hub download's too): a signal that
             # ends the program is never held up by one, and a program that catches it
             # goes on as it likes.
-            with self._lock:
-                self._phases = None
-                self._starting = False
-            self._cancel_server_start(server_start)
-            self.stop()
+            if self._start_claim is mine:  # not another start's: "already started"
+                with self._lock:
+                    self._phases = None
+                    self._starting = False
+                self._cancel_server_start(server_start)
+                self.stop()
             raise
-        assert self._session is not None  # noqa: S101 - set just above, under the lock
-        return self._session
+
+    def _claim_start(self, mine: object) -> None:
+        """Mark the runtime started by the start ``mine``; `RuntimeError` if it is already."""
+        with self._lock:
+            if self._started:
+                msg = "TrainingRuntime is already started; stop() it first"
+                raise RuntimeError(msg)
+            self._start_claim = mine  # first: from here, the start's except undoes the rest
+            self._started = self._starting = True
+            self._failure_taken = self._stop_requested = False
 
     def _submit_phases(
         self, phases: Phases, dist: DistributedEnv
@@ -995,7 +1028,7 @@ class TrainingRuntime:
             url = self.topology.server_url
         else:
             return  # colocate: vLLM runs inside the trainer
-        held = self._holds_sigterm
+        held = SIGTERM_POLICY.holds(self)
         self._watchdog = ServerWatchdog(
             server,
             url,
@@ -1038,61 +1071,69 @@ class TrainingRuntime:
         `start` then tears everything down and raises (`VLLMServerError` when
         the server's start was cut short, else `VeriRLError`).
         """
-        with self._lock:
-            starting = self._starting
-            phases = self._phases
-            teardown = self._teardown
-            stopping = self._stopping_server
-            if starting:  # a start in progress (another thread): it tears down and raises
-                self._stop_requested = True
-                server = self._server
-            elif teardown is None:
-                server, self._server = self._server, None
-                self._session = None
-                watchdog, self._watchdog = self._watchdog, None
-                self._teardown, self._teardown_thread = threading.Event(), threading.get_ident()
-                self._stopping_server = server
-        if starting:
-            if phases is not None:
-                phases.cancel(VeriRLError(_STOPPED_WHILE_STARTING))
-            if server is not None:
-                server.stop()  # its start() ends promptly, and nothing of it is left
-            return
-        if teardown is not None:
-            if self._teardown_thread != threading.get_ident():
+        mine = _Teardown(threading.get_ident())
+        try:
+            with self._lock:
+                starting = self._starting
+                phases = self._phases
+                claim = self._claim
+                if starting:  # a start in progress (another thread): it tears down and raises
+                    self._stop_requested = True
+                    server = self._server
+                elif claim is None:
+                    mine.server, mine.watchdog, mine.session = (
+                        self._server,
+                        self._watchdog,
+                        self._session,
+                    )
+                    self._claim = mine  # the one store: from here, the finally below tears down
+                    self._server = self._watchdog = self._session = None
+            if starting:
+                if phases is not None:
+                    phases.cancel(VeriRLError(_STOPPED_WHILE_STARTING))
+                if server is not None:
+                    server.stop()  # its start() ends promptly, and nothing of it is left
+            elif claim is not None and claim.thread != threading.get_ident():
+                _wait_for(claim)
+        finally:
+            if self._claim is mine:
                 try:
-                    teardown.wait()  # as long as that stop: the server's own stop is bounded
-                except BaseException:  # a Ctrl-C here skips that stop's grace, as it would there
-                    cut = getattr(stopping, "cut_stop_short", None)
-                    if callable(cut):
-                        cut()
-                    raise
-            return
-        self._tear_down(server, watchdog)
+                    self._tear_down(mine)
+                finally:
+                    if self._claim is mine:  # interrupted before it began: left as it was
+                        self._release(mine, torn_down=False)
 
-    def _tear_down(self, server: ServerHandle | None, watchdog: ServerWatchdog | None) -> None:
-        """`stop`'s work, by the one stop that took ``server`` and ``watchdog``."""
-        ended = self._teardown  # set last, whatever interrupts the rest: other stops wait on it
+    def _tear_down(self, claim: _Teardown) -> None:
+        """`stop`'s work, by the one stop that holds ``claim``."""
         try:
             try:
-                self._stop_watching(watchdog)  # first: stopping the server must not look like death
+                self._stop_watching(claim.watchdog)  # first: stopping the server is no death
             finally:
-                if server is not None:
-                    server.stop()
-            if watchdog is not None:
-                watchdog.join(1.0)  # a daemon that never acts now: no need to wait out a request
+                if claim.server is not None:
+                    claim.server.stop()
+            if claim.watchdog is not None:
+                claim.watchdog.join(1.0)  # a daemon that never acts now: no need to wait
         finally:
-            try:
-                with self._lock:
-                    held, self._holds_sigterm = self._holds_sigterm, False
-                    self._started = False
-                    self._teardown = self._teardown_thread = None
-                    self._stopping_server = None
-                if held:
-                    SIGTERM_POLICY.release()
-            finally:
-                if ended is not None:
-                    ended.set()
+            self._release(claim, torn_down=True)
+
+    def _release(self, claim: _Teardown, *, torn_down: bool) -> None:
+        """End ``claim``: the runtime stopped (``torn_down``), or as before the stop began.
+
+        Other stops waiting on the claim return, whatever interrupts this.
+        """
+        try:
+            with self._lock:
+                if self._claim is not claim:
+                    return
+                self._claim = None
+                if not torn_down:  # a later stop() does the whole teardown
+                    self._server, self._watchdog = claim.server, claim.watchdog
+                    self._session = claim.session
+                    return
+                self._started = False
+            SIGTERM_POLICY.release(self)
+        finally:
+            claim.ended.set()
 
     def __enter__(self) -> RuntimeSession:
         return self.start()

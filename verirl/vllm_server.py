@@ -119,7 +119,6 @@ from verirl._server_log import (
     open_server_log,
     read_log_tail,
 )
-from verirl._signals import SIGTERM_POLICY
 from verirl.errors import (
     ConfigError,
     VLLMServerError,
@@ -470,14 +469,16 @@ class VLLMServer:
             raise
 
     def cut_stop_short(self) -> None:
-        """End the grace of a `stop` under way in another thread: SIGKILL now.
+        """End the grace of a `stop` under way in another thread, or about to be: SIGKILL then.
 
         What a Ctrl-C in a thread that waits for that stop does (a second
-        Ctrl-C skips the grace, whichever thread runs it). Nothing, when no
-        stop is under way.
+        Ctrl-C skips the grace, whichever thread runs it). The other thread
+        may not have begun its `stop` yet (`verirl.TrainingRuntime` stops its
+        watchdog first): this run's next `stop` is cut short too. Nothing,
+        when the server is not running.
         """
         tree = self._tree
-        if tree is not None and tree.stopping.is_set():
+        if tree is not None:
             tree.cut_short.set()
 
     def __enter__(self) -> Self:
@@ -514,7 +515,8 @@ class VLLMServer:
         self._refuse_if_cancelled()  # the last moment before anything is made
         log_file = self._open_log(argv)
         try:
-            run.holds_sigterm = self.handle_sigterm and SIGTERM_POLICY.acquire()
+            if self.handle_sigterm:
+                run.hold_sigterm()
 
             def job() -> subprocess.Popen[bytes]:
                 run.popen = popen_in_session(argv, environ, log_file)
@@ -600,11 +602,8 @@ class VLLMServer:
         self._tree = None
         self._run = None
         forget_at_exit(self)
-        if run is not None:
-            if release:
-                run.release_sigterm()
-            else:
-                run.holds_sigterm = False
+        if run is not None and release:  # a forked copy holds nothing (reset_after_fork)
+            run.release_sigterm()
 
     def check_log(self) -> None:
         """What `start` would refuse about the log, as a `ConfigError`, found without writing.
