@@ -204,3 +204,91 @@ def test_a_server_environment_too_long_to_start_blames_the_gpus_not_the_command(
     assert code == 4, err
     assert "--vllm-command" not in err
     assert "CUDA_VISIBLE_DEVICES lists 29999 GPUs" in err
+
+
+@pytest.mark.parametrize("given", ["argument", "variable"])
+def test_the_library_names_the_hub_download_folder_by_what_it_was_made_from(clean, tmp_path, given):
+    """from_settings and resolver_from_settings named the field ``download_dir`` for the
+    folder they make from output_dir (review round 28, B-F3): now the folder, and the argument
+    or variable it came from; the error's field and bare reason stay for a caller's words."""
+    from verirl import ConfigError, TrainingRuntime, resolver_from_settings
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "_verirl-hub-download").write_text("x")
+    kwargs: dict[str, object] = {"hub_repo_id": "org/run", "hub_token": "hf_x" * 5}
+    if given == "argument":
+        kwargs["output_dir"] = str(out)
+    else:
+        clean.setenv("VERIRL_OUTPUT_DIR", str(out))
+    name = "output_dir" if given == "argument" else "VERIRL_OUTPUT_DIR"
+    for build in (
+        lambda: resolver_from_settings(**kwargs),  # type: ignore[arg-type]
+        lambda: TrainingRuntime.from_settings(gpu_count=1, model="m", **kwargs),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(ConfigError) as info:
+            build()
+        message = str(info.value)
+        assert message.startswith("the Hub download folder="), message
+        assert f"the folder is verirl's, under {name}=" in message, message
+        assert "download_dir" not in message
+        assert info.value.field == "download_dir"
+        assert info.value.reason == "exists and is not a directory"
+
+
+def test_a_held_download_lock_names_the_setting_to_change_not_download_dir(tmp_path):
+    """A CheckpointSourceError about the folder (exit 5 in the CLI) kept ``download_dir`` in
+    its text (review round 28, B-F4): it says the folder, and the setting, in the caller's
+    words; the CLI puts its flag there."""
+    import argparse
+    import fcntl
+
+    from fakes.hub import serve_fake_hub
+    from verirl import HubCheckpointSource
+    from verirl.cli import _in_cli_words
+    from verirl.errors import CheckpointSourceError
+
+    folder = tmp_path / "out" / "_verirl-hub-download"
+    folder.mkdir(parents=True)
+    with serve_fake_hub() as hub, (folder / ".verirl-checkpoint-10.lock").open("w") as lock:
+        hub.add_checkpoint("org/run", "checkpoint-10", 10)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another download of it, still running
+        source = HubCheckpointSource(
+            "org/run", download_dir=folder, endpoint=hub.endpoint, lock_timeout=0.2,
+            download_dir_origin=f"under output_dir='{tmp_path / 'out'}'",
+        )  # fmt: skip
+        with pytest.raises(CheckpointSourceError) as info:
+            source.fetch(source.latest())  # type: ignore[arg-type]
+    message = str(info.value)
+    assert "download_dir" not in message, message
+    assert "use a separate output_dir per job" in message, message
+    assert message.endswith(f"the folder is verirl's, under output_dir='{tmp_path / 'out'}'")
+    assert info.value.checkpoint_unreadable
+    args = argparse.Namespace(cmd="resume")
+    in_cli = _in_cli_words(args, info.value)
+    assert "separate --output-dir per job" in in_cli, in_cli
+    assert "under --output-dir=" in in_cli, in_cli
+
+
+def test_a_link_to_nothing_in_the_hub_download_folder_s_place_is_a_config_error(
+    clean, capsys, tmp_path
+):
+    """A dangling link where the folder goes was exit 5, "cannot create download_dir ...:
+    File exists" (review round 28, B-F4): it is a thing in the way (exit 2), named as such."""
+    from fakes.hub import serve_fake_hub
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "_verirl-hub-download").symlink_to(tmp_path / "gone")
+    with serve_fake_hub() as hub:
+        hub.add_checkpoint("org/run", "checkpoint-10", 10)
+        clean.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        code = main(["resume", "--hub-repo", "org/run", "--hub-endpoint", hub.endpoint,
+                     "--resume", "latest", "--output-dir", str(out)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    message = re.sub(r"^.*? ERROR verirl: ", "", err.strip().splitlines()[-1])
+    assert message.startswith("the Hub download folder="), err
+    assert "symlink to nothing" in message, err
+    assert "under --output-dir=" in message, err
+    assert not (tmp_path / "gone").exists()

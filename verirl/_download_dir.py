@@ -39,7 +39,7 @@ from verirl._fs import (
 )
 from verirl.errors import CheckpointSourceError, ConfigError, VeriRLError
 
-__all__ = ["MARKER", "FileEntry", "RemoteFolder", "fetch_folder", "human_size"]
+__all__ = ["MARKER", "FileEntry", "FolderName", "RemoteFolder", "fetch_folder", "human_size"]
 
 log = logging.getLogger("verirl.checkpoints")  # the component's logger, which users filter on
 
@@ -97,12 +97,71 @@ class RemoteFolder:
         return {path.split("/", 1)[1]: entry for path, entry in self.files.items()}
 
 
+@attrs.frozen
+class FolderName:
+    """What the download folder's errors call it: the ``download_dir`` a user gave, or else.
+
+    A folder verirl made from another setting (``output_dir``) is named as
+    such (``label``), with what it was made from (``note``), and a hint about
+    ``download_dir`` names that ``setting``: a user never reads a field they
+    did not give. The `ConfigError` keeps ``field="download_dir"`` and its
+    bare ``reason``, for a caller that words it its own way (the CLI).
+    """
+
+    label: str = "download_dir"
+    note: str = ""
+    setting: str = "download_dir"
+
+    def check(self, root: Path) -> None:
+        """`ConfigError` when ``root`` is a file, or a link to nothing: no folder can be there.
+
+        A link to a folder is followed (a folder put on another disk on purpose).
+        """
+        if root.is_dir():
+            return
+        if lstat_kind(root) == "symlink":
+            reason = "is a symlink to nothing (a folder that does not exist); make the folder "
+            reason += "it points to, or remove the link"
+        elif lstat_kind(root) is not None:
+            reason = "exists and is not a directory"
+        else:
+            return
+        raise self.renamed(ConfigError.invalid("download_dir", str(root), reason), root)
+
+    def renamed(self, exc: VeriRLError, root: Path) -> VeriRLError:
+        """``exc``, raised about the folder ``root``, in these words."""
+        if not self.note:
+            return exc
+        renamed: VeriRLError
+        if isinstance(exc, ConfigError) and exc.field == "download_dir" and exc.reason:
+            message = f"{self.label}={quoted(exc.value)}: {exc.reason}; {self.note}"
+            renamed = ConfigError(message, field=exc.field, value=exc.value, reason=exc.reason)
+        elif isinstance(exc, CheckpointSourceError):
+            message = str(exc).replace(f"download_dir {printable(root)}", self.named(root))
+            message = message.replace("separate download_dir", f"separate {self.setting}")
+            renamed = CheckpointSourceError(
+                f"{message}; {self.note}",
+                repo_missing=exc.repo_missing,
+                checkpoint_unreadable=exc.checkpoint_unreadable,
+                step=exc.step,
+            )
+        else:
+            return exc
+        renamed.__cause__ = exc.__cause__
+        return renamed
+
+    def named(self, root: Path) -> str:
+        """``root``, called what this folder is."""
+        return f"{self.label} {printable(root)}"
+
+
 def fetch_folder(
     root: Path,
     remote: RemoteFolder,
     *,
     lock_timeout: float,
     download: Callable[[Sequence[str], str, Path], None],
+    name: FolderName = FolderName(),
 ) -> Path:
     """Make ``root/<remote.name>`` hold ``remote``'s files and return it.
 
@@ -110,8 +169,23 @@ def fetch_folder(
     when verirl downloaded it (its marker, nothing else of the user's), and
     otherwise refused with a `ConfigError`. ``download(repo_paths, commit,
     local_dir)`` fetches the files into ``local_dir`` (as ``local_dir/<repo
-    path>``) and raises `CheckpointSourceError` when it cannot.
+    path>``) and raises `CheckpointSourceError` when it cannot. Errors about
+    ``root`` call it ``name``.
     """
+    try:
+        return _fetch_folder(root, remote, lock_timeout=lock_timeout, download=download)
+    except (ConfigError, CheckpointSourceError) as exc:
+        raise name.renamed(exc, root) from exc.__cause__
+
+
+def _fetch_folder(
+    root: Path,
+    remote: RemoteFolder,
+    *,
+    lock_timeout: float,
+    download: Callable[[Sequence[str], str, Path], None],
+) -> Path:
+    FolderName().check(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -46,7 +46,14 @@ from verirl._checkpoint import (
     shorten,
     user_directory,
 )
-from verirl._download_dir import MARKER, FileEntry, RemoteFolder, fetch_folder, human_size
+from verirl._download_dir import (
+    MARKER,
+    FileEntry,
+    FolderName,
+    RemoteFolder,
+    fetch_folder,
+    human_size,
+)
 from verirl._fs import quoted
 from verirl._phases import DaemonExecutor
 from verirl._secrets import (
@@ -124,6 +131,11 @@ class HubCheckpointSource:
     Anything else there, symlinks included, is never written to, followed or
     deleted. Concurrent fetches of one folder (threads or processes) take turns
     on a lock file in ``download_dir``; ``lock_timeout`` bounds the wait.
+    ``download_dir`` itself may be a link to a folder (one put on another disk
+    on purpose); a file there, or a link to nothing, is a `ConfigError`.
+    ``download_dir_origin``: for a folder verirl made from another setting,
+    what it was made from (``"under output_dir='out'"``); errors then call it
+    the Hub download folder, never ``download_dir``, a field the user never gave.
 
     ``endpoint`` and ``token`` go to huggingface_hub as they are (``HF_ENDPOINT``
     is read when huggingface_hub is imported, so ``endpoint`` is how a mirror or
@@ -150,6 +162,7 @@ class HubCheckpointSource:
     timeout: float = attrs.field(kw_only=True, default=30.0)
     max_workers: int = attrs.field(kw_only=True, default=8)
     lock_timeout: float = attrs.field(kw_only=True, default=3600.0)
+    download_dir_origin: str | None = attrs.field(kw_only=True, default=None, repr=False)
     _listing: _Listing | None = attrs.field(init=False, default=None, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
@@ -161,10 +174,7 @@ class HubCheckpointSource:
             raise scrub_config_error(exc, hub_token_in_use(self._token)) from None
         check_number("timeout", self.timeout, positive=True, at_most=_MAX_TIMEOUT)
         check_seconds("lock_timeout", self.lock_timeout)  # 0 (no waiting) up to MAX_SECONDS
-        if self.download_dir.exists() and not self.download_dir.is_dir():
-            raise ConfigError.invalid(
-                "download_dir", str(self.download_dir), "exists and is not a directory"
-            )
+        self._folder_name.check(self.download_dir)
         check_int("max_workers", self.max_workers, 1)
 
     def __repr__(self) -> str:
@@ -307,8 +317,22 @@ class HubCheckpointSource:
             files=files,
         )
         return fetch_folder(
-            self.download_dir, remote, lock_timeout=self.lock_timeout, download=self._download_all
+            self.download_dir,
+            remote,
+            lock_timeout=self.lock_timeout,
+            download=self._download_all,
+            name=self._folder_name,
         )
+
+    @property
+    def _folder_name(self) -> FolderName:
+        """What errors call ``download_dir``: see ``download_dir_origin``."""
+        origin = self.download_dir_origin
+        if origin is None:
+            return FolderName()
+        named = origin.split("=", 1)[0] if "=" in origin else ""
+        setting = named.removeprefix("under ") if named.startswith("under ") else "output_dir"
+        return FolderName("the Hub download folder", f"the folder is verirl's, {origin}", setting)
 
     # ------------------------------------------------------------ listing
 

@@ -1342,6 +1342,9 @@ def _message(args: argparse.Namespace, exc: VeriRLError) -> str:
     message = message.replace(
         "(give an output directory or a Hub repo)", f"(configure one with {_CONFIGURE_A_SOURCE})"
     )
+    # The Hub download folder's errors say what it was made from (`_download_folder_error`)
+    for library in ("under output_dir=", "(no output_dir given)", "separate output_dir per"):
+        message = message.replace(library, library.replace("output_dir", "--output-dir"))
     if isinstance(exc, VLLMServerError) and message.startswith("command="):
         source = "--vllm-command" if getattr(args, "vllm_command", None) is not None else None
         source = source or Settings.variable("vllm_command")
