@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -433,3 +434,48 @@ def duplicate_window() -> float:
         window += gap
         gap *= 2
     return window + 2 * _supervise._MAX_CATCH_UP
+
+
+def _interrupting_profile(codes: set[Any], point: int | None) -> tuple[list[int], Any]:
+    """A profile function that counts the points in ``codes``' frames where a signal can be
+    handled and, with ``point``, raises a Ctrl-C at that one; and the count so far.
+
+    Python handles a signal at a function's entry, right after a call returns and at a
+    loop's jump back (none in the code checked here): the profile's "call" of such a frame,
+    and the "c_return" or "return" of a call it made. An exception from a profile function
+    is raised there, and unsets it: one interrupt, at a point a signal can reach.
+    """
+    seen = [0]
+
+    def profile(frame: Any, event: str, _arg: object) -> None:
+        if event in ("call", "c_return"):
+            ours = frame.f_code in codes
+        elif event == "return":  # not a finalizer's: its exception is only printed
+            ours = frame.f_code.co_name != "__del__" and frame.f_back is not None
+            ours = ours and frame.f_back.f_code in codes
+        else:
+            return
+        if ours:
+            seen[0] += 1
+            if seen[0] == point:
+                raise KeyboardInterrupt
+
+    return seen, profile
+
+
+def interrupted_at_point(codes: set[Any], point: int | None, job: Callable[[], object]) -> int:
+    """``job()`` with a Ctrl-C at its ``point``-th point in ``codes`` (none: count them)."""
+    seen, profile = _interrupting_profile(codes, point)
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        job()
+    except KeyboardInterrupt:
+        assert point is not None
+    finally:
+        sys.setprofile(previous)
+    return seen[0]
+
+
+def codes_of(*functions: Any) -> set[Any]:
+    return {getattr(function, "__wrapped__", function).__code__ for function in functions}

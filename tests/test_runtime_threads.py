@@ -24,7 +24,14 @@ from typing import Any
 import psutil
 import pytest
 
-from _support import kill_all, nothing_listens, still_alive, unshared_port
+from _support import (
+    codes_of,
+    interrupted_at_point,
+    kill_all,
+    nothing_listens,
+    still_alive,
+    unshared_port,
+)
 from fakes.envserver import FakeEnvServer
 from verirl import DistributedEnv, HttpEnvServerProbe, TrainingRuntime, VLLMServer, VLLMTopology
 from verirl._net import find_free_port
@@ -369,50 +376,6 @@ def test_a_ctrl_c_while_another_thread_stops_the_runtime_cuts_the_server_s_grace
     assert "supervisor done: True" in out.splitlines(), (out, err[-3000:])
 
 
-def _interrupted_at(codes: set[Any], point: int | None) -> tuple[list[int], Any]:
-    """A profile function that counts the points in ``codes``' frames where a signal can be
-    handled and, with ``point``, raises a Ctrl-C at that one; and the count so far.
-
-    Python handles a signal at a function's entry, right after a call returns and at a
-    loop's jump back (none in the code checked here): the profile's "call" of such a frame,
-    and the "c_return" or "return" of a call it made. An exception from a profile function
-    is raised there, and unsets it: one interrupt, at a point a signal can reach.
-    """
-    seen = [0]
-
-    def profile(frame: Any, event: str, _arg: object) -> None:
-        if event in ("call", "c_return"):
-            ours = frame.f_code in codes
-        elif event == "return":
-            ours = frame.f_back is not None and frame.f_back.f_code in codes
-        else:
-            return
-        if ours:
-            seen[0] += 1
-            if seen[0] == point:
-                raise KeyboardInterrupt
-
-    return seen, profile
-
-
-def _traced(codes: set[Any], point: int | None, job: Callable[[], object]) -> int:
-    """``job()`` with a Ctrl-C at its ``point``-th point in ``codes`` (none: count them)."""
-    seen, profile = _interrupted_at(codes, point)
-    previous = sys.getprofile()
-    sys.setprofile(profile)
-    try:
-        job()
-    except KeyboardInterrupt:
-        assert point is not None
-    finally:
-        sys.setprofile(previous)
-    return seen[0]
-
-
-def _codes(*functions: Any) -> set[Any]:
-    return {getattr(function, "__wrapped__", function).__code__ for function in functions}
-
-
 def _bare_runtime(factory: Callable[[VLLMTopology], Any]) -> TrainingRuntime:
     env: dict[str, str] = {}
     return TrainingRuntime(
@@ -447,13 +410,13 @@ def test_a_ctrl_c_at_any_line_of_stop_leaves_a_runtime_that_stop_ends(default_si
     from verirl import runtime
 
     tr = TrainingRuntime
-    codes = _codes(tr.stop, tr._tear_down, tr._release, runtime._wait_for, SIGTERM_POLICY.release)
+    codes = codes_of(tr.stop, tr._tear_down, tr._release, runtime._wait_for, SIGTERM_POLICY.release)
 
     def interrupted(line: int | None) -> tuple[int, TrainingRuntime, Recorder]:
         factory = Recorder()
         rt = _bare_runtime(factory)
         rt.start()
-        return _traced(codes, line, rt.stop), rt, factory
+        return interrupted_at_point(codes, line, rt.stop), rt, factory
 
     lines, _, _ = interrupted(None)
     assert lines > 10
@@ -470,12 +433,12 @@ def test_a_ctrl_c_at_any_line_of_start_leaves_a_runtime_that_stop_ends(default_s
     from _support import Recorder
 
     tr = TrainingRuntime
-    codes = _codes(tr.start, tr._claim_start, SIGTERM_POLICY.acquire)
+    codes = codes_of(tr.start, tr._claim_start, SIGTERM_POLICY.acquire)
 
     def interrupted(line: int | None) -> tuple[int, TrainingRuntime, Recorder]:
         factory = Recorder()
         rt = _bare_runtime(factory)
-        return _traced(codes, line, rt.start), rt, factory
+        return interrupted_at_point(codes, line, rt.start), rt, factory
 
     lines, rt, factory = interrupted(None)
     rt.stop()
@@ -494,14 +457,14 @@ def test_a_ctrl_c_as_a_server_takes_the_sigterm_policy_leaves_it_released(
     start ends, nothing runs, the policy is released, and the server starts again."""
     from verirl._process import Run
 
-    codes = _codes(SIGTERM_POLICY.acquire, Run.hold_sigterm)
+    codes = codes_of(SIGTERM_POLICY.acquire, Run.hold_sigterm)
 
     def interrupted(point: int | None) -> tuple[int, VLLMServer]:
         server = VLLMServer(
             "m", port=unshared_port(), command=FAKE, devices=(0,), log_path=tmp_path,
             shutdown_timeout=5.0,
         )  # fmt: skip
-        return _traced(codes, point, server.start), server
+        return interrupted_at_point(codes, point, server.start), server
 
     points, server = interrupted(None)
     server.stop()

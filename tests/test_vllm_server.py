@@ -24,7 +24,7 @@ import psutil
 import pytest
 import requests
 
-from _support import alive, unshared_port
+from _support import alive, codes_of, interrupted_at_point, unshared_port
 from fakes.envserver import FakeEnvServer
 from verirl._fs import quoted
 from verirl._http import deadline_session
@@ -605,6 +605,46 @@ def test_a_stop_cut_short_before_it_began_skips_its_grace(make_server):
     assert not supervisor.is_alive()
     assert not survivors(procs)
     assert server.pid is None
+
+
+# A Ctrl-C as a call returns a file drops it: CPython closes it then (its last reference),
+# with a ResourceWarning; nothing stays open.
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.parametrize("interrupted", ["start", "stop"])
+def test_a_ctrl_c_at_any_point_of_start_or_stop_leaves_a_server_that_stop_ends(
+    make_server, default_sigterm, interrupted
+):
+    """The class of f0fff40 and of the policy's hold (review round 28, B-F2), swept: a Ctrl-C
+    at every point of VLLMServer's own code where a signal can be handled, as start() or
+    stop() runs. Then stop() leaves no process and the SIGTERM policy released; the server
+    starts and stops again."""
+    from verirl._signals import SIGTERM_POLICY
+
+    codes = codes_of(*(f for f in vars(VLLMServer).values() if hasattr(f, "__code__")))
+    server = make_server()
+
+    def run(point: int | None) -> int:
+        if interrupted == "start":
+            return interrupted_at_point(codes, point, server.start)
+        server.start()
+        return interrupted_at_point(codes, point, server.stop)
+
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+    points = run(None)
+    server.stop()
+    assert points > 10
+    for point in range(1, points + 1):
+        where = f"a Ctrl-C at point {point} of {points} of {interrupted}()"
+        run(point)
+        server.stop()
+        left = [c for c in psutil.Process().children(recursive=True) if c.pid not in before]
+        assert not survivors(left, timeout=10), where
+        assert server.pid is None, where
+        assert SIGTERM_POLICY._users == 0, where
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, where
+    with server:
+        assert healthy(server)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
 class _InterruptAsReleased:

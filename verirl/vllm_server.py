@@ -597,13 +597,17 @@ class VLLMServer:
         raise VLLMServerError(_CANCELLED)
 
     def _forget(self, *, release: bool = True) -> None:
-        """The server is gone: drop the tree and, once, this run's hold on SIGTERM."""
+        """The server is gone: drop, once, this run's hold on SIGTERM, then the tree.
+
+        In that order: interrupted before the tree is dropped, the next `stop`
+        finds the tree gone and comes here again (a release is done once).
+        """
         run = self._run
+        if run is not None and release:  # a forked copy holds nothing (reset_after_fork)
+            run.release_sigterm()
         self._tree = None
         self._run = None
         forget_at_exit(self)
-        if run is not None and release:  # a forked copy holds nothing (reset_after_fork)
-            run.release_sigterm()
 
     def check_log(self) -> None:
         """What `start` would refuse about the log, as a `ConfigError`, found without writing.
