@@ -1213,17 +1213,19 @@ def test_two_dashes_as_a_flag_s_value_is_a_usage_error_naming_the_flag(
     assert "[]" not in err
 
 
-def test_two_dashes_as_the_value_of_the_command_s_own_flag_is_the_command_s(tmp_path):
-    """``launch … COMMAND --sep=--`` (no ``--`` before COMMAND): not one of verirl's flags."""
+@pytest.mark.parametrize("own", ["--sep=--", "--resume=--", "--model=--"])
+def test_two_dashes_as_the_value_of_the_command_s_own_flag_is_the_command_s(tmp_path, own):
+    """``launch … COMMAND --sep=--`` (no ``--`` before COMMAND): not one of verirl's flags,
+    also when verirl has a flag of that name (--resume, --model: refused before)."""
     marker = tmp_path / "argv"
     script = "import sys; open(sys.argv[1], 'w').write(sys.argv[2])"
     result = subprocess.run(
         [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--mode", "colocate",
-         sys.executable, "-c", script, str(marker), "--sep=--"],
+         sys.executable, "-c", script, str(marker), own],
         capture_output=True, text=True, env=clean_environ(tmp_path), timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert marker.read_text() == "--sep=--"
+    assert marker.read_text() == own
 
 
 # The flags verirl gives the server itself (the contract's VLLMServer argv), spelled out here.

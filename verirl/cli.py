@@ -1408,13 +1408,23 @@ def _refuse_dashes_as_a_value(parser: argparse.ArgumentParser, argv: Sequence[st
     """
     command = command_word(argv)
     target = _subcommand_parser(parser, command)
-    for arg in argv:
+    takes_a_command = any(a.nargs == argparse.REMAINDER for a in target._actions)  # noqa: SLF001
+    tokens = iter(argv)
+    seen_command_word = False
+    for arg in tokens:
         if arg == "--":
             return
+        if not arg.startswith("-"):
+            if seen_command_word and takes_a_command:
+                return  # the training command begins: what follows is its own
+            seen_command_word = seen_command_word or arg == command
+            continue
         flag, equals, value = arg.partition("=")
         ours = _takes_value(parser, command, flag) or _takes_value(parser, None, flag)
         if flag.startswith("--") and equals and value == "--" and ours:  # not the command's
             target.error(f"argument {flag}: expected one argument, not '--'")
+        if ours and not equals:
+            next(tokens, None)  # its value, whatever it looks like
 
 
 def _subcommand_parser(
