@@ -38,6 +38,7 @@ from _support import Answer, clean_environ, loopback_server, nothing_listens, un
 from fakes import FakeEnvServer
 from fakes.hub import serve_fake_hub
 from verirl import ConfigError, TrainingRuntime, VLLMServer
+from verirl._fs import printable, quoted
 from verirl.cli import main
 
 FAKE_VLLM = f"{sys.executable} -m fakes.vllm_serve"
@@ -1533,11 +1534,13 @@ def test_a_capped_variable_is_named_in_the_warning(clean_env, capsys, monkeypatc
     assert "8192: VERIRL_MAX_MODEL_LEN=20000 is not used" in warning
 
 
+@pytest.mark.parametrize("name", ["logs", os.fsdecode(b"logs\xff")], ids=["utf-8", "not-utf-8"])
 @pytest.mark.parametrize("given", ["flag", "variable"])
-def test_a_bad_log_file_in_the_folder_given_is_named_as_that_file(tmp_path, given):
-    """``--log-dir D``'s error showed D/vllm-serve-PORT.log as the flag's value."""
+def test_a_bad_log_file_in_the_folder_given_is_named_as_that_file(tmp_path, given, name):
+    """``--log-dir D``'s error showed D/vllm-serve-PORT.log as the flag's value; a folder
+    named in bytes that are not UTF-8 kept those words (review round 27, low)."""
     port = unshared_port()
-    folder = tmp_path / "logs"
+    folder = tmp_path / name
     folder.mkdir()
     os.mkfifo(folder / f"vllm-serve-{port}.log")
     environ = clean_environ(tmp_path)
@@ -1552,10 +1555,10 @@ def test_a_bad_log_file_in_the_folder_given_is_named_as_that_file(tmp_path, give
     )
     assert result.returncode == 2, result.stderr
     message = json.loads(result.stdout)["error"]["message"]
-    file = str(folder / f"vllm-serve-{port}.log")
+    file = printable(str(folder / f"vllm-serve-{port}.log"))
     assert message.startswith(f"the vLLM server's log file={file!r}: "), message
-    name = "--log-dir" if given == "flag" else "VERIRL_VLLM_LOG_DIR"
-    assert message.endswith(f"; it is in {name}={str(folder)!r}"), message
+    flag = "--log-dir" if given == "flag" else "VERIRL_VLLM_LOG_DIR"
+    assert message.endswith(f"; it is in {flag}={quoted(str(folder))}"), message
 
 
 def test_a_missing_log_folder_spelled_with_a_slash_is_named_as_the_flag_s_value(tmp_path):

@@ -280,7 +280,8 @@ def _log_file_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError |
         given, name = os.environ.get(variable, "").strip() or None, variable
     if given is None or not isinstance(exc.value, str):
         return None
-    folder = os.path.normpath(os.path.expanduser(given))  # noqa: PTH111 - a str, as given
+    # The error shows its path printable (a non-UTF-8 name escaped): compared the same way
+    folder = printable(os.path.normpath(os.path.expanduser(given)))  # noqa: PTH111 - a str
     value = os.path.normpath(exc.value)
     if value == folder or os.path.dirname(value) != folder:  # noqa: PTH120 - the folder itself
         return None
