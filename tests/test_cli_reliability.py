@@ -1125,13 +1125,16 @@ def test_doctor_is_a_preflight(tmp_path, env_server):
             },
         ),
     }
-    codes = {}
+    codes, errs = {}, {}
     for name, (argv, extra) in runs.items():
         result = subprocess.run(
             [sys.executable, "-m", "verirl", "doctor", *argv], capture_output=True, text=True,
             env=clean_environ(tmp_path, **extra), timeout=120, check=False,
         )  # fmt: skip
         codes[name] = (result.returncode, "not usable" in result.stderr)
+        errs[name] = result.stderr
+    # exit 3 is launch's: serve reads no env server (bad2e11), and the problem says so
+    assert "(launch waits for it; serve does not read it)" in errs["env down"], errs["env down"]
     assert codes == {
         "env down": (3, True),
         "no launch": (4, True),  # no trl/vllm in this suite's interpreter

@@ -317,7 +317,8 @@ def examine(
         healthy = probe.check()
         rows.append((f"env server {probe.url}", "healthy" if healthy else "NOT reachable/healthy"))
         if not healthy:
-            problems.append((EXIT_ENV_SERVER, f"env server {probe.url} is not reachable/healthy"))
+            why = f"env server {probe.url} is not reachable/healthy (launch waits for it; serve "
+            problems.append((EXIT_ENV_SERVER, why + "does not read it)"))
     else:
         rows.append(("env server", "(no --env-url / VERIRL_ENV_SERVER_URL)"))
     token_row, token_problems = _token(hub_token)
