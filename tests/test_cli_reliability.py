@@ -634,6 +634,25 @@ def test_launch_json_with_a_stderr_on_a_full_device_still_runs_the_command(tmp_p
     assert result.returncode == 0
 
 
+@pytest.mark.parametrize("full", ["stdout", "stderr", "both"])
+def test_launch_with_output_on_a_full_device_still_runs_the_command(tmp_path, full):
+    """``>/dev/full`` without --json: the command inherited it, and its print failed (ENOSPC,
+    exit 1) where a dead pipe there goes to /dev/null (the sweep of 6b643a5's class)."""
+    marker = tmp_path / "ran"
+    script = (f"import sys; print('x' * 100, flush=True); print('y', file=sys.stderr, "
+              f"flush=True); open({str(marker)!r}, 'w').close()")  # fmt: skip
+    with open("/dev/full", "w") as device:  # noqa: PTH123
+        result = subprocess.run(
+            [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--mode", "colocate",
+             "--", sys.executable, "-c", script],
+            stdout=device if full in ("stdout", "both") else subprocess.PIPE,
+            stderr=device if full in ("stderr", "both") else subprocess.PIPE,
+            env=clean_environ(tmp_path), timeout=120, check=False,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert marker.exists()
+
+
 def test_launch_json_with_a_stderr_pipe_nobody_reads_still_runs_the_command(tmp_path):
     # the command's stdout goes to launch's stderr under --json: a dead pipe there was SIGPIPE
     marker = tmp_path / "ran"

@@ -623,17 +623,19 @@ def _reader_gone(fd: int) -> bool:
 
 @contextlib.contextmanager
 def abandoned_pipes_to_devnull() -> Iterator[None]:
-    """Inside the block, descriptors 1 and 2 that are pipes nobody reads any more write to null.
+    """Inside the block, descriptors 1 and 2 that no write can reach write to null.
 
     ``launch``'s command inherits them: a pipe whose reader has gone (``verirl
     launch … | head -1`` after ``head`` ended, a supervisor that closed its
-    end) would fail its first write (or kill it by SIGPIPE), and a training
-    run must not end because its output had no reader. Restored after.
+    end) would fail its first write (or kill it by SIGPIPE), as would a full
+    device (``>/dev/full``) or a descriptor open for reading only; and a
+    training run must not end because its output had nowhere to go (as under
+    ``--json``: `stdout_to_stderr`). Restored after.
     """
     saved: list[tuple[int, int]] = []
     try:
         for fd in (1, 2):
-            if not _reader_gone(fd):
+            if _writable(fd):
                 continue
             with contextlib.suppress(OSError):
                 kept = os.dup(fd)
