@@ -593,3 +593,29 @@ def test_a_fresh_start_on_a_node_writes_nothing_into_the_download_folder(tmp_pat
         with runtime_for(local_rank, tmp_path, checkpoints=resolver) as session:
             assert session.resume_from_checkpoint is None
     assert not (tmp_path / "out").exists()
+
+
+def test_a_node_s_folder_errors_name_the_hub_download_folder_as_its_source_does(tmp_path):
+    """The node's record folder is the Hub source's download folder: made from output_dir by
+    from_settings, its errors said ``download_dir`` (the sweep of review round 28, B-F3)."""
+    from verirl import TrainingRuntime
+    from verirl.errors import CheckpointSourceError
+
+    out = tmp_path / "out"
+    runtime = TrainingRuntime.from_settings(
+        gpu_count=1, model="m", output_dir=str(out), hub_repo_id="org/run",
+        hub_token="hf_" + "x" * 20, resume_from="latest", environ={},
+    )  # fmt: skip
+    launcher = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}  # fmt: skip
+    dist = DistributedEnv.single_node(environ=launcher)
+    assert runtime.checkpoints is not None
+    shared = runtime._node_shared(runtime.checkpoints, dist)
+    assert isinstance(shared, NodeSharedResolver)
+    out.write_text("not a folder")  # the folder can no longer be made
+    with pytest.raises(CheckpointSourceError) as info:
+        shared.resolve("latest")
+    message = str(info.value)
+    assert "download_dir" not in message, message
+    assert "cannot create the Hub download folder" in message, message
+    assert message.endswith(f"the folder is verirl's, under output_dir={str(out)!r}"), message

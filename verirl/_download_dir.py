@@ -130,7 +130,7 @@ class FolderName:
 
     def renamed(self, exc: VeriRLError, root: Path) -> VeriRLError:
         """``exc``, raised about the folder ``root``, in these words."""
-        if not self.note:
+        if not self.note or self.note in str(exc):  # given, or said already
             return exc
         renamed: VeriRLError
         if isinstance(exc, ConfigError) and exc.field == "download_dir" and exc.reason:

@@ -39,6 +39,7 @@ import attrs
 
 from verirl import _procfs
 from verirl._checkpoint import shorten
+from verirl._download_dir import FolderName
 from verirl._fs import flock_with_deadline, printable, quoted, read_capped
 from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError
 
@@ -254,13 +255,21 @@ class NodeSharedResolver:
     key: str
     leader: bool
     timeout: float = NODE_WAIT_TIMEOUT
+    name: FolderName = attrs.field(factory=FolderName, kw_only=True)  # the folder, in errors
 
     def _path(self, suffix: str) -> Path:
         return self.folder / f"{_PREFIX}{self.key}{suffix}"
 
     def resolve(self, request: str | None) -> str | None:
-        """The leader's answer for ``request`` on every local rank (or its error, re-raised)."""
-        return self._lead(request) if self.leader else self._follow()
+        """The leader's answer for ``request`` on every local rank (or its error, re-raised).
+
+        An error about the folder names it as ``name`` does (the Hub download
+        folder verirl made from ``output_dir``, not a ``download_dir`` never given).
+        """
+        try:
+            return self._lead(request) if self.leader else self._follow()
+        except CheckpointSourceError as exc:
+            raise self.name.renamed(exc, self.folder) from exc.__cause__
 
     def _lead(self, request: str | None) -> str | None:
         try:

@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from verirl._checkpoint import RESUME_KEYWORDS, resume_request
+from verirl._download_dir import FolderName
 from verirl._fs import quoted
 from verirl._node_share import (
     NODE_WAIT_TIMEOUT,
@@ -516,12 +517,13 @@ def _requested(request: str | None) -> bool:
     return request is not None and bool(request.strip())
 
 
-def _download_dir(resolver: object) -> Path | None:
-    """The first Hub-like source's ``download_dir``: where a node's ranks meet."""
+def _download_dir(resolver: object) -> tuple[Path, FolderName] | None:
+    """The first Hub-like source's ``download_dir``, where a node's ranks meet, and its name."""
     for source in getattr(resolver, "sources", ()):
         folder = getattr(source, "download_dir", None)
         if isinstance(folder, Path):
-            return folder
+            name = getattr(source, "_folder_name", None)
+            return folder, name if isinstance(name, FolderName) else FolderName()
     return None
 
 
@@ -954,9 +956,10 @@ class TrainingRuntime:
         self, resolver: CheckpointResolving, dist: DistributedEnv
     ) -> CheckpointResolving:
         """``resolver``, or its one-per-node wrapper when several local ranks share a Hub cache."""
-        folder = _download_dir(resolver)
-        if folder is None or dist.local_world_size <= 1 or not _requested(self.resume_from):
+        found = _download_dir(resolver)
+        if found is None or dist.local_world_size <= 1 or not _requested(self.resume_from):
             return resolver  # a fresh start asks nothing of the Hub: nothing to share
+        folder, name = found
         environ = os.environ if self.environ is None else self.environ
         # What verirl filled in (a free MASTER_PORT) differs between the ranks: not the attempt's.
         given = {name: value for name, value in environ.items() if name not in dist.defaulted}
@@ -966,6 +969,7 @@ class TrainingRuntime:
             attempt_key(given, folder=folder, request=self.resume_from),
             leader=dist.is_local_main,
             timeout=self.checkpoint_wait_timeout,
+            name=name,
         )
 
     def _start_server(self, server: ServerHandle) -> None:
