@@ -14,11 +14,13 @@ Two classes, each run as a real process:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -214,3 +216,81 @@ sys.exit(program.run())
     result, _ = _run(tmp_path, script)
     assert result.stdout.split() == ["True"], result.stderr
     assert result.returncode == 130, result.stderr
+
+
+def _full_pipe() -> tuple[int, int]:
+    """A pipe whose buffer is full, its writing end blocking: a reader that stopped reading."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(write, b"x" * 65536)
+    os.set_blocking(write, True)
+    return read, write
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_ends_launch_whose_stderr_reader_stopped_reading(tmp_path, signum):
+    """stderr a full pipe nobody reads (a supervisor that reads it at the end): after a Ctrl-C
+    the exit deadline's warning went to logging's last resort, which blocked on that pipe and
+    held the lock the main thread's logging shutdown waited for: launch never ended (review
+    round 28, A-F1). It ends, with the signal's code."""
+    started = tmp_path / "started"
+    # a command that writes nothing on the signal (a traceback would wait for that reader too)
+    script = f'touch "{started}"; exec sleep 120'
+    read, write = _full_pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--mode", "colocate", "--",
+             "sh", "-c", script],
+            stdout=subprocess.PIPE, stderr=write, env=_environ(tmp_path), cwd=ROOT,
+            start_new_session=True,
+        )  # fmt: skip
+        os.close(write)
+        write = -1
+        try:
+            deadline = time.monotonic() + BOUND
+            while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+                threading.Event().wait(0.01)
+            assert started.exists(), proc.poll()
+            proc.send_signal(signum)
+            assert proc.wait(timeout=BOUND) == 128 + signum
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            proc.stdout.close()  # type: ignore[union-attr]
+    finally:
+        os.close(read)
+        if write >= 0:
+            os.close(write)
+
+
+def test_a_sigterm_the_policy_took_arms_the_exit_deadline(tmp_path):
+    """serve and launch take SIGTERM through the policy, not the program's handler: no exit
+    deadline was armed, so a thread left running held the exit (a stalled stderr's queue for
+    5 s; any other for good), where the README promises the end 2 s after the main thread's."""
+    script = """
+import signal, sys, threading
+import verirl.__main__ as program
+import verirl.cli
+from verirl._signals import SIGTERM_POLICY
+
+def main(argv=None):
+    threading.Thread(target=threading.Event().wait, name="never-ends").start()  # not a daemon
+    try:
+        with SIGTERM_POLICY.held():
+            signal.signal(signal.SIGTERM, SIGTERM_POLICY.handle)  # as cli's _owning_sigterm
+            signal.raise_signal(signal.SIGTERM)
+    except SystemExit as exc:  # as cli's main: the policy's exit becomes the code returned
+        return exc.code
+    return 0
+
+verirl.cli.main = main
+sys.argv = ["verirl", "plan", "--gpus", "2"]
+sys.exit(program.run())
+"""
+    result, took = _run(tmp_path, script)
+    assert result.returncode == 143, result.stderr
+    assert took < BOUND, took
+    assert "still running 1.5s after the main thread ended on a signal" in result.stderr

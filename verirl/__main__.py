@@ -59,6 +59,7 @@ from types import FrameType  # noqa: E402
 from typing import Any  # noqa: E402
 
 from verirl._signals import (  # noqa: E402
+    SIGTERM_POLICY,
     TERMINATING,
     arm_exit_deadline,
     as_sigterm,
@@ -158,8 +159,8 @@ def run() -> int:
         from verirl._cli_output import signal_document  # noqa: PLC0415 - imported by now, or quickly
 
         signal_document(sys.argv[1:], code)
-    if received is not None or code == _CTRL_C:  # a signal: no pool's thread may hold the exit
-        arm_exit_deadline(code)
+    if received is not None or code == _CTRL_C or SIGTERM_POLICY.fired:
+        arm_exit_deadline(code)  # a signal: no thread may hold the exit (a stalled stderr's)
     _EXIT_CODE[:] = [code]
     return code
 

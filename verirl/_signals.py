@@ -591,18 +591,18 @@ class _ExitDeadline:
         self._exiting.wait()
         with self._lock:
             grace = self._grace
-        threading.Event().wait(grace)  # the process normally exits meanwhile, this thread with it
+        # The process normally exits meanwhile, this thread with it. The last words may block
+        # (a stderr whose reader stopped reading; logging's handler lock, held by the main
+        # thread's exit): said from a thread of their own, awaited within the grace only.
+        waited = max(grace - LAST_WORDS_WAIT, 0.0)
+        threading.Event().wait(waited)
         with self._lock:
             code, signum = self._code, self._signum
-        log.warning(
-            "still running %gs after the main thread ended on a signal (threads: %s): "
-            "exiting without waiting for them",
-            grace,
-            ", ".join(thread.name for thread in threading.enumerate()),
+        words = threading.Thread(
+            target=_last_words, args=(waited,), name="verirl-exit-words", daemon=True
         )
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError, AttributeError):  # closed or replaced
-                stream.flush()
+        words.start()
+        words.join(grace - waited)
         if signum is not None and _default_disposition(signum):
             os.kill(os.getpid(), signum)  # die of it, as Python does after a KeyboardInterrupt
         os._exit(code)
@@ -611,6 +611,23 @@ class _ExitDeadline:
         self._lock = threading.Lock()
         self._thread = None
         self._exiting = threading.Event()
+
+
+LAST_WORDS_WAIT = 0.5
+"""Seconds of the exit's grace left for its warning and the streams' flush (`_ExitDeadline`)."""
+
+
+def _last_words(grace: float) -> None:
+    """The exit deadline's warning, and what stdout and stderr still buffer, written."""
+    log.warning(
+        "still running %gs after the main thread ended on a signal (threads: %s): "
+        "exiting without waiting for them",
+        grace,
+        ", ".join(thread.name for thread in threading.enumerate()),
+    )
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # closed or replaced
+            stream.flush()
 
 
 def _default_disposition(signum: int) -> bool:
