@@ -87,7 +87,13 @@ The members of the group found are read right before its ``killpg``, so one
 that leaves the group on the signal (``setsid`` in its handler) is not sent
 it again; one that leaves in the microseconds between that read and the
 ``killpg`` misses it, and one forked after launch's look that leaves the group
-on the signal gets it twice.
+just after the signal (in its handler, or a pool's worker calling ``setsid``
+as it starts) gets it twice: launch cannot tell whether such a child left
+before the ``killpg`` (and missed it) or after, and sends it again rather
+than leave it to the grace's SIGKILL. Reading its group right before the
+``killpg`` to tell them apart was tried: a worker leaving between that read
+and the ``killpg`` then missed it (9 of 60 runs of a pool forking every 2 ms,
+exit 137), where sending it again gave a duplicate in about 1 of 20.
 
 The server watchdog (`verirl._watchdog`) reaches the main thread here the
 same way a SIGTERM does, as the policy's interrupt: its `VLLMServerError`
