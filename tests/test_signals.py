@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 import sys
 import threading
@@ -392,3 +393,51 @@ def test_no_handler_in_verirl_raises_without_the_tracer_s_lock_guard():
     assert {"as_sigterm", "handle", "program_handler", "program_interrupt", "_on_signal"} <= set(
         found
     )
+
+
+def test_coverage_s_lock_is_recognised_whatever_its_tracer(tmp_path):
+    """With coverage's Python tracer (COVERAGE_CORE=pytrace) the trace function is a bound
+    method, its lock on the object behind it; under sys.monitoring there is none: the check
+    knew only the C tracer's shape (review round 28, A-F3). coverage's own lock methods, in
+    its collector, are recognised by themselves; and a bound tracer's object is looked at."""
+    from verirl._signals import in_tracers_lock
+
+    package = tmp_path / "coverage"
+    package.mkdir()
+    (package / "collector.py").write_text(
+        "import sys\n"
+        "class Collector:\n"
+        "    def lock_data(self):\n"
+        "        return sys._getframe()\n"
+        "    def unlock_data(self):\n"
+        "        return sys._getframe()\n"
+        "    def other(self):\n"
+        "        return sys._getframe()\n"
+    )
+    # Loaded under a name of its own: the running coverage's modules are left alone.
+    spec = importlib.util.spec_from_file_location("standin_collector", package / "collector.py")
+    assert spec is not None and spec.loader is not None
+    standin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(standin)
+
+    collector = standin.Collector()
+    assert in_tracers_lock(collector.lock_data(), object())  # no tracer of that shape needed
+    assert in_tracers_lock(collector.unlock_data(), object())
+    assert not in_tracers_lock(collector.other(), object())
+
+    frames = []
+
+    class PyTracer:  # coverage's Python tracer: the trace function is its bound ``_trace``
+        def __init__(self) -> None:
+            self.lock_data = self._lock
+
+        def _lock(self) -> None:
+            frames.append(sys._getframe())
+
+        def _trace(self, *_event: object) -> None:
+            return None
+
+    tracer = PyTracer()
+    tracer.lock_data()
+    assert in_tracers_lock(frames[0], tracer._trace)
+    assert not in_tracers_lock(sys._getframe(), tracer._trace)

@@ -405,14 +405,22 @@ def in_tracers_lock(frame: types.FrameType | None, tracer: object = None) -> boo
     after "SIGTERM received". The signal is then handled a moment later.
     ``tracer``: the trace function (default: this thread's, ``sys.gettrace()``).
     """
-    tracer = sys.gettrace() if tracer is None else tracer
-    if frame is None or tracer is None:
+    if frame is None:
         return False
-    for name in ("lock_data", "unlock_data"):
-        code = getattr(getattr(getattr(tracer, name, None), "__func__", None), "__code__", None)
-        if code is not None and frame.f_code is code:
-            return True
+    if frame.f_code.co_name in _LOCKS and frame.f_code.co_filename.endswith(_COLLECTOR):
+        return True  # coverage's own, whatever its core: its C, Python or sys.monitoring tracer
+    tracer = sys.gettrace() if tracer is None else tracer
+    for owner in (tracer, getattr(tracer, "__self__", None)):  # a tracer, or its bound method
+        for name in _LOCKS:
+            method = getattr(owner, name, None)
+            code = getattr(getattr(method, "__func__", None), "__code__", None)
+            if code is not None and frame.f_code is code:
+                return True
     return False
+
+
+_LOCKS = ("lock_data", "unlock_data")
+_COLLECTOR = os.path.join("coverage", "collector.py")  # noqa: PTH118 - a suffix, not a path
 
 
 HANDLE_LATER_AFTER = 0.01
