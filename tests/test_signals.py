@@ -416,7 +416,8 @@ def test_coverage_s_lock_is_recognised_whatever_its_tracer(tmp_path):
     )
     # Loaded under a name of its own: the running coverage's modules are left alone.
     spec = importlib.util.spec_from_file_location("standin_collector", package / "collector.py")
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     standin = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(standin)
 
