@@ -2003,3 +2003,15 @@ def test_the_saved_hub_login_in_a_url_is_hidden_on_stdout_too(tmp_path, where):
             shown = result.stdout + result.stderr
             assert token not in shown, (argv, shown)
             assert "<hidden>" in result.stdout, (argv, result.stdout)
+
+
+@pytest.mark.parametrize("spelled", ["--ssl-key x", "--ssl-keyfile=x", "--ssl-cert x"])
+def test_a_refused_secret_looking_flag_keeps_its_message_whole(clean_env, capsys, spelled):
+    """``--ssl-key x`` was refused as "--ssl-key <hidden> the server's --ssl-keyfile": the
+    redaction took the message's next word for that flag's value (review round 28, A-F4)."""
+    code = main(["serve", "--gpus", "2", "--model", "m", f"--vllm-args={spelled}"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    line = err.strip().splitlines()[-1]
+    assert "' sets the server's --ssl-" in line, line
+    assert line.count("<hidden>") == 1, line  # the value given, and only it

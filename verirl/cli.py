@@ -634,7 +634,8 @@ def _vllm_args(args: argparse.Namespace) -> list[str] | None:
         raise ConfigError.invalid(
             source,
             HIDDEN,
-            f"{written} sets the server's {flag}, which {_refusal(flag)}",
+            # quoted: a secret-looking flag's next word is not its value (the redaction's rule)
+            f"{quoted(written)} sets the server's {flag}, which {_refusal(flag)}",
         )
     return given
 
