@@ -14,10 +14,10 @@ statements between its import of this module and its call of `run` (where
 SIGTERM exits 143 but writes no document, and Ctrl-C is a traceback).
 
 Each other signal whose default ends the process (SIGQUIT, SIGUSR1, ...:
-`verirl._signals.TERMINATING`) counts as a SIGTERM from `_prepare` on (143,
-the teardown, no vLLM server left); ``verirl launch`` passes it on to its
-command instead while that runs. Before `_prepare` (this module's imports)
-it still acts as its default.
+`verirl._signals.TERMINATING`) counts as a SIGTERM (143, the teardown, no
+vLLM server left), noted as one from this module's first statements like
+SIGTERM itself (the real-time ones from `_prepare` on); ``verirl launch``
+passes it on to its command instead while that runs.
 
 An inherited ``SIG_IGN`` is left as it is; a handler set by the interpreter's
 start-up (coverage's) is set aside, as `verirl.cli` does for serve and launch.
@@ -33,8 +33,15 @@ _NOTED: list[int] = []
 
 
 def _note_start_up(signum: int, _frame: object) -> None:
-    """SIGINT's, SIGTERM's and SIGHUP's handler while this module imports: noted, for `run`."""
+    """SIGINT's, SIGTERM's, SIGHUP's (and `_EARLY`'s) handler while this module imports: noted."""
     _NOTED.append(signum)
+
+
+_EARLY_NAMES = ("SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGXCPU",
+                "SIGPWR", "SIGSTKFLT", "SIGIO")  # fmt: skip
+_EARLY = tuple(getattr(_signal, name) for name in _EARLY_NAMES if hasattr(_signal, name))
+"""The other signals that end a process by default (`verirl._signals.TERMINATING`, the
+real-time ones aside): a SIGTERM from `_prepare` on, noted as one until then."""
 
 
 try:
@@ -45,6 +52,10 @@ try:
         _signal.signal(_signal.SIGINT, _note_start_up)
     if hasattr(_signal, "SIGHUP") and _signal.getsignal(_signal.SIGHUP) == _signal.SIG_DFL:
         _signal.signal(_signal.SIGHUP, _note_start_up)  # a hang-up is a SIGTERM (`_hang_up`)
+    if _previous == _signal.SIG_DFL or callable(_previous):  # SIGTERM is ours: so are they
+        for _early in _EARLY:
+            if _signal.getsignal(_early) == _signal.SIG_DFL:  # an inherited SIG_IGN stays
+                _signal.signal(_early, _note_start_up)
 except ValueError:  # imported off the main thread: no handler can be set there
     pass
 
@@ -177,19 +188,23 @@ def _take_over() -> None:
     SIGTERM noted while this module imported is raised as `program_handler`
     raises it; else a Ctrl-C.
     """
-    _raising_handlers()
+    _raising_handlers(as_sigterm)
     with contextlib.suppress(ValueError):  # off the main thread: nothing was installed
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, program_interrupt)
     came, _NOTED[:] = _NOTED[:], []
-    if signal.SIGTERM in came or _SIGHUP in came:
+    if any(signum != signal.SIGINT for signum in came):  # SIGTERM, or one that counts as it
         program_handler(signal.SIGTERM, None)
     if came:
         raise KeyboardInterrupt
 
 
-def _raising_handlers() -> None:
-    """`_note_start_up`, where installed, replaced by `program_handler` and Ctrl-C's default."""
+def _raising_handlers(early: Callable[[int, FrameType | None], None] | None = None) -> None:
+    """`_note_start_up`, where installed, replaced by `program_handler` and Ctrl-C's default.
+
+    ``early``: the handler of `_EARLY`'s signals in `run` (`as_sigterm`); after
+    a mere import (``None``) they get their default back.
+    """
     with contextlib.suppress(ValueError):  # off the main thread: nothing was installed
         if signal.getsignal(signal.SIGINT) is _note_start_up:
             signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -197,6 +212,12 @@ def _raising_handlers() -> None:
             signal.signal(signal.SIGTERM, program_handler)
         if _SIGHUP is not None and signal.getsignal(_SIGHUP) is _note_start_up:
             signal.signal(_SIGHUP, _hang_up)
+        for signum in _EARLY:  # ``early``, in run: a SIGTERM; after a mere import, the default
+            current = signal.getsignal(signum)
+            if current is _note_start_up:
+                signal.signal(signum, signal.SIG_DFL if early is None else early)
+            elif early is not None and current == signal.SIG_DFL and _OURS[0]:  # the script's
+                signal.signal(signum, early)  # import put the default back: `_prepare`'s rule
 
 
 def _prepare() -> None:
