@@ -2015,3 +2015,20 @@ def test_a_refused_secret_looking_flag_keeps_its_message_whole(clean_env, capsys
     line = err.strip().splitlines()[-1]
     assert "' sets the server's --ssl-" in line, line
     assert line.count("<hidden>") == 1, line  # the value given, and only it
+
+
+def test_words_after_a_vllm_args_value_before_the_separator_are_a_usage_error(
+    clean_env, capsys, tmp_path
+):
+    """``--vllm-args --dtype float32 -- cmd`` started the server with a bare --dtype and then
+    ran ``float32 -- cmd`` (exit 127 after the whole start-up): a usage error now (review
+    round 28, A-F6), saying how to give the value."""
+    marker = tmp_path / "ran"
+    with pytest.raises(SystemExit) as info:
+        main(["launch", "--gpus", "2", "--model", "m", "--vllm-args", "--dtype", "float32",
+              "--", "touch", str(marker)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert info.value.code == 2, err
+    assert "give --vllm-args='--dtype float32'" in err, err
+    assert "see verirl launch --help" in err, err
+    assert not marker.exists()  # the one-word form: test_vllm_args_value_starting_with_dashes

@@ -1401,6 +1401,27 @@ def _join_dash_values(argv: Sequence[str]) -> list[str]:
     return joined
 
 
+def _refuse_words_after_vllm_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """``--vllm-args --dtype float32 -- COMMAND``: a usage error, not ``float32 -- COMMAND`` run.
+
+    ``--vllm-args`` takes one value; the words after it, up to the ``--``, were
+    taken for the command (run after the whole server start-up, exit 127).
+    """
+    if "--vllm-args" not in argv:
+        return
+    start = argv.index("--vllm-args")
+    if "--" not in argv[start:]:
+        return
+    end = argv.index("--", start)
+    value, words = argv[start + 1 : start + 2], argv[start + 2 : end]
+    if value and value[0].startswith("-") and words and not any(w.startswith("-") for w in words):
+        example = shlex.join([*value, *words])
+        _subcommand_parser(parser, command_word(argv)).error(
+            f"argument --vllm-args: it takes one value; {' '.join(words)!r} before '--' would "
+            f"be taken for the command: give --vllm-args={shlex.quote(example)}"
+        )
+
+
 def _refuse_dashes_as_a_value(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
     """``--flag=--`` (before the command's ``--``) is a usage error naming the flag.
 
@@ -1458,6 +1479,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
             if first.code != EXIT_CONFIG or joined == argv:
                 raise
             captured.clear()
+            _refuse_words_after_vllm_args(parser, argv)
             return parser.parse_args(joined)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else EXIT_ERROR
