@@ -318,8 +318,16 @@ _RAISING_HANDLERS = {
 
 
 def _raising_handler(name: str) -> Callable[[int, types.FrameType | None], object]:
-    import verirl.__main__ as program
     from verirl import _signals
+
+    # Importing the program's module sets its handlers: this process keeps its own.
+    handlers = {signum: signal.getsignal(signum) for signum in signal.valid_signals()}
+    try:
+        import verirl.__main__ as program
+    finally:
+        for signum, handler in handlers.items():
+            if handler is not None and signal.getsignal(signum) != handler:
+                signal.signal(signum, handler)
 
     if name == "policy":
         policy = SigtermPolicy()
