@@ -479,3 +479,42 @@ def test_a_ctrl_c_as_a_server_takes_the_sigterm_policy_leaves_it_released(
         with server:
             assert SIGTERM_POLICY._users == 1, where
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, where
+
+
+def test_a_ctrl_c_at_any_point_of_stop_into_a_real_server_leaves_it_to_the_next_stop(
+    tmp_path, default_sigterm
+):
+    """A second Ctrl-C as the runtime's stop() entered the server's stop() (before anything
+    was taken down) made the runtime let go of a server still running: the next stop()
+    returned at once, the server served on (review round 29, F1). At every point of the
+    runtime's stop and of the server's, down to its process tree's take_down: the next
+    stop() (another thread's) leaves nothing running and the policy released."""
+    from verirl import runtime
+    from verirl._process import ProcessTree
+
+    tr = TrainingRuntime
+    codes = codes_of(tr.stop, tr._tear_down, tr._release, runtime._wait_for, VLLMServer.stop,
+                     VLLMServer._stop, VLLMServer._stop_held, VLLMServer._forget,
+                     ProcessTree.take_down)  # fmt: skip
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+
+    def interrupted(point: int | None) -> tuple[int, TrainingRuntime]:
+        rt = _runtime(tmp_path)
+        rt.start()
+        return interrupted_at_point(codes, point, rt.stop), rt
+
+    points, rt = interrupted(None)
+    assert points > 20
+    for point in range(1, points + 1):
+        where = f"a Ctrl-C at point {point} of {points} of stop()"
+        _, rt = interrupted(point)
+        thread, outcome = _in_thread(rt.stop)
+        thread.join(BOUND)
+        assert outcome == [None], where
+        left = [c for c in psutil.Process().children(recursive=True) if c.pid not in before]
+        assert not still_alive(left, timeout=10), where
+        assert rt.session is None, where
+        assert SIGTERM_POLICY._users == 0, where
+    with rt:  # started and stopped in this thread: SIGTERM's default back
+        pass
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL

@@ -1108,17 +1108,24 @@ class TrainingRuntime:
                         self._release(mine, torn_down=False)
 
     def _tear_down(self, claim: _Teardown) -> None:
-        """`stop`'s work, by the one stop that holds ``claim``."""
+        """`stop`'s work, by the one stop that holds ``claim``.
+
+        The runtime lets go of its server only once the server's `stop` has
+        returned: interrupted before (a second Ctrl-C), the runtime keeps it,
+        and the next `stop` tries again, as the server's own does.
+        """
+        stopped = False
         try:
             try:
                 self._stop_watching(claim.watchdog)  # first: stopping the server is no death
             finally:
                 if claim.server is not None:
                     claim.server.stop()
+                stopped = True
             if claim.watchdog is not None:
                 claim.watchdog.join(1.0)  # a daemon that never acts now: no need to wait
         finally:
-            self._release(claim, torn_down=True)
+            self._release(claim, torn_down=stopped)
 
     def _release(self, claim: _Teardown, *, torn_down: bool) -> None:
         """End ``claim``: the runtime stopped (``torn_down``), or as before the stop began.

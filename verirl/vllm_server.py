@@ -436,37 +436,37 @@ class VLLMServer:
         """`stop`, without cancelling a start: what a start's own failure path calls.
 
         Interrupted (a Ctrl-C) while another thread's stop runs the grace, it
-        cuts that grace short (SIGKILL now), as a Ctrl-C in that thread would.
+        cuts that grace short (SIGKILL now), as a Ctrl-C in that thread would;
+        interrupted in its own, the next stop of this run SIGKILLs at once, as
+        this one would have. The lock is taken by ``with``, whose ``__enter__``
+        no signal can part from its block: a Ctrl-C right after an ``acquire``
+        call returned left the lock held for good, and every other thread's
+        stop waited for it.
         """
-        self._lock_for_stop()
         try:
-            tree = self._tree
-            if tree is None:
-                return
-            tree.stopping.set()  # a start() waiting in another thread gives up
-            if os.getpid() != self._owner:
-                self._forget(release=False)  # a forked copy: the server is the parent's
-                return
-            try:
-                gone = tree.take_down(self.shutdown_timeout, self._active_log)
-            except BaseException:
-                if tree.gone(rescan=False):
-                    self._forget()
-                raise
-            if gone:
-                self._forget()
-        finally:
-            self._lock.release()
-
-    def _lock_for_stop(self) -> None:
-        """Take the server's lock; a Ctrl-C while another thread holds it stopping cuts it short."""
-        if self._lock.acquire(blocking=False):
-            return
-        try:
-            self._lock.acquire()
+            with self._lock:
+                self._stop_held()
         except BaseException:
             self.cut_stop_short()
             raise
+
+    def _stop_held(self) -> None:
+        """`_stop`'s work, under the server's lock."""
+        tree = self._tree
+        if tree is None:
+            return
+        tree.stopping.set()  # a start() waiting in another thread gives up
+        if os.getpid() != self._owner:
+            self._forget(release=False)  # a forked copy: the server is the parent's
+            return
+        try:
+            gone = tree.take_down(self.shutdown_timeout, self._active_log)
+        except BaseException:
+            if tree.gone(rescan=False):
+                self._forget()
+            raise
+        if gone:
+            self._forget()
 
     def cut_stop_short(self) -> None:
         """End the grace of a `stop` under way in another thread, or about to be: SIGKILL then.
