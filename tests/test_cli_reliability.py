@@ -34,7 +34,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _support import Answer, clean_environ, loopback_server, nothing_listens, unshared_port
+from _support import (
+    Answer,
+    clean_environ,
+    codes_of,
+    interrupted_at_point,
+    loopback_server,
+    nothing_listens,
+    unshared_port,
+)
 from fakes import FakeEnvServer
 from fakes.hub import serve_fake_hub
 from verirl import ConfigError, TrainingRuntime, VLLMServer
@@ -2032,3 +2040,32 @@ def test_words_after_a_vllm_args_value_before_the_separator_are_a_usage_error(
     assert "give --vllm-args='--dtype float32'" in err, err
     assert "see verirl launch --help" in err, err
     assert not marker.exists()  # the one-word form: test_vllm_args_value_starting_with_dashes
+
+
+def test_a_ctrl_c_at_any_point_of_the_first_stderr_write_leaves_the_writer_working():
+    """stderr's writing thread was started under a lock taken by a call to acquire(): a
+    Ctrl-C as that call returned left the lock held, and no thread ever wrote the queue
+    (round 29's sweep of the acquire-then-try class). At every point of the first queued
+    write: the next write goes out."""
+    import sys as _sys
+
+    from verirl._cli_output import _Backlog
+
+    codes = codes_of(_Backlog.put, _Backlog._start, _Backlog._has_thread)
+    written: list[bytes] = []
+
+    def backlog_after(point: int | None) -> tuple[int, _Backlog]:
+        backlog = _Backlog(lambda _stream, _fd, data: written.append(data), "stderr")
+        return interrupted_at_point(
+            codes, point, lambda: backlog.put(_sys.stderr, 2, b"a")
+        ), backlog
+
+    points, backlog = backlog_after(None)
+    assert points > 3
+    assert backlog.drain(10)
+    for point in range(1, points + 1):
+        written.clear()
+        _, backlog = backlog_after(point)
+        backlog.put(_sys.stderr, 2, b"b")
+        assert backlog.drain(10), f"a Ctrl-C at point {point} of {points}"
+        assert written[-1:] == [b"b"], point

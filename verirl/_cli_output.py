@@ -214,7 +214,8 @@ class _Backlog:
         )
         self._dropped = 0
         self._thread: threading.Thread | None = None
-        self._starting = threading.Lock()
+        self._starting = threading.RLock()  # a handler's write may interrupt a start
+        self._launching = False
         self.stalled = False  # a drain gave up: the next ones do not wait until a write is done
 
     def put(self, stream: TextIO, fd: int, data: bytes) -> None:
@@ -236,15 +237,30 @@ class _Backlog:
         return drained
 
     def _start(self) -> None:
-        if self._thread is not None or not self._starting.acquire(blocking=False):
-            return  # running, or being started (by the code a signal's handler interrupted)
-        try:
-            if self._thread is None:
+        """Start the writing thread, once.
+
+        The lock is taken by ``with``: a Ctrl-C right after an ``acquire``
+        call returned left it held for good, and no thread ever wrote the
+        queue. A handler's write that interrupts a start in this thread finds
+        it under way and leaves it to that start.
+        """
+        if self._has_thread():
+            return
+        with self._starting:
+            if self._has_thread() or self._launching:  # started meanwhile, or being started
+                return
+            try:
+                self._launching = True
                 thread = threading.Thread(target=self._run, name="verirl-stderr", daemon=True)
-                thread.start()
                 self._thread = thread
-        finally:
-            self._starting.release()
+                thread.start()
+            finally:
+                self._launching = False
+                if self._thread is not None and self._thread.ident is None:
+                    self._thread = None  # interrupted before it started: the next write will
+
+    def _has_thread(self) -> bool:
+        return self._thread is not None
 
     def _run(self) -> None:
         while True:
