@@ -619,3 +619,19 @@ def test_a_node_s_folder_errors_name_the_hub_download_folder_as_its_source_does(
     assert "download_dir" not in message, message
     assert "cannot create the Hub download folder" in message, message
     assert message.endswith(f"the folder is verirl's, under output_dir={str(out)!r}"), message
+
+
+def test_a_follower_s_timeout_names_the_setting_the_folder_came_from(tmp_path):
+    """Its hint asked "is it running, with the same download_dir?" where the user gave only
+    output_dir (review round 29, F4)."""
+    from verirl._download_dir import FolderName
+    from verirl.errors import CheckpointSourceError
+
+    name = FolderName("the Hub download folder", "the folder is verirl's, under output_dir='o'",
+                      "output_dir")  # fmt: skip
+    follower = NodeSharedResolver(object(), tmp_path, "k", leader=False, timeout=0.2, name=name)  # type: ignore[arg-type]
+    with pytest.raises(CheckpointSourceError) as info:
+        follower.resolve("latest")
+    message = str(info.value)
+    assert "download_dir" not in message, message
+    assert "with the same output_dir?" in message, message

@@ -518,3 +518,45 @@ def test_a_ctrl_c_at_any_point_of_stop_into_a_real_server_leaves_it_to_the_next_
     with rt:  # started and stopped in this thread: SIGTERM's default back
         pass
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_a_ctrl_c_as_the_phases_are_handed_over_stops_the_server_started_late(
+    tmp_path, default_sigterm
+):
+    """A Ctrl-C as start() got its phases' futures back (before it kept them) left the
+    server's start to its thread: start()'s teardown cancelled nothing, stop() ran before that
+    start had begun, and a server no one owned came up after (review round 29, F2: 3 of 3
+    with the phase's thread 0.2 s late, as under load). Its phase now finds the future."""
+
+    class LateServer(VLLMServer):
+        def start(self) -> None:
+            threading.Event().wait(0.2)  # the phase's thread, scheduled late
+            super().start()
+
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+    rt = _runtime(tmp_path)
+    rt.server_factory = lambda t: LateServer.from_topology(
+        t, model="m", command=FAKE, log_path=tmp_path, shutdown_timeout=5.0
+    )
+    code = TrainingRuntime._submit_phases.__code__
+
+    def profile(frame: Any, event: str, _arg: object) -> None:
+        if event == "return" and frame.f_code is code:
+            raise KeyboardInterrupt  # as _submit_phases hands the futures back to start()
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            rt.start()
+    finally:
+        sys.setprofile(previous)
+    rt.stop()
+    for thread in threading.enumerate():  # the server's phase, whatever its start did
+        if thread.name == "verirl-vllm":
+            thread.join(BOUND * 2)
+            assert not thread.is_alive()
+    left = [c for c in psutil.Process().children(recursive=True) if c.pid not in before]
+    assert not still_alive(left, timeout=10), _processes()
+    assert rt.session is None
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL

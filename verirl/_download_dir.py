@@ -138,7 +138,7 @@ class FolderName:
             renamed = ConfigError(message, field=exc.field, value=exc.value, reason=exc.reason)
         elif isinstance(exc, CheckpointSourceError):
             message = str(exc).replace(f"download_dir {printable(root)}", self.named(root))
-            message = message.replace("separate download_dir", f"separate {self.setting}")
+            message = message.replace("download_dir", self.setting)  # a hint's: "the same ..."
             renamed = CheckpointSourceError(
                 f"{message}; {self.note}",
                 repo_missing=exc.repo_missing,

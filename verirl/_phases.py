@@ -68,6 +68,21 @@ class DaemonExecutor(concurrent.futures.Executor):
         self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs
     ) -> concurrent.futures.Future[_T]:
         future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+        self.run(future, fn, *args, **kwargs)
+        return future
+
+    def run(
+        self,
+        future: concurrent.futures.Future[_T],
+        fn: Callable[_P, _T],
+        /,
+        *args: _P.args,
+        **kwargs: _P.kwargs,
+    ) -> None:
+        """Run ``fn`` in a daemon thread of its own, its outcome to ``future``.
+
+        The caller makes ``future``, so that it can record it before the thread starts.
+        """
 
         def run() -> None:
             if not future.set_running_or_notify_cancel():
@@ -81,7 +96,6 @@ class DaemonExecutor(concurrent.futures.Executor):
 
         name = f"verirl-{getattr(fn, '__name__', 'phase')}"
         threading.Thread(target=run, name=name, daemon=True).start()
-        return future
 
 
 @attrs.define
@@ -115,9 +129,17 @@ class Phases:
                 window.append(time.monotonic() - self.origin)
 
         timed.__name__ = name
-        future = self._executor.submit(timed)
-        self._windows[future] = (name, window)
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+        self._windows[future] = (name, window)  # before its thread starts: `started` finds it
+        self._executor.run(future, timed)
         return future
+
+    def started(self, name: str) -> concurrent.futures.Future[Any] | None:
+        """The future of the phase ``name``, once submitted; else ``None``.
+
+        A caller interrupted before it kept the one `submit` returned finds it here.
+        """
+        return next((f for f, (named, _) in self._windows.items() if named == name), None)
 
     def wait(self) -> list[PhaseTiming]:
         """Every phase's timing once all are done; the first failure's error as soon as it fails."""

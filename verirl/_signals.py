@@ -551,7 +551,10 @@ def sigterm_pending() -> bool:
 
 
 EXIT_GRACE = 2.0
-"""Seconds the threads still running get once the main thread has ended after a signal.
+"""Seconds after which the process ends once its main thread has ended after a signal.
+
+The threads still running get all but its last `LAST_WORDS_WAIT` seconds (1.5 s):
+those are the deadline's own, to say why it ends the process.
 
 Python joins every non-daemon thread before it exits: a ``ThreadPoolExecutor``'s
 workers (a Hub download's, huggingface_hub's own) would hold a preempted

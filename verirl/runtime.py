@@ -846,6 +846,7 @@ class TrainingRuntime:
             _check_env_url_port(self.topology, url, "env_probe")
         mine = object()  # this start's claim: stored in one statement, inside the try
         server_start: concurrent.futures.Future[None] | None = None
+        phases: Phases | None = None
         try:
             self._claim_start(mine)
             origin = time.monotonic()
@@ -876,6 +877,8 @@ class TrainingRuntime:
                 with self._lock:
                     self._phases = None
                     self._starting = False
+                if server_start is None and phases is not None:  # interrupted as it was handed
+                    server_start = phases.started("vllm")  # over: its phase knows it
                 self._cancel_server_start(server_start)
                 self.stop()
             raise
