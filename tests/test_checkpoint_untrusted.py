@@ -861,3 +861,41 @@ def test_a_download_folder_that_cannot_take_the_newest_never_lets_an_older_stand
     assert done.stdout.startswith("refused True"), done.stdout + done.stderr
     assert "File too large" in done.stdout
     assert not (tmp_path / "dl" / "checkpoint-20").exists()
+
+
+def test_a_download_folder_made_meanwhile_is_never_a_thing_in_the_way(tmp_path):
+    """Threads resolving into one download folder at once: the check looked at the folder twice
+    (is_dir, then its own kind), and one another thread made in between was "exists and is not
+    a directory" (a fresh-clone CI on 1de38c0, test_threads_resolving_latest_into_one_...).
+    Made at any point of the check (call, return: where a switch can come), it is no error."""
+    import sys
+
+    from verirl._download_dir import FolderName
+
+    code = FolderName.check.__code__
+    for point in range(1, 20):
+        root = tmp_path / f"round-{point}" / "download"
+        root.parent.mkdir()
+        seen = [0]
+
+        def profile(frame, event, _arg, root=root, point=point, seen=seen):
+            ours = (
+                frame.f_code is code
+                if event in ("call", "c_return")
+                else (
+                    event == "return" and frame.f_back is not None and frame.f_back.f_code is code
+                )
+            )
+            if ours:
+                seen[0] += 1
+                if seen[0] == point:
+                    root.mkdir()  # another thread's download made it, just now
+
+        previous = sys.getprofile()
+        sys.setprofile(profile)
+        try:
+            FolderName().check(root)
+        finally:
+            sys.setprofile(previous)
+        if seen[0] < point:
+            break

@@ -116,16 +116,17 @@ class FolderName:
         """`ConfigError` when ``root`` is a file, or a link to nothing: no folder can be there.
 
         A link to a folder is followed (a folder put on another disk on purpose).
+        One look at ``root`` itself decides: another thread or process making
+        the folder meanwhile is never taken for a thing in the way.
         """
-        if root.is_dir():
+        kind = lstat_kind(root)
+        if kind in (None, "dir") or (kind == "symlink" and root.is_dir()):
             return
-        if lstat_kind(root) == "symlink":
+        if kind == "symlink" and not root.exists():
             reason = "is a symlink to nothing (a folder that does not exist); make the folder "
             reason += "it points to, or remove the link"
-        elif lstat_kind(root) is not None:
-            reason = "exists and is not a directory"
         else:
-            return
+            reason = "exists and is not a directory"
         raise self.renamed(ConfigError.invalid("download_dir", str(root), reason), root)
 
     def renamed(self, exc: VeriRLError, root: Path) -> VeriRLError:
