@@ -578,6 +578,9 @@ class _ExitDeadline:
         self._code = 0
         self._signum: int | None = None
         self._grace = EXIT_GRACE
+        self._speak = threading.Event()  # the words' thread says them once this is set
+        self._said = threading.Event()
+        self._said_after = 0.0
 
     def arm(self, *, code: int = 0, signum: int | None = None, grace: float = EXIT_GRACE) -> None:
         with self._lock:
@@ -593,10 +596,19 @@ class _ExitDeadline:
                 register(self._exiting.set)
             except RuntimeError:  # already exiting: no hook can be added
                 self._exiting.set()
+            # Both started now: from 3.12 on, no thread can be started once the exit began.
+            threading.Thread(target=self._say, name="verirl-exit-words", daemon=True).start()
             self._thread = threading.Thread(
                 target=self._run, name="verirl-exit-deadline", daemon=True
             )
             self._thread.start()
+
+    def _say(self) -> None:
+        self._speak.wait()
+        try:
+            _last_words(self._said_after)
+        finally:
+            self._said.set()
 
     def _run(self) -> None:
         self._exiting.wait()
@@ -609,11 +621,9 @@ class _ExitDeadline:
         threading.Event().wait(waited)
         with self._lock:
             code, signum = self._code, self._signum
-        words = threading.Thread(
-            target=_last_words, args=(waited,), name="verirl-exit-words", daemon=True
-        )
-        words.start()
-        words.join(grace - waited)
+        self._said_after = waited
+        self._speak.set()
+        self._said.wait(grace - waited)  # the words, within the grace (a write may block)
         if signum is not None and _default_disposition(signum):
             os.kill(os.getpid(), signum)  # die of it, as Python does after a KeyboardInterrupt
         os._exit(code)
@@ -622,6 +632,8 @@ class _ExitDeadline:
         self._lock = threading.Lock()
         self._thread = None
         self._exiting = threading.Event()
+        self._speak = threading.Event()
+        self._said = threading.Event()
 
 
 LAST_WORDS_WAIT = 0.5
