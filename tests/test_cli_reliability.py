@@ -2069,3 +2069,24 @@ def test_a_ctrl_c_at_any_point_of_the_first_stderr_write_leaves_the_writer_worki
         backlog.put(_sys.stderr, 2, b"b")
         assert backlog.drain(10), f"a Ctrl-C at point {point} of {points}"
         assert written[-1:] == [b"b"], point
+
+
+def test_a_stderr_line_written_as_the_interpreter_exits_is_written_all_the_same(monkeypatch):
+    """From Python 3.12 on no thread can be started once the exit began: a first stderr line
+    then (an exit hook's) would be queued for a thread that never comes. It is written by
+    the caller instead."""
+    import sys as _sys
+    import threading as _threading
+
+    from verirl._cli_output import _Backlog
+
+    def refused(_self: object) -> None:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    written: list[bytes] = []
+    backlog = _Backlog(lambda _stream, _fd, data: written.append(data), "stderr")
+    monkeypatch.setattr(_threading.Thread, "start", refused)
+    backlog.put(_sys.stderr, 2, b"a")
+    backlog.put(_sys.stderr, 2, b"b")
+    assert written == [b"a", b"b"]
+    assert backlog.drain(0)

@@ -253,7 +253,10 @@ class _Backlog:
                 self._launching = True
                 thread = threading.Thread(target=self._run, name="verirl-stderr", daemon=True)
                 self._thread = thread
-                thread.start()
+                try:
+                    thread.start()
+                except RuntimeError:  # the interpreter's exit began (3.12+: no thread starts)
+                    self._write_here()
             finally:
                 self._launching = False
                 if self._thread is not None and self._thread.ident is None:
@@ -261,6 +264,18 @@ class _Backlog:
 
     def _has_thread(self) -> bool:
         return self._thread is not None
+
+    def _write_here(self) -> None:
+        """What is queued, written by the caller: no thread can be started to write it."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+            else:
+                self._write(*item)
 
     def _run(self) -> None:
         while True:
