@@ -431,7 +431,8 @@ def handle_later(signum: int) -> None:
     """Send ``signum`` to this process again in `HANDLE_LATER_AFTER` s, from a daemon thread."""
     timer = threading.Timer(HANDLE_LATER_AFTER, os.kill, args=(os.getpid(), signum))
     timer.daemon = True
-    timer.start()
+    with contextlib.suppress(RuntimeError):  # the exit began (3.12+: no thread starts): it ends
+        timer.start()
 
 
 _UNARRIVED: list[int] = []
