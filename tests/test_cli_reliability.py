@@ -2042,6 +2042,51 @@ def test_words_after_a_vllm_args_value_before_the_separator_are_a_usage_error(
     assert not marker.exists()  # the one-word form: test_vllm_args_value_starting_with_dashes
 
 
+@pytest.mark.parametrize(
+    ("given", "suggested"),
+    [
+        (["--vllm-args", "--dtype", "float32", "--max-model-len", "512"],
+         "give --vllm-args='--dtype float32' with verirl's own '--max-model-len 512' before it"),
+        (["--vllm-args", "--dtype", "float32", "--seed", "1", "--enforce-eager"],
+         "give --vllm-args='--dtype float32 --seed 1 --enforce-eager',"),
+        (["--vllm-args=--dtype", "float32"], "give --vllm-args='--dtype float32',"),
+        (["--vllm-args", "--seed 1", "float32"], "give --vllm-args='--seed 1 float32',"),
+        (["--vllm-args=--dtype 'x", "float32"], "float32',"),  # an unbalanced quote in it
+    ],
+)  # fmt: skip
+def test_any_words_between_a_vllm_args_value_and_the_separator_are_a_usage_error(
+    clean_env, capsys, tmp_path, given, suggested
+):
+    """The sweep of round 28's A-F6 (round 29, F3): only flag-free words after the value were
+    refused; ``--vllm-args --dtype float32 --max-model-len 512 -- cmd`` started the server with
+    a bare --dtype (exit 4 after its start-up), whatever followed. Every spelling of the mistake
+    is a usage error that says what to give, verirl's own flags kept out of the value."""
+    marker = tmp_path / "ran"
+    with pytest.raises(SystemExit) as info:
+        main(["launch", "--gpus", "2", "--model", "m", *given, "--", "touch", str(marker)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2, err
+    assert suggested in err, err
+    assert "put '--' just before the command" in err, err
+    assert not marker.exists()
+
+
+def test_a_separator_inside_the_command_is_the_commands_own(tmp_path):
+    """``launch --vllm-args=V -- cmd a -- b``: the command's own ``--`` is not the mistake
+    above; the command runs and gets it."""
+    marker = tmp_path / "argv"
+    script = "import sys; open(sys.argv[1], 'w').write(repr(sys.argv[2:]))"
+    argv = [sys.executable, "-m", "verirl", "launch", "--gpus", "2", "--model", "m",
+            "--vllm-port", str(unshared_port()), "--vllm-command", FAKE_VLLM,
+            "--log-dir", str(tmp_path), "--vllm-args=--dtype float32", "--",
+            sys.executable, "-c", script, str(marker), "--", "b"]  # fmt: skip
+    result = subprocess.run(
+        argv, env=clean_environ(tmp_path), capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert marker.read_text() == repr(["--", "b"])
+
+
 def test_a_ctrl_c_at_any_point_of_the_first_stderr_write_leaves_the_writer_working():
     """stderr's writing thread was started under a lock taken by a call to acquire(): a
     Ctrl-C as that call returned left the lock held, and no thread ever wrote the queue

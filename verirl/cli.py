@@ -1401,25 +1401,36 @@ def _join_dash_values(argv: Sequence[str]) -> list[str]:
     return joined
 
 
-def _refuse_words_after_vllm_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+def _refuse_a_split_vllm_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``--vllm-args --dtype float32 -- COMMAND``: a usage error, not ``float32 -- COMMAND`` run.
 
-    ``--vllm-args`` takes one value; the words after it, up to the ``--``, were
-    taken for the command (run after the whole server start-up, exit 127).
+    ``--vllm-args`` takes one value; the words after it (its value's other
+    words, or verirl's own flags) up to the ``--`` were taken for the command,
+    run after the whole server start-up, and the server failed first (exit 4).
+    A command that does not start at the ``--`` but holds one, next to a
+    ``--vllm-args``, is that mistake; with ``--`` first it is the command's own.
     """
-    if "--vllm-args" not in argv:
+    command = getattr(args, "command", None)
+    value = getattr(args, "vllm_args", None)
+    if value is None or not command or command[0] == "--" or "--" not in command:
         return
-    start = argv.index("--vllm-args")
-    if "--" not in argv[start:]:
-        return
-    end = argv.index("--", start)
-    value, words = argv[start + 1 : start + 2], argv[start + 2 : end]
-    if value and value[0].startswith("-") and words and not any(w.startswith("-") for w in words):
-        example = shlex.join([*value, *words])
-        _subcommand_parser(parser, command_word(argv)).error(
-            f"argument --vllm-args: it takes one value; {' '.join(words)!r} before '--' would "
-            f"be taken for the command: give --vllm-args={shlex.quote(example)}"
-        )
+    words = command[: command.index("--")]
+    target = _subcommand_parser(parser, args.cmd)
+    own = next(
+        (i for i, word in enumerate(words) if _option(target, word.partition("=")[0]) is not None),
+        len(words),
+    )
+    try:
+        given = shlex.split(value)
+    except ValueError:  # an unbalanced quote: shown as given
+        given = [value]
+    example = shlex.join([*given, *words[:own]])
+    theirs = f" with verirl's own {shlex.join(words[own:])!r} before it" if own < len(words) else ""
+    target.error(
+        f"argument --vllm-args: it takes one value; {shlex.join(words)!r}, before '--', would "
+        f"be taken for the command: give --vllm-args={shlex.quote(example)}{theirs}, and put "
+        "'--' just before the command"
+    )
 
 
 def _refuse_dashes_as_a_value(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
@@ -1473,14 +1484,14 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     try:
         try:
             _refuse_dashes_as_a_value(parser, argv)
-            return parser.parse_args(argv)
+            args = parser.parse_args(argv)
         except SystemExit as first:
             joined = _join_dash_values(argv)
             if first.code != EXIT_CONFIG or joined == argv:
                 raise
             captured.clear()
-            _refuse_words_after_vllm_args(parser, argv)
-            return parser.parse_args(joined)
+            args = parser.parse_args(joined)
+        _refuse_a_split_vllm_args(parser, args)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else EXIT_ERROR
         launch = command_word(argv) == "launch"
@@ -1489,16 +1500,23 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
         raise SystemExit(code) from None
     finally:
         _PARSE_OUTPUT.reset(token)
+    return args
 
 
 def _takes_value(parser: argparse.ArgumentParser, command: str | None, option: str) -> bool:
     """Whether ``option`` of ``command`` (``None``: verirl's own, before it) takes a value."""
-    options = _subcommand_parser(parser, command)._option_string_actions  # noqa: SLF001
+    found = _option(_subcommand_parser(parser, command), option)
+    return found is not None and found.nargs != 0
+
+
+def _option(target: argparse.ArgumentParser, option: str) -> argparse.Action | None:
+    """``target``'s action for ``option``, spelled whole or as an abbreviation argparse takes."""
+    options = target._option_string_actions  # noqa: SLF001 - argparse keeps them only here
     found = options.get(option)
-    if found is None and option.startswith("--"):  # an abbreviation argparse would accept
+    if found is None and option.startswith("--"):
         matches = {id(a): a for name, a in options.items() if name.startswith(option)}
         found = next(iter(matches.values())) if len(matches) == 1 else None
-    return found is not None and found.nargs != 0
+    return found
 
 
 def _print_parse_output(
