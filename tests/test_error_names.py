@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -131,17 +132,31 @@ def _refusal(clean, capsys, argv, variables):
     return re.sub(r"^.*? ERROR verirl: ", "", err.strip().splitlines()[-1])
 
 
+def _in_the_way(folder: Path, thing: str, tmp_path: Path) -> None:
+    """Something of the user's where a download of checkpoint-10 goes, in ``folder``."""
+    folder.mkdir(parents=True)
+    if thing == "link":
+        (folder / "checkpoint-10").symlink_to(tmp_path)
+    elif thing == "folder":  # no marker of verirl's: the user's own copy
+        (folder / "checkpoint-10").mkdir()
+        (folder / "checkpoint-10" / "mine.txt").write_text("mine")
+    else:
+        (folder / ".verirl-checkpoint-10.lock").mkdir()
+
+
+@pytest.mark.parametrize("thing", ["link", "folder", "lock"])
 @pytest.mark.parametrize("given", ["flag", "variable"])
 def test_a_download_folder_refused_at_fetch_time_names_what_the_user_gave(
-    clean, capsys, tmp_path, given
+    clean, capsys, tmp_path, given, thing
 ):
     """The Hub download folder is derived from the output dir: its errors name that, never
-    ``download_dir`` (a library field), whether given as --output-dir or VERIRL_OUTPUT_DIR."""
+    ``download_dir`` (a library field), whether given as --output-dir or VERIRL_OUTPUT_DIR;
+    and they do not advise another download folder, which the CLI cannot choose (round 29,
+    F6): the user's thing in the way is to be moved out of it."""
     from fakes.hub import serve_fake_hub
 
     out = tmp_path / "out"
-    (out / "_verirl-hub-download").mkdir(parents=True)
-    (out / "_verirl-hub-download" / "checkpoint-10").symlink_to(tmp_path)  # not verirl's
+    _in_the_way(out / "_verirl-hub-download", thing, tmp_path)
     with serve_fake_hub() as hub:
         hub.add_checkpoint("org/run", "checkpoint-10", 10)
         argv = ["resume", "--hub-repo", "org/run", "--hub-endpoint", hub.endpoint, "--resume",
@@ -159,6 +174,26 @@ def test_a_download_folder_refused_at_fetch_time_names_what_the_user_gave(
     assert message.startswith("the Hub download folder="), err
     assert f"under {'--output-dir' if given == 'flag' else 'VERIRL_OUTPUT_DIR'}=" in message, err
     assert "download_dir" not in message
+    assert "(move it out of that folder)" in message, message
+    assert "download directory" not in message, message
+
+
+@pytest.mark.parametrize("thing", ["link", "folder", "lock"])
+def test_a_download_dir_the_user_gave_is_advised_as_theirs(tmp_path, thing):
+    """A ``download_dir`` of the user's own: the advice may be another folder."""
+    from fakes.hub import serve_fake_hub
+    from verirl import ConfigError, HubCheckpointSource
+
+    folder = tmp_path / "downloads"
+    _in_the_way(folder, thing, tmp_path)
+    with serve_fake_hub() as hub:
+        hub.add_checkpoint("org/run", "checkpoint-10", 10)
+        source = HubCheckpointSource("org/run", download_dir=folder, endpoint=hub.endpoint)
+        with pytest.raises(ConfigError) as info:
+            source.fetch(source.latest())  # type: ignore[arg-type]
+    message = str(info.value)
+    assert message.startswith("download_dir="), message
+    assert "move it away, or use a dedicated download directory" in message, message
 
 
 PYTHON_WORDS = ("None", "os.PathLike", "(str", "NoneType", "a str ", "float", "bool")

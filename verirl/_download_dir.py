@@ -97,6 +97,12 @@ class RemoteFolder:
         return {path.split("/", 1)[1]: entry for path, entry in self.files.items()}
 
 
+_MOVE_IT = "move it away, or use a dedicated download directory, not the training output_dir"
+"""What to do about a thing of the user's in the way, in a ``download_dir`` the user gave."""
+_MOVE_IT_OUT = "move it out of that folder"
+"""The same, in a folder verirl made: the user cannot choose another (`FolderName.renamed`)."""
+
+
 @attrs.frozen
 class FolderName:
     """What the download folder's errors call it: the ``download_dir`` a user gave, or else.
@@ -104,8 +110,9 @@ class FolderName:
     A folder verirl made from another setting (``output_dir``) is named as
     such (``label``), with what it was made from (``note``), and a hint about
     ``download_dir`` names that ``setting``: a user never reads a field they
-    did not give. The `ConfigError` keeps ``field="download_dir"`` and its
-    bare ``reason``, for a caller that words it its own way (the CLI).
+    did not give, nor advice to choose another folder. The `ConfigError`
+    keeps ``field="download_dir"`` and its bare ``reason``, for a caller that
+    words it its own way (the CLI).
     """
 
     label: str = "download_dir"
@@ -135,8 +142,9 @@ class FolderName:
             return exc
         renamed: VeriRLError
         if isinstance(exc, ConfigError) and exc.field == "download_dir" and exc.reason:
-            message = f"{self.label}={quoted(exc.value)}: {exc.reason}; {self.note}"
-            renamed = ConfigError(message, field=exc.field, value=exc.value, reason=exc.reason)
+            reason = exc.reason.replace(_MOVE_IT, _MOVE_IT_OUT)
+            message = f"{self.label}={quoted(exc.value)}: {reason}; {self.note}"
+            renamed = ConfigError(message, field=exc.field, value=exc.value, reason=reason)
         elif isinstance(exc, CheckpointSourceError):
             message = str(exc).replace(f"download_dir {printable(root)}", self.named(root))
             message = message.replace("download_dir", self.setting)  # a hint's: "the same ..."
@@ -228,7 +236,7 @@ def _fetch_locked(
             "download_dir",
             str(root),
             f"holds {folder}, which is {what} and which verirl did not download; refusing "
-            "to overwrite it (use a dedicated download directory)",
+            f"to overwrite it ({_MOVE_IT})",
         )
     if kind == "dir" and _reusable(root, target, folder, expected):
         return target
@@ -279,8 +287,7 @@ def _reusable(root: Path, target: Path, folder: str, expected: Mapping[str, File
             "download_dir",
             str(root),
             f"already holds {folder}, which verirl did not download there ({mismatch}); "
-            "refusing to overwrite it (use a dedicated download directory, not the "
-            "training output_dir)",
+            f"refusing to overwrite it ({_MOVE_IT})",
         )
     strays = _strays(target, marker)
     if strays:
@@ -326,8 +333,7 @@ def _locked(lock: Path, timeout: float, root: Path, remote: RemoteFolder) -> Ite
                 "download_dir",
                 str(root),
                 f"holds the lock file {printable(lock.name)}, which is {what} and which "
-                "verirl did not make; refusing to use it (remove it, or use a dedicated "
-                "download directory)",
+                f"verirl did not make; refusing to use it ({_MOVE_IT})",
             ) from None
         raise _kept_from(remote, f"cannot lock {printable(lock)}", exc) from exc
 
