@@ -162,6 +162,24 @@ def test_a_signal_before_run_takes_over_gives_its_code_and_one_document(
     assert took < BOUND, took
 
 
+def test_the_signals_noted_from_the_first_statements_are_those_that_count_as_a_sigterm(tmp_path):
+    """`verirl.__main__` names them again (it must not import `verirl._signals` that early):
+    the two lists are one, less the real-time signals (noted from `_prepare` on) and those
+    Python ignores from its start (SIGXFSZ), which no handler is set for. In a process of its
+    own: the import sets the program's handlers."""
+    script = """
+import signal
+import verirl.__main__ as program
+from verirl._signals import _REAL_TIME, TERMINATING
+
+early = [int(s) for s in program._EARLY]
+expected = set(TERMINATING) - set(_REAL_TIME) - {signal.SIGXFSZ}  # ignored by Python
+print(len(set(early)) == len(early), set(early) == expected)
+"""
+    result, _ = _run(tmp_path, script)
+    assert result.stdout.split() == ["True", "True"], (result.stdout, result.stderr)
+
+
 def test_after_the_last_exit_hook_no_late_signal_can_end_the_process(tmp_path):
     """The interpreter then resets its handlers: a thread still running would take a signal
     and die of it (after a document that said 0). Each is ignored, process-wide, by then."""

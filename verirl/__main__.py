@@ -41,7 +41,8 @@ _EARLY_NAMES = ("SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPRO
                 "SIGPWR", "SIGSTKFLT", "SIGIO")  # fmt: skip
 _EARLY = tuple(getattr(_signal, name) for name in _EARLY_NAMES if hasattr(_signal, name))
 """The other signals that end a process by default (`verirl._signals.TERMINATING`, the
-real-time ones aside): a SIGTERM from `_prepare` on, noted as one until then."""
+real-time ones aside; a test holds the two lists to one): a SIGTERM from `_prepare` on, noted
+as one until then."""
 
 
 try:
