@@ -272,24 +272,24 @@ class _Backlog:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(item, threading.Event):
-                item.set()
-            else:
-                self._write(*item)
+            self._take(item)
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            stream, fd, data = item
-            dropped, self._dropped = self._dropped, 0
-            if dropped:
-                note = f"verirl: {dropped} line(s) not written: {self._name} was read too slowly\n"
-                self._write(stream, fd, note.encode())
-            self._write(stream, fd, data)
-            self.stalled = False
+            self._take(self._queue.get())
+
+    def _take(self, item: tuple[TextIO, int, bytes] | threading.Event) -> None:
+        """One queued item: a drain's event set, or a write (after a note of lines dropped)."""
+        if isinstance(item, threading.Event):
+            item.set()
+            return
+        stream, fd, data = item
+        dropped, self._dropped = self._dropped, 0
+        if dropped:
+            note = f"verirl: {dropped} line(s) not written: {self._name} was read too slowly\n"
+            self._write(stream, fd, note.encode())
+        self._write(stream, fd, data)
+        self.stalled = False
 
 
 BACKLOG_LINES = 100_000
