@@ -17,6 +17,7 @@ import socket
 import uuid
 from collections.abc import Iterator
 
+import huggingface_hub.constants  # noqa: F401 - see below
 import psutil
 import pytest
 
@@ -40,6 +41,10 @@ collect_ignore = [
 ]
 
 _TAG = uuid.uuid4().hex
+
+# huggingface_hub reads HF_HUB_OFFLINE once, when it is imported: imported above, before any
+# test sets that variable, so that a test which does cannot leave the rest of its worker
+# offline (a later test's fake Hub then refused as "offline mode is on").
 
 
 DEFAULT_PORTS = (8000, 8001, 29500)
