@@ -436,9 +436,15 @@ def duplicate_window() -> float:
     return window + 2 * _supervise._MAX_CATCH_UP
 
 
-def _interrupting_profile(codes: set[Any], point: int | None) -> tuple[list[int], Any]:
+_CALLED_BY_THE_COLLECTOR = ("__del__", "_remove")  # a finalizer, a WeakSet's callback
+
+
+def _interrupting_profile(
+    codes: set[Any], point: int | None, before: Callable[[], object] | None = None
+) -> tuple[list[int], Any]:
     """A profile function that counts the points in ``codes``' frames where a signal can be
-    handled and, with ``point``, raises a Ctrl-C at that one; and the count so far.
+    handled and, with ``point``, raises a Ctrl-C at that one (``before()`` first, untraced);
+    and the count so far.
 
     Python handles a signal at a function's entry, right after a call returns and at a
     loop's jump back (none in the code checked here): the profile's "call" of such a frame,
@@ -450,22 +456,31 @@ def _interrupting_profile(codes: set[Any], point: int | None) -> tuple[list[int]
     def profile(frame: Any, event: str, _arg: object) -> None:
         if event in ("call", "c_return"):
             ours = frame.f_code in codes
-        elif event == "return":  # not a finalizer's: its exception is only printed
-            ours = frame.f_code.co_name != "__del__" and frame.f_back is not None
+        elif event == "return":  # not a finalizer's or weakref callback's: only printed
+            ours = frame.f_code.co_name not in _CALLED_BY_THE_COLLECTOR
+            ours = ours and frame.f_back is not None
             ours = ours and frame.f_back.f_code in codes
         else:
             return
         if ours:
             seen[0] += 1
             if seen[0] == point:
+                if before is not None:
+                    before()
                 raise KeyboardInterrupt
 
     return seen, profile
 
 
-def interrupted_at_point(codes: set[Any], point: int | None, job: Callable[[], object]) -> int:
-    """``job()`` with a Ctrl-C at its ``point``-th point in ``codes`` (none: count them)."""
-    seen, profile = _interrupting_profile(codes, point)
+def interrupted_at_point(
+    codes: set[Any],
+    point: int | None,
+    job: Callable[[], object],
+    before: Callable[[], object] | None = None,
+) -> int:
+    """``job()`` with a Ctrl-C at its ``point``-th point in ``codes`` (none: count them);
+    ``before()`` runs just before the Ctrl-C is raised."""
+    seen, profile = _interrupting_profile(codes, point, before)
     previous = sys.getprofile()
     sys.setprofile(profile)
     try:

@@ -481,34 +481,57 @@ def test_a_ctrl_c_as_a_server_takes_the_sigterm_policy_leaves_it_released(
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, where
 
 
+def _waiting_or_done(thread: threading.Thread, codes: set[Any], within: float) -> None:
+    """Until ``thread`` runs one of ``codes``, or has ended (at most ``within`` seconds)."""
+    deadline = time.monotonic() + within
+    while thread.is_alive() and time.monotonic() < deadline:
+        frame = sys._current_frames().get(thread.ident or 0)
+        while frame is not None:
+            if frame.f_code in codes:
+                return
+            frame = frame.f_back
+        threading.Event().wait(0.01)
+
+
+@pytest.mark.parametrize("next_stop", ["after", "waiting"])
 def test_a_ctrl_c_at_any_point_of_stop_into_a_real_server_leaves_it_to_the_next_stop(
-    tmp_path, default_sigterm
+    tmp_path, default_sigterm, next_stop
 ):
     """A second Ctrl-C as the runtime's stop() entered the server's stop() (before anything
     was taken down) made the runtime let go of a server still running: the next stop()
     returned at once, the server served on (review round 29, F1). At every point of the
     runtime's stop and of the server's, down to its process tree's take_down: the next
-    stop() (another thread's) leaves nothing running and the policy released."""
+    stop() (another thread's) leaves nothing running and the policy released, whether it
+    began after the Ctrl-C or was already waiting for the stop it cut short (review round
+    30, G-F1: that one returned, the server still running)."""
     from verirl import runtime
     from verirl._process import ProcessTree
 
     tr = TrainingRuntime
-    codes = codes_of(tr.stop, tr._tear_down, tr._release, runtime._wait_for, VLLMServer.stop,
-                     VLLMServer._stop, VLLMServer._stop_held, VLLMServer._forget,
+    codes = codes_of(tr.stop, tr._stop_once, tr._tear_down, tr._release, runtime._wait_for,
+                     VLLMServer.stop, VLLMServer._stop, VLLMServer._stop_held, VLLMServer._forget,
                      ProcessTree.take_down)  # fmt: skip
     before = {child.pid for child in psutil.Process().children(recursive=True)}
 
-    def interrupted(point: int | None) -> tuple[int, TrainingRuntime]:
+    def interrupted(point: int | None) -> tuple[int, TrainingRuntime, Any]:
         rt = _runtime(tmp_path)
         rt.start()
-        return interrupted_at_point(codes, point, rt.stop), rt
+        waiting: list[Any] = []
 
-    points, rt = interrupted(None)
+        def second_stop() -> None:  # another thread's stop(), under way as the Ctrl-C comes
+            waiting.extend(_in_thread(rt.stop))
+            if not rt._lock._is_owned():  # else it waits for the lock this thread holds
+                _waiting_or_done(waiting[0], codes_of(runtime._wait_for, tr._tear_down), 10)
+
+        hook = second_stop if next_stop == "waiting" else None
+        return interrupted_at_point(codes, point, rt.stop, before=hook), rt, waiting
+
+    points, rt, _ = interrupted(None)
     assert points > 20
     for point in range(1, points + 1):
         where = f"a Ctrl-C at point {point} of {points} of stop()"
-        _, rt = interrupted(point)
-        thread, outcome = _in_thread(rt.stop)
+        _, rt, waiting = interrupted(point)
+        thread, outcome = waiting or _in_thread(rt.stop)
         thread.join(BOUND)
         assert outcome == [None], where
         left = [c for c in psutil.Process().children(recursive=True) if c.pid not in before]

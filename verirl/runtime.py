@@ -560,6 +560,8 @@ class _Teardown:
     watchdog: ServerWatchdog | None = None
     session: RuntimeSession | None = None
     ended: threading.Event = attrs.field(factory=threading.Event)
+    torn_down: bool = False
+    """Set as ``ended`` is: whether the server was stopped, or handed back to the runtime."""
 
 
 def _wait_for(claim: _Teardown) -> None:
@@ -1072,12 +1074,18 @@ class TrainingRuntime:
 
         Idempotent: the policy is released exactly once per `start`, by the
         stop that tears down; a stop from another thread meanwhile returns
-        when that teardown has ended (one from the same thread, a signal
-        handler's, at once). Called from another thread while `start` runs,
+        when that teardown has ended, or, when a Ctrl-C cut it short before the
+        server was stopped, does the teardown itself (one from the same thread,
+        a signal handler's, returns at once). Called from another thread while `start` runs,
         it stops the server's start and ends the start's wait at once;
         `start` then tears everything down and raises (`VLLMServerError` when
         the server's start was cut short, else `VeriRLError`).
         """
+        while self._stop_once():
+            pass  # the teardown waited for was cut short: this stop does it
+
+    def _stop_once(self) -> bool:
+        """`stop`'s one go; ``True``: the other thread's teardown it waited for left the server."""
         mine = _Teardown(threading.get_ident())
         try:
             with self._lock:
@@ -1102,6 +1110,7 @@ class TrainingRuntime:
                     server.stop()  # its start() ends promptly, and nothing of it is left
             elif claim is not None and claim.thread != threading.get_ident():
                 _wait_for(claim)
+                return not claim.torn_down and self._claim is not claim
         finally:
             if self._claim is mine:
                 try:
@@ -1109,6 +1118,7 @@ class TrainingRuntime:
                 finally:
                     if self._claim is mine:  # interrupted before it began: left as it was
                         self._release(mine, torn_down=False)
+        return False
 
     def _tear_down(self, claim: _Teardown) -> None:
         """`stop`'s work, by the one stop that holds ``claim``.
@@ -1133,19 +1143,23 @@ class TrainingRuntime:
     def _release(self, claim: _Teardown, *, torn_down: bool) -> None:
         """End ``claim``: the runtime stopped (``torn_down``), or as before the stop began.
 
-        Other stops waiting on the claim return, whatever interrupts this.
+        The claim is let go last: a Ctrl-C before leaves it to the stop's
+        ``finally``, which ends it again. Other stops waiting on the claim
+        return, whatever interrupts this.
         """
         try:
             with self._lock:
                 if self._claim is not claim:
                     return
-                self._claim = None
-                if not torn_down:  # a later stop() does the whole teardown
+                if torn_down:  # what a Ctrl-C right after the claim's store left here, too
+                    self._server = self._watchdog = self._session = None
+                    self._started = False
+                    SIGTERM_POLICY.release(self)
+                else:  # a later stop() does the whole teardown
                     self._server, self._watchdog = claim.server, claim.watchdog
                     self._session = claim.session
-                    return
-                self._started = False
-            SIGTERM_POLICY.release(self)
+                claim.torn_down = torn_down
+                self._claim = None
         finally:
             claim.ended.set()
 
