@@ -2116,6 +2116,33 @@ def test_a_ctrl_c_at_any_point_of_the_first_stderr_write_leaves_the_writer_worki
         assert written[-1:] == [b"b"], point
 
 
+def test_a_line_queued_as_a_ctrl_c_cut_the_writer_s_start_short_goes_out_at_the_drain():
+    """With no later write, what an interrupted start left queued (its own line, another
+    thread's put meanwhile, a handler's) was never written, and the exit's drain said all
+    was out (review round 30, G-F2: lost at 7 points of 13). The drain starts the writer."""
+    import sys as _sys
+
+    from verirl._cli_output import _Backlog
+
+    codes = codes_of(_Backlog.put, _Backlog._start, _Backlog._has_thread)
+    written: list[bytes] = []
+
+    def backlog_after(point: int | None) -> tuple[int, _Backlog]:
+        backlog = _Backlog(lambda _stream, _fd, data: written.append(data), "stderr")
+        return interrupted_at_point(
+            codes, point, lambda: backlog.put(_sys.stderr, 2, b"a")
+        ), backlog
+
+    points, _ = backlog_after(None)
+    for point in range(1, points + 1):
+        written.clear()
+        _, backlog = backlog_after(point)
+        taken = bool(written) or not backlog._queue.empty()  # not cut short before its put
+        assert backlog.drain(10, at_exit=True), f"a Ctrl-C at point {point} of {points}"
+        assert written == ([b"a"] if taken else []), point
+        assert backlog._queue.empty(), point
+
+
 def test_a_stderr_line_written_as_the_interpreter_exits_is_written_all_the_same(monkeypatch):
     """From Python 3.12 on no thread can be started once the exit began: a first stderr line
     then (an exit hook's) would be queued for a thread that never comes. It is written by

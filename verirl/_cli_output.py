@@ -227,7 +227,11 @@ class _Backlog:
 
     def drain(self, within: float, *, at_exit: bool = False) -> bool:
         if self._thread is None:
-            return True
+            if self._queue.empty():
+                return True
+            self._start()  # a Ctrl-C cut a start short: what it left queued goes out now
+            if self._thread is None:  # no thread can start: the caller wrote it, or none did
+                return self._queue.empty()
         done = threading.Event()
         self._queue.put(done)  # after everything queued before it
         if self.stalled and not at_exit:
