@@ -635,3 +635,25 @@ def test_a_follower_s_timeout_names_the_setting_the_folder_came_from(tmp_path):
     message = str(info.value)
     assert "download_dir" not in message, message
     assert "with the same output_dir?" in message, message
+
+
+def test_a_path_holding_the_word_download_dir_is_kept_as_it_is(tmp_path):
+    """The hint's word was replaced everywhere in the message, paths included: an output
+    folder named my_download_dir_runs was shown as my_output_dir_runs, a folder that does not
+    exist (review round 30, G-F3). Only the hint changes."""
+    from verirl._download_dir import FolderName
+    from verirl._fs import printable
+    from verirl.errors import CheckpointSourceError
+
+    out = tmp_path / "my_download_dir_runs"
+    folder = out / "_verirl-hub-download"
+    folder.mkdir(parents=True)
+    note = f"the folder is verirl's, under output_dir='{out}'"
+    name = FolderName("the Hub download folder", note, "output_dir")
+    follower = NodeSharedResolver(object(), folder, "k", leader=False, timeout=0.2, name=name)  # type: ignore[arg-type]
+    with pytest.raises(CheckpointSourceError) as info:
+        follower.resolve("latest")
+    message = str(info.value)
+    assert f"(nothing in {printable(folder)})" in message, message
+    assert "with the same output_dir?" in message, message
+    assert "output_dir_runs" not in message, message

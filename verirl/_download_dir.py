@@ -97,6 +97,10 @@ class RemoteFolder:
         return {path.split("/", 1)[1]: entry for path, entry in self.files.items()}
 
 
+PER_JOB_HINT = "use a separate download_dir per job"
+SAME_FOLDER_HINT = "with the same download_dir?"
+_SETTING_HINTS = (PER_JOB_HINT, SAME_FOLDER_HINT)
+"""Hints naming the setting to change: `FolderName.renamed` puts the one the user gave there."""
 _MOVE_IT = "move it away, or use a dedicated download directory, not the training output_dir"
 """What to do about a thing of the user's in the way, in a ``download_dir`` the user gave."""
 _MOVE_IT_OUT = "move it out of that folder"
@@ -147,7 +151,8 @@ class FolderName:
             renamed = ConfigError(message, field=exc.field, value=exc.value, reason=reason)
         elif isinstance(exc, CheckpointSourceError):
             message = str(exc).replace(f"download_dir {printable(root)}", self.named(root))
-            message = message.replace("download_dir", self.setting)  # a hint's: "the same ..."
+            for hint in _SETTING_HINTS:  # only these: a path may hold the word too
+                message = message.replace(hint, hint.replace("download_dir", self.setting))
             renamed = CheckpointSourceError(
                 f"{message}; {self.note}",
                 repo_missing=exc.repo_missing,
@@ -322,7 +327,7 @@ def _locked(lock: Path, timeout: float, root: Path, remote: RemoteFolder) -> Ite
         msg = (
             f"gave up after waiting {timeout:g}s for another download of {remote.name} into "
             f"{printable(root)} to finish (lock file {printable(lock)}); "
-            "raise lock_timeout, or use a separate download_dir per job"
+            f"raise lock_timeout, or {PER_JOB_HINT}"
         )
         raise CheckpointSourceError(msg, checkpoint_unreadable=True, step=remote.step) from exc
     except OSError as exc:

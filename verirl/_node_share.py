@@ -39,7 +39,7 @@ import attrs
 
 from verirl import _procfs
 from verirl._checkpoint import shorten
-from verirl._download_dir import FolderName
+from verirl._download_dir import SAME_FOLDER_HINT, FolderName
 from verirl._fs import flock_with_deadline, printable, quoted, read_capped
 from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError
 
@@ -361,8 +361,7 @@ class NodeSharedResolver:
             if left <= 0:
                 msg = (
                     f"local rank 0 did not choose a checkpoint within {self.timeout:g}s "
-                    f"(nothing in {printable(self.folder)}); is it running, with the same "
-                    "download_dir?"
+                    f"(nothing in {printable(self.folder)}); is it running, {SAME_FOLDER_HINT}"
                 )
                 raise CheckpointSourceError(msg)
             time.sleep(min(pause, left))
