@@ -289,6 +289,37 @@ def test_a_signal_ends_launch_whose_stderr_reader_stopped_reading(tmp_path, sign
             os.close(write)
 
 
+def test_the_exit_deadline_armed_once_the_exit_began_never_raises(tmp_path):
+    """arm() had a branch for an exit under way, but from Python 3.12 on it then started its
+    threads and raised ('can't create new thread at interpreter shutdown'), leaving an
+    unstarted thread that made every later arm() a no-op (review round 30, G-F4). It arms
+    the deadline where a thread can still start (3.10, 3.11), and only warns where not."""
+    script = """
+import sys, threading
+from verirl import _signals
+
+def late():
+    try:
+        _signals.arm_exit_deadline(3)
+    except BaseException as exc:
+        print("raised", type(exc).__name__, exc, flush=True)
+    print("armed" if _signals._EXIT_DEADLINE._thread is not None else "not armed", flush=True)
+
+holder = threading.Event()
+threading.Thread(target=holder.wait, args=(8,), name="holds-the-exit").start()  # not a daemon
+threading._register_atexit(late)
+"""
+    result, took = _run(tmp_path, script)
+    assert "raised" not in result.stdout, result.stdout
+    if sys.version_info < (3, 12):
+        assert result.stdout.strip() == "armed", (result.stdout, result.stderr)
+        assert result.returncode == 3, result.stderr
+        assert took < BOUND, took
+    else:
+        assert result.stdout.strip() == "not armed", (result.stdout, result.stderr)
+        assert "the exit deadline cannot be armed now" in result.stderr, result.stderr
+
+
 def test_a_sigterm_the_policy_took_arms_the_exit_deadline(tmp_path):
     """serve and launch take SIGTERM through the policy, not the program's handler: no exit
     deadline was armed, so a thread left running held the exit (a stalled stderr's queue for

@@ -584,12 +584,17 @@ class _ExitDeadline:
         self._said_after = 0.0
 
     def arm(self, *, code: int = 0, signum: int | None = None, grace: float = EXIT_GRACE) -> None:
+        """Arm it (the code and signal: the last call's), before the exit begins.
+
+        From Python 3.12 on no thread can be started once it began: then this
+        only warns that it cannot be armed.
+        """
         with self._lock:
             self._code, self._signum, self._grace = code, signum, grace
             if self._thread is not None:
                 return
-            import concurrent.futures.thread  # noqa: F401, PLC0415 - its exit hook first, ours after
-
+            with contextlib.suppress(RuntimeError):  # exiting (its import adds a hook): no pool
+                import concurrent.futures.thread  # noqa: F401, PLC0415 - its exit hook first
             register = getattr(threading, "_register_atexit", None)
             if register is None:  # pragma: no cover - every supported Python has it
                 return
@@ -598,11 +603,15 @@ class _ExitDeadline:
             except RuntimeError:  # already exiting: no hook can be added
                 self._exiting.set()
             # Both started now: from 3.12 on, no thread can be started once the exit began.
-            threading.Thread(target=self._say, name="verirl-exit-words", daemon=True).start()
-            self._thread = threading.Thread(
-                target=self._run, name="verirl-exit-deadline", daemon=True
-            )
-            self._thread.start()
+            words = threading.Thread(target=self._say, name="verirl-exit-words", daemon=True)
+            deadline = threading.Thread(target=self._run, name="verirl-exit-deadline", daemon=True)
+            try:
+                words.start()
+                deadline.start()
+            except RuntimeError as exc:
+                log.warning("the exit deadline cannot be armed now (%s)", exc)
+                return
+            self._thread = deadline
 
     def _say(self) -> None:
         self._speak.wait()
