@@ -2037,7 +2037,7 @@ def test_words_after_a_vllm_args_value_before_the_separator_are_a_usage_error(
               "--", "touch", str(marker)])  # fmt: skip
     err = capsys.readouterr().err
     assert info.value.code == 2, err
-    assert "give --vllm-args='--dtype float32'" in err, err
+    assert "--vllm-args='--dtype float32'" in err, err
     assert "see verirl launch --help" in err, err
     assert not marker.exists()  # the one-word form: test_vllm_args_value_starting_with_dashes
 
@@ -2046,12 +2046,11 @@ def test_words_after_a_vllm_args_value_before_the_separator_are_a_usage_error(
     ("given", "suggested"),
     [
         (["--vllm-args", "--dtype", "float32", "--max-model-len", "512"],
-         "give --vllm-args='--dtype float32' with verirl's own '--max-model-len 512' before it"),
+         "--vllm-args='--dtype float32' with verirl's own --max-model-len 512 before it"),
         (["--vllm-args", "--dtype", "float32", "--seed", "1", "--enforce-eager"],
-         "give --vllm-args='--dtype float32 --seed 1 --enforce-eager',"),
-        (["--vllm-args=--dtype", "float32"], "give --vllm-args='--dtype float32',"),
-        (["--vllm-args", "--seed 1", "float32"], "give --vllm-args='--seed 1 float32',"),
-        (["--vllm-args=--dtype 'x", "float32"], "float32',"),  # an unbalanced quote in it
+         "--vllm-args='--dtype float32 --seed 1 --enforce-eager',"),
+        (["--vllm-args", "--dtype", "float32", "--api-key", "SEKRIT"],
+         "--vllm-args='--dtype float32 --api-key <hidden>',"),
     ],
 )  # fmt: skip
 def test_any_words_between_a_vllm_args_value_and_the_separator_are_a_usage_error(
@@ -2060,25 +2059,49 @@ def test_any_words_between_a_vllm_args_value_and_the_separator_are_a_usage_error
     """The sweep of round 28's A-F6 (round 29, F3): only flag-free words after the value were
     refused; ``--vllm-args --dtype float32 --max-model-len 512 -- cmd`` started the server with
     a bare --dtype (exit 4 after its start-up), whatever followed. Every spelling of the mistake
-    is a usage error that says what to give, verirl's own flags kept out of the value."""
+    is a usage error that says what to give, verirl's own flags kept out of the value, and a
+    secret among the words hidden (round 30, H-F1)."""
     marker = tmp_path / "ran"
     with pytest.raises(SystemExit) as info:
         main(["launch", "--gpus", "2", "--model", "m", *given, "--", "touch", str(marker)])
     err = capsys.readouterr().err
     assert info.value.code == 2, err
-    assert suggested in err, err
+    assert f"give its whole value in one word, {suggested}" in err, err
     assert "put '--' just before the command" in err, err
+    assert "SEKRIT" not in err, err
     assert not marker.exists()
 
 
-def test_a_separator_inside_the_command_is_the_commands_own(tmp_path):
-    """``launch --vllm-args=V -- cmd a -- b``: the command's own ``--`` is not the mistake
-    above; the command runs and gets it."""
+@pytest.mark.parametrize("separator", [["--"], []])
+@pytest.mark.parametrize("flag", ["--api-key", "--api-k", "--hf-token"])
+def test_a_secret_s_flag_alone_as_the_vllm_args_value_is_a_usage_error(
+    clean_env, capsys, tmp_path, flag, separator
+):
+    """``--vllm-args --api-key KEY cmd``: the key was the command's program, shown wherever the
+    command is (review round 30, H-F1 and H-F3). A usage error, the key never shown."""
+    marker = tmp_path / "ran"
+    with pytest.raises(SystemExit) as info:
+        main(["launch", "--gpus", "2", "--model", "m", "--json", "--vllm-args", flag, "SEKRIT",
+              *separator, "touch", str(marker)])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert info.value.code == 2, err
+    assert f"'{flag}' takes a value" in err, err
+    assert f"--vllm-args='{flag} <hidden>'" in err, err
+    assert json.loads(out)["error"]["code"] == 2, out
+    assert "SEKRIT" not in out + err
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("separator", [["--"], []])
+def test_a_separator_inside_the_command_is_the_commands_own(tmp_path, separator):
+    """``launch --vllm-args=V [--] cmd a -- b``: the command's own ``--`` is not the mistake
+    above, with the value in one word; the command runs and gets it (round 30, H-F2: without
+    the first ``--``, refused, the advice putting the command into vLLM's arguments)."""
     marker = tmp_path / "argv"
     script = "import sys; open(sys.argv[1], 'w').write(repr(sys.argv[2:]))"
     argv = [sys.executable, "-m", "verirl", "launch", "--gpus", "2", "--model", "m",
             "--vllm-port", str(unshared_port()), "--vllm-command", FAKE_VLLM,
-            "--log-dir", str(tmp_path), "--vllm-args=--dtype float32", "--",
+            "--log-dir", str(tmp_path), "--vllm-args=--dtype float32", *separator,
             sys.executable, "-c", script, str(marker), "--", "b"]  # fmt: skip
     result = subprocess.run(
         argv, env=clean_environ(tmp_path), capture_output=True, text=True, timeout=120, check=False

@@ -86,6 +86,7 @@ from verirl._secrets import (
     scrub_all,
     secrets_in_environ,
     shown_command,
+    shown_line,
 )
 from verirl._serve_args import own_flag, own_flag_reason
 from verirl._settings import Settings, split_args, split_command
@@ -1404,33 +1405,51 @@ def _join_dash_values(argv: Sequence[str]) -> list[str]:
 def _refuse_a_split_vllm_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``--vllm-args --dtype float32 -- COMMAND``: a usage error, not ``float32 -- COMMAND`` run.
 
+    Only for a value given as a word of its own (``_join_dash_values`` joined
+    it): one given with ``=`` is whole, and the words after it are the command.
     ``--vllm-args`` takes one value; the words after it (its value's other
     words, or verirl's own flags) up to the ``--`` were taken for the command,
     run after the whole server start-up, and the server failed first (exit 4).
-    A command that does not start at the ``--`` but holds one, next to a
-    ``--vllm-args``, is that mistake; with ``--`` first it is the command's own.
+    A secret's flag alone (``--vllm-args --api-key KEY cmd``) made the secret
+    the command's program, ``--`` or not. Nothing given is echoed but through
+    `redact_argv`.
     """
-    command = getattr(args, "command", None)
+    command = getattr(args, "command", None) or []
     value = getattr(args, "vllm_args", None)
-    if value is None or not command or command[0] == "--" or "--" not in command:
+    if value is None:
+        return
+    target = _subcommand_parser(parser, args.cmd)
+    flag = value.strip()
+    if flag.startswith("-") and "=" not in flag and " " not in flag and _hides_its_value(flag):
+        shown = printable(flag)  # quoted: the redaction of the message keeps its next word
+        target.error(
+            f"argument --vllm-args: '{shown}' takes a value, and the word after it would be "
+            f"taken for the command: give both in one word, --vllm-args='{shown} VALUE'"
+        )
+    if not command or command[0] == "--" or "--" not in command:
         return
     words = command[: command.index("--")]
-    target = _subcommand_parser(parser, args.cmd)
     own = next(
         (i for i, word in enumerate(words) if _option(target, word.partition("=")[0]) is not None),
         len(words),
     )
     try:
-        given = shlex.split(value)
-    except ValueError:  # an unbalanced quote: shown as given
-        given = [value]
-    example = shlex.join([*given, *words[:own]])
-    theirs = f" with verirl's own {shlex.join(words[own:])!r} before it" if own < len(words) else ""
+        line = shlex.join([*shlex.split(value), *words[:own]])
+        example = shlex.quote(redact_argv([line])[0])  # the line's secrets hidden in it
+    except ValueError:  # an unbalanced quote: no example that a shell would give back as it is
+        example = "'...'"
+    theirs = f" with verirl's own {shown_line(words[own:])} before it" if own < len(words) else ""
     target.error(
-        f"argument --vllm-args: it takes one value; {shlex.join(words)!r}, before '--', would "
-        f"be taken for the command: give --vllm-args={shlex.quote(example)}{theirs}, and put "
-        "'--' just before the command"
+        "argument --vllm-args: it takes one value, and the words after it, before '--', "
+        f"would be taken for the command: give its whole value in one word, --vllm-args="
+        f"{printable(example)}{theirs}, and put '--' just before the command"
     )
+
+
+def _hides_its_value(flag: str) -> bool:
+    """Whether ``flag`` holds a secret: `redact_argv` hides the word after it."""
+    probe = [flag, "verirl-probe-value"]
+    return redact_argv(probe) != probe
 
 
 def _refuse_dashes_as_a_value(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
@@ -1491,7 +1510,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
                 raise
             captured.clear()
             args = parser.parse_args(joined)
-        _refuse_a_split_vllm_args(parser, args)
+            _refuse_a_split_vllm_args(parser, args)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else EXIT_ERROR
         launch = command_word(argv) == "launch"
