@@ -724,6 +724,34 @@ def test_a_refusal_counts_as_the_hub_s_only_when_the_hub_answered_it(hub, tmp_pa
 # ---------------------------------------------------------------- the download's lock file
 
 
+def test_a_ctrl_c_at_any_point_of_taking_the_lock_leaves_it_free(tmp_path):
+    """A Ctrl-C as the lock's taking returned (before the ``try`` that closes it) left the
+    descriptor locked and unreachable: the node's lock, or a download's, held for the life of
+    the process, other ranks waiting their whole deadline (review round 30, H-F8). At every
+    point of taking, holding and letting go of it: the lock is free after."""
+    from _support import codes_of, interrupted_at_point
+    from verirl._fs import _acquire, _lock_if_free, same_file
+
+    lock = tmp_path / ".verirl-x.lock"
+    codes = codes_of(flock_with_deadline, _acquire, _lock_if_free, same_file)
+
+    def take_and_let_go() -> None:
+        with flock_with_deadline(lock, 5):
+            pass
+
+    points = interrupted_at_point(codes, None, take_and_let_go)
+    assert points > 8
+    for point in range(1, points + 1):
+        interrupted_at_point(codes, point, take_and_let_go)
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: still held
+        except BlockingIOError:
+            pytest.fail(f"the lock is still held after a Ctrl-C at point {point} of {points}")
+        finally:
+            os.close(fd)
+
+
 @pytest.mark.parametrize("how", ["held", "symlink", "directory", "fifo", "socket"])
 @pytest.mark.parametrize("request_", ["auto", "latest"])
 def test_a_newest_checkpoint_whose_download_lock_is_unusable_is_never_replaced_by_an_older(

@@ -175,27 +175,26 @@ def flock_with_deadline(path: Path, timeout: float) -> Iterator[os.stat_result]:
     the next comer no longer sees. The lock goes with the descriptor: a
     process that dies releases it.
     """
-    fd, info = _acquire(path, timeout)
+    held: list[int] = []  # the descriptor as soon as it is open: a Ctrl-C anywhere closes it
     try:
-        yield info
+        yield _acquire(path, timeout, held)
     finally:
-        os.close(fd)
+        while held:
+            os.close(held[-1])  # then forgotten: interrupted here, it is closed already
+            held.pop()
 
 
-def _acquire(path: Path, timeout: float) -> tuple[int, os.stat_result]:
+def _acquire(path: Path, timeout: float, held: list[int]) -> os.stat_result:
+    """Lock ``path``; the locked descriptor is ``held``'s one item (the caller closes it)."""
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
     deadline = time.monotonic() + timeout
     pause = _FIRST_LOCK_POLL
     while True:
-        fd = os.open(path, flags, 0o644)
-        try:
-            info = _lock_if_free(fd, path)
-        except BaseException:
-            os.close(fd)
-            raise
+        held.append(os.open(path, flags, 0o644))
+        info = _lock_if_free(held[-1], path)
         if info is not None:
-            return fd, info
-        os.close(fd)
+            return info
+        os.close(held.pop())
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(f"{printable(path)} is still locked after {timeout:g}s")
@@ -225,6 +224,23 @@ def same_file(path: Path, info: os.stat_result) -> bool:
     return (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino)
 
 
+def write_new_file(path: Path, text: str, mode: int = 0o644) -> None:
+    """Create ``path`` holding ``text`` (UTF-8): never through a symlink, never over a file.
+
+    `FileExistsError` when something is there. The descriptor is closed by a
+    ``finally`` that starts right after it is opened: a Ctrl-C while writing
+    leaves no file object for the collector to close (``os.fdopen``'s window).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, mode)
+    try:
+        view = memoryview(text.encode("utf-8"))
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
 def make_owned_dir(parent: Path, prefix: str, record: Mapping[str, object]) -> Path:
     """A new directory ``parent/<prefix><id>`` (mode 0700) that verirl may delete later.
 
@@ -241,10 +257,7 @@ def make_owned_dir(parent: Path, prefix: str, record: Mapping[str, object]) -> P
             continue
         try:
             data = json.dumps({**record, "written_by": "verirl", "id": ident}) + "\n"
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(path / OWNER_MARKER, flags, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(data)
+            write_new_file(path / OWNER_MARKER, data, 0o600)
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
