@@ -657,3 +657,37 @@ def test_a_path_holding_the_word_download_dir_is_kept_as_it_is(tmp_path):
     assert f"(nothing in {printable(folder)})" in message, message
     assert "with the same output_dir?" in message, message
     assert "output_dir_runs" not in message, message
+
+
+def test_a_leader_interrupted_once_it_holds_the_lock_never_leaves_followers_waiting(tmp_path):
+    """A Ctrl-C while the leader wrote its claim left no claim and no record: the followers
+    waited out their whole deadline (an hour by default), and a partial ``.tmp`` file stayed
+    (review round 30, H-F9). At every point of its writes: a record the followers read at once,
+    and no partial file."""
+    from _support import codes_of, interrupted_at_point
+
+    (tmp_path / "checkpoint-3").mkdir()
+    codes = codes_of(NodeSharedResolver._write)
+    chosen = str(tmp_path / "checkpoint-3")
+
+    def lead(key: str) -> None:
+        slow = Slow(chosen)
+        slow.release.set()
+        NodeSharedResolver(slow, tmp_path, key, leader=True, timeout=5).resolve("latest")
+
+    points = interrupted_at_point(codes, None, lambda: lead("k-count"))
+    assert points > 4
+    for point in range(1, points + 1):
+        key = f"k-{point}"
+        interrupted_at_point(codes, point, lambda key=key: lead(key))  # type: ignore[misc]
+        follower = NodeSharedResolver(Slow(None), tmp_path, key, leader=False, timeout=3)
+        try:
+            got: object = follower.resolve("latest")
+        except CheckpointSourceError as exc:  # the leader's "interrupted", read at once
+            got = exc
+        waited_out = "did not choose a checkpoint within" in str(got)
+        assert got == chosen or (isinstance(got, CheckpointSourceError) and not waited_out), (
+            point,
+            str(got),
+        )
+        assert not list(tmp_path.glob("*.tmp")), point

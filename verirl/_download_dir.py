@@ -36,6 +36,7 @@ from verirl._fs import (
     quoted,
     read_capped,
     read_owner_record,
+    write_new_file,
 )
 from verirl.errors import CheckpointSourceError, ConfigError, VeriRLError
 
@@ -437,9 +438,7 @@ def _write_marker(folder: Path, remote: RemoteFolder) -> None:
         },
     }
     # A new file, never through a symlink (the folder is verirl's fresh download).
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    with os.fdopen(os.open(folder / MARKER, flags, 0o644), "w", encoding="utf-8") as out:
-        out.write(json.dumps(record, indent=1) + "\n")
+    write_new_file(folder / MARKER, json.dumps(record, indent=1) + "\n")
 
 
 def _mismatch(

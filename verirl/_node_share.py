@@ -40,7 +40,7 @@ import attrs
 from verirl import _procfs
 from verirl._checkpoint import shorten
 from verirl._download_dir import SAME_FOLDER_HINT, FolderName
-from verirl._fs import flock_with_deadline, printable, quoted, read_capped
+from verirl._fs import flock_with_deadline, printable, quoted, read_capped, write_new_file
 from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError
 
 __all__ = ["NODE_WAIT_TIMEOUT", "CheckpointResolving", "NodeSharedResolver", "attempt_key"]
@@ -292,29 +292,29 @@ class NodeSharedResolver:
                 why = printable(exc.strerror or str(exc))
                 msg = f"cannot lock {printable(lock)}: {type(exc).__name__}: {why} (remove it)"
                 raise CheckpointSourceError(msg) from exc
-            # Which file the lock is on: a follower never trusts a lock file put in its place.
-            self._write(".claim", {"pid": os.getpid(), "lock": _identity(locked)})
-            try:
+            try:  # from the lock on, whatever ends this is recorded: no follower waits it out
+                # Which file the lock is on: a follower never trusts a lock file put in its place.
+                self._write(".claim", {"pid": os.getpid(), "lock": _identity(locked)})
                 path = self.resolver.resolve(request)
+                self._write(".json", {"path": path})
             except BaseException as exc:
                 with contextlib.suppress(CheckpointSourceError):  # the error matters more
                     self._write(".json", _error_record(exc))
                 raise
-            self._write(".json", {"path": path})
         return path
 
     def _write(self, suffix: str, record: Mapping[str, object]) -> None:
         """Write ``record`` as the file ``suffix`` in one step, never through a symlink."""
         final = self._path(suffix)
         partial = final.with_name(f"{final.name}.{secrets.token_hex(8)}.tmp")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            with os.fdopen(os.open(partial, flags, 0o644), "w", encoding="utf-8") as out:
-                out.write(json.dumps(record))
+            write_new_file(partial, json.dumps(record))
             partial.replace(final)  # replaces a symlink there, never what it points to
-        except OSError as exc:
+        except BaseException as exc:  # a Ctrl-C too: no partial file left behind
             with contextlib.suppress(OSError):
                 partial.unlink()
+            if not isinstance(exc, OSError):
+                raise
             why = printable(exc.strerror or str(exc))
             msg = f"cannot write {printable(final)}: {type(exc).__name__}: {why}"
             raise CheckpointSourceError(msg) from exc

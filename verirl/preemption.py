@@ -70,7 +70,7 @@ from typing import Any, Final
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from verirl._checkpoint import INCOMPLETE_MARKER, read_trainer_state
-from verirl._fs import printable, quoted
+from verirl._fs import printable, quoted, write_new_file
 from verirl._signals import SIGTERM_POLICY, outside_tracers_lock
 from verirl._stop import STOP_REQUESTS
 from verirl._validate import check_int
@@ -558,9 +558,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
                 return  # someone else's (a JIT save in progress): not ours to remove
             marker.parent.mkdir(parents=True, exist_ok=True)
             # A new file, never written through a symlink put there meanwhile.
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            with os.fdopen(os.open(marker, flags, 0o644), "w", encoding="utf-8") as out:
-                out.write(f"verirl: checkpoint of step {step} being saved\n")
+            write_new_file(marker, f"verirl: checkpoint of step {step} being saved\n")
         except OSError as exc:
             log.warning(
                 "cannot mark %s as being saved (%s): going on", printable(marker.parent), exc
