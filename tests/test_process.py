@@ -342,3 +342,33 @@ def test_a_start_that_fails_before_the_exec_is_an_error_naming_the_command(tmp_p
     assert info.value.filename == argv[0]
     assert [c for c in psutil.Process().children() if c.pid not in before] == []
     assert (tmp_path / "out").read_bytes() == b""
+
+
+def test_a_ctrl_c_at_any_point_of_spawn_never_leaves_a_child_starting_after_it():
+    """A Ctrl-C as the spawner's submit() returned (before spawn's wait began) escaped spawn at
+    once, and the job started the command after: a child no one tracked, stopped or reaped
+    (review round 30, H-F6). At every point of spawn: a job not begun never runs; one under
+    way is waited for, its child known when spawn raises."""
+    from _support import codes_of, interrupted_at_point
+    from verirl._process import _Spawner, _wait_through, spawn
+
+    codes = codes_of(spawn, _Spawner.submit, _wait_through)
+    children: list[subprocess.Popen[bytes]] = []
+
+    def job() -> subprocess.Popen[bytes]:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        children.append(child)
+        return child
+
+    try:
+        points = interrupted_at_point(codes, None, lambda: spawn(job))
+        assert points > 3
+        for point in range(1, points + 1):
+            interrupted_at_point(codes, point, lambda: spawn(job))
+            when_it_raised = [child.pid for child in children]
+            spawn(lambda: subprocess.Popen([sys.executable, "-c", ""])).wait(10)  # queue empty now
+            assert [child.pid for child in children] == when_it_raised, point
+    finally:
+        for child in children:
+            child.kill()
+            child.wait(10)

@@ -357,7 +357,10 @@ class _Spawner:
         self._lock = threading.Lock()
         self._jobs: queue.SimpleQueue[_Job] | None = None
 
-    def submit(self, job: Callable[[], subprocess.Popen[bytes]]) -> Future[subprocess.Popen[bytes]]:
+    def submit(
+        self, job: Callable[[], subprocess.Popen[bytes]], future: Future[subprocess.Popen[bytes]]
+    ) -> None:
+        """Queue ``job``; ``future`` gets its outcome, or is skipped if cancelled before it runs."""
         with self._lock:
             if self._jobs is None:
                 self._jobs = queue.SimpleQueue()
@@ -366,9 +369,7 @@ class _Spawner:
                 )
                 thread.start()
             jobs = self._jobs
-        future: Future[subprocess.Popen[bytes]] = Future()
         jobs.put((job, future))
-        return future
 
     @staticmethod
     def _run(jobs: queue.SimpleQueue[_Job]) -> None:
@@ -395,21 +396,32 @@ _SPAWNER = _Spawner()
 def spawn(job: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
     """Run ``job`` on the spawner thread and return its result.
 
-    Interrupted meanwhile (Ctrl-C, SIGTERM as ``SystemExit``), it still waits
-    for the job to finish, then re-raises: the job records the child it
-    started (see `Run`), so the caller's teardown
-    can reach it.
+    Interrupted meanwhile (Ctrl-C, SIGTERM as ``SystemExit``), anywhere from
+    its first statement on: a job not begun never runs, and one under way is
+    waited for, then the interruption raised. The job records the child it
+    started (see `Run`), so the caller's teardown can reach it; no child starts
+    after `spawn` has raised.
     """
-    future = _SPAWNER.submit(job)
+    future: Future[subprocess.Popen[bytes]] = Future()
+    try:
+        _SPAWNER.submit(job, future)
+        wait_futures([future])
+        return future.result()
+    finally:
+        if not future.cancel():  # under way or done: waited for, whatever comes meanwhile
+            _wait_through(future)
+
+
+def _wait_through(future: Future[Any]) -> None:
+    """Wait for ``future``; an interruption meanwhile is raised once it is done."""
     interrupted: BaseException | None = None
     while not future.done():
         try:
             wait_futures([future])
-        except BaseException as exc:  # noqa: BLE001, PERF203 - re-raised below, once the child is known
+        except BaseException as exc:  # noqa: BLE001, PERF203 - re-raised below, once it is done
             interrupted = interrupted or exc
     if interrupted is not None:
         raise interrupted
-    return future.result()
 
 
 if hasattr(os, "register_at_fork"):
