@@ -506,3 +506,71 @@ def test_a_signal_as_the_command_starts_still_reaches_a_daemon_it_started(tmp_pa
         for process in daemon:
             with contextlib.suppress(psutil.Error):
                 process.kill()
+
+
+def test_a_ctrl_c_at_any_point_of_the_forwarding_s_set_up_or_end_drops_no_later_signal():
+    """A Ctrl-C as a forwarding handler had been set, before it was noted, or in the middle of
+    putting the old ones back, left verirl's handler installed on a dead forwarding: a later
+    SIGQUIT/SIGUSR1/... was queued nowhere (the process neither ended nor passed it on), the
+    next command's forwarding did not take over, and the wake pipe leaked (review round 30,
+    H-F7). At every point: each handler left is the default or a closed forwarding's (which
+    acts as the default), the next forwarding takes over and gives the default back, and no
+    descriptor is left open."""
+    from _support import codes_of, interrupted_at_point
+    from verirl._signals import TERMINATING
+    from verirl._supervise import _Forwarding, run_command
+
+    codes = codes_of(run_command, _Forwarding.__init__, _Forwarding.install, _Forwarding.close)
+    originally = {signum: signal.getsignal(signum) for signum in TERMINATING}
+    ours = [signum for signum, handler in originally.items() if handler == signal.SIG_DFL]
+    command = [sys.executable, "-c", ""]
+
+    def run() -> None:
+        run_command(command, dict(os.environ), 0.5)
+
+    points = interrupted_at_point(codes, None, run)
+    assert points > len(ours) * 2
+    descriptors = {entry.name for entry in Path("/proc/self/fd").iterdir()}
+    for point in range(1, points + 1):
+        interrupted_at_point(codes, point, run)
+        for signum in ours:
+            handler = signal.getsignal(signum)
+            owner = getattr(handler, "__self__", None)
+            stale = isinstance(owner, _Forwarding) and owner.closed
+            assert handler == signal.SIG_DFL or stale, (point, signum, handler)
+        forwarding = _Forwarding()
+        forwarding.install()
+        taken = [signal.getsignal(signum) == forwarding._handle for signum in ours]
+        forwarding.close()
+        assert all(taken), point
+        assert all(signal.getsignal(signum) == signal.SIG_DFL for signum in ours), point
+        left = {entry.name for entry in Path("/proc/self/fd").iterdir()} - descriptors
+        assert len(left) <= 2, (point, left)  # os.pipe()'s return: the one point it cannot close
+        descriptors |= left
+
+
+@pytest.mark.parametrize("before", ["default", "as_sigterm"])
+def test_a_closed_forwarding_s_handler_left_installed_acts_as_the_one_it_replaced(before):
+    """What a close cut short leaves (see above): a SIGUSR1 then ends the process as it would
+    have without it, by the signal itself or, under the CLI's as_sigterm, as a SIGTERM."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from verirl._signals import as_sigterm
+        from verirl._supervise import _Forwarding
+
+        if {before!r} == "as_sigterm":
+            signal.signal(signal.SIGUSR1, as_sigterm)
+        forwarding = _Forwarding()
+        forwarding.install()
+        forwarding.closed = True  # its close cut short before it put the handler back
+        os.kill(os.getpid(), signal.SIGUSR1)
+        print("still running")
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "still running" not in result.stdout, result
+    expected = -signal.SIGUSR1 if before == "default" else -signal.SIGTERM
+    assert result.returncode == expected, result

@@ -127,7 +127,13 @@ from verirl._fs import printable
 from verirl._phases import SIGNAL_CHECK
 from verirl._process import MARKER_VAR, set_child_subreaper, spawn, start_child
 from verirl._secrets import redact_argv, secrets_in_environ, shown_line
-from verirl._signals import TERMINATING, as_sigterm, mark_noted, raise_if_dropped
+from verirl._signals import (
+    TERMINATING,
+    as_sigterm,
+    mark_noted,
+    outside_tracers_lock,
+    raise_if_dropped,
+)
 from verirl.errors import VLLMServerError
 
 __all__ = ["LAUNCH_MARKER_VAR", "mark_this_launch", "run_command"]
@@ -165,21 +171,47 @@ class _Forwarding:
     def __init__(self) -> None:
         self.queue: list[int] = []
         self.installed: dict[int, object] = {}
-        self.wake_read, self.wake_write = os.pipe()  # not inherited by the command (PEP 446)
-        os.set_blocking(self.wake_read, False)
-        os.set_blocking(self.wake_write, False)
+        self.closed = False
+        wake = os.pipe()  # not inherited by the command (PEP 446)
+        try:
+            for fd in wake:
+                os.set_blocking(fd, False)
+        except BaseException:
+            for fd in wake:
+                os.close(fd)
+            raise
+        self.wake_read, self.wake_write = wake
 
     def install(self) -> None:
+        """Ours over each of `TERMINATING` whose handler is the default or `as_sigterm`.
+
+        What it replaces is noted first, then ours set: a Ctrl-C between the
+        two leaves nothing `close` does not know. One left behind by an
+        earlier forwarding whose `close` a Ctrl-C cut short counts as what it
+        had replaced.
+        """
         if threading.current_thread() is not threading.main_thread():
             return
         for signum in TERMINATING:
             with contextlib.suppress(OSError, ValueError):
-                previous = signal.getsignal(signum)
+                previous: object = signal.getsignal(signum)
+                stale = getattr(previous, "__self__", None)
+                if isinstance(stale, _Forwarding) and stale.closed:
+                    previous = stale.installed.get(signum, signal.SIG_DFL)
                 if previous == signal.SIG_DFL or previous is as_sigterm:
-                    signal.signal(signum, self._handle)
                     self.installed[signum] = previous
+                    signal.signal(signum, self._handle)
 
-    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+    @outside_tracers_lock
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.closed:  # left installed by a close a Ctrl-C cut short: what it replaced acts
+            previous = self.installed.get(signum, signal.SIG_DFL)
+            signal.signal(signum, previous)  # type: ignore[arg-type]
+            if previous is as_sigterm:
+                as_sigterm(signum, frame)
+            else:
+                signal.raise_signal(signum)  # the default: as if this handler had never been
+            return
         self.queue.append(signum)
         if self.wake_write >= 0:
             with contextlib.suppress(OSError):
@@ -197,12 +229,17 @@ class _Forwarding:
         return taken
 
     def close(self) -> None:
-        """The previous handlers back (where ours is still the one), the pipe closed."""
+        """The previous handlers back (where ours is still the one), the pipe closed.
+
+        Closed first: a handler of ours that a Ctrl-C keeps from being put back
+        acts as the one it replaced (`_handle`), and the next `install` takes
+        its place.
+        """
+        self.closed = True
         for signum, previous in self.installed.items():
             with contextlib.suppress(OSError, ValueError, TypeError):
                 if signal.getsignal(signum) == self._handle:
                     signal.signal(signum, previous)  # type: ignore[arg-type]
-        self.installed.clear()
         left = self.take()  # before the pipe is closed: its numbers may be reused at once
         fds, self.wake_read, self.wake_write = (self.wake_read, self.wake_write), -1, -1
         for fd in fds:
@@ -1235,9 +1272,11 @@ def run_command(
     since = time.time() - 1.0  # creation times are rounded: a second's margin
     started: list[subprocess.Popen[bytes]] = []
     tracked: list[_Command] = []
-    subreaper = set_child_subreaper(True)
-    forwarding = _Forwarding()
+    subreaper: bool | None = None
+    forwarding: _Forwarding | None = None
     try:
+        subreaper = set_child_subreaper(True)
+        forwarding = _Forwarding()
         forwarding.install()
         return _run(
             command,
@@ -1253,7 +1292,9 @@ def run_command(
             forwarding=forwarding,
         )
     finally:
-        forwarding.close()
+        if forwarding is not None:
+            forwarding.closed = True  # no call: its handlers act as the default from here on
+            forwarding.close()
         if subreaper is not None:
             set_child_subreaper(subreaper)
         if tracked:
