@@ -2051,6 +2051,7 @@ def test_words_after_a_vllm_args_value_before_the_separator_are_a_usage_error(
          "--vllm-args='--dtype float32 --seed 1 --enforce-eager',"),
         (["--vllm-args", "--dtype", "float32", "--api-key", "SEKRIT"],
          "--vllm-args='--dtype float32 --api-key <hidden>',"),
+        (["--vllm-args=--dtype", "float32"], "--vllm-args='--dtype float32',"),
     ],
 )  # fmt: skip
 def test_any_words_between_a_vllm_args_value_and_the_separator_are_a_usage_error(
@@ -2073,15 +2074,18 @@ def test_any_words_between_a_vllm_args_value_and_the_separator_are_a_usage_error
 
 
 @pytest.mark.parametrize("separator", [["--"], []])
+@pytest.mark.parametrize("spelled", ["word", "equals"])
 @pytest.mark.parametrize("flag", ["--api-key", "--api-k", "--hf-token"])
-def test_a_secret_s_flag_alone_as_the_vllm_args_value_is_a_usage_error(
-    clean_env, capsys, tmp_path, flag, separator
+def test_a_secret_s_flag_alone_as_the_vllm_args_value_is_a_usage_error(  # noqa: PLR0917
+    clean_env, capsys, tmp_path, flag, spelled, separator
 ):
     """``--vllm-args --api-key KEY cmd``: the key was the command's program, shown wherever the
-    command is (review round 30, H-F1 and H-F3). A usage error, the key never shown."""
+    command is (review round 30, H-F1 and H-F3; the ``=`` spelling, round 31, J-F4). A usage
+    error, the key never shown."""
     marker = tmp_path / "ran"
+    given = ["--vllm-args", flag] if spelled == "word" else [f"--vllm-args={flag}"]
     with pytest.raises(SystemExit) as info:
-        main(["launch", "--gpus", "2", "--model", "m", "--json", "--vllm-args", flag, "SEKRIT",
+        main(["launch", "--gpus", "2", "--model", "m", "--json", *given, "SEKRIT",
               *separator, "touch", str(marker)])  # fmt: skip
     out, err = capsys.readouterr()
     assert info.value.code == 2, err

@@ -1405,22 +1405,24 @@ def _join_dash_values(argv: Sequence[str]) -> list[str]:
 def _refuse_a_split_vllm_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``--vllm-args --dtype float32 -- COMMAND``: a usage error, not ``float32 -- COMMAND`` run.
 
-    Only for a value given as a word of its own (``_join_dash_values`` joined
-    it): one given with ``=`` is whole, and the words after it are the command.
     ``--vllm-args`` takes one value; the words after it (its value's other
     words, or verirl's own flags) up to the ``--`` were taken for the command,
     run after the whole server start-up, and the server failed first (exit 4).
-    A secret's flag alone (``--vllm-args --api-key KEY cmd``) made the secret
-    the command's program, ``--`` or not. Nothing given is echoed but through
-    `redact_argv`.
+    So a value of one word that is a flag (``--vllm-args --dtype`` or
+    ``--vllm-args=--dtype``), with a command that does not start at the ``--``
+    but holds one, is that mistake, or a command given without ``--``: either
+    way ``--`` just before the command says which. A value of several words
+    was given whole: the words after it are the command. A secret's flag alone
+    (``--vllm-args --api-key KEY cmd``) made the secret the command's program,
+    ``--`` or not. Nothing given is echoed but through `redact_argv`.
     """
     command = getattr(args, "command", None) or []
     value = getattr(args, "vllm_args", None)
-    if value is None:
-        return
+    flag = (value or "").strip()
+    if not flag.startswith("-") or any(char.isspace() for char in flag):
+        return  # none, or given whole
     target = _subcommand_parser(parser, args.cmd)
-    flag = value.strip()
-    if flag.startswith("-") and "=" not in flag and " " not in flag and _hides_its_value(flag):
+    if "=" not in flag and _hides_its_value(flag):
         shown = printable(flag)  # quoted: the redaction of the message keeps its next word
         target.error(
             f"argument --vllm-args: '{shown}' takes a value, and the word after it would be "
@@ -1510,7 +1512,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
                 raise
             captured.clear()
             args = parser.parse_args(joined)
-            _refuse_a_split_vllm_args(parser, args)
+        _refuse_a_split_vllm_args(parser, args)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else EXIT_ERROR
         launch = command_word(argv) == "launch"
