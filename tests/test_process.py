@@ -372,3 +372,42 @@ def test_a_ctrl_c_at_any_point_of_spawn_never_leaves_a_child_starting_after_it()
         for child in children:
             child.kill()
             child.wait(10)
+
+
+def test_a_ctrl_c_in_a_process_s_first_spawn_leaves_the_spawner_working(monkeypatch):
+    """The spawner's queue was published before its thread was started: a Ctrl-C in between
+    (the process's first spawn) left a queue no one read, and every later spawn (a server's
+    start, launch's command) waited for good (review round 31, J-F1). At every point of a
+    first spawn: the next one ends."""
+    import threading
+
+    from _support import codes_of, interrupted_at_point
+    from verirl import _process
+    from verirl._process import _Spawner, _wait_through, spawn
+
+    codes = codes_of(spawn, _Spawner.submit, _wait_through)
+    children: list[subprocess.Popen[bytes]] = []
+
+    def quick() -> subprocess.Popen[bytes]:
+        child = subprocess.Popen([sys.executable, "-c", ""])
+        children.append(child)
+        return child
+
+    def first_spawn(ended: threading.Event | None = None) -> None:
+        spawn(quick)
+        if ended is not None:
+            ended.set()
+
+    try:
+        monkeypatch.setattr(_process, "_SPAWNER", _Spawner())
+        points = interrupted_at_point(codes, None, first_spawn)
+        assert points > 3
+        for point in range(1, points + 1):
+            monkeypatch.setattr(_process, "_SPAWNER", _Spawner())  # this process's first spawn
+            interrupted_at_point(codes, point, first_spawn)
+            ended = threading.Event()
+            threading.Thread(target=first_spawn, args=(ended,), daemon=True).start()
+            assert ended.wait(30), f"the spawn after a Ctrl-C at point {point} of {points} hangs"
+    finally:
+        for child in children:
+            child.wait(10)

@@ -363,11 +363,12 @@ class _Spawner:
         """Queue ``job``; ``future`` gets its outcome, or is skipped if cancelled before it runs."""
         with self._lock:
             if self._jobs is None:
-                self._jobs = queue.SimpleQueue()
+                jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
                 thread = threading.Thread(
-                    target=self._run, args=(self._jobs,), name="verirl-vllm-spawner", daemon=True
+                    target=self._run, args=(jobs,), name="verirl-vllm-spawner", daemon=True
                 )
                 thread.start()
+                self._jobs = jobs  # only once its thread runs: never a queue no one reads
             jobs = self._jobs
         jobs.put((job, future))
 
