@@ -503,7 +503,8 @@ def test_a_ctrl_c_at_any_point_of_stop_into_a_real_server_leaves_it_to_the_next_
     runtime's stop and of the server's, down to its process tree's take_down: the next
     stop() (another thread's) leaves nothing running and the policy released, whether it
     began after the Ctrl-C or was already waiting for the stop it cut short (review round
-    30, G-F1: that one returned, the server still running)."""
+    30, G-F1: that one returned, the server still running). Between the two, the runtime is
+    as before the stop or torn down, never half (round 31, J-F3)."""
     from verirl import runtime
     from verirl._process import ProcessTree
 
@@ -531,6 +532,9 @@ def test_a_ctrl_c_at_any_point_of_stop_into_a_real_server_leaves_it_to_the_next_
     for point in range(1, points + 1):
         where = f"a Ctrl-C at point {point} of {points} of stop()"
         _, rt, waiting = interrupted(point)
+        if not waiting:  # as the Ctrl-C left it: started with its server, or torn down
+            state = (rt._started, rt.session is not None, rt._server is not None, rt._claim)
+            assert state in ((True, True, True, None), (False, False, False, None)), (where, state)
         thread, outcome = waiting or _in_thread(rt.stop)
         thread.join(BOUND)
         assert outcome == [None], where

@@ -560,6 +560,8 @@ class _Teardown:
     watchdog: ServerWatchdog | None = None
     session: RuntimeSession | None = None
     ended: threading.Event = attrs.field(factory=threading.Event)
+    stopped: bool = False
+    """Set once the server's stop returned (and the watchdog's, before it)."""
     torn_down: bool = False
     """Set as ``ended`` is: whether the server was stopped, or handed back to the runtime."""
 
@@ -1116,8 +1118,8 @@ class TrainingRuntime:
                 try:
                     self._tear_down(mine)
                 finally:
-                    if self._claim is mine:  # interrupted before it began: left as it was
-                        self._release(mine, torn_down=False)
+                    if self._claim is mine:  # its release interrupted: ended as it got
+                        self._release(mine, torn_down=mine.stopped)
         return False
 
     def _tear_down(self, claim: _Teardown) -> None:
@@ -1127,18 +1129,17 @@ class TrainingRuntime:
         returned: interrupted before (a second Ctrl-C), the runtime keeps it,
         and the next `stop` tries again, as the server's own does.
         """
-        stopped = False
         try:
             try:
                 self._stop_watching(claim.watchdog)  # first: stopping the server is no death
             finally:
                 if claim.server is not None:
                     claim.server.stop()
-                stopped = True
+                claim.stopped = True  # no call: the stop's own finally reads it too
             if claim.watchdog is not None:
                 claim.watchdog.join(1.0)  # a daemon that never acts now: no need to wait
         finally:
-            self._release(claim, torn_down=stopped)
+            self._release(claim, torn_down=claim.stopped)
 
     def _release(self, claim: _Teardown, *, torn_down: bool) -> None:
         """End ``claim``: the runtime stopped (``torn_down``), or as before the stop began.
