@@ -131,8 +131,8 @@ def _first_rank(scope: tuple[str, ...] | None) -> str:
     if not mine or own is None or (scope is not None and ours is None):
         return ""
     oldest = (int(own[_procfs.STARTTIME]), me)
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
+    with contextlib.suppress(OSError), os.scandir("/proc") as entries:
+        for entry in entries:
             if not entry.name.isdigit() or int(entry.name) == me:
                 continue
             pid = int(entry.name)
@@ -272,35 +272,44 @@ class NodeSharedResolver:
             raise self.name.renamed(exc, self.folder) from exc.__cause__
 
     def _lead(self, request: str | None) -> str | None:
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            msg = f"cannot create download_dir {printable(self.folder)}: {exc.strerror}"
-            raise CheckpointSourceError(msg) from exc
-        _sweep(self.folder)
-        lock = self._path(".lock")
-        with contextlib.ExitStack() as stack:
+        contended = recorded = False
+        try:  # whatever ends this is recorded, but another leader's lock: no follower waits it out
             try:
-                locked = stack.enter_context(flock_with_deadline(lock, self.timeout))
-            except TimeoutError as exc:
-                msg = (
-                    f"local rank 0 could not take its lock {printable(lock)} within "
-                    f"{self.timeout:g}s (another process holds it)"
-                )
-                raise CheckpointSourceError(msg) from exc
+                self.folder.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                why = printable(exc.strerror or str(exc))
-                msg = f"cannot lock {printable(lock)}: {type(exc).__name__}: {why} (remove it)"
+                msg = f"cannot create download_dir {printable(self.folder)}: {exc.strerror}"
                 raise CheckpointSourceError(msg) from exc
-            try:  # from the lock on, whatever ends this is recorded: no follower waits it out
-                # Which file the lock is on: a follower never trusts a lock file put in its place.
-                self._write(".claim", {"pid": os.getpid(), "lock": _identity(locked)})
-                path = self.resolver.resolve(request)
-                self._write(".json", {"path": path})
-            except BaseException as exc:
-                with contextlib.suppress(CheckpointSourceError):  # the error matters more
+            _sweep(self.folder)
+            lock = self._path(".lock")
+            with contextlib.ExitStack() as stack:
+                try:
+                    locked = stack.enter_context(flock_with_deadline(lock, self.timeout))
+                except TimeoutError as exc:
+                    contended = True
+                    msg = (
+                        f"local rank 0 could not take its lock {printable(lock)} within "
+                        f"{self.timeout:g}s (another process holds it)"
+                    )
+                    raise CheckpointSourceError(msg) from exc
+                except OSError as exc:
+                    why = printable(exc.strerror or str(exc))
+                    msg = f"cannot lock {printable(lock)}: {type(exc).__name__}: {why} (remove it)"
+                    raise CheckpointSourceError(msg) from exc
+                try:  # recorded under the lock, as the followers expect
+                    # Which file the lock is on: a follower never trusts one put in its place.
+                    self._write(".claim", {"pid": os.getpid(), "lock": _identity(locked)})
+                    path = self.resolver.resolve(request)
+                    self._write(".json", {"path": path})
+                except BaseException as exc:
+                    recorded = True
+                    with contextlib.suppress(CheckpointSourceError):  # the error matters more
+                        self._write(".json", _error_record(exc))
+                    raise
+        except BaseException as exc:
+            if not (contended or recorded):  # before the lock was known to be held
+                with contextlib.suppress(CheckpointSourceError):
                     self._write(".json", _error_record(exc))
-                raise
+            raise
         return path
 
     def _write(self, suffix: str, record: Mapping[str, object]) -> None:
@@ -448,8 +457,8 @@ def _identity(info: os.stat_result) -> dict[str, int]:
 def _sweep(folder: Path) -> None:
     """Delete our own node records older than a week (each attempt leaves three small files)."""
     cutoff = time.time() - _STALE_AFTER
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(folder):
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for entry in entries:
             if not entry.name.startswith(_PREFIX) or not entry.is_file(follow_symlinks=False):
                 continue
             with contextlib.suppress(OSError):
