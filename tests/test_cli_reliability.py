@@ -2114,11 +2114,14 @@ def test_a_separator_inside_the_command_is_the_commands_own(tmp_path, separator)
     assert marker.read_text() == repr(["--", "b"])
 
 
-def test_a_ctrl_c_at_any_point_of_the_first_stderr_write_leaves_the_writer_working():
+@pytest.mark.parametrize("then", ["a write", "the exit's drain"])
+def test_a_ctrl_c_at_any_point_of_the_first_stderr_write_leaves_the_writer_working(then):
     """stderr's writing thread was started under a lock taken by a call to acquire(): a
     Ctrl-C as that call returned left the lock held, and no thread ever wrote the queue
     (round 29's sweep of the acquire-then-try class). At every point of the first queued
-    write: the next write goes out."""
+    write: the next write goes out. With no later write, what an interrupted start left
+    queued was never written, and the exit's drain said all was out (review round 30, G-F2:
+    lost at 7 points of 13): the drain starts the writer."""
     import sys as _sys
 
     from verirl._cli_output import _Backlog
@@ -2136,38 +2139,18 @@ def test_a_ctrl_c_at_any_point_of_the_first_stderr_write_leaves_the_writer_worki
     assert points > 3
     assert backlog.drain(10)
     for point in range(1, points + 1):
-        written.clear()
-        _, backlog = backlog_after(point)
-        backlog.put(_sys.stderr, 2, b"b")
-        assert backlog.drain(10), f"a Ctrl-C at point {point} of {points}"
-        assert written[-1:] == [b"b"], point
-
-
-def test_a_line_queued_as_a_ctrl_c_cut_the_writer_s_start_short_goes_out_at_the_drain():
-    """With no later write, what an interrupted start left queued (its own line, another
-    thread's put meanwhile, a handler's) was never written, and the exit's drain said all
-    was out (review round 30, G-F2: lost at 7 points of 13). The drain starts the writer."""
-    import sys as _sys
-
-    from verirl._cli_output import _Backlog
-
-    codes = codes_of(_Backlog.put, _Backlog._start, _Backlog._has_thread)
-    written: list[bytes] = []
-
-    def backlog_after(point: int | None) -> tuple[int, _Backlog]:
-        backlog = _Backlog(lambda _stream, _fd, data: written.append(data), "stderr")
-        return interrupted_at_point(
-            codes, point, lambda: backlog.put(_sys.stderr, 2, b"a")
-        ), backlog
-
-    points, _ = backlog_after(None)
-    for point in range(1, points + 1):
+        where = f"a Ctrl-C at point {point} of {points}"
         written.clear()
         _, backlog = backlog_after(point)
         taken = bool(written) or not backlog._queue.empty()  # not cut short before its put
-        assert backlog.drain(10, at_exit=True), f"a Ctrl-C at point {point} of {points}"
-        assert written == ([b"a"] if taken else []), point
-        assert backlog._queue.empty(), point
+        if then == "a write":
+            backlog.put(_sys.stderr, 2, b"b")
+            assert backlog.drain(10), where
+            assert written == ([b"a", b"b"] if taken else [b"b"]), where
+        else:
+            assert backlog.drain(10, at_exit=True), where
+            assert written == ([b"a"] if taken else []), where
+        assert backlog._queue.empty(), where
 
 
 def test_a_stderr_line_written_as_the_interpreter_exits_is_written_all_the_same(monkeypatch):

@@ -344,12 +344,20 @@ def test_a_start_that_fails_before_the_exec_is_an_error_naming_the_command(tmp_p
     assert (tmp_path / "out").read_bytes() == b""
 
 
-def test_a_ctrl_c_at_any_point_of_spawn_never_leaves_a_child_starting_after_it():
+@pytest.mark.parametrize("spawner", ["running", "the process's first"])
+def test_a_ctrl_c_at_any_point_of_spawn_never_leaves_a_child_starting_after_it(
+    monkeypatch, spawner
+):
     """A Ctrl-C as the spawner's submit() returned (before spawn's wait began) escaped spawn at
     once, and the job started the command after: a child no one tracked, stopped or reaped
-    (review round 30, H-F6). At every point of spawn: a job not begun never runs; one under
-    way is waited for, its child known when spawn raises."""
+    (review round 30, H-F6). The spawner's queue was published before its thread started: a
+    Ctrl-C in between (a process's first spawn) left a queue no one read, and every later
+    spawn waited for good (round 31, J-F1). At every point of spawn: a job not begun never
+    runs, one under way is waited for, and the next spawn ends."""
+    import threading
+
     from _support import codes_of, interrupted_at_point
+    from verirl import _process
     from verirl._process import _Spawner, _wait_through, spawn
 
     codes = codes_of(spawn, _Spawner.submit, _wait_through)
@@ -360,54 +368,28 @@ def test_a_ctrl_c_at_any_point_of_spawn_never_leaves_a_child_starting_after_it()
         children.append(child)
         return child
 
+    def next_spawn(ended: threading.Event) -> None:
+        spawn(lambda: subprocess.Popen([sys.executable, "-c", ""])).wait(10)
+        ended.set()
+
+    def spawner_for_this_point() -> None:
+        if spawner != "running":
+            monkeypatch.setattr(_process, "_SPAWNER", _Spawner())
+
     try:
+        spawner_for_this_point()
         points = interrupted_at_point(codes, None, lambda: spawn(job))
         assert points > 3
         for point in range(1, points + 1):
+            where = f"a Ctrl-C at point {point} of {points}"
+            spawner_for_this_point()
             interrupted_at_point(codes, point, lambda: spawn(job))
             when_it_raised = [child.pid for child in children]
-            spawn(lambda: subprocess.Popen([sys.executable, "-c", ""])).wait(10)  # queue empty now
-            assert [child.pid for child in children] == when_it_raised, point
+            ended = threading.Event()
+            threading.Thread(target=next_spawn, args=(ended,), daemon=True).start()
+            assert ended.wait(30), f"the spawn after {where} hangs"
+            assert [child.pid for child in children] == when_it_raised, where
     finally:
         for child in children:
             child.kill()
-            child.wait(10)
-
-
-def test_a_ctrl_c_in_a_process_s_first_spawn_leaves_the_spawner_working(monkeypatch):
-    """The spawner's queue was published before its thread was started: a Ctrl-C in between
-    (the process's first spawn) left a queue no one read, and every later spawn (a server's
-    start, launch's command) waited for good (review round 31, J-F1). At every point of a
-    first spawn: the next one ends."""
-    import threading
-
-    from _support import codes_of, interrupted_at_point
-    from verirl import _process
-    from verirl._process import _Spawner, _wait_through, spawn
-
-    codes = codes_of(spawn, _Spawner.submit, _wait_through)
-    children: list[subprocess.Popen[bytes]] = []
-
-    def quick() -> subprocess.Popen[bytes]:
-        child = subprocess.Popen([sys.executable, "-c", ""])
-        children.append(child)
-        return child
-
-    def first_spawn(ended: threading.Event | None = None) -> None:
-        spawn(quick)
-        if ended is not None:
-            ended.set()
-
-    try:
-        monkeypatch.setattr(_process, "_SPAWNER", _Spawner())
-        points = interrupted_at_point(codes, None, first_spawn)
-        assert points > 3
-        for point in range(1, points + 1):
-            monkeypatch.setattr(_process, "_SPAWNER", _Spawner())  # this process's first spawn
-            interrupted_at_point(codes, point, first_spawn)
-            ended = threading.Event()
-            threading.Thread(target=first_spawn, args=(ended,), daemon=True).start()
-            assert ended.wait(30), f"the spawn after a Ctrl-C at point {point} of {points} hangs"
-    finally:
-        for child in children:
             child.wait(10)
