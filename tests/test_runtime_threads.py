@@ -36,6 +36,7 @@ from fakes.envserver import FakeEnvServer
 from verirl import DistributedEnv, HttpEnvServerProbe, TrainingRuntime, VLLMServer, VLLMTopology
 from verirl._net import find_free_port
 from verirl._signals import SIGTERM_POLICY
+from verirl._watchdog import ServerWatchdog
 from verirl.errors import VeriRLError
 
 FAKE = (sys.executable, "-m", "fakes.vllm_serve")
@@ -504,19 +505,24 @@ def test_a_ctrl_c_at_any_point_of_stop_into_a_real_server_leaves_it_to_the_next_
     stop() (another thread's) leaves nothing running and the policy released, whether it
     began after the Ctrl-C or was already waiting for the stop it cut short (review round
     30, G-F1: that one returned, the server still running). Between the two, the runtime is
-    as before the stop or torn down, never half (round 31, J-F3)."""
+    as before the stop or torn down, never half (round 31, J-F3), its watchdog stopped with
+    it (round 32, K-F1: it reported the stop as the server's death)."""
     from verirl import runtime
     from verirl._process import ProcessTree
 
     tr = TrainingRuntime
     codes = codes_of(tr.stop, tr._stop_once, tr._tear_down, tr._release, runtime._wait_for,
-                     VLLMServer.stop, VLLMServer._stop, VLLMServer._stop_held, VLLMServer._forget,
+                     tr._stop_watching, ServerWatchdog.stop, VLLMServer.stop, VLLMServer._stop,
+                     VLLMServer._stop_held, VLLMServer._forget,
                      ProcessTree.take_down)  # fmt: skip
     before = {child.pid for child in psutil.Process().children(recursive=True)}
+
+    watchdogs: list[ServerWatchdog | None] = []
 
     def interrupted(point: int | None) -> tuple[int, TrainingRuntime, Any]:
         rt = _runtime(tmp_path)
         rt.start()
+        watchdogs[:] = [rt._watchdog]
         waiting: list[Any] = []
 
         def second_stop() -> None:  # another thread's stop(), under way as the Ctrl-C comes
@@ -535,6 +541,10 @@ def test_a_ctrl_c_at_any_point_of_stop_into_a_real_server_leaves_it_to_the_next_
         if not waiting:  # as the Ctrl-C left it: started with its server, or torn down
             state = (rt._started, rt.session is not None, rt._server is not None, rt._claim)
             assert state in ((True, True, True, None), (False, False, False, None)), (where, state)
+            watchdog = watchdogs[0]
+            assert watchdog is not None
+            if not rt._started:  # torn down: the watchdog too, or it reports the stop a death
+                assert watchdog._stopped, where
         thread, outcome = waiting or _in_thread(rt.stop)
         thread.join(BOUND)
         assert outcome == [None], where

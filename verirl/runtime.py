@@ -561,7 +561,7 @@ class _Teardown:
     session: RuntimeSession | None = None
     ended: threading.Event = attrs.field(factory=threading.Event)
     stopped: bool = False
-    """Set once the server's stop returned (and the watchdog's, before it)."""
+    """Set once the watchdog's stop, then the server's, returned."""
     torn_down: bool = False
     """Set as ``ended`` is: whether the server was stopped, or handed back to the runtime."""
 
@@ -1133,6 +1133,8 @@ class TrainingRuntime:
             try:
                 self._stop_watching(claim.watchdog)  # first: stopping the server is no death
             finally:
+                if claim.watchdog is not None:
+                    claim.watchdog.stop()  # again (quick): a Ctrl-C may have cut the first short
                 if claim.server is not None:
                     claim.server.stop()
                 claim.stopped = True  # no call: the stop's own finally reads it too
