@@ -665,34 +665,68 @@ def test_a_path_holding_the_word_download_dir_is_kept_as_it_is(tmp_path):
 def test_a_leader_interrupted_once_it_holds_the_lock_never_leaves_followers_waiting(tmp_path):
     """A Ctrl-C while the leader wrote its claim left no claim and no record: the followers
     waited out their whole deadline (an hour by default), and a partial ``.tmp`` file stayed
-    (review round 30, H-F9; and as it took the lock, round 31, J-F2). At every point of its
-    taking the lock and writing: a record the followers read at once, and no partial file."""
+    (review round 30, H-F9). Nor may an error record replace an answer already written, as
+    the lock is let go (round 32, K-F3). At every point of taking the lock, writing and
+    letting go: once the claim is there, a record the followers read at once, the answer if
+    it was written; and no partial file. (Before the claim, as for a leader that died then,
+    they wait: nothing tells them it ever began.)"""
     from _support import codes_of, interrupted_at_point
-    from verirl import _fs, _node_share
+    from verirl import _fs
 
     (tmp_path / "checkpoint-3").mkdir()
-    codes = codes_of(NodeSharedResolver._lead, NodeSharedResolver._write, _node_share._sweep,
+    codes = codes_of(NodeSharedResolver._lead, NodeSharedResolver._write,
                      _fs.flock_with_deadline, _fs._acquire, _fs._lock_if_free)  # fmt: skip
     chosen = str(tmp_path / "checkpoint-3")
 
-    def lead(key: str) -> None:
+    def lead(key: str, point: int | None) -> tuple[int, list[bool]]:
         slow = Slow(chosen)
         slow.release.set()
-        NodeSharedResolver(slow, tmp_path, key, leader=True, timeout=5).resolve("latest")
+        leader = NodeSharedResolver(slow, tmp_path, key, leader=True, timeout=5)
+        seen: list[bool] = []  # at the Ctrl-C: the claim there, the answer written
 
-    points = interrupted_at_point(codes, None, lambda: lead("k-count"))
-    assert points > 4
-    for point in range(2, points + 1):  # 1, _lead's entry: a leader that never began anything
+        def look() -> None:
+            seen[:] = [leader._path(".claim").exists(), leader._read() == {"path": chosen}]
+
+        return interrupted_at_point(codes, point, lambda: leader.resolve("latest"), look), seen
+
+    points, _ = lead("k-count", None)
+    assert points > 8
+    for point in range(1, points + 1):
         key = f"k-{point}"
-        interrupted_at_point(codes, point, lambda key=key: lead(key))  # type: ignore[misc]
+        _, (claimed, answered) = lead(key, point)
+        assert not list(tmp_path.glob("*.tmp")), point
+        if not claimed:
+            continue
         follower = NodeSharedResolver(Slow(None), tmp_path, key, leader=False, timeout=3)
         try:
             got: object = follower.resolve("latest")
         except CheckpointSourceError as exc:  # the leader's "interrupted", read at once
             got = exc
+        if answered:
+            assert got == chosen, (point, str(got))
         waited_out = "did not choose a checkpoint within" in str(got)
         assert got == chosen or (isinstance(got, CheckpointSourceError) and not waited_out), (
             point,
             str(got),
         )
-        assert not list(tmp_path.glob("*.tmp")), point
+
+
+def test_a_leader_interrupted_while_another_holds_the_lock_writes_nothing(tmp_path):
+    """A leader interrupted while it waited for a lock another process held wrote its
+    "interrupted" under that one's key: the healthy leader's followers failed at once (review
+    round 32, K-F2). It writes nothing: the key is the lock holder's."""
+    import _thread
+
+    from verirl._fs import flock_with_deadline
+
+    waiter = NodeSharedResolver(Slow(None), tmp_path, "k", leader=True, timeout=30)
+    with flock_with_deadline(waiter._path(".lock"), 5):  # the other leader, choosing
+        timer = threading.Timer(0.5, _thread.interrupt_main)
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                waiter.resolve("latest")
+        finally:
+            timer.cancel()
+    assert not waiter._path(".json").exists()
+    assert not waiter._path(".claim").exists()

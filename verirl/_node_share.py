@@ -272,44 +272,46 @@ class NodeSharedResolver:
             raise self.name.renamed(exc, self.folder) from exc.__cause__
 
     def _lead(self, request: str | None) -> str | None:
-        contended = recorded = False
-        try:  # whatever ends this is recorded, but another leader's lock: no follower waits it out
+        """Choose under the lock, and record the choice, or what ended the choosing.
+
+        From the lock on, whatever ends this is recorded for the followers,
+        never over an answer already written, and only under the lock: a
+        leader interrupted before it holds the lock (or one that waits for a
+        lock another process holds) writes nothing, and the followers wait
+        their deadline, as for a leader that died then.
+        """
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            msg = f"cannot create download_dir {printable(self.folder)}: {exc.strerror}"
+            raise CheckpointSourceError(msg) from exc
+        _sweep(self.folder)
+        lock = self._path(".lock")
+        with contextlib.ExitStack() as stack:
             try:
-                self.folder.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                msg = f"cannot create download_dir {printable(self.folder)}: {exc.strerror}"
+                locked = stack.enter_context(flock_with_deadline(lock, self.timeout))
+            except TimeoutError as exc:
+                msg = (
+                    f"local rank 0 could not take its lock {printable(lock)} within "
+                    f"{self.timeout:g}s (another process holds it)"
+                )
                 raise CheckpointSourceError(msg) from exc
-            _sweep(self.folder)
-            lock = self._path(".lock")
-            with contextlib.ExitStack() as stack:
-                try:
-                    locked = stack.enter_context(flock_with_deadline(lock, self.timeout))
-                except TimeoutError as exc:
-                    contended = True
-                    msg = (
-                        f"local rank 0 could not take its lock {printable(lock)} within "
-                        f"{self.timeout:g}s (another process holds it)"
-                    )
-                    raise CheckpointSourceError(msg) from exc
-                except OSError as exc:
-                    why = printable(exc.strerror or str(exc))
-                    msg = f"cannot lock {printable(lock)}: {type(exc).__name__}: {why} (remove it)"
-                    raise CheckpointSourceError(msg) from exc
-                try:  # recorded under the lock, as the followers expect
-                    # Which file the lock is on: a follower never trusts one put in its place.
-                    self._write(".claim", {"pid": os.getpid(), "lock": _identity(locked)})
-                    path = self.resolver.resolve(request)
-                    self._write(".json", {"path": path})
-                except BaseException as exc:
-                    recorded = True
-                    with contextlib.suppress(CheckpointSourceError):  # the error matters more
+            except OSError as exc:
+                why = printable(exc.strerror or str(exc))
+                msg = f"cannot lock {printable(lock)}: {type(exc).__name__}: {why} (remove it)"
+                raise CheckpointSourceError(msg) from exc
+            answer: dict[str, object] | None = None
+            try:
+                # Which file the lock is on: a follower never trusts a lock file put in its place.
+                self._write(".claim", {"pid": os.getpid(), "lock": _identity(locked)})
+                path = self.resolver.resolve(request)
+                answer = {"path": path}
+                self._write(".json", answer)
+            except BaseException as exc:
+                with contextlib.suppress(CheckpointSourceError):  # the error matters more
+                    if answer is None or self._read() != answer:  # not over the answer given
                         self._write(".json", _error_record(exc))
-                    raise
-        except BaseException as exc:
-            if not (contended or recorded):  # before the lock was known to be held
-                with contextlib.suppress(CheckpointSourceError):
-                    self._write(".json", _error_record(exc))
-            raise
+                raise
         return path
 
     def _write(self, suffix: str, record: Mapping[str, object]) -> None:
