@@ -2096,6 +2096,33 @@ def test_a_secret_s_flag_alone_as_the_vllm_args_value_is_a_usage_error(  # noqa:
     assert not marker.exists()
 
 
+@pytest.mark.parametrize(
+    "given",
+    [["--vllm-args=--api-key", "SEKRIT"], ["--vllm-args", "--api-key", "SEKRIT"],
+     ["--vllm-a=--hf-token", "SEKRIT"]],
+)  # fmt: skip
+def test_serve_refuses_a_secret_s_flag_alone_without_showing_the_secret(clean_env, capsys, given):
+    """``serve --vllm-args=--api-key KEY``: argparse refused KEY as an unrecognized argument,
+    and its error showed it, on stderr and in the --json document (review round 32, K-F4)."""
+    with pytest.raises(SystemExit) as info:
+        main(["--json", "serve", "--gpus", "2", "--model", "m", *given])
+    out, err = capsys.readouterr()
+    assert info.value.code == 2, err
+    assert "takes a value, and the word after it would be taken for another argument" in err
+    assert json.loads(out)["error"]["code"] == 2, out
+    assert "SEKRIT" not in out + err
+
+
+def test_the_command_s_own_vllm_args_are_its_own(clean_env, capsys, tmp_path):
+    """A training command given without ``--`` may have a --vllm-args of its own: not ours to
+    refuse (it reaches the server's start, which fails here: no trl)."""
+    code = main(["launch", "--gpus", "2", "--model", "m", "--vllm-command", str(tmp_path / "no"),
+                 sys.executable, "-c", "pass", "--vllm-args", "--api-key", "X"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 4, err
+    assert "takes a value" not in err
+
+
 @pytest.mark.parametrize("separator", [["--"], []])
 def test_a_separator_inside_the_command_is_the_commands_own(tmp_path, separator):
     """``launch --vllm-args=V [--] cmd a -- b``: the command's own ``--`` is not the mistake

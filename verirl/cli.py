@@ -1412,9 +1412,9 @@ def _refuse_a_split_vllm_args(parser: argparse.ArgumentParser, args: argparse.Na
     ``--vllm-args=--dtype``), with a command that does not start at the ``--``
     but holds one, is that mistake, or a command given without ``--``: either
     way ``--`` just before the command says which. A value of several words
-    was given whole: the words after it are the command. A secret's flag alone
-    (``--vllm-args --api-key KEY cmd``) made the secret the command's program,
-    ``--`` or not. Nothing given is echoed but through `redact_argv`.
+    was given whole: the words after it are the command. (A secret's flag
+    alone: `_refuse_a_lone_secret_flag`.) Nothing given is echoed but through
+    `redact_argv`.
     """
     command = getattr(args, "command", None) or []
     value = getattr(args, "vllm_args", None)
@@ -1422,12 +1422,6 @@ def _refuse_a_split_vllm_args(parser: argparse.ArgumentParser, args: argparse.Na
     if not flag.startswith("-") or any(char.isspace() for char in flag):
         return  # none, or given whole
     target = _subcommand_parser(parser, args.cmd)
-    if "=" not in flag and _hides_its_value(flag):
-        shown = printable(flag)  # quoted: the redaction of the message keeps its next word
-        target.error(
-            f"argument --vllm-args: '{shown}' takes a value, and the word after it would be "
-            f"taken for the command: give both in one word, --vllm-args='{shown} VALUE'"
-        )
     if not command or command[0] == "--" or "--" not in command:
         return
     words = command[: command.index("--")]
@@ -1446,6 +1440,47 @@ def _refuse_a_split_vllm_args(parser: argparse.ArgumentParser, args: argparse.Na
         f"would be taken for the command: give its whole value in one word, --vllm-args="
         f"{printable(example)}{theirs}, and put '--' just before the command"
     )
+
+
+def _refuse_a_lone_secret_flag(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """``--vllm-args --api-key KEY``: a usage error before the parse, the key never shown.
+
+    ``--vllm-args`` takes one value; a secret's flag alone there left its value
+    to the next word: launch's command (its program), or, for serve, an
+    "unrecognized argument" that argparse's error quoted. However spelled
+    (``=`` or not, abbreviated), before the command's ``--``.
+    """
+    command = command_word(argv)
+    target = _subcommand_parser(parser, command)
+    takes_a_command = any(a.nargs == argparse.REMAINDER for a in target._actions)  # noqa: SLF001
+    seen_command_word = False
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        index += 1
+        if arg == "--":
+            return
+        if not arg.startswith("-"):
+            if seen_command_word and takes_a_command:
+                return  # the training command begins: what follows is its own
+            seen_command_word = seen_command_word or arg == command
+            continue
+        name, equals, value = arg.partition("=")
+        found = _option(target, name) or _option(parser, name) if name.startswith("--") else None
+        if found is None or found.dest != "vllm_args":
+            if found is not None and found.nargs != 0 and not equals:
+                index += 1  # its value, whatever it looks like
+            continue
+        if not equals:
+            value = argv[index] if index < len(argv) else ""
+        flag = value.strip()
+        if flag.startswith("-") and "=" not in flag and " " not in flag and _hides_its_value(flag):
+            shown = printable(flag)  # quoted: the redaction of the message keeps its next word
+            target.error(
+                f"argument --vllm-args: '{shown}' takes a value, and the word after it would "
+                f"be taken for another argument: give both in one word, --vllm-args='{shown} "
+                "VALUE'"
+            )
 
 
 def _hides_its_value(flag: str) -> bool:
@@ -1503,6 +1538,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     captured: list[tuple[str, str]] = []
     token = _PARSE_OUTPUT.set(captured)
     try:
+        _refuse_a_lone_secret_flag(parser, argv)
         try:
             _refuse_dashes_as_a_value(parser, argv)
             args = parser.parse_args(argv)
