@@ -2048,10 +2048,10 @@ def test_words_after_a_vllm_args_value_before_the_separator_are_a_usage_error(
         (["--vllm-args", "--dtype", "float32", "--max-model-len", "512"],
          "--vllm-args='--dtype float32' with verirl's own --max-model-len 512 before it"),
         (["--vllm-args", "--dtype", "float32", "--seed", "1", "--enforce-eager"],
-         "--vllm-args='--dtype float32 --seed 1 --enforce-eager',"),
+         "--vllm-args='--dtype float32 --seed 1 --enforce-eager' ("),
         (["--vllm-args", "--dtype", "float32", "--api-key", "SEKRIT"],
-         "--vllm-args='--dtype float32 --api-key <hidden>',"),
-        (["--vllm-args=--dtype", "float32"], "--vllm-args='--dtype float32',"),
+         "--vllm-args='--dtype float32 --api-key <hidden>' ("),
+        (["--vllm-args=--dtype", "float32"], "--vllm-args='--dtype float32' ("),
     ],
 )  # fmt: skip
 def test_any_words_between_a_vllm_args_value_and_the_separator_are_a_usage_error(
@@ -2068,7 +2068,7 @@ def test_any_words_between_a_vllm_args_value_and_the_separator_are_a_usage_error
     err = capsys.readouterr().err
     assert info.value.code == 2, err
     assert f"give its whole value in one word, {suggested}" in err, err
-    assert "put '--' just before the command" in err, err
+    assert "put '--' just before the command;" in err, err
     assert "SEKRIT" not in err, err
     assert not marker.exists()
 

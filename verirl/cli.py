@@ -1437,8 +1437,9 @@ def _refuse_a_split_vllm_args(parser: argparse.ArgumentParser, args: argparse.Na
     theirs = f" with verirl's own {shown_line(words[own:])} before it" if own < len(words) else ""
     target.error(
         "argument --vllm-args: it takes one value, and the words after it, before '--', "
-        f"would be taken for the command: give its whole value in one word, --vllm-args="
-        f"{printable(example)}{theirs}, and put '--' just before the command"
+        "would be taken for the command: put '--' just before the command; if those words are "
+        f"the server's, give its whole value in one word, --vllm-args={printable(example)}"
+        f"{theirs}"
     )
 
 
