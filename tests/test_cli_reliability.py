@@ -2089,7 +2089,7 @@ def test_a_secret_s_flag_alone_as_the_vllm_args_value_is_a_usage_error(  # noqa:
               *separator, "touch", str(marker)])  # fmt: skip
     out, err = capsys.readouterr()
     assert info.value.code == 2, err
-    assert f"'{flag}' takes a value" in err, err
+    assert f"its last flag, '{flag}', takes a value" in err, err
     assert f"--vllm-args='{flag} <hidden>'" in err, err
     assert json.loads(out)["error"]["code"] == 2, out
     assert "SEKRIT" not in out + err
@@ -2099,11 +2099,13 @@ def test_a_secret_s_flag_alone_as_the_vllm_args_value_is_a_usage_error(  # noqa:
 @pytest.mark.parametrize(
     "given",
     [["--vllm-args=--api-key", "SEKRIT"], ["--vllm-args", "--api-key", "SEKRIT"],
-     ["--vllm-a=--hf-token", "SEKRIT"]],
+     ["--vllm-a=--hf-token", "SEKRIT"], ["--vllm-args=--enforce-eager --api-key", "SEKRIT"],
+     ["--vllm-args", "--enforce-eager\t--api-key", "SEKRIT"]],
 )  # fmt: skip
 def test_serve_refuses_a_secret_s_flag_alone_without_showing_the_secret(clean_env, capsys, given):
     """``serve --vllm-args=--api-key KEY``: argparse refused KEY as an unrecognized argument,
-    and its error showed it, on stderr and in the --json document (review round 32, K-F4)."""
+    and its error showed it, on stderr and in the --json document (review round 32, K-F4);
+    so it did with the flag last in a longer value (round 33, L-F2)."""
     with pytest.raises(SystemExit) as info:
         main(["--json", "serve", "--gpus", "2", "--model", "m", *given])
     out, err = capsys.readouterr()
@@ -2111,6 +2113,19 @@ def test_serve_refuses_a_secret_s_flag_alone_without_showing_the_secret(clean_en
     assert "takes a value, and the word after it would be taken for another argument" in err
     assert json.loads(out)["error"]["code"] == 2, out
     assert "SEKRIT" not in out + err
+
+
+@pytest.mark.parametrize("value", ["--api-key\tSEKRIT", "--api-key\nSEKRIT", "--api-key SEKRIT"])
+def test_a_whole_vllm_args_value_with_a_secret_in_it_is_taken(clean_env, capsys, tmp_path, value):
+    """A value that holds the key after the flag (a tab or newline between them, too) is
+    whole: not refused, and the key never shown (review round 33, L-F1: the tab was refused,
+    its message showing the key). Up to the server's start, which fails here."""
+    code = main(["--json", "serve", "--gpus", "2", "--model", "m", "--vllm-args", value,
+                 "--vllm-command", str(tmp_path / "no-such-program")])  # fmt: skip
+    assert code == 4
+    out, err = capsys.readouterr()
+    assert "takes a value" not in err, err
+    assert "SEKRIT" not in out + err, (code, out, err)
 
 
 def test_the_command_s_own_vllm_args_are_its_own(clean_env, capsys, tmp_path):

@@ -1446,10 +1446,12 @@ def _refuse_a_split_vllm_args(parser: argparse.ArgumentParser, args: argparse.Na
 def _refuse_a_lone_secret_flag(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
     """``--vllm-args --api-key KEY``: a usage error before the parse, the key never shown.
 
-    ``--vllm-args`` takes one value; a secret's flag alone there left its value
-    to the next word: launch's command (its program), or, for serve, an
+    ``--vllm-args`` takes one value; a secret's flag alone there, or last in it
+    (``--vllm-args='--enforce-eager --api-key' KEY``), left its value to the
+    next word: launch's command (its program), or, for serve, an
     "unrecognized argument" that argparse's error quoted. However spelled
-    (``=`` or not, abbreviated), before the command's ``--``.
+    (``=`` or not, abbreviated), before the command's ``--``. Nothing of the
+    value is shown but that flag's name.
     """
     command = command_word(argv)
     target = _subcommand_parser(parser, command)
@@ -1474,13 +1476,14 @@ def _refuse_a_lone_secret_flag(parser: argparse.ArgumentParser, argv: Sequence[s
             continue
         if not equals:
             value = argv[index] if index < len(argv) else ""
-        flag = value.strip()
-        if flag.startswith("-") and "=" not in flag and " " not in flag and _hides_its_value(flag):
+        words = value.split()  # a flag's value split off: the value's last word is the flag
+        flag = words[-1] if words else ""
+        if flag.startswith("-") and "=" not in flag and _hides_its_value(flag):
             shown = printable(flag)  # quoted: the redaction of the message keeps its next word
             target.error(
-                f"argument --vllm-args: '{shown}' takes a value, and the word after it would "
-                f"be taken for another argument: give both in one word, --vllm-args='{shown} "
-                "VALUE'"
+                f"argument --vllm-args: its last flag, '{shown}', takes a value, and the word "
+                "after it would be taken for another argument: give the flag and its value in "
+                f"the one --vllm-args value, as in --vllm-args='{shown} VALUE'"
             )
 
 
