@@ -730,3 +730,23 @@ def test_a_leader_interrupted_while_another_holds_the_lock_writes_nothing(tmp_pa
             timer.cancel()
     assert not waiter._path(".json").exists()
     assert not waiter._path(".claim").exists()
+
+
+@pytest.mark.parametrize("how", ["symlink", "directory"])
+def test_a_lock_no_process_can_take_fails_the_followers_with_its_reason_at_once(tmp_path, how):
+    """A leader that could not lock (its lock file a link or a folder) failed at once, but wrote
+    no record since 6c65117: every other rank waited its whole deadline, then blamed the
+    leader (review round 33, L-F3). Its reason is recorded: no process can hold that lock."""
+    leader = NodeSharedResolver(Slow(None), tmp_path, "k", leader=True, timeout=5)
+    lock = leader._path(".lock")
+    if how == "symlink":
+        lock.symlink_to(tmp_path / "elsewhere")
+    else:
+        lock.mkdir()
+    with pytest.raises(CheckpointSourceError, match="cannot lock"):
+        leader.resolve("latest")
+    follower = NodeSharedResolver(Slow(None), tmp_path, "k", leader=False, timeout=30)
+    started = time.monotonic()
+    with pytest.raises(CheckpointSourceError, match="cannot lock"):
+        follower.resolve("latest")
+    assert time.monotonic() - started < 10

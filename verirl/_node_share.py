@@ -275,7 +275,8 @@ class NodeSharedResolver:
         """Choose under the lock, and record the choice, or what ended the choosing.
 
         From the lock on, whatever ends this is recorded for the followers,
-        never over an answer already written, and only under the lock: a
+        never over an answer already written, and only under the lock (or
+        where no process can hold it: a lock file that cannot be taken): a
         leader interrupted before it holds the lock (or one that waits for a
         lock another process holds) writes nothing, and the followers wait
         their deadline, as for a leader that died then.
@@ -299,7 +300,12 @@ class NodeSharedResolver:
             except OSError as exc:
                 why = printable(exc.strerror or str(exc))
                 msg = f"cannot lock {printable(lock)}: {type(exc).__name__}: {why} (remove it)"
-                raise CheckpointSourceError(msg) from exc
+                error = CheckpointSourceError(msg)
+                # No process can hold a lock that cannot be taken (a link, a folder): the
+                # followers get the reason now, not at their deadline.
+                with contextlib.suppress(CheckpointSourceError):
+                    self._write(".json", _error_record(error))
+                raise error from exc
             answer: dict[str, object] | None = None
             try:
                 # Which file the lock is on: a follower never trusts a lock file put in its place.
