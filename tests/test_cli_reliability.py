@@ -2074,16 +2074,18 @@ def test_any_words_between_a_vllm_args_value_and_the_separator_are_a_usage_error
 
 
 @pytest.mark.parametrize("separator", [["--"], []])
-@pytest.mark.parametrize("spelled", ["word", "equals"])
+@pytest.mark.parametrize("spelled", ["word", "equals", "after an empty one"])
 @pytest.mark.parametrize("flag", ["--api-key", "--api-k", "--hf-token"])
 def test_a_secret_s_flag_alone_as_the_vllm_args_value_is_a_usage_error(  # noqa: PLR0917
     clean_env, capsys, tmp_path, flag, spelled, separator
 ):
     """``--vllm-args --api-key KEY cmd``: the key was the command's program, shown wherever the
-    command is (review round 30, H-F1 and H-F3; the ``=`` spelling, round 31, J-F4). A usage
-    error, the key never shown."""
+    command is (review round 30, H-F1 and H-F3; the ``=`` spelling, round 31, J-F4; after an
+    empty --vllm-args, whose value stopped the scan, round 34, M-F3). A usage error, the key
+    never shown."""
     marker = tmp_path / "ran"
-    given = ["--vllm-args", flag] if spelled == "word" else [f"--vllm-args={flag}"]
+    given = {"word": ["--vllm-args", flag], "equals": [f"--vllm-args={flag}"],
+             "after an empty one": ["--vllm-args", "", "--vllm-args", flag]}[spelled]  # fmt: skip
     with pytest.raises(SystemExit) as info:
         main(["launch", "--gpus", "2", "--model", "m", "--json", *given, "SEKRIT",
               *separator, "touch", str(marker)])  # fmt: skip
@@ -2100,7 +2102,9 @@ def test_a_secret_s_flag_alone_as_the_vllm_args_value_is_a_usage_error(  # noqa:
     "given",
     [["--vllm-args=--api-key", "SEKRIT"], ["--vllm-args", "--api-key", "SEKRIT"],
      ["--vllm-a=--hf-token", "SEKRIT"], ["--vllm-args=--enforce-eager --api-key", "SEKRIT"],
-     ["--vllm-args", "--enforce-eager\t--api-key", "SEKRIT"]],
+     ["--vllm-args", "--enforce-eager\t--api-key", "SEKRIT"],
+     ["--vllm-args=--enforce-eager '--api-key'", "SEKRIT"], ["--vllm-args=--api-key=", "SEKRIT"],
+     ["--vllm-args", "", "--vllm-args", "--api-key", "SEKRIT"]],
 )  # fmt: skip
 def test_serve_refuses_a_secret_s_flag_alone_without_showing_the_secret(clean_env, capsys, given):
     """``serve --vllm-args=--api-key KEY``: argparse refused KEY as an unrecognized argument,
@@ -2113,6 +2117,20 @@ def test_serve_refuses_a_secret_s_flag_alone_without_showing_the_secret(clean_en
     assert "takes a value, and the word after it would be taken for another argument" in err
     assert json.loads(out)["error"]["code"] == 2, out
     assert "SEKRIT" not in out + err
+
+
+@pytest.mark.parametrize("value", ["--enforce-eager --allow-credentials", "--api-key"])
+def test_a_value_ending_in_a_flag_with_nothing_after_it_is_the_server_s(
+    clean_env, capsys, tmp_path, value
+):
+    """``serve --vllm-args='--enforce-eager --allow-credentials'`` (a flag named like a secret
+    that takes no value) was refused: nothing follows it to be taken for its value (review
+    round 34, M-F1). It reaches the server's start, which fails here."""
+    code = main(["serve", "--gpus", "2", "--model", "m", f"--vllm-args={value}",
+                 "--vllm-command", str(tmp_path / "no-such-program")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 4, err
+    assert "takes a value" not in err, err
 
 
 @pytest.mark.parametrize("value", ["--api-key\tSEKRIT", "--api-key\nSEKRIT", "--api-key SEKRIT"])

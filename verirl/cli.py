@@ -1476,15 +1476,30 @@ def _refuse_a_lone_secret_flag(parser: argparse.ArgumentParser, argv: Sequence[s
             continue
         if not equals:
             value = argv[index] if index < len(argv) else ""
-        words = value.split()  # a flag's value split off: the value's last word is the flag
-        flag = words[-1] if words else ""
-        if flag.startswith("-") and "=" not in flag and _hides_its_value(flag):
+            index += 1  # the value, whatever it looks like
+        following = argv[index] if index < len(argv) else "--"
+        flag = _last_secret_flag(value)
+        if flag is not None and not following.startswith("-"):  # a word to be taken as its value
             shown = printable(flag)  # quoted: the redaction of the message keeps its next word
             target.error(
                 f"argument --vllm-args: its last flag, '{shown}', takes a value, and the word "
                 "after it would be taken for another argument: give the flag and its value in "
-                f"the one --vllm-args value, as in --vllm-args='{shown} VALUE'"
+                f"the one --vllm-args value, as in --vllm-args='{shown} VALUE' (a flag that "
+                "takes none: put '--' just before the command)"
             )
+
+
+def _last_secret_flag(value: str) -> str | None:
+    """``value``'s last word if it is a secret's flag with no value of its own, else ``None``.
+
+    Split as the server's arguments are; ``--api-key`` and ``--api-key=`` alike.
+    """
+    try:
+        words = shlex.split(value)
+    except ValueError:  # an unbalanced quote
+        words = value.split()
+    flag, _, given = (words[-1] if words else "").partition("=")
+    return flag if flag.startswith("-") and not given and _hides_its_value(flag) else None
 
 
 def _hides_its_value(flag: str) -> bool:
