@@ -14,6 +14,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -750,3 +751,37 @@ def test_a_lock_no_process_can_take_fails_the_followers_with_its_reason_at_once(
     with pytest.raises(CheckpointSourceError, match="cannot lock"):
         follower.resolve("latest")
     assert time.monotonic() - started < 10
+
+
+def test_a_lock_refused_to_this_process_alone_or_after_an_answer_writes_nothing(
+    tmp_path, monkeypatch
+):
+    """A lock refused for a reason of this process's own (permissions: another user's leader
+    may hold it), or one that cannot be taken once an answer is there: the error record went
+    over the other leader's answer (review round 34, M-F4). Nothing is written then."""
+    import contextlib
+
+    from verirl import _node_share
+
+    chosen = str(tmp_path / "checkpoint-3")
+    (tmp_path / "checkpoint-3").mkdir()
+    first = Slow(chosen)
+    first.release.set()
+    assert NodeSharedResolver(first, tmp_path, "k", leader=True, timeout=5).resolve("x") == chosen
+
+    @contextlib.contextmanager
+    def refused(_path: object, _timeout: float) -> Iterator[None]:
+        raise PermissionError(13, "Permission denied")
+        yield
+
+    second = NodeSharedResolver(Slow(None), tmp_path, "k", leader=True, timeout=5)
+    with monkeypatch.context() as patch:
+        patch.setattr(_node_share, "flock_with_deadline", refused)
+        with pytest.raises(CheckpointSourceError, match="cannot lock"):
+            second.resolve("x")
+    second._path(".lock").unlink()
+    second._path(".lock").mkdir()  # no process can take it now, but an answer is there
+    with pytest.raises(CheckpointSourceError, match="cannot lock"):
+        second.resolve("x")
+    follower = NodeSharedResolver(Slow(None), tmp_path, "k", leader=False, timeout=5)
+    assert follower.resolve("x") == chosen

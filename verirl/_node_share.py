@@ -40,7 +40,14 @@ import attrs
 from verirl import _procfs
 from verirl._checkpoint import shorten
 from verirl._download_dir import SAME_FOLDER_HINT, FolderName
-from verirl._fs import flock_with_deadline, printable, quoted, read_capped, write_new_file
+from verirl._fs import (
+    FileRefusedError,
+    flock_with_deadline,
+    printable,
+    quoted,
+    read_capped,
+    write_new_file,
+)
 from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError
 
 __all__ = ["NODE_WAIT_TIMEOUT", "CheckpointResolving", "NodeSharedResolver", "attempt_key"]
@@ -51,6 +58,7 @@ NODE_WAIT_TIMEOUT = 3600.0
 """Seconds a follower waits for the leader's choice by default (a download may take that long)."""
 
 _PREFIX = ".verirl-node-"
+_UNTAKABLE = (errno.ELOOP, errno.EISDIR, errno.ENXIO)  # a link, a folder, a socket: no lock
 _STALE_AFTER = 7 * 24 * 3600.0
 _RECORD_LIMIT = 1 << 20
 _FIRST_PAUSE = 0.02
@@ -301,10 +309,13 @@ class NodeSharedResolver:
                 why = printable(exc.strerror or str(exc))
                 msg = f"cannot lock {printable(lock)}: {type(exc).__name__}: {why} (remove it)"
                 error = CheckpointSourceError(msg)
-                # No process can hold a lock that cannot be taken (a link, a folder): the
-                # followers get the reason now, not at their deadline.
+                # No process can hold a lock that cannot be taken (a link, a folder, not a
+                # file): the followers get the reason now, not at their deadline. Refused to
+                # this process alone (permissions), it may be another's: nothing written.
+                untakable = isinstance(exc, FileRefusedError) or exc.errno in _UNTAKABLE
                 with contextlib.suppress(CheckpointSourceError):
-                    self._write(".json", _error_record(error))
+                    if untakable and self._read() is None:
+                        self._write(".json", _error_record(error))
                 raise error from exc
             answer: dict[str, object] | None = None
             try:
