@@ -2104,12 +2104,15 @@ def test_a_secret_s_flag_alone_as_the_vllm_args_value_is_a_usage_error(  # noqa:
      ["--vllm-a=--hf-token", "SEKRIT"], ["--vllm-args=--enforce-eager --api-key", "SEKRIT"],
      ["--vllm-args", "--enforce-eager\t--api-key", "SEKRIT"],
      ["--vllm-args=--enforce-eager '--api-key'", "SEKRIT"], ["--vllm-args=--api-key=", "SEKRIT"],
-     ["--vllm-args", "", "--vllm-args", "--api-key", "SEKRIT"]],
+     ["--vllm-args", "", "--vllm-args", "--api-key", "SEKRIT"],
+     ["--vllm-args=--api-key", "-SEKRIT"], ["--vllm-args=--api-key", "-vSEKRIT"],
+     ["--vllm-args", "--api-key \\", "SEKRIT"]],
 )  # fmt: skip
 def test_serve_refuses_a_secret_s_flag_alone_without_showing_the_secret(clean_env, capsys, given):
     """``serve --vllm-args=--api-key KEY``: argparse refused KEY as an unrecognized argument,
     and its error showed it, on stderr and in the --json document (review round 32, K-F4);
-    so it did with the flag last in a longer value (round 33, L-F2)."""
+    so it did with the flag last in a longer value (round 33, L-F2), and with a key that
+    starts with '-' or a value whose quotes do not balance (round 35, N-F1, N-F3)."""
     with pytest.raises(SystemExit) as info:
         main(["--json", "serve", "--gpus", "2", "--model", "m", *given])
     out, err = capsys.readouterr()

@@ -1479,7 +1479,7 @@ def _refuse_a_lone_secret_flag(parser: argparse.ArgumentParser, argv: Sequence[s
             index += 1  # the value, whatever it looks like
         following = argv[index] if index < len(argv) else "--"
         flag = _last_secret_flag(value)
-        if flag is not None and not following.startswith("-"):  # a word to be taken as its value
+        if flag is not None and not _is_a_flag_of(parser, target, following):  # taken as its value
             shown = printable(flag)  # quoted: the redaction of the message keeps its next word
             target.error(
                 f"argument --vllm-args: its last flag, '{shown}', takes a value, and the word "
@@ -1489,6 +1489,23 @@ def _refuse_a_lone_secret_flag(parser: argparse.ArgumentParser, argv: Sequence[s
             )
 
 
+def _is_a_flag_of(
+    parser: argparse.ArgumentParser, target: argparse.ArgumentParser, word: str
+) -> bool:
+    """Whether ``word`` is ``--`` or one of verirl's own flags (``-vv`` too), not a value.
+
+    A key may start with ``-``: anything else is a word the user gave.
+    """
+    if word == "--":
+        return True
+    name = word.partition("=")[0]
+    if name.startswith("--"):
+        return (_option(target, name) or _option(parser, name)) is not None
+    letters = name[1:]
+    short = {option for p in (target, parser) for option in p._option_string_actions}  # noqa: SLF001
+    return name.startswith("-") and bool(letters) and all(f"-{c}" in short for c in letters)
+
+
 def _last_secret_flag(value: str) -> str | None:
     """``value``'s last word if it is a secret's flag with no value of its own, else ``None``.
 
@@ -1496,8 +1513,8 @@ def _last_secret_flag(value: str) -> str | None:
     """
     try:
         words = shlex.split(value)
-    except ValueError:  # an unbalanced quote
-        words = value.split()
+    except ValueError:  # an unbalanced quote: the words as written, their quotes let go
+        words = [bare for word in value.split() if (bare := word.strip("'\"\\"))]
     flag, _, given = (words[-1] if words else "").partition("=")
     return flag if flag.startswith("-") and not given and _hides_its_value(flag) else None
 
