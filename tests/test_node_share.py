@@ -6,6 +6,7 @@ as torchrun's agent starts a node's ranks) against a loopback fake Hub.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -785,3 +786,30 @@ def test_a_lock_refused_to_this_process_alone_or_after_an_answer_writes_nothing(
         second.resolve("x")
     follower = NodeSharedResolver(Slow(None), tmp_path, "k", leader=False, timeout=5)
     assert follower.resolve("x") == chosen
+
+
+@pytest.mark.parametrize(
+    ("error", "recorded"),
+    [(OSError(errno.ENOLCK, "No locks available"), True),
+     (PermissionError(errno.EACCES, "Permission denied"), False)],
+)  # fmt: skip
+def test_a_lock_no_process_can_take_is_recorded_one_refused_to_this_one_alone_is_not(
+    tmp_path, monkeypatch, error, recorded
+):
+    """A file system without locks (ENOLCK: NFS with no lock manager) left the followers
+    waiting their deadline (review round 35, N-F2); a lock refused to this process alone may
+    be another user's, whose key it is not this leader's to write."""
+    import contextlib
+
+    from verirl import _node_share
+
+    @contextlib.contextmanager
+    def refused(_path: object, _timeout: float) -> Iterator[None]:
+        raise error
+        yield
+
+    leader = NodeSharedResolver(Slow(None), tmp_path, "k", leader=True, timeout=5)
+    monkeypatch.setattr(_node_share, "flock_with_deadline", refused)
+    with pytest.raises(CheckpointSourceError, match="cannot lock"):
+        leader.resolve("x")
+    assert leader._path(".json").exists() is recorded
