@@ -2122,6 +2122,38 @@ def test_serve_refuses_a_secret_s_flag_alone_without_showing_the_secret(clean_en
     assert "SEKRIT" not in out + err
 
 
+_KEY = "SEKRITkey0123456789"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--model", "m", "--vllm-args=--api-key", "--", _KEY],
+        ["serve", "--model", "m", "--vllm-args=--api-key", "--json", _KEY],
+        ["serve", "--model", "m", "--vllm-args=--api-key", "-v", _KEY],
+        ["--vllm-args", "--api-key", _KEY, "serve", "--model", "m"],
+        ["--vllm-args=--api-key", _KEY, "launch", "--gpus", "2", "--", "true"],
+        ["launch", "--gpus", "2", "--vllm-args=--hf-token", "-q", _KEY, "--", "true"],
+        ["serve", "--model", "m", "--vllm-args", "--enforce-eager '--token'", "--", _KEY],
+    ],
+)
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_a_key_after_a_secret_s_flag_is_never_shown_whatever_the_usage_error(
+    clean_env, capsys, tmp_path, argv, json_flag
+):
+    """Each spelling the pre-parse check did not foresee (review round 36, P-F1 to P-F3: a
+    '--' or one of verirl's flags between the flag and its key, or the value before the
+    subcommand) ended in argparse's error quoting the key. The words after a secret's flag
+    are hidden from every usage error, whatever it says."""
+    command = [*json_flag, *argv]
+    if "serve" in command:
+        command += ["--vllm-command", str(tmp_path / "no-such-program")]
+    with contextlib.suppress(SystemExit):  # a usage error, or the server's start failing
+        main(command)
+    out, err = capsys.readouterr()
+    assert _KEY not in out + err, (command, out, err)
+
+
 @pytest.mark.parametrize("value", ["--enforce-eager --allow-credentials", "--api-key"])
 def test_a_value_ending_in_a_flag_with_nothing_after_it_is_the_server_s(
     clean_env, capsys, tmp_path, value

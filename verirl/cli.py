@@ -1589,7 +1589,9 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
         code = exc.code if isinstance(exc.code, int) else EXIT_ERROR
         launch = command_word(argv) == "launch"
         json_wanted = wants_json(argv, takes_value=functools.partial(_takes_value, parser))
-        _print_parse_output(captured, code, json_wanted=json_wanted, launch=launch)
+        _print_parse_output(
+            captured, code, json_wanted=json_wanted, launch=launch, hidden=_after_secret_flags(argv)
+        )
         raise SystemExit(code) from None
     finally:
         _PARSE_OUTPUT.reset(token)
@@ -1612,10 +1614,37 @@ def _option(target: argparse.ArgumentParser, option: str) -> argparse.Action | N
     return found
 
 
+def _after_secret_flags(argv: Sequence[str]) -> list[str]:
+    """The words of ``argv`` that may be a secret's value left on its own, to hide.
+
+    Each word up to and including the first that does not start with ``-``,
+    after a word (or a ``--flag=`` value) whose last word is a secret's flag
+    without its value (`_last_secret_flag`). A usage error may quote any of
+    them (argparse's "unrecognized arguments: KEY", "invalid choice: 'KEY'"),
+    however the mistake was spelled: they are hidden from what it prints.
+    """
+    hidden: list[str] = []
+    for index, arg in enumerate(argv):
+        value = arg.partition("=")[2] if arg.startswith("--") and "=" in arg else arg
+        if _last_secret_flag(value) is None and _last_secret_flag(arg) is None:
+            continue
+        for word in argv[index + 1 : index + 4]:
+            hidden.append(word)
+            if not word.startswith("-"):
+                break
+    return hidden
+
+
 def _print_parse_output(
-    captured: list[tuple[str, str]], code: int, *, json_wanted: bool, launch: bool = False
+    captured: list[tuple[str, str]],
+    code: int,
+    *,
+    json_wanted: bool,
+    launch: bool = False,
+    hidden: Sequence[str] = (),
 ) -> None:
     _read_run_secrets()
+    _RUN_SECRETS.extend(word for word in hidden if word.strip() and word != "--")
     errors = _hidden("".join(text for text, channel in captured if channel == "stderr"))
     if errors:
         STDERR.write(errors)
