@@ -791,14 +791,16 @@ def test_a_lock_refused_to_this_process_alone_or_after_an_answer_writes_nothing(
 @pytest.mark.parametrize(
     ("error", "recorded"),
     [(OSError(errno.ENOLCK, "No locks available"), True),
-     (PermissionError(errno.EACCES, "Permission denied"), False)],
+     (PermissionError(errno.EACCES, "Permission denied"), False),
+     (OSError(errno.EMFILE, "Too many open files"), False)],
 )  # fmt: skip
 def test_a_lock_no_process_can_take_is_recorded_one_refused_to_this_one_alone_is_not(
     tmp_path, monkeypatch, error, recorded
 ):
     """A file system without locks (ENOLCK: NFS with no lock manager) left the followers
-    waiting their deadline (review round 35, N-F2); a lock refused to this process alone may
-    be another user's, whose key it is not this leader's to write."""
+    waiting their deadline (review round 35, N-F2); a failure that may be this process's
+    alone (permissions, no descriptor left: round 36) leaves the lock perhaps another's,
+    whose key it is not this leader's to write."""
     import contextlib
 
     from verirl import _node_share

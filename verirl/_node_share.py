@@ -58,7 +58,8 @@ NODE_WAIT_TIMEOUT = 3600.0
 """Seconds a follower waits for the leader's choice by default (a download may take that long)."""
 
 _PREFIX = ".verirl-node-"
-_MAYBE_ANOTHERS = (errno.EACCES, errno.EPERM)  # a lock refused to us alone: maybe another's
+_UNTAKABLE = (errno.ELOOP, errno.EISDIR, errno.ENXIO,  # a link, a folder, a socket
+              errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)  # no locks  # fmt: skip
 _STALE_AFTER = 7 * 24 * 3600.0
 _RECORD_LIMIT = 1 << 20
 _FIRST_PAUSE = 0.02
@@ -311,11 +312,11 @@ class NodeSharedResolver:
                 error = CheckpointSourceError(msg)
                 # No process can hold a lock that cannot be taken (a link, a folder, a file
                 # system without locks): the followers get the reason now, not at their
-                # deadline. Refused to this process alone (permissions), it may be another
-                # user's: nothing written.
-                anothers = not isinstance(exc, FileRefusedError) and exc.errno in _MAYBE_ANOTHERS
+                # deadline. Any other failure (permissions, no descriptor left) may be this
+                # process's alone, the lock another's: nothing written.
+                untakable = isinstance(exc, FileRefusedError) or exc.errno in _UNTAKABLE
                 with contextlib.suppress(CheckpointSourceError):
-                    if not anothers and self._read() is None:
+                    if untakable and self._read() is None:
                         self._write(".json", _error_record(error))
                 raise error from exc
             answer: dict[str, object] | None = None
