@@ -2135,6 +2135,8 @@ _KEY = "SEKRITkey0123456789"
         ["--vllm-args=--api-key", _KEY, "launch", "--gpus", "2", "--", "true"],
         ["launch", "--gpus", "2", "--vllm-args=--hf-token", "-q", _KEY, "--", "true"],
         ["serve", "--model", "m", "--vllm-args", "--enforce-eager '--token'", "--", _KEY],
+        ["serve", "--model", "m", "--vllm-args=--api-key", "--host", "0.0.0.0", _KEY],
+        ["serve", "--model", "m", "--vllm-args=--api-key", "-v", "-v", "-q", "-v", _KEY],
     ],
 )
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])
@@ -2143,8 +2145,9 @@ def test_a_key_after_a_secret_s_flag_is_never_shown_whatever_the_usage_error(
 ):
     """Each spelling the pre-parse check did not foresee (review round 36, P-F1 to P-F3: a
     '--' or one of verirl's flags between the flag and its key, or the value before the
-    subcommand) ended in argparse's error quoting the key. The words after a secret's flag
-    are hidden from every usage error, whatever it says."""
+    subcommand) ended in argparse's error quoting the key; so did one of verirl's flags with
+    its value between them (round 37, Q-F1). The word after a secret's flag is hidden from
+    every usage error, whatever it says; verirl's own flags stay readable (Q-F2)."""
     command = [*json_flag, *argv]
     if "serve" in command:
         command += ["--vllm-command", str(tmp_path / "no-such-program")]
@@ -2152,6 +2155,15 @@ def test_a_key_after_a_secret_s_flag_is_never_shown_whatever_the_usage_error(
         main(command)
     out, err = capsys.readouterr()
     assert _KEY not in out + err, (command, out, err)
+
+
+def test_a_usage_error_after_a_secret_s_flag_keeps_verirl_s_flags_readable(clean_env, capsys):
+    """The words hidden after a secret's flag took verirl's own flag with them: 'argument
+    <hidden>: invalid integer' (review round 37, Q-F2). Only the word that may be the key."""
+    with pytest.raises(SystemExit):
+        main(["serve", "--model", "m", "--vllm-args=--api-key", "--vllm-port", "abcd"])
+    err = capsys.readouterr().err
+    assert "argument --vllm-port: invalid integer" in err, err
 
 
 @pytest.mark.parametrize("value", ["--enforce-eager --allow-credentials", "--api-key"])

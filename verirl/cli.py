@@ -1453,33 +1453,12 @@ def _refuse_a_lone_secret_flag(parser: argparse.ArgumentParser, argv: Sequence[s
     (``=`` or not, abbreviated), before the command's ``--``. Nothing of the
     value is shown but that flag's name.
     """
-    command = command_word(argv)
-    target = _subcommand_parser(parser, command)
-    takes_a_command = any(a.nargs == argparse.REMAINDER for a in target._actions)  # noqa: SLF001
-    seen_command_word = False
-    index = 0
-    while index < len(argv):
-        arg = argv[index]
-        index += 1
-        if arg == "--":
-            return
-        if not arg.startswith("-"):
-            if seen_command_word and takes_a_command:
-                return  # the training command begins: what follows is its own
-            seen_command_word = seen_command_word or arg == command
-            continue
-        name, equals, value = arg.partition("=")
-        found = _option(target, name) or _option(parser, name) if name.startswith("--") else None
+    target = _subcommand_parser(parser, command_word(argv))
+    for arg, found, next_word, following in _own_flags(parser, argv):
         if found is None or found.dest != "vllm_args":
-            if found is not None and found.nargs != 0 and not equals:
-                index += 1  # its value, whatever it looks like
             continue
-        if not equals:
-            value = argv[index] if index < len(argv) else ""
-            index += 1  # the value, whatever it looks like
-        following = argv[index] if index < len(argv) else "--"
-        flag = _last_secret_flag(value)
-        if flag is not None and not _is_a_flag_of(parser, target, following):  # taken as its value
+        flag = _last_secret_flag(arg.partition("=")[2] if "=" in arg else next_word or "")
+        if flag is not None and not _is_a_flag_of(parser, target, following or "--"):
             shown = printable(flag)  # quoted: the redaction of the message keeps its next word
             target.error(
                 f"argument --vllm-args: its last flag, '{shown}', takes a value, and the word "
@@ -1532,12 +1511,33 @@ def _refuse_dashes_as_a_value(parser: argparse.ArgumentParser, argv: Sequence[st
     list where a string or a number belongs: a traceback, or a value of ``[]``
     shown to the user, or a flag silently ignored.
     """
+    target = _subcommand_parser(parser, command_word(argv))
+    for arg, found, _, _ in _own_flags(parser, argv):
+        flag, equals, value = arg.partition("=")
+        takes_one = found is not None and found.nargs != 0
+        if flag.startswith("--") and equals and value == "--" and takes_one:  # not the command's
+            target.error(f"argument {flag}: expected one argument, not '--'")
+
+
+def _own_flags(
+    parser: argparse.ArgumentParser, argv: Sequence[str]
+) -> Iterator[tuple[str, argparse.Action | None, str | None, str | None]]:
+    """Each flag-like word of ``argv`` before the training command, with what surrounds it.
+
+    The word, verirl's action for it (``None``: not verirl's), its value given
+    as the next word (``None``: with ``=``, none, or not verirl's), and the
+    word after all that (``None`` at the end). The walk stops at ``--`` and
+    where the training command begins (its first word after the subcommand's);
+    a value is stepped over, whatever it looks like.
+    """
     command = command_word(argv)
     target = _subcommand_parser(parser, command)
     takes_a_command = any(a.nargs == argparse.REMAINDER for a in target._actions)  # noqa: SLF001
-    tokens = iter(argv)
     seen_command_word = False
-    for arg in tokens:
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        index += 1
         if arg == "--":
             return
         if not arg.startswith("-"):
@@ -1545,12 +1545,13 @@ def _refuse_dashes_as_a_value(parser: argparse.ArgumentParser, argv: Sequence[st
                 return  # the training command begins: what follows is its own
             seen_command_word = seen_command_word or arg == command
             continue
-        flag, equals, value = arg.partition("=")
-        ours = _takes_value(parser, command, flag) or _takes_value(parser, None, flag)
-        if flag.startswith("--") and equals and value == "--" and ours:  # not the command's
-            target.error(f"argument {flag}: expected one argument, not '--'")
-        if ours and not equals:
-            next(tokens, None)  # its value, whatever it looks like
+        name, equals, _ = arg.partition("=")
+        found = _option(target, name) or _option(parser, name)
+        value = None
+        if found is not None and found.nargs != 0 and not equals:
+            value = argv[index] if index < len(argv) else None
+            index += 1  # its value, whatever it looks like
+        yield arg, found, value, argv[index] if index < len(argv) else None
 
 
 def _subcommand_parser(
@@ -1590,7 +1591,11 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
         launch = command_word(argv) == "launch"
         json_wanted = wants_json(argv, takes_value=functools.partial(_takes_value, parser))
         _print_parse_output(
-            captured, code, json_wanted=json_wanted, launch=launch, hidden=_after_secret_flags(argv)
+            captured,
+            code,
+            json_wanted=json_wanted,
+            launch=launch,
+            hidden=_after_secret_flags(parser, argv),
         )
         raise SystemExit(code) from None
     finally:
@@ -1614,24 +1619,33 @@ def _option(target: argparse.ArgumentParser, option: str) -> argparse.Action | N
     return found
 
 
-def _after_secret_flags(argv: Sequence[str]) -> list[str]:
+def _after_secret_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
     """The words of ``argv`` that may be a secret's value left on its own, to hide.
 
-    Each word up to and including the first that does not start with ``-``,
-    after a word (or a ``--flag=`` value) whose last word is a secret's flag
-    without its value (`_last_secret_flag`). A usage error may quote any of
-    them (argparse's "unrecognized arguments: KEY", "invalid choice: 'KEY'"),
-    however the mistake was spelled: they are hidden from what it prints.
+    After a word (or a ``--flag=`` value) whose last word is a secret's flag
+    without its value (`_last_secret_flag`): the first word that is neither
+    ``--`` nor one of verirl's own flags or their values. A usage error may
+    quote it (argparse's "unrecognized arguments: KEY", "invalid choice:
+    'KEY'"), however the mistake was spelled: it is hidden from what it prints.
+    verirl's own flags stay readable.
     """
     hidden: list[str] = []
     for index, arg in enumerate(argv):
         value = arg.partition("=")[2] if arg.startswith("--") and "=" in arg else arg
         if _last_secret_flag(value) is None and _last_secret_flag(arg) is None:
             continue
-        for word in argv[index + 1 : index + 4]:
+        rest = iter(argv[index + 1 :])
+        for word in rest:
+            name, equals, _ = word.partition("=")
+            found = _option(parser, name) or _option(
+                _subcommand_parser(parser, command_word(argv)), name
+            )
+            if word == "--" or (found is not None and word.startswith("-")):
+                if found is not None and found.nargs != 0 and not equals:
+                    next(rest, None)  # its value
+                continue
             hidden.append(word)
-            if not word.startswith("-"):
-                break
+            break
     return hidden
 
 
