@@ -1417,8 +1417,7 @@ def _refuse_a_split_vllm_args(parser: argparse.ArgumentParser, args: argparse.Na
     `redact_argv`.
     """
     command = getattr(args, "command", None) or []
-    value = getattr(args, "vllm_args", None)
-    flag = (value or "").strip()
+    flag = str(getattr(args, "vllm_args", None) or "").strip()
     if not flag.startswith("-") or any(char.isspace() for char in flag):
         return  # none, or given whole
     target = _subcommand_parser(parser, args.cmd)
@@ -1430,7 +1429,7 @@ def _refuse_a_split_vllm_args(parser: argparse.ArgumentParser, args: argparse.Na
         len(words),
     )
     try:
-        line = shlex.join([*shlex.split(value), *words[:own]])
+        line = shlex.join([*shlex.split(flag), *words[:own]])
         example = shlex.quote(redact_argv([line])[0])  # the line's secrets hidden in it
     except ValueError:  # an unbalanced quote: no example that a shell would give back as it is
         example = "'...'"
