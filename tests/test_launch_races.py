@@ -517,11 +517,13 @@ def test_a_ctrl_c_at_any_point_of_the_forwarding_s_set_up_or_end_drops_no_later_
     acts as the default), the next forwarding takes over and gives the default back, and no
     descriptor is left open."""
     from _support import codes_of, interrupted_at_point
+    from verirl._process import child_subreaper
     from verirl._signals import TERMINATING
     from verirl._supervise import _Forwarding, run_command
 
     codes = codes_of(run_command, _Forwarding.__init__, _Forwarding.install, _Forwarding.close)
     originally = {signum: signal.getsignal(signum) for signum in TERMINATING}
+    subreaper = child_subreaper()
     ours = [signum for signum, handler in originally.items() if handler == signal.SIG_DFL]
     command = [sys.executable, "-c", ""]
 
@@ -533,6 +535,8 @@ def test_a_ctrl_c_at_any_point_of_the_forwarding_s_set_up_or_end_drops_no_later_
     descriptors = {entry.name for entry in Path("/proc/self/fd").iterdir()}
     for point in range(1, points + 1):
         interrupted_at_point(codes, point, run)
+        # Set before its try, the subreaper stayed: orphans of later tests came back to us.
+        assert child_subreaper() == subreaper, point
         for signum in ours:
             handler = signal.getsignal(signum)
             owner = getattr(handler, "__self__", None)

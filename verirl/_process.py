@@ -327,14 +327,21 @@ def set_child_subreaper(on: bool) -> bool | None:
     found: as a child of this process.
     """
     prctl = _prctl()
+    before = child_subreaper()
+    if prctl is None or before is None or prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0) != 0:
+        return None
+    return before
+
+
+def child_subreaper() -> bool | None:
+    """Whether this process is a child subreaper (Linux); ``None`` where ``prctl`` cannot say."""
+    prctl = _prctl()
     if prctl is None:
         return None
-    before = ctypes.c_int(0)
-    if prctl(_PR_GET_CHILD_SUBREAPER, ctypes.addressof(before), 0) != 0:
+    value = ctypes.c_int(0)
+    if prctl(_PR_GET_CHILD_SUBREAPER, ctypes.addressof(value), 0) != 0:
         return None
-    if prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0) != 0:
-        return None
-    return bool(before.value)
+    return bool(value.value)
 
 
 # ---------------------------------------------------------------- the spawner thread

@@ -125,7 +125,13 @@ import psutil
 from verirl import _procfs
 from verirl._fs import printable
 from verirl._phases import SIGNAL_CHECK
-from verirl._process import MARKER_VAR, set_child_subreaper, spawn, start_child
+from verirl._process import (
+    MARKER_VAR,
+    child_subreaper,
+    set_child_subreaper,
+    spawn,
+    start_child,
+)
 from verirl._secrets import redact_argv, secrets_in_environ, shown_line
 from verirl._signals import (
     TERMINATING,
@@ -1272,10 +1278,11 @@ def run_command(
     since = time.time() - 1.0  # creation times are rounded: a second's margin
     started: list[subprocess.Popen[bytes]] = []
     tracked: list[_Command] = []
-    subreaper: bool | None = None
+    subreaper = child_subreaper()  # read first: what the finally puts back, wherever cut short
     forwarding: _Forwarding | None = None
     try:
-        subreaper = set_child_subreaper(True)
+        if subreaper is not None:
+            set_child_subreaper(True)
         forwarding = _Forwarding()
         forwarding.install()
         return _run(
@@ -1292,13 +1299,17 @@ def run_command(
             forwarding=forwarding,
         )
     finally:
-        if forwarding is not None:
-            forwarding.closed = True  # no call: its handlers act as the default from here on
-            forwarding.close()
-        if subreaper is not None:
-            set_child_subreaper(subreaper)
-        if tracked:
-            tracked[0].reap_adopted()
+        try:  # each step whatever cuts the one before short
+            if forwarding is not None:
+                forwarding.closed = True  # no call: its handlers act as the default from here on
+                forwarding.close()
+        finally:
+            try:
+                if subreaper is not None:
+                    set_child_subreaper(subreaper)
+            finally:
+                if tracked:
+                    tracked[0].reap_adopted()
 
 
 def _run(
