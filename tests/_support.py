@@ -454,6 +454,9 @@ def _interrupting_profile(
     seen = [0]
 
     def profile(frame: Any, event: str, _arg: object) -> None:
+        if event == "call" and frame.f_lasti >= 0 and sys.version_info < (3, 11):
+            return  # a generator resumed: on 3.10 an exception here skips its handlers, which
+            # a signal (handled at an instruction inside it) never does
         if event in ("call", "c_return"):
             ours = frame.f_code in codes
         elif event == "return":  # not a finalizer's or weakref callback's: only printed
