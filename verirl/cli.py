@@ -1629,6 +1629,7 @@ def _after_secret_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) ->
     verirl's own flags stay readable.
     """
     hidden: list[str] = []
+    target = _subcommand_parser(parser, command_word(argv))
     for index, arg in enumerate(argv):
         value = arg.partition("=")[2] if arg.startswith("--") and "=" in arg else arg
         if _last_secret_flag(value) is None and _last_secret_flag(arg) is None:
@@ -1636,9 +1637,7 @@ def _after_secret_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) ->
         rest = iter(argv[index + 1 :])
         for word in rest:
             name, equals, _ = word.partition("=")
-            found = _option(parser, name) or _option(
-                _subcommand_parser(parser, command_word(argv)), name
-            )
+            found = _option(parser, name) or _option(target, name)
             if word == "--" or (found is not None and word.startswith("-")):
                 if found is not None and found.nargs != 0 and not equals:
                     next(rest, None)  # its value
