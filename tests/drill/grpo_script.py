@@ -100,6 +100,12 @@ class HoldingTrainer(GRPOTrainer):  # type: ignore[misc]
 
 
 def main() -> None:
+    _train()
+    _leave_the_process_group()
+
+
+def _train() -> None:
+    """Train; the trainer, and with it DDP's reducer, is garbage once this returns."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
     parser.add_argument("--output-dir", required=True)
@@ -162,7 +168,6 @@ def main() -> None:
     except KeyboardInterrupt:  # its exit after a SIGINT (or a second SIGINT's, at once)
         recorder.write(trainer.state, event="exit", code="KeyboardInterrupt")
         raise
-    _leave_the_process_group()
 
 
 def _leave_the_process_group() -> None:
@@ -171,9 +176,20 @@ def _leave_the_process_group() -> None:
     A rank that ended training normally then died of SIGABRT ("terminate
     called without an active exception") in a fresh-clone CI run, and
     torchrun reported the job failed. Trainer never destroys the group.
+
+    The trainer goes first. DDP's reducer holds the group, and freeing it
+    does not let go of the GIL (pytorch/pytorch#56297): were the reducer
+    the group's last holder, the group's destructor would join a gloo
+    thread that waits for the GIL to free a tensor, and the rank would hang
+    (a fresh-clone CI run on bebc5aa). While the group is registered, the
+    reducer is never its last holder; `destroy_process_group` lets go of it
+    through torch's own binding, which releases the GIL first.
     """
+    import gc
+
     import torch.distributed as dist
 
+    gc.collect()  # the trainer's reference cycles, the reducer with them
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
