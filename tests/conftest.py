@@ -11,17 +11,52 @@ another checkout or job on the same machine, even verirl servers carrying
 
 from __future__ import annotations
 
+import atexit
+import importlib
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import uuid
 from collections.abc import Iterator
 
-import huggingface_hub.constants  # noqa: F401 - see below
 import psutil
 import pytest
 
 from _support import SESSION_VAR, describe, kill_all, leftovers, session_processes
+
+_HF_HOME_VAR = "VERIRL_TESTS_HF_HOME"
+"""Where the controlling pytest put the suite's own HF_HOME, for its xdist workers."""
+
+_NOT_THE_SUITES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_STORED_TOKENS_PATH",
+                   "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_ASSETS_CACHE", "HF_XET_CACHE",
+                   "HF_ENDPOINT")  # fmt: skip
+"""The developer's Hub settings: the suite never sees their token, their cache or their Hub."""
+
+
+def _hub_settings_of_the_suite() -> None:
+    """The suite's own HF_HOME (empty, private to this run), and none of the developer's tokens.
+
+    huggingface_hub reads them once, when it is imported (below): a token in the
+    developer's shell, file or saved login would otherwise reach the in-process
+    tests, and a bad one fails them. Each xdist worker takes its controller's.
+    """
+    for name in _NOT_THE_SUITES:
+        os.environ.pop(name, None)
+    home = os.environ.get(_HF_HOME_VAR)
+    if home is None:
+        home = tempfile.mkdtemp(prefix="verirl-tests-hf-home-")
+        atexit.register(shutil.rmtree, home, ignore_errors=True)
+        os.environ[_HF_HOME_VAR] = home
+    os.environ["HF_HOME"] = home
+
+
+_hub_settings_of_the_suite()
+# huggingface_hub reads HF_HUB_OFFLINE once, when it is imported: imported here, before any
+# test sets that variable, so that a test which does cannot leave the rest of its worker
+# offline (a later test's fake Hub then refused as "offline mode is on").
+importlib.import_module("huggingface_hub.constants")
 
 # tests/compat needs the real trl (and torch); only `nox -s compat` installs them.
 # tests/engine needs trl and a real vLLM engine (CPU build); only `nox -s vllm` installs them.
@@ -41,10 +76,6 @@ collect_ignore = [
 ]
 
 _TAG = uuid.uuid4().hex
-
-# huggingface_hub reads HF_HUB_OFFLINE once, when it is imported: imported above, before any
-# test sets that variable, so that a test which does cannot leave the rest of its worker
-# offline (a later test's fake Hub then refused as "offline mode is on").
 
 
 DEFAULT_PORTS = (8000, 8001, 29500)

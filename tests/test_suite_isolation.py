@@ -193,3 +193,50 @@ def test_a_run_blames_the_test_that_leaked_and_spares_another_jobs_server(pytest
     assert "processes left behind by test_user.py::test_leaks (now killed)" in text
     assert token in text
     assert "another-job" not in text
+
+
+def test_the_suite_sees_none_of_the_developers_hub_token_or_home(pytester, tmp_path, monkeypatch):
+    """A token in the developer's shell, file or saved login never reaches a test; nor HF_HOME.
+
+    huggingface_hub reads them when it is imported: the suite's conftest gives
+    the run an HF_HOME of its own first (its xdist workers share it), and
+    removes it at the end.
+    """
+    pytester.makepyfile(_support=(TESTS / "_support.py").read_text())
+    pytester.makeconftest((TESTS / "conftest.py").read_text())
+    developer = tmp_path / "developer-hf-home"
+    developer.mkdir()
+    (developer / "token").write_text("hf_saved_login_of_the_developer", encoding="utf-8")
+    token_file = tmp_path / "elsewhere-token"
+    token_file.write_text("hf_token_path_of_the_developer", encoding="utf-8")
+    monkeypatch.setenv("HF_HOME", str(developer))
+    monkeypatch.setenv("HF_TOKEN_PATH", str(token_file))
+    monkeypatch.setenv("HF_TOKEN", "hf_shell_token_of_the_developer")
+    monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", "hf_old_shell_token_of_the_developer")
+    monkeypatch.delenv("VERIRL_TESTS_HF_HOME", raising=False)  # this run's own, not ours
+    homes = tmp_path / "homes"
+    homes.mkdir()
+    pytester.makepyfile(
+        test_user=f"""
+        import os, pathlib, uuid
+        import huggingface_hub
+        from huggingface_hub import constants
+
+        def _check():
+            assert huggingface_hub.get_token() is None
+            assert constants.HF_HOME == os.environ["HF_HOME"] != {str(developer)!r}
+            assert not constants.HF_TOKEN_PATH.startswith({str(tmp_path)!r})
+            (pathlib.Path({str(homes)!r}) / uuid.uuid4().hex).write_text(constants.HF_HOME)
+
+        def test_one():
+            _check()
+
+        def test_two():
+            _check()
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2")
+    result.assert_outcomes(passed=2)
+    seen = {path.read_text() for path in homes.iterdir()}
+    assert len(seen) == 1  # both workers: the controller's
+    assert not Path(seen.pop()).exists()  # removed at the end of the run
