@@ -1622,11 +1622,14 @@ def _after_secret_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) ->
     """The words of ``argv`` that may be a secret's value left on its own, to hide.
 
     After a word (or a ``--flag=`` value) whose last word is a secret's flag
-    without its value (`_last_secret_flag`): the first word that is neither
-    ``--`` nor one of verirl's own flags or their values. A usage error may
-    quote it (argparse's "unrecognized arguments: KEY", "invalid choice:
-    'KEY'"), however the mistake was spelled: it is hidden from what it prints.
-    verirl's own flags stay readable.
+    without its value (`_last_secret_flag`): every word that is neither ``--``
+    nor one of verirl's own flags (``-vv`` too: `_is_a_flag_of`) or their
+    values; the key may follow a flag of the server's (``--port KEY``). A
+    usage error may quote it (argparse's "unrecognized arguments: KEY",
+    "invalid choice: 'KEY'"), however the mistake was spelled: it is hidden
+    from what it prints. A word that starts with one ``-`` is hidden with each
+    of its tails: argparse quotes only what follows a short flag it took
+    (``-vKEY``: "ignored explicit argument 'KEY'").
     """
     hidden: list[str] = []
     target = _subcommand_parser(parser, command_word(argv))
@@ -1636,14 +1639,15 @@ def _after_secret_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) ->
             continue
         rest = iter(argv[index + 1 :])
         for word in rest:
-            name, equals, _ = word.partition("=")
-            found = _option(parser, name) or _option(target, name)
-            if word == "--" or (found is not None and word.startswith("-")):
+            if _is_a_flag_of(parser, target, word):
+                name, equals, _ = word.partition("=")
+                found = _option(parser, name) or _option(target, name)
                 if found is not None and found.nargs != 0 and not equals:
                     next(rest, None)  # its value
                 continue
             hidden.append(word)
-            break
+            if word.startswith("-") and not word.startswith("--"):
+                hidden.extend(word[start:] for start in range(2, len(word)))
     return hidden
 
 
