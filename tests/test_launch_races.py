@@ -517,11 +517,16 @@ def test_a_ctrl_c_at_any_point_of_the_forwarding_s_set_up_or_end_drops_no_later_
     acts as the default), the next forwarding takes over and gives the default back, and no
     descriptor is left open."""
     from _support import codes_of, interrupted_at_point
+    from verirl import _process
     from verirl._process import child_subreaper
     from verirl._signals import TERMINATING
     from verirl._supervise import _Forwarding, run_command
 
-    codes = codes_of(run_command, _Forwarding.__init__, _Forwarding.install, _Forwarding.close)
+    # The subreaper's own helpers too: a Ctrl-C in the one that puts it back, before its
+    # system call, left it on (review round 38, R-F4).
+    codes = codes_of(run_command, _Forwarding.__init__, _Forwarding.install, _Forwarding.close,
+                     _process.set_child_subreaper, _process.child_subreaper,
+                     _process._prctl)  # fmt: skip
     originally = {signum: signal.getsignal(signum) for signum in TERMINATING}
     subreaper = child_subreaper()
     ours = [signum for signum, handler in originally.items() if handler == signal.SIG_DFL]

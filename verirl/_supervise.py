@@ -1304,12 +1304,20 @@ def run_command(
                 forwarding.closed = True  # no call: its handlers act as the default from here on
                 forwarding.close()
         finally:
-            try:
-                if subreaper is not None:
+            interrupted: BaseException | None = None
+            while subreaper is not None:  # again until done: left on, orphans are never reaped
+                try:
                     set_child_subreaper(subreaper)
-            finally:
+                except BaseException as exc:  # noqa: BLE001 - raised below, once it is back
+                    interrupted = interrupted or exc
+                    continue
+                break
+            try:
                 if tracked:
                     tracked[0].reap_adopted()
+            finally:
+                if interrupted is not None:
+                    raise interrupted
 
 
 def _run(
