@@ -8,12 +8,14 @@ socket read) and must be interrupted promptly.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import psutil
@@ -129,6 +131,27 @@ def test_a_killed_server_interrupts_a_blocking_main_thread_with_its_exit(
     assert not alive
 
 
+@contextlib.contextmanager
+def _killer(pid: int) -> Iterator[Callable[[], None]]:
+    """A SIGKILL for the server at each call, through a pidfd opened once, closed after.
+
+    The watchdog's interrupt may land anywhere in the loop that calls it: in
+    psutil, between its opening a /proc file and its ``with``, the file was
+    left for the collector, whose ResourceWarning failed the test (a
+    fresh-clone CI run, tests-3.10). A pidfd is never another process's.
+    """
+    pidfd = os.pidfd_open(pid)
+    try:
+
+        def kill() -> None:
+            with contextlib.suppress(ProcessLookupError):  # gone already
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+
+        yield kill
+    finally:
+        os.close(pidfd)
+
+
 def test_a_swallowed_interrupt_still_ends_the_block_with_the_servers_death(
     tmp_path, default_sigterm, no_stop_state
 ):
@@ -138,14 +161,12 @@ def test_a_swallowed_interrupt_still_ends_the_block_with_the_servers_death(
     swallowed: list[BaseException] = []
 
     def train() -> None:
-        with rt as session:
+        with rt as session, _killer(session.server.pid) as kill:  # type: ignore[union-attr]
             deadline = time.monotonic() + 30
-            server = psutil.Process(session.server.pid)  # type: ignore[union-attr]
             try:  # the interrupt may also land on the loop's own lines, outside the retry's try
                 while not swallowed and time.monotonic() < deadline:
                     try:  # the kill inside: the interrupt may come before the next line runs
-                        if server.is_running():
-                            server.kill()
+                        kill()
                         threading.Event().wait(0.05)  # a generation call, retried on any error
                     except Exception as exc:  # noqa: BLE001 - the user's code under test
                         swallowed.append(exc)
@@ -163,15 +184,13 @@ def test_a_failure_handed_over_by_stop_watchdog_is_not_raised_again(
 ):
     """verirl launch takes the failure itself (stop_watchdog) once its command has ended."""
     rt = fake_server_runtime(tmp_path)
-    with rt as session:
+    with rt as session, _killer(session.server.pid) as kill:  # type: ignore[union-attr]
         deadline = time.monotonic() + 30
-        server = psutil.Process(session.server.pid)  # type: ignore[union-attr]
         interrupted: list[BaseException] = []
         try:  # the interrupt may land on the loop's own lines as well as inside
             while not interrupted and time.monotonic() < deadline:
                 try:
-                    if server.is_running():
-                        server.kill()
+                    kill()
                     threading.Event().wait(0.05)
                 except VLLMServerExited as exc:
                     interrupted.append(exc)
