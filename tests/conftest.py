@@ -29,10 +29,10 @@ from _support import SESSION_VAR, describe, kill_all, leftovers, session_process
 _HF_HOME_VAR = "VERIRL_TESTS_HF_HOME"
 """Where the controlling pytest put the suite's own HF_HOME, for its xdist workers."""
 
-_NOT_THE_SUITES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_STORED_TOKENS_PATH",
-                   "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_ASSETS_CACHE", "HF_XET_CACHE",
-                   "HF_ENDPOINT")  # fmt: skip
-"""The developer's Hub settings: the suite never sees their token, their cache or their Hub."""
+_HUB_PREFIXES = ("HF_", "HUGGINGFACE_", "HUGGING_FACE_")
+"""The developer's Hub settings (tokens, OIDC, staging, caches, endpoint): none reach the suite."""
+_KEPT = frozenset({"HF_HUB_OFFLINE"})
+"""But the one nox sets for the sessions that must never reach the network."""
 
 
 def _hub_settings_of_the_suite() -> None:
@@ -42,8 +42,9 @@ def _hub_settings_of_the_suite() -> None:
     developer's shell, file or saved login would otherwise reach the in-process
     tests, and a bad one fails them. Each xdist worker takes its controller's.
     """
-    for name in _NOT_THE_SUITES:
-        os.environ.pop(name, None)
+    for name in [name for name in os.environ if name.startswith(_HUB_PREFIXES)]:
+        if name not in _KEPT:
+            del os.environ[name]
     home = os.environ.get(_HF_HOME_VAR)
     if home is None:
         home = tempfile.mkdtemp(prefix="verirl-tests-hf-home-")

@@ -213,6 +213,15 @@ def test_the_suite_sees_none_of_the_developers_hub_token_or_home(pytester, tmp_p
     monkeypatch.setenv("HF_TOKEN_PATH", str(token_file))
     monkeypatch.setenv("HF_TOKEN", "hf_shell_token_of_the_developer")
     monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", "hf_old_shell_token_of_the_developer")
+    # An OIDC exchange the developer set up (get_token raised), and the staging Hub's token
+    # under HOME (review round 38, R-F5).
+    monkeypatch.setenv("HF_OIDC_RESOURCE", "developer/repo")
+    monkeypatch.setenv("HF_OIDC_ID_TOKEN", "hf_oidc_id_token_of_the_developer")
+    monkeypatch.setenv("HUGGINGFACE_CO_STAGING", "1")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    staging = tmp_path / ".cache" / "huggingface_staging"
+    staging.mkdir(parents=True)
+    (staging / "token").write_text("hf_staging_token_of_the_developer", encoding="utf-8")
     monkeypatch.delenv("VERIRL_TESTS_HF_HOME", raising=False)  # this run's own, not ours
     homes = tmp_path / "homes"
     homes.mkdir()
