@@ -183,13 +183,20 @@ def _leave_the_process_group() -> None:
     thread that waits for the GIL to free a tensor, and the rank would hang
     (a fresh-clone CI run on bebc5aa). While the group is registered, the
     reducer is never its last holder; `destroy_process_group` lets go of it
-    through torch's own binding, which releases the GIL first.
+    through torch's own binding, which releases the GIL first. A rank that
+    stops by a signal (`SystemExit`) exits with the trainer still held: there
+    what bounds the exit is launch's grace, after which it kills what is left.
     """
     import gc
 
     import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
 
     gc.collect()  # the trainer's reference cycles, the reducer with them
+    # Checked, not assumed: a DDP model still held would free its reducer at exit, too late.
+    left = sum(isinstance(thing, DistributedDataParallel) for thing in gc.get_objects())
+    if left:
+        raise SystemExit(f"{left} DistributedDataParallel model(s) outlived the trainer")
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
