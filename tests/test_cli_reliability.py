@@ -2144,6 +2144,13 @@ _KEY = "SEKRITkey0123456789"
         ["serve", "--model", "m", "--vllm-args=--api-key", "-v", f"-v{_KEY}"],
         ["serve", "--model", "m", "--vllm-args=--api-key", "-qv", f"-v{_KEY}"],
         ["launch", "--gpus", "2", "--vllm-args=--api-key", "-v", f"-v{_KEY}", "--", "true"],
+        ["serve", "--model", "m", "--vllm-args=--api-key", f"-v={_KEY}"],
+        ["serve", "--model", "m", "--vllm-args=--api-key", f"-qv={_KEY}"],
+        ["serve", "--model", "m", "--vllm-args=--api-key", f"--json={_KEY}"],
+        ["launch", "--gpus", "2", "--vllm-args", "--api-key", f"--verb={_KEY}", "--", "true"],
+        ["serve", "--model", "m", "--vllm-args=--api-key", "--tensor-parallel-size", _KEY],
+        ["serve", "--model", "m", "--vllm-args=--api-key", "--mode", _KEY],
+        ["serve", "--model", "m", "--vllm-args=--api-key", f"--vllm-port={_KEY}"],
     ],
 )
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])
@@ -2153,11 +2160,12 @@ def test_a_key_after_a_secret_s_flag_is_never_shown_whatever_the_usage_error(
     """Each spelling the pre-parse check did not foresee (review round 36, P-F1 to P-F3: a
     '--' or one of verirl's flags between the flag and its key, or the value before the
     subcommand) ended in argparse's error quoting the key; so did one of verirl's flags with
-    its value between them (round 37, Q-F1); so did '-vv' or a flag of the server's
-    between them, and a key given as a short flag's attached value, '-vKEY' (round 38,
-    R-F1, R-F2). The word after a
-    secret's flag is hidden from every usage error, whatever it says; verirl's own flags stay
-    readable (Q-F2)."""
+    its value between them (round 37, Q-F1); so did '-vv' or a flag of the server's between
+    them, and a key given as a short flag's attached value, '-vKEY' (round 38, R-F1, R-F2);
+    so did one given after '=' to a verirl flag, '-v=KEY', or as the value of a flag vLLM
+    and verirl both have, '--tensor-parallel-size KEY' (round 39, S-F1, S-F2). Every word
+    after a secret's flag is hidden from every usage error, whatever it says; verirl's own
+    flags stay readable (Q-F2)."""
     command = [*json_flag, *argv]
     if "serve" in command:
         command += ["--vllm-command", str(tmp_path / "no-such-program")]

@@ -1622,14 +1622,15 @@ def _after_secret_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) ->
     """The words of ``argv`` that may be a secret's value left on its own, to hide.
 
     After a word (or a ``--flag=`` value) whose last word is a secret's flag
-    without its value (`_last_secret_flag`): every word that is neither ``--``
-    nor one of verirl's own flags (``-vv`` too: `_is_a_flag_of`) or their
-    values; the key may follow a flag of the server's (``--port KEY``). A
-    usage error may quote it (argparse's "unrecognized arguments: KEY",
-    "invalid choice: 'KEY'"), however the mistake was spelled: it is hidden
-    from what it prints. A word that starts with one ``-`` is hidden with each
-    of its tails: argparse quotes only what follows a short flag it took
-    (``-vKEY``: "ignored explicit argument 'KEY'").
+    without its value (`_last_secret_flag`): every word but ``--`` and the
+    names of verirl's own flags (``-vv`` too: `_is_a_flag_of`), which stay
+    readable. Their values are hidden (``--tensor-parallel-size KEY``: vLLM
+    has that flag too), given as the next word or after ``=`` (``-v=KEY``).
+    A usage error may quote any of them (argparse's "unrecognized arguments:
+    KEY", "invalid choice: 'KEY'"), however the mistake was spelled. A word
+    that starts with one ``-`` is hidden with each of its tails: argparse
+    quotes only what follows a short flag it took (``-vKEY``: "ignored
+    explicit argument 'KEY'").
     """
     hidden: list[str] = []
     target = _subcommand_parser(parser, command_word(argv))
@@ -1637,13 +1638,11 @@ def _after_secret_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) ->
         value = arg.partition("=")[2] if arg.startswith("--") and "=" in arg else arg
         if _last_secret_flag(value) is None and _last_secret_flag(arg) is None:
             continue
-        rest = iter(argv[index + 1 :])
-        for word in rest:
+        for word in argv[index + 1 :]:
+            if word == "--":
+                continue
             if _is_a_flag_of(parser, target, word):
-                name, equals, _ = word.partition("=")
-                found = _option(parser, name) or _option(target, name)
-                if found is not None and found.nargs != 0 and not equals:
-                    next(rest, None)  # its value
+                hidden.append(word.partition("=")[2])
                 continue
             hidden.append(word)
             if word.startswith("-") and not word.startswith("--"):
