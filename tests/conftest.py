@@ -29,10 +29,12 @@ from _support import SESSION_VAR, describe, kill_all, leftovers, session_process
 _HF_HOME_VAR = "VERIRL_TESTS_HF_HOME"
 """Where the controlling pytest put the suite's own HF_HOME, for its xdist workers."""
 
-_HUB_PREFIXES = ("HF_", "HUGGINGFACE_", "HUGGING_FACE_")
-"""The developer's Hub settings (tokens, OIDC, staging, caches, endpoint): none reach the suite."""
+_HUB_PREFIXES = ("HF_", "HUGGINGFACE_", "HUGGING_FACE_", "TRANSFORMERS_OFFLINE")
+"""The developer's Hub settings (tokens, OIDC, staging, caches, endpoint, offline mode, which
+huggingface_hub also reads from TRANSFORMERS_OFFLINE): none reach the suite."""
 _KEPT = frozenset({"HF_HUB_OFFLINE"})
-"""But the one nox sets for the sessions that must never reach the network."""
+"""But the one nox sets for the sessions that must never reach the network (a developer's own
+``HF_HUB_OFFLINE=1`` therefore still fails the fake Hub's tests)."""
 
 
 def _hub_settings_of_the_suite() -> None:

@@ -219,6 +219,8 @@ def test_the_suite_sees_none_of_the_developers_hub_token_or_home(pytester, tmp_p
     monkeypatch.setenv("HF_OIDC_ID_TOKEN", "hf_oidc_id_token_of_the_developer")
     monkeypatch.setenv("HUGGINGFACE_CO_STAGING", "1")
     monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")  # the fake Hub refused (round 39, S-F4)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # nox's, kept: not the developer's
     staging = tmp_path / ".cache" / "huggingface_staging"
     staging.mkdir(parents=True)
     (staging / "token").write_text("hf_staging_token_of_the_developer", encoding="utf-8")
@@ -233,6 +235,7 @@ def test_the_suite_sees_none_of_the_developers_hub_token_or_home(pytester, tmp_p
 
         def _check():
             assert huggingface_hub.get_token() is None
+            assert constants.HF_HUB_OFFLINE is False
             assert constants.HF_HOME == os.environ["HF_HOME"] != {str(developer)!r}
             assert not constants.HF_TOKEN_PATH.startswith({str(tmp_path)!r})
             (pathlib.Path({str(homes)!r}) / uuid.uuid4().hex).write_text(constants.HF_HOME)
