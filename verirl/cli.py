@@ -1639,14 +1639,13 @@ def _after_secret_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) ->
         if _last_secret_flag(value) is None and _last_secret_flag(arg) is None:
             continue
         for word in argv[index + 1 :]:
-            if word == "--":
-                continue
-            if _is_a_flag_of(parser, target, word):
+            if _is_a_flag_of(parser, target, word):  # "--" too, whose value is ""
                 hidden.append(word.partition("=")[2])
                 continue
             hidden.append(word)
             if word.startswith("-") and not word.startswith("--"):
                 hidden.extend(word[start:] for start in range(2, len(word)))
+        break  # every later word is walked: a later secret's flag adds nothing
     return hidden
 
 
