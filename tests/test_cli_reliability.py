@@ -13,6 +13,7 @@ behaviour under test is the process's (its descriptors, its exit code).
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.server
 import ipaddress
 import json
@@ -42,6 +43,7 @@ from _support import (
     loopback_server,
     nothing_listens,
     unshared_port,
+    while_the_group_port_is_free,
 )
 from fakes import FakeEnvServer
 from fakes.hub import serve_fake_hub
@@ -1154,9 +1156,12 @@ def test_doctor_is_a_preflight(tmp_path, env_server):
     }
     codes, errs = {}, {}
     for name, (argv, extra) in runs.items():
-        result = subprocess.run(
-            [sys.executable, "-m", "verirl", "doctor", *argv], capture_output=True, text=True,
-            env=clean_environ(tmp_path, **extra), timeout=120, check=False,
+        result = while_the_group_port_is_free(
+            functools.partial(
+                subprocess.run, [sys.executable, "-m", "verirl", "doctor", *argv],
+                capture_output=True, text=True, env=clean_environ(tmp_path, **extra),
+                timeout=120, check=False,
+            )
         )  # fmt: skip
         codes[name] = (result.returncode, "not usable" in result.stderr)
         errs[name] = result.stderr
@@ -1365,11 +1370,12 @@ def test_doctor_says_what_launch_would_refuse_in_launchs_words(tmp_path, extra):
     environ = clean_environ(tmp_path, VERIRL_VLLM_COMMAND=FAKE_VLLM, **extra)
     runs = {}
     for command in (["launch", "--", "true"], ["doctor"]):
-        result = subprocess.run(
-            [sys.executable, "-m", "verirl", *command], capture_output=True, text=True,
-            env=environ, timeout=120, check=False,
+        runs[command[0]] = while_the_group_port_is_free(
+            functools.partial(
+                subprocess.run, [sys.executable, "-m", "verirl", *command], capture_output=True,
+                text=True, env=environ, timeout=120, check=False,
+            )
         )  # fmt: skip
-        runs[command[0]] = result
     launch, doctor = runs["launch"], runs["doctor"]
     assert launch.returncode in (2, 5), launch.stderr
     assert doctor.returncode == launch.returncode, (launch.stderr, doctor.stderr)
@@ -1513,9 +1519,11 @@ def test_doctor_plans_with_the_port_it_is_given_as_launch_would(tmp_path, clash)
                             VERIRL_MODEL="m", MASTER_PORT=flag)  # fmt: skip
     runs = {}
     for command in (["launch", "--vllm-port", flag, "--", "true"], ["doctor", "--vllm-port", flag]):
-        runs[command[0]] = subprocess.run(
-            [sys.executable, "-m", "verirl", *command], capture_output=True, text=True,
-            env=environ, timeout=120, check=False,
+        runs[command[0]] = while_the_group_port_is_free(
+            functools.partial(
+                subprocess.run, [sys.executable, "-m", "verirl", *command], capture_output=True,
+                text=True, env=environ, timeout=120, check=False,
+            )
         )  # fmt: skip
     launch, doctor = runs["launch"], runs["doctor"]
     assert launch.returncode == 2, launch.stderr
@@ -1837,9 +1845,11 @@ def test_doctor_finds_the_log_launch_would_refuse_in_launch_s_words(tmp_path, pr
     before = sorted(p.name for p in logs.iterdir())
     runs = {}
     for command in (["doctor"], ["launch", "--", "true"]):
-        runs[command[0]] = subprocess.run(
-            [*as_other, sys.executable, "-m", "verirl", *command], capture_output=True,
-            text=True, env=environ, timeout=120, check=False,
+        runs[command[0]] = while_the_group_port_is_free(
+            functools.partial(
+                subprocess.run, [*as_other, sys.executable, "-m", "verirl", *command],
+                capture_output=True, text=True, env=environ, timeout=120, check=False,
+            )
         )  # fmt: skip
         if command == ["doctor"]:
             assert sorted(p.name for p in logs.iterdir()) == before  # nothing made

@@ -15,15 +15,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 import pytest
 
 from _checkpoint_support import make_checkpoint, snapshot
-from _support import nothing_listens, unshared_port
+from _support import unshared_port, while_the_group_port_is_free
 from verirl import find_free_port
 from verirl.cli import EXIT_CHECKPOINT, main
-from verirl.topology import TRL_GROUP_PORT
 
 RESUME = "VERIRL_RESUME_FROM_CHECKPOINT"
 PREFIX = "checkpoint: "
@@ -74,23 +72,8 @@ def launch(capfd) -> tuple[int, str | None]:
     return code, str(error["message"]) if isinstance(error, dict) else None
 
 
-def doctor_while_the_group_port_is_free(capfd) -> tuple[int, str | None]:
-    """`doctor`, from a moment TRL's fixed group port is free to one it still is.
-
-    Another test may hold 51216 meanwhile (doctor would rightly say so, exit 4, first).
-    """
-    deadline = time.monotonic() + 120
-    while True:
-        while not nothing_listens(TRL_GROUP_PORT):
-            assert time.monotonic() < deadline, "TRL's group port stayed in use"
-            time.sleep(0.05)
-        result = doctor(capfd)
-        if nothing_listens(TRL_GROUP_PORT) or time.monotonic() > deadline:
-            return result
-
-
 def assert_doctor_says_what_launch_says(capfd, code: int) -> str | None:
-    doctor_code, doctor_message = doctor_while_the_group_port_is_free(capfd)
+    doctor_code, doctor_message = while_the_group_port_is_free(lambda: doctor(capfd))
     launch_code, launch_message = launch(capfd)
     assert (doctor_code, doctor_message) == (launch_code, launch_message)
     assert doctor_code == code
