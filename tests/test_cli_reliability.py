@@ -2083,21 +2083,23 @@ def test_any_words_between_a_vllm_args_value_and_the_separator_are_a_usage_error
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("between", [[], ["-v"], ["-qv", "--max-model-len", "512"]])
 @pytest.mark.parametrize("separator", [["--"], []])
 @pytest.mark.parametrize("spelled", ["word", "equals", "after an empty one"])
 @pytest.mark.parametrize("flag", ["--api-key", "--api-k", "--hf-token"])
 def test_a_secret_s_flag_alone_as_the_vllm_args_value_is_a_usage_error(  # noqa: PLR0917
-    clean_env, capsys, tmp_path, flag, spelled, separator
+    clean_env, capsys, tmp_path, flag, spelled, separator, between
 ):
     """``--vllm-args --api-key KEY cmd``: the key was the command's program, shown wherever the
     command is (review round 30, H-F1 and H-F3; the ``=`` spelling, round 31, J-F4; after an
-    empty --vllm-args, whose value stopped the scan, round 34, M-F3). A usage error, the key
-    never shown."""
+    empty --vllm-args, whose value stopped the scan, round 34, M-F3); so it was with verirl's
+    own flags between (round 41, T-F1: ``--vllm-args=--hf-token -v KEY`` ran KEY). A usage
+    error, the key never shown."""
     marker = tmp_path / "ran"
     given = {"word": ["--vllm-args", flag], "equals": [f"--vllm-args={flag}"],
              "after an empty one": ["--vllm-args", "", "--vllm-args", flag]}[spelled]  # fmt: skip
     with pytest.raises(SystemExit) as info:
-        main(["launch", "--gpus", "2", "--model", "m", "--json", *given, "SEKRIT",
+        main(["launch", "--gpus", "2", "--model", "m", "--json", *given, *between, "SEKRIT",
               *separator, "touch", str(marker)])  # fmt: skip
     out, err = capsys.readouterr()
     assert info.value.code == 2, err
@@ -2127,7 +2129,7 @@ def test_serve_refuses_a_secret_s_flag_alone_without_showing_the_secret(clean_en
         main(["--json", "serve", "--gpus", "2", "--model", "m", *given])
     out, err = capsys.readouterr()
     assert info.value.code == 2, err
-    assert "takes a value, and the word after it would be taken for another argument" in err
+    assert "takes a value, and the word after it (or after the verirl flags that follow it) " in err
     assert json.loads(out)["error"]["code"] == 2, out
     assert "SEKRIT" not in out + err
 

@@ -1453,18 +1453,43 @@ def _refuse_a_lone_secret_flag(parser: argparse.ArgumentParser, argv: Sequence[s
     value is shown but that flag's name.
     """
     target = _subcommand_parser(parser, command_word(argv))
-    for arg, found, next_word, following in _own_flags(parser, argv):
+    for arg, found, next_word, rest in _own_flags(parser, argv):
         if found is None or found.dest != "vllm_args":
             continue
         flag = _last_secret_flag(arg.partition("=")[2] if "=" in arg else next_word or "")
-        if flag is not None and not _is_a_flag_of(parser, target, following or "--"):
+        if flag is not None and _first_loose_word(parser, target, rest) is not None:
             shown = printable(flag)  # quoted: the redaction of the message keeps its next word
             target.error(
                 f"argument --vllm-args: its last flag, '{shown}', takes a value, and the word "
-                "after it would be taken for another argument: give the flag and its value in "
+                "after it (or after the verirl flags that follow it) would be taken for another "
+                "argument: give the flag and its value in "
                 f"the one --vllm-args value, as in --vllm-args='{shown} VALUE' (a flag that "
                 "takes none: put '--' just before the command)"
             )
+
+
+def _first_loose_word(
+    parser: argparse.ArgumentParser, target: argparse.ArgumentParser, words: Sequence[str]
+) -> str | None:
+    """The first of ``words`` that is neither verirl's flag nor such a flag's value.
+
+    ``None`` when ``--`` or the end comes first. Such a word after a lone
+    secret's flag is where its value went (``--vllm-args=--hf-token -v KEY``:
+    KEY would be the command), whatever verirl flags stand between.
+    """
+    index = 0
+    while index < len(words):
+        word = words[index]
+        index += 1
+        if word == "--":
+            return None
+        if not _is_a_flag_of(parser, target, word):
+            return word
+        name, equals, _ = word.partition("=")
+        found = (_option(target, name) or _option(parser, name)) if name.startswith("--") else None
+        if found is not None and found.nargs != 0 and not equals:
+            index += 1  # its value, whatever it looks like
+    return None
 
 
 def _is_a_flag_of(
@@ -1520,12 +1545,12 @@ def _refuse_dashes_as_a_value(parser: argparse.ArgumentParser, argv: Sequence[st
 
 def _own_flags(
     parser: argparse.ArgumentParser, argv: Sequence[str]
-) -> Iterator[tuple[str, argparse.Action | None, str | None, str | None]]:
+) -> Iterator[tuple[str, argparse.Action | None, str | None, Sequence[str]]]:
     """Each flag-like word of ``argv`` before the training command, with what surrounds it.
 
     The word, verirl's action for it (``None``: not verirl's), its value given
     as the next word (``None``: with ``=``, none, or not verirl's), and the
-    word after all that (``None`` at the end). The walk stops at ``--`` and
+    words after all that. The walk stops at ``--`` and
     where the training command begins (its first word after the subcommand's);
     a value is stepped over, whatever it looks like.
     """
@@ -1550,7 +1575,7 @@ def _own_flags(
         if found is not None and found.nargs != 0 and not equals:
             value = argv[index] if index < len(argv) else None
             index += 1  # its value, whatever it looks like
-        yield arg, found, value, argv[index] if index < len(argv) else None
+        yield arg, found, value, argv[index:]
 
 
 def _subcommand_parser(
