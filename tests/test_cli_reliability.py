@@ -2187,6 +2187,34 @@ def test_a_key_after_a_secret_s_flag_is_never_shown_whatever_the_usage_error(
     assert _KEY not in out + err, (command, out, err)
 
 
+@pytest.mark.parametrize(
+    ("argv", "parts"),
+    [
+        (
+            ["serve", "--model", "m", "--vllm-args=--api-key", "--mode", "ab:SEKRIT0k@abcdefgh"],
+            ["SEKRIT0k", "abcdefgh"],
+        ),
+        (["doctor", "--vllm-args=--api-key", "SEKRIT0k\nkey0123456"], ["SEKRIT0k", "key0123456"]),
+        (
+            ["serve", "--model", "m", "--vllm-args=--api-key", "--mode", "k=SEKRIT0k&x=tail0123"],
+            ["SEKRIT0k", "tail0123"],
+        ),
+    ],
+    ids=["userinfo-shaped", "two lines", "query-shaped"],
+)
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_no_part_of_a_key_shaped_like_a_credential_is_shown(clean_env, capsys, argv, parts,
+                                                            json_flag):  # fmt: skip
+    """Redacted before it was hidden, 'ab:KEY@host' showed as '***@host', and a key with a
+    new line showed its second line (review round 40, T-F2): the message redaction and the
+    run's secrets now look at the message as argparse wrote it, and both hide."""
+    with pytest.raises(SystemExit) as info:
+        main([*json_flag, *argv])
+    out, err = capsys.readouterr()
+    assert info.value.code == 2, err
+    assert not [part for part in parts if part in out + err], (out, err)
+
+
 def test_a_usage_error_after_a_secret_s_flag_keeps_verirl_s_flags_readable(clean_env, capsys):
     """The words hidden after a secret's flag took verirl's own flag with them: 'argument
     <hidden>: invalid integer' (review round 37, Q-F2). Only the word that may be the key."""

@@ -348,3 +348,26 @@ def test_a_token_file_huggingface_hub_never_reads_is_never_refused(token_env, mo
         assert get_token_to_send(None) is None  # contract: huggingface_hub reads nothing
     refuse_unreadable_token_file()
     assert implicit_hub_token() is None
+
+
+@pytest.mark.parametrize(
+    ("text", "secrets", "gone"),
+    [
+        (
+            "invalid choice: 'ab:SEKRIT0k@abcdefgh'",
+            ["ab:SEKRIT0k@abcdefgh"],
+            ["SEKRIT0k", "abcdefgh"],
+        ),
+        ("x https://user0:PASSWORD9@host y", ["user0"], ["user0", "PASSWORD9"]),
+        ("a hf_SEKRITxx_token=VALUE99 b", ["SEKRITxx"], ["SEKRITxx", "VALUE99"]),
+        ("a SEKRIT0k\nkey0123456 b", ["SEKRIT0k\nkey0123456"], ["SEKRIT0k", "key0123456"]),
+        ("--api-key=VALUE99 and 'KEYKEY99'", ["KEYKEY99"], ["VALUE99", "KEYKEY99"]),
+    ],
+)
+def test_redact_and_scrub_hides_what_either_would(text, secrets, gone):
+    """Either order alone let a part through (review rounds 40 and 41, T-F2 and U-F1)."""
+    from verirl._secrets import redact_and_scrub
+
+    shown = redact_and_scrub(text, secrets)
+    assert not [part for part in gone if part in shown], shown
+    assert shown[:2] == text[:2], shown  # the rest stays

@@ -35,6 +35,7 @@ __all__ = [
     "implicit_hub_token",
     "implicit_token_disabled",
     "known_secrets",
+    "redact_and_scrub",
     "redact_argv",
     "redact_message",
     "redact_text",
@@ -343,6 +344,52 @@ def scrub_all(text: str, secrets: Iterable[str], placeholder: str = "<token>") -
     for secret in sorted(set(secrets), key=len, reverse=True):
         text = scrub(text, secret, placeholder)
     return text
+
+
+def redact_and_scrub(text: str, secrets: Iterable[str], placeholder: str = HIDDEN) -> str:
+    """``text`` with what `redact_message` hides and every form of ``secrets`` hidden, both.
+
+    One after the other, the first one's rewrite can keep the second from
+    matching: redacted first, a key ``ab:KEY@host`` shows as ``***@host``, which
+    no longer holds the key; scrubbed first, ``https://<hidden>:PASSWORD@h`` is
+    no URL credential. So both look at ``text`` as given: the characters either
+    would hide are hidden (a run of the secrets' as ``placeholder``, the rest
+    as `redact_message` writes it).
+    """
+    secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+    redacted = redact_message(text)
+    hidden = _where_any_form_is(text, secrets)
+    if not any(hidden):
+        return redacted
+    if redacted == text:
+        return scrub_all(text, secrets, placeholder)
+    import difflib  # noqa: PLC0415 - only where both hide something
+
+    pieces: list[str] = []
+    matcher = difflib.SequenceMatcher(None, text, redacted, autojunk=False)
+    for tag, start, end, redacted_start, redacted_end in matcher.get_opcodes():
+        if tag != "equal":
+            pieces.append(redacted[redacted_start:redacted_end])
+            continue
+        for index in range(start, end):
+            if not hidden[index]:
+                pieces.append(text[index])
+            elif not pieces or pieces[-1] != placeholder:
+                pieces.append(placeholder)
+    # What an odd alignment may have left of them in the redaction's own text.
+    return scrub_all("".join(pieces), secrets, placeholder)
+
+
+def _where_any_form_is(text: str, secrets: Iterable[str]) -> list[bool]:
+    """For each character of ``text``, whether it lies in a form of one of ``secrets``."""
+    hidden = [False] * len(text)
+    for secret in secrets:
+        for form in _forms(secret):
+            start = text.find(form)
+            while start != -1:
+                hidden[start : start + len(form)] = [True] * len(form)
+                start = text.find(form, start + 1)
+    return hidden
 
 
 def scrub_exception(exc: BaseException, secret: str | None) -> None:

@@ -79,6 +79,7 @@ from verirl._secrets import (
     HIDDEN,
     hub_token_in_use,
     known_secrets,
+    redact_and_scrub,
     redact_argv,
     redact_message,
     redact_text,
@@ -1049,7 +1050,11 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         # It quotes what was typed: --api-key=V, a URL's password, a name that is not UTF-8.
-        message = redact_message(escape_bytes(message))
+        # Captured, the message is hidden whole later, once the run's secrets are known
+        # (`_hidden`): redacted here first, a key like 'ab:KEY@host' would show as '***@host'.
+        message = escape_bytes(message)
+        if _PARSE_OUTPUT.get() is None:
+            message = redact_message(message)
         match = _EXPECTED_ONE.fullmatch(message)
         if match:  # the value started with "-", so argparse took it for a flag
             message += f" (a value that starts with '-' goes after '=': {match[1]}=VALUE)"
@@ -1228,7 +1233,7 @@ def _hidden(text: str) -> str:
     Credentials it names (`redact_message`), and this run's secrets
     (`_RUN_SECRETS`: in a URL the user built with one).
     """
-    return scrub_all(redact_message(text), _RUN_SECRETS, HIDDEN)
+    return redact_and_scrub(text, _RUN_SECRETS, HIDDEN)
 
 
 def _for_stdout(text: str) -> str:
