@@ -55,7 +55,31 @@ def _hub_settings_of_the_suite() -> None:
     os.environ["HF_HOME"] = home
 
 
+_TMP_VAR = "VERIRL_TESTS_TMPDIR"
+"""Where the controlling pytest put the suite's own temp folder, for its xdist workers."""
+
+
+def _temp_folder_of_the_suite() -> None:
+    """A temp folder of this run's own (``TMPDIR``), removed when the run ends.
+
+    What verirl puts in the system temp dir by design (the default server-log
+    folder, ``<tmp>/verirl-vllm-<uid>``) and what the programs the tests start
+    leave there (torch's caches) go there, not into the machine's. pytest's own
+    ``tmp_path`` folders stay in the system temp dir, where a failed test's
+    files can be looked at after the run.
+    """
+    folder = os.environ.get(_TMP_VAR)
+    if folder is None:
+        os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+        folder = tempfile.mkdtemp(prefix="verirl-tests-tmp-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        os.environ[_TMP_VAR] = folder
+    os.environ["TMPDIR"] = folder
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+
+
 _hub_settings_of_the_suite()
+_temp_folder_of_the_suite()
 # huggingface_hub reads HF_HUB_OFFLINE once, when it is imported: imported here, before any
 # test sets that variable, so that a test which does cannot leave the rest of its worker
 # offline (a later test's fake Hub then refused as "offline mode is on").
