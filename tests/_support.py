@@ -247,16 +247,17 @@ def while_the_group_port_is_free(run: Callable[[], _T], *, within: float = 120.0
 
     doctor rightly reports 51216 in use (exit 4, which outranks a plan's 2) while anything
     holds it, and verirl has no setting for it yet: another test's connection may, as the
-    port lies in the kernel's ephemeral range. Busy past ``within``: the last run counts.
+    port lies in the kernel's ephemeral range. Busy for ``within`` seconds: an AssertionError.
     """
     from verirl.topology import TRL_GROUP_PORT
 
     deadline = time.monotonic() + within
     while True:
-        while not nothing_listens(TRL_GROUP_PORT) and time.monotonic() < deadline:
+        while not nothing_listens(TRL_GROUP_PORT):
+            assert time.monotonic() < deadline, f"port {TRL_GROUP_PORT} stayed in use {within} s"
             time.sleep(0.05)
         result = run()
-        if nothing_listens(TRL_GROUP_PORT) or time.monotonic() > deadline:
+        if nothing_listens(TRL_GROUP_PORT):
             return result
 
 

@@ -2163,6 +2163,9 @@ _KEY = "SEKRITkey0123456789"
         ["serve", "--model", "m", "--vllm-args=--api-key", "--tensor-parallel-size", _KEY],
         ["serve", "--model", "m", "--vllm-args=--api-key", "--mode", _KEY],
         ["serve", "--model", "m", "--vllm-args=--api-key", f"--vllm-port={_KEY}"],
+        ["launch", "--vllm-args=--hf-token", f"-v=hf_{_KEY}"],
+        ["launch", "--vllm-args", "--hf-token", f"-q=hf_{_KEY}"],
+        ["launch", "--vllm-args=--hf-token", f"-qv=hf_{_KEY}"],
     ],
 )
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])
@@ -2213,6 +2216,15 @@ def test_no_part_of_a_key_shaped_like_a_credential_is_shown(clean_env, capsys, a
     out, err = capsys.readouterr()
     assert info.value.code == 2, err
     assert not [part for part in parts if part in out + err], (out, err)
+
+
+def test_only_the_last_vllm_args_is_checked_for_a_lone_secret_s_flag(clean_env, capsys):
+    """argparse keeps the last --vllm-args: an earlier one's lone '--hf-token' never reaches
+    vLLM, and its command is no key (review round 42, finding 5)."""
+    argv = ["launch", "--gpus", "1", "--vllm-args=--hf-token", "--vllm-args=--enforce-eager",
+            "true"]  # fmt: skip
+    assert main(argv) == 2  # colocate: --vllm-args is not used; not the lone flag's refusal
+    assert "its last flag" not in capsys.readouterr().err
 
 
 def test_a_usage_error_after_a_secret_s_flag_keeps_verirl_s_flags_readable(clean_env, capsys):

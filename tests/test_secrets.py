@@ -362,12 +362,17 @@ def test_a_token_file_huggingface_hub_never_reads_is_never_refused(token_env, mo
         ("a hf_SEKRITxx_token=VALUE99 b", ["SEKRITxx"], ["SEKRITxx", "VALUE99"]),
         ("a SEKRIT0k\nkey0123456 b", ["SEKRIT0k\nkey0123456"], ["SEKRIT0k", "key0123456"]),
         ("--api-key=VALUE99 and 'KEYKEY99'", ["KEYKEY99"], ["VALUE99", "KEYKEY99"]),
+        ("Authorization: Bearer hf_SEKRITSEKRIT99", ["hf_SEKRITSEKRIT99"], ["SEKRIT"]),
+        ("x SEKRITXY@h:pw@hSEKRITXY@h:pw@hSEKRITXY@h", ["SEKRITXY@h"], ["SEKRIT", ":pw"]),
     ],
 )
 def test_redact_and_scrub_hides_what_either_would(text, secrets, gone):
-    """Either order alone let a part through (review rounds 40 and 41, T-F2 and U-F1)."""
+    """Either order alone let a part through (review rounds 40 and 41, T-F2 and U-F1); a
+    second pass changes nothing (round 42: an alignment of the two wrote '<<hidden>idden>')."""
     from verirl._secrets import redact_and_scrub
 
     shown = redact_and_scrub(text, secrets)
     assert not [part for part in gone if part in shown], shown
     assert shown[:2] == text[:2], shown  # the rest stays
+    assert "<<" not in shown, shown
+    assert redact_and_scrub(shown, secrets) == shown

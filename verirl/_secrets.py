@@ -349,47 +349,24 @@ def scrub_all(text: str, secrets: Iterable[str], placeholder: str = "<token>") -
 def redact_and_scrub(text: str, secrets: Iterable[str], placeholder: str = HIDDEN) -> str:
     """``text`` with what `redact_message` hides and every form of ``secrets`` hidden, both.
 
-    One after the other, the first one's rewrite can keep the second from
-    matching: redacted first, a key ``ab:KEY@host`` shows as ``***@host``, which
-    no longer holds the key; scrubbed first, ``https://<hidden>:PASSWORD@h`` is
-    no URL credential. So both look at ``text`` as given: the characters either
-    would hide are hidden (a run of the secrets' as ``placeholder``, the rest
-    as `redact_message` writes it).
+    Redacted first: scrubbed first, ``https://<hidden>:PASSWORD@h`` is no URL
+    credential any more. But the redaction may cut into a secret the text
+    quotes (``ab:KEY@host`` shows as ``***@host``), so the whole forms no
+    longer match what is left: of a secret the text quotes, each fragment
+    between the characters a redaction or a line break cuts at is hidden too.
     """
     secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
-    redacted = redact_message(text)
-    hidden = _where_any_form_is(text, secrets)
-    if not any(hidden):
-        return redacted
-    if redacted == text:
-        return scrub_all(text, secrets, placeholder)
-    import difflib  # noqa: PLC0415 - only where both hide something
-
-    pieces: list[str] = []
-    matcher = difflib.SequenceMatcher(None, text, redacted, autojunk=False)
-    for tag, start, end, redacted_start, redacted_end in matcher.get_opcodes():
-        if tag != "equal":
-            pieces.append(redacted[redacted_start:redacted_end])
-            continue
-        for index in range(start, end):
-            if not hidden[index]:
-                pieces.append(text[index])
-            elif not pieces or pieces[-1] != placeholder:
-                pieces.append(placeholder)
-    # What an odd alignment may have left of them in the redaction's own text.
-    return scrub_all("".join(pieces), secrets, placeholder)
+    shown = scrub_all(redact_message(text), secrets, placeholder)
+    quoted_here = [s for s in secrets if any(form in text for form in _forms(s))]
+    fragments = {part for s in quoted_here for part in _FRAGMENT_CUTS.split(s)}
+    for fragment in sorted(fragments, key=len, reverse=True):
+        if len(fragment) >= _MIN_SCRUBBED:
+            shown = shown.replace(fragment, placeholder)
+    return shown
 
 
-def _where_any_form_is(text: str, secrets: Iterable[str]) -> list[bool]:
-    """For each character of ``text``, whether it lies in a form of one of ``secrets``."""
-    hidden = [False] * len(text)
-    for secret in secrets:
-        for form in _forms(secret):
-            start = text.find(form)
-            while start != -1:
-                hidden[start : start + len(form)] = [True] * len(form)
-                start = text.find(form, start + 1)
-    return hidden
+# What a redaction's patterns stop at, and a line break: a fragment between two is kept whole.
+_FRAGMENT_CUTS = re.compile(r"""[\s:@=&?/#;,'"`<>()\[\]{}|\\\x00-\x1f\x7f]+""")
 
 
 def scrub_exception(exc: BaseException, secret: str | None) -> None:
@@ -665,7 +642,11 @@ def _flag_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
 
 # ``user:password@`` inside a longer text (a message naming a URL, a path made of one): the part
 # before the @ that holds a colon, up to white space, a quote or a slash; a scheme stays.
-_USERINFO_IN_TEXT = re.compile(r"(?:[^\s/@'\"<>()\[\]]+|(?<=//)):[^\s/@'\"<>]*@")  # "//:pw@" too
+# The user part starts where a run of its characters does (the leftmost match starts there
+# anyway): tried from every character of a long run, it took seconds (a 30 KB progress bar).
+_USERINFO_IN_TEXT = re.compile(
+    r"(?:(?<![^\s/@'\"<>()\[\]])[^\s/@'\"<>()\[\]]+|(?<=//)):[^\s/@'\"<>]*@"  # "//:pw@" too
+)
 
 
 def redact_message(text: str) -> str:

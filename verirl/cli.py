@@ -1458,9 +1458,9 @@ def _refuse_a_lone_secret_flag(parser: argparse.ArgumentParser, argv: Sequence[s
     value is shown but that flag's name.
     """
     target = _subcommand_parser(parser, command_word(argv))
-    for arg, found, next_word, rest in _own_flags(parser, argv):
-        if found is None or found.dest != "vllm_args":
-            continue
+    given = [(arg, next_word, rest) for arg, found, next_word, rest in _own_flags(parser, argv)
+             if found is not None and found.dest == "vllm_args"]  # fmt: skip
+    for arg, next_word, rest in given[-1:]:  # argparse keeps the last one only
         flag = _last_secret_flag(arg.partition("=")[2] if "=" in arg else next_word or "")
         if flag is not None and _first_loose_word(parser, target, rest) is not None:
             shown = printable(flag)  # quoted: the redaction of the message keeps its next word
@@ -1670,7 +1670,9 @@ def _after_secret_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) ->
             continue
         for word in argv[index + 1 :]:
             if _is_a_flag_of(parser, target, word):  # "--" too, whose value is ""
-                hidden.append(word.partition("=")[2])
+                # argparse may quote any tail of the value: '-v=hf_KEY' as '-h' with 'f_KEY'
+                value = word.partition("=")[2]
+                hidden.extend(value[start:] for start in range(len(value)))
                 continue
             hidden.append(word)
             if word.startswith("-") and not word.startswith("--"):
