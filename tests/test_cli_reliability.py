@@ -2166,6 +2166,8 @@ _KEY = "SEKRITkey0123456789"
         ["launch", "--vllm-args=--hf-token", f"-v=hf_{_KEY}"],
         ["launch", "--vllm-args", "--hf-token", f"-q=hf_{_KEY}"],
         ["launch", "--vllm-args=--hf-token", f"-qv=hf_{_KEY}"],
+        ["launch", "--vllm-args=--hf-token", f"-v=vvv-{_KEY}"],
+        ["launch", "--vllm-args=--hf-token", f"-v=vvvvvvvvvvvvvvvvvvvvvvvvhf_{_KEY}"],
     ],
 )
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])
@@ -2225,6 +2227,20 @@ def test_only_the_last_vllm_args_is_checked_for_a_lone_secret_s_flag(clean_env, 
             "true"]  # fmt: skip
     assert main(argv) == 2  # colocate: --vllm-args is not used; not the lone flag's refusal
     assert "its last flag" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["--log-dir=/data/hidden", "--output-dir=/tmp/my-experiment"])
+def test_the_lone_flag_refusal_reads_whole_whatever_values_follow(clean_env, capsys, value):
+    """The values of verirl's flags after the lone flag were hidden with every tail: 'hidden'
+    rewrote the '<hidden>' already written ('<<h<hi<hidden>>>>'), and 'ment' the message's
+    own 'argument' (review round 43, findings 2 and 3)."""
+    with pytest.raises(SystemExit):
+        main(["launch", "--vllm-args=--hf-token", value, "SEKRITkey", "--", "true"])
+    err = capsys.readouterr().err
+    assert "error: argument --vllm-args: its last flag, '--hf-token', takes a value" in err, err
+    assert "would be taken for another argument" in err, err
+    assert "<<" not in err, err
+    assert "SEKRITkey" not in err, err
 
 
 def test_a_usage_error_after_a_secret_s_flag_keeps_verirl_s_flags_readable(clean_env, capsys):

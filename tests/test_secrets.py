@@ -364,11 +364,17 @@ def test_a_token_file_huggingface_hub_never_reads_is_never_refused(token_env, mo
         ("--api-key=VALUE99 and 'KEYKEY99'", ["KEYKEY99"], ["VALUE99", "KEYKEY99"]),
         ("Authorization: Bearer hf_SEKRITSEKRIT99", ["hf_SEKRITSEKRIT99"], ["SEKRIT"]),
         ("x SEKRITXY@h:pw@hSEKRITXY@h:pw@hSEKRITXY@h", ["SEKRITXY@h"], ["SEKRIT", ":pw"]),
+        ("x idden y", ["idden"], ["idden y", "<h<"]),
+        ("Authorization: apikey-1a2b3c4d5e", ["apikey-1a2b3c4d5e"], ["apikey", "1a2b"]),
+        ("api_key=token.abcdefgh", ["token.abcdefgh"], ["token", "abcdefgh"]),
+        # a message cut at a length: the secret's start only
+        ("GET https://user:hf_AbCdEfGhIjKl", ["hf_AbCdEfGhIjKlMnOpQrStUv"], ["AbCdEf"]),
     ],
 )
 def test_redact_and_scrub_hides_what_either_would(text, secrets, gone):
     """Either order alone let a part through (review rounds 40 and 41, T-F2 and U-F1); a
-    second pass changes nothing (round 42: an alignment of the two wrote '<<hidden>idden>')."""
+    second pass changes nothing (round 42: an alignment of the two wrote '<<hidden>idden>');
+    an auth scheme's word that starts a secret, a secret cut short (round 43)."""
     from verirl._secrets import redact_and_scrub
 
     shown = redact_and_scrub(text, secrets)

@@ -354,19 +354,55 @@ def redact_and_scrub(text: str, secrets: Iterable[str], placeholder: str = HIDDE
     quotes (``ab:KEY@host`` shows as ``***@host``), so the whole forms no
     longer match what is left: of a secret the text quotes, each fragment
     between the characters a redaction or a line break cuts at is hidden too.
+    So is a secret's start that a message cut short kept (`_PREFIX_SHOWN`
+    characters or more). A ``placeholder`` already written is never rewritten:
+    each is a NUL (which no argument or variable holds) until the end.
     """
     secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
-    shown = scrub_all(redact_message(text), secrets, placeholder)
-    quoted_here = [s for s in secrets if any(form in text for form in _forms(s))]
-    fragments = {part for s in quoted_here for part in _FRAGMENT_CUTS.split(s)}
+    forms = {secret: _forms(secret) for secret in secrets}
+    fragments = {
+        part
+        for secret in secrets
+        if any(form in text for form in forms[secret])
+        for part in _FRAGMENT_CUTS.split(secret)
+    }
+    shown = redact_message(text).replace(placeholder, _MARK)
+    for secret in secrets:
+        for form in forms[secret]:
+            shown = shown.replace(form, _MARK)
     for fragment in sorted(fragments, key=len, reverse=True):
         if len(fragment) >= _MIN_SCRUBBED:
-            shown = shown.replace(fragment, placeholder)
-    return shown
+            shown = shown.replace(fragment, _MARK)
+    return _MARKS.sub(placeholder, _hide_prefixes(shown, secrets))
 
 
-# What a redaction's patterns stop at, and a line break: a fragment between two is kept whole.
-_FRAGMENT_CUTS = re.compile(r"""[\s:@=&?/#;,'"`<>()\[\]{}|\\\x00-\x1f\x7f]+""")
+_MARK = "\0"
+"""`redact_and_scrub`'s placeholder until the end."""
+_MARKS = re.compile("\0+")
+_PREFIX_SHOWN = 8
+"""Characters of a secret's start that count as quoting it (a message cut at a length)."""
+
+
+def _hide_prefixes(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with each run that starts like one of ``secrets`` (`_PREFIX_SHOWN`) a `_MARK`."""
+    for secret in secrets:
+        if len(secret) <= _PREFIX_SHOWN:
+            continue
+        start = text.find(secret[:_PREFIX_SHOWN])
+        while start != -1:
+            end = start + _PREFIX_SHOWN
+            while (
+                end < len(text) and end - start < len(secret) and text[end] == secret[end - start]
+            ):
+                end += 1
+            text = text[:start] + _MARK + text[end:]
+            start = text.find(secret[:_PREFIX_SHOWN], start + 1)
+    return text
+
+
+# What a redaction's patterns stop at (an auth scheme's word ends at '-' or '.'), and a line
+# break: a fragment between two is kept whole.
+_FRAGMENT_CUTS = re.compile(r"""[\s:@=&?/#;,.'"`<>()\[\]{}|\\\x00-\x1f\x7f-]+""")
 
 
 def scrub_exception(exc: BaseException, secret: str | None) -> None:

@@ -1658,27 +1658,50 @@ def _after_secret_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) ->
     has that flag too), given as the next word or after ``=`` (``-v=KEY``).
     A usage error may quote any of them (argparse's "unrecognized arguments:
     KEY", "invalid choice: 'KEY'"), however the mistake was spelled. A word
-    that starts with one ``-`` is hidden with each of its tails: argparse
-    quotes only what follows a short flag it took (``-vKEY``: "ignored
-    explicit argument 'KEY'").
+    that starts with one ``-`` is hidden with the tails argparse may quote of
+    it (`_quotable_tails`: ``-vKEY``, "ignored explicit argument 'KEY'").
     """
     hidden: list[str] = []
     target = _subcommand_parser(parser, command_word(argv))
+    letters = {
+        name[1]
+        for p in (target, parser)
+        for name in p._option_string_actions  # noqa: SLF001
+        if name[:1] == "-" and name[1:2] not in {"", "-"} and not name[2:]
+    }
     for index, arg in enumerate(argv):
         value = arg.partition("=")[2] if arg.startswith("--") and "=" in arg else arg
         if _last_secret_flag(value) is None and _last_secret_flag(arg) is None:
             continue
         for word in argv[index + 1 :]:
             if _is_a_flag_of(parser, target, word):  # "--" too, whose value is ""
-                # argparse may quote any tail of the value: '-v=hf_KEY' as '-h' with 'f_KEY'
-                value = word.partition("=")[2]
-                hidden.extend(value[start:] for start in range(len(value)))
+                name, _, value = word.partition("=")
+                if name.startswith("--"):
+                    hidden.append(value)
+                else:  # '-v=hf_KEY': argparse may take '-h' with 'f_KEY'
+                    hidden.extend(_quotable_tails(value, letters))
                 continue
             hidden.append(word)
             if word.startswith("-") and not word.startswith("--"):
-                hidden.extend(word[start:] for start in range(2, len(word)))
+                hidden.extend(_quotable_tails(word[1:], letters))
         break  # every later word is walked: a later secret's flag adds nothing
     return hidden
+
+
+def _quotable_tails(text: str, letters: set[str]) -> list[str]:
+    """The tails of ``text`` argparse may quote after a short flag, ``text`` itself first.
+
+    It takes each leading letter that is a short flag of verirl's (``-vq…``)
+    and quotes what follows where that run ends ("ignored explicit argument
+    'KEY'"): the tails about there and after the first few letters; never
+    every tail, which would hide the endings of ordinary words and cost time
+    in the value's length squared.
+    """
+    run = 0
+    while run < len(text) and text[run] in letters:
+        run += 1
+    starts = {*range(min(run, 8)), run - 1, run, run + 1}
+    return [text[start:] for start in sorted(starts) if 0 <= start < len(text)]
 
 
 def _print_parse_output(
