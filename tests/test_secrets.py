@@ -382,3 +382,25 @@ def test_redact_and_scrub_hides_what_either_would(text, secrets, gone):
     assert shown[:2] == text[:2], shown  # the rest stays
     assert "<<" not in shown, shown
     assert redact_and_scrub(shown, secrets) == shown
+
+
+@pytest.mark.parametrize("kept", range(1, 25))  # the token: 25 characters
+def test_a_message_cut_at_a_length_keeps_no_start_of_a_token(kept):
+    """_http, _hub_source and envserver cut their reasons at 200 or 300 characters: cut inside
+    a token, the start it kept was no whole form to scrub (review round 44, finding 1)."""
+    from verirl._fs import shortened
+
+    token = "hf_AbCdEfGhIjKlMnOpQrStUv"
+    text = "x" * 10 + " ConnectionError: https://host/?t=" + token + " (more)"
+    limit = text.index(token) + kept - 1
+    cut = shortened(text, limit)
+    assert len(cut) <= limit + 1
+    assert cut.endswith("…")
+    assert "AbCd" not in cut
+    assert cut.startswith("x" * 10)
+
+
+def test_a_nul_in_a_message_is_shown_escaped_not_as_hidden():
+    from verirl._secrets import redact_and_scrub
+
+    assert redact_and_scrub("a\0\0b", []) == "a\\x00\\x00b"

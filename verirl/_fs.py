@@ -39,6 +39,7 @@ __all__ = [
     "read_capped",
     "read_owner_record",
     "same_file",
+    "shortened",
 ]
 
 OWNER_MARKER = ".verirl-owner.json"
@@ -95,6 +96,20 @@ def escape_bytes(text: str) -> str:
         except UnicodeEncodeError:  # a surrogate that is no escaped byte
             return text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text
+
+
+def shortened(text: str, limit: int) -> str:
+    """``text`` cut to about ``limit`` characters, at a space, with ``…`` where it was cut.
+
+    Never in the middle of a word: a token cut through would keep its start,
+    which no later scrub of the whole token matches. A first word longer than
+    the limit is left out whole.
+    """
+    if len(text) <= limit:
+        return text
+    kept = text[: limit + 1]
+    space = max(kept.rfind(" "), kept.rfind("\n"), kept.rfind("\t"))
+    return f"{text[:space].rstrip() if space > 0 else ''}…"
 
 
 def quoted(value: object) -> str:

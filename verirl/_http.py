@@ -34,7 +34,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.util.connection import allowed_gai_family
 
-from verirl._fs import quoted
+from verirl._fs import quoted, shortened
 from verirl._resolve import AddrInfo, LookupTimeoutError, needs_dns, resolve
 from verirl._secrets import redact_text
 from verirl._validate import MAX_PORT, host_address, ipv4_spelling
@@ -549,4 +549,4 @@ def describe_request_error(exc: requests.RequestException) -> str:
             return f"connection error ({cause.strerror})"
     if isinstance(exc, requests.ConnectionError):
         return f"connection error ({type(exc).__name__})"
-    return f"{type(exc).__name__}: {exc}"[:200]
+    return shortened(f"{type(exc).__name__}: {exc}", 200)

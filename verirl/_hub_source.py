@@ -54,7 +54,7 @@ from verirl._download_dir import (
     fetch_folder,
     human_size,
 )
-from verirl._fs import quoted
+from verirl._fs import quoted, shortened
 from verirl._phases import DaemonExecutor
 from verirl._secrets import (
     check_token,
@@ -819,7 +819,9 @@ def _describe_hub_error(exc: BaseException) -> str:
             return reason
     text = str(exc).strip()
     first_line = text.splitlines()[0] if text else ""
-    return (f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__)[:300]
+    return shortened(
+        f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__, 300
+    )
 
 
 def _repo_missing(exc: BaseException) -> bool:

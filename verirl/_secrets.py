@@ -366,7 +366,7 @@ def redact_and_scrub(text: str, secrets: Iterable[str], placeholder: str = HIDDE
         if any(form in text for form in forms[secret])
         for part in _FRAGMENT_CUTS.split(secret)
     }
-    shown = redact_message(text).replace(placeholder, _MARK)
+    shown = redact_message(text.replace(_MARK, "\\x00")).replace(placeholder, _MARK)
     for secret in secrets:
         for form in forms[secret]:
             shown = shown.replace(form, _MARK)
@@ -388,6 +388,8 @@ def _hide_prefixes(text: str, secrets: Iterable[str]) -> str:
     for secret in secrets:
         if len(secret) <= _PREFIX_SHOWN:
             continue
+        pieces: list[str] = []
+        done = 0
         start = text.find(secret[:_PREFIX_SHOWN])
         while start != -1:
             end = start + _PREFIX_SHOWN
@@ -395,8 +397,10 @@ def _hide_prefixes(text: str, secrets: Iterable[str]) -> str:
                 end < len(text) and end - start < len(secret) and text[end] == secret[end - start]
             ):
                 end += 1
-            text = text[:start] + _MARK + text[end:]
-            start = text.find(secret[:_PREFIX_SHOWN], start + 1)
+            pieces += [text[done:start], _MARK]
+            done = end
+            start = text.find(secret[:_PREFIX_SHOWN], end)
+        text = "".join([*pieces, text[done:]])
     return text
 
 

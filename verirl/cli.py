@@ -1518,7 +1518,10 @@ def _last_secret_flag(value: str) -> str | None:
     """``value``'s last word if it is a secret's flag with no value of its own, else ``None``.
 
     Split as the server's arguments are; ``--api-key`` and ``--api-key=`` alike.
+    (A value with no ``-`` holds no flag: not split, which takes long on a long one.)
     """
+    if "-" not in value:
+        return None
     try:
         words = shlex.split(value)
     except ValueError:  # an unbalanced quote: the words as written, their quotes let go

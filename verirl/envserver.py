@@ -35,7 +35,7 @@ from urllib.parse import unquote
 
 import attrs
 
-from verirl._fs import quoted
+from verirl._fs import quoted, shortened
 from verirl._poll import Backoff, Clock, Sleep, poll
 from verirl._secrets import HIDDEN, redact_url, scrub_all, secrets_in_environ
 from verirl._validate import check_number
@@ -289,7 +289,7 @@ class HttpEnvServerProbe:
         try:
             reason = request_health(session, self._health_target, timeout)
         except Exception as exc:  # noqa: BLE001 - a probe reports, it never fails its caller
-            reason = f"unexpected error ({type(exc).__name__}: {exc})"[:200]
+            reason = shortened(f"unexpected error ({type(exc).__name__}: {exc})", 200)
         return None if reason is None else self._scrub(reason)
 
     def check(self) -> bool:
@@ -301,7 +301,7 @@ class HttpEnvServerProbe:
             with self._open() as session:
                 reason = self._attempt(session, self.request_timeout)
         except Exception as exc:  # noqa: BLE001 - e.g. a session that fails to close
-            reason = self._scrub(f"unexpected error ({type(exc).__name__}: {exc})")[:200]
+            reason = shortened(self._scrub(f"unexpected error ({type(exc).__name__}: {exc})"), 200)
         if reason is not None:
             log.debug("health check of %s: %s", self.health_url, reason)
         return reason is None
