@@ -182,3 +182,35 @@ def test_a_signal_another_thread_catches_during_start_still_ends_it(signum, code
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _lock_error_over(interruption: BaseException) -> RuntimeError:
+    """What CPython 3.10's Condition.wait raises when a handler's exception cut it short."""
+    error = RuntimeError("release unlocked lock")
+    error.__context__ = interruption
+    return error
+
+
+@pytest.mark.parametrize("interruption", [SystemExit(143), KeyboardInterrupt()])
+def test_an_interruption_cpython_3_10_turned_into_a_lock_error_ends_start_as_itself(
+    interruption, monkeypatch
+):
+    """On 3.10 a SIGTERM landing in Thread.start's Condition.wait exited 1 with 'release unlocked
+    lock' instead of 143 (a CI run, test_a_signal_during_start_exits_at_once_despite_a_phase_
+    still_waiting): start() raises the interruption the lock error replaced."""
+    from verirl._signals import raise_interruption_behind
+
+    def cut_short(*_args: object) -> None:
+        raise _lock_error_over(interruption)
+
+    monkeypatch.setattr(TrainingRuntime, "_submit_phases", cut_short)
+    env: dict[str, str] = {}
+    runtime = TrainingRuntime(
+        VLLMTopology.plan(1, max_model_len=64), environ=env,
+        dist_env=DistributedEnv.single_node(environ=env, master_port=find_free_port()),
+    )  # fmt: skip
+    with pytest.raises(type(interruption)) as info:
+        runtime.start()
+    assert info.value is interruption
+    assert raise_interruption_behind(RuntimeError("release unlocked lock")) is None
+    assert raise_interruption_behind(_lock_error_over(ValueError("x"))) is None

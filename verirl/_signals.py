@@ -67,6 +67,7 @@ __all__ = [
     "program_received",
     "raise_if_dropped",
     "raise_if_lost",
+    "raise_interruption_behind",
     "sigterm_lost",
     "sigterm_pending",
 ]
@@ -705,3 +706,22 @@ def arm_exit_deadline(error: BaseException | int, *, grace: float = EXIT_GRACE) 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=SIGTERM_POLICY.reset_after_fork)
     os.register_at_fork(after_in_child=_EXIT_DEADLINE.reset_after_fork)
+
+
+def raise_interruption_behind(error: BaseException) -> None:
+    """Raise the interruption ``error`` stands for, if it is CPython 3.10's lock error.
+
+    On 3.10, a signal handler that raises (Ctrl-C's ``KeyboardInterrupt``,
+    the SIGTERM policy's ``SystemExit(143)``) inside ``Condition.wait``'s
+    Python ``_acquire_restore`` (``Thread.start``, ``Event.wait``) leaves the
+    lock released; the ``with`` around it then raises ``RuntimeError('release
+    unlocked lock')`` in the interruption's place, and the program exits 1
+    with a traceback instead of 143 or Ctrl-C's code. Otherwise: nothing.
+    """
+    interruption = error.__context__
+    if (
+        type(error) is RuntimeError
+        and str(error) == "release unlocked lock"
+        and isinstance(interruption, (KeyboardInterrupt, SystemExit))
+    ):
+        raise interruption

@@ -38,7 +38,7 @@ from verirl._phases import Phases, PhaseTiming
 from verirl._secrets import HIDDEN, implicit_hub_token, redact_text, shown_command
 from verirl._server_fields import to_extra_args
 from verirl._settings import Read, Settings
-from verirl._signals import SIGTERM_POLICY
+from verirl._signals import SIGTERM_POLICY, raise_interruption_behind
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
@@ -873,7 +873,7 @@ class TrainingRuntime:
                 self._open_session(dist, origin, timings, checkpoint)
                 assert self._session is not None  # noqa: S101 - set just above
                 return self._session
-        except BaseException:
+        except BaseException as error:
             # Every phase runs on daemon threads (the Hub download's too): a signal that
             # ends the program is never held up by one, and a program that catches it
             # goes on as it likes.
@@ -885,6 +885,7 @@ class TrainingRuntime:
                     server_start = phases.started("vllm")  # over: its phase knows it
                 self._cancel_server_start(server_start)
                 self.stop()
+            raise_interruption_behind(error)
             raise
 
     def _claim_start(self, mine: object) -> None:

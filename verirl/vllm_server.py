@@ -119,6 +119,7 @@ from verirl._server_log import (
     open_server_log,
     read_log_tail,
 )
+from verirl._signals import raise_interruption_behind
 from verirl.errors import (
     ConfigError,
     VLLMServerError,
@@ -396,8 +397,9 @@ class VLLMServer:
             # Wait outside the lock, so that stop() from another thread can cancel the start.
             self._wait_until_ready(tree)
             self._end_start(run)
-        except BaseException:
+        except BaseException as error:
             self._abandon(run)
+            raise_interruption_behind(error)
             raise
         finally:
             with self._starts_lock:
@@ -446,8 +448,9 @@ class VLLMServer:
         try:
             with self._lock:
                 self._stop_held()
-        except BaseException:
+        except BaseException as error:
             self.cut_stop_short()
+            raise_interruption_behind(error)
             raise
 
     def _stop_held(self) -> None:
