@@ -1491,7 +1491,7 @@ def _first_loose_word(
         if not _is_a_flag_of(parser, target, word):
             return word
         name, equals, _ = word.partition("=")
-        found = (_option(target, name) or _option(parser, name)) if name.startswith("--") else None
+        found = _option(target, name) or _option(parser, name)
         if found is not None and found.nargs != 0 and not equals:
             index += 1  # its value, whatever it looks like
     return None
@@ -1510,8 +1510,18 @@ def _is_a_flag_of(
     if name.startswith("--"):
         return (_option(target, name) or _option(parser, name)) is not None
     letters = name[1:]
-    short = {option for p in (target, parser) for option in p._option_string_actions}  # noqa: SLF001
-    return name.startswith("-") and bool(letters) and all(f"-{c}" in short for c in letters)
+    short = _short_letters(parser, target)
+    return name.startswith("-") and bool(letters) and all(c in short for c in letters)
+
+
+def _short_letters(parser: argparse.ArgumentParser, target: argparse.ArgumentParser) -> set[str]:
+    """The letters of verirl's one-letter flags (``v`` of ``-v``), the subcommand's too."""
+    return {
+        name[1]
+        for p in (target, parser)
+        for name in p._option_string_actions  # noqa: SLF001 - argparse keeps them only here
+        if name[:1] == "-" and name[1:2] not in {"", "-"} and not name[2:]
+    }
 
 
 def _last_secret_flag(value: str) -> str | None:
@@ -1666,12 +1676,7 @@ def _after_secret_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) ->
     """
     hidden: list[str] = []
     target = _subcommand_parser(parser, command_word(argv))
-    letters = {
-        name[1]
-        for p in (target, parser)
-        for name in p._option_string_actions  # noqa: SLF001
-        if name[:1] == "-" and name[1:2] not in {"", "-"} and not name[2:]
-    }
+    letters = _short_letters(parser, target)
     for index, arg in enumerate(argv):
         value = arg.partition("=")[2] if arg.startswith("--") and "=" in arg else arg
         if _last_secret_flag(value) is None and _last_secret_flag(arg) is None:
