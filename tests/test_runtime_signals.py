@@ -214,3 +214,20 @@ def test_an_interruption_cpython_3_10_turned_into_a_lock_error_ends_start_as_its
     assert info.value is interruption
     assert raise_interruption_behind(RuntimeError("release unlocked lock")) is None
     assert raise_interruption_behind(_lock_error_over(ValueError("x"))) is None
+
+
+def test_a_wait_for_another_stop_cut_by_that_lock_error_raises_the_interruption():
+    """The same shape where a stop waits for another thread's (Event.wait)."""
+    import types
+
+    from verirl.runtime import _wait_for
+
+    interruption = SystemExit(143)
+
+    class Ended:
+        def wait(self) -> None:
+            raise _lock_error_over(interruption)
+
+    with pytest.raises(SystemExit) as info:
+        _wait_for(types.SimpleNamespace(ended=Ended(), server=None))  # type: ignore[arg-type]
+    assert info.value is interruption

@@ -570,10 +570,11 @@ def _wait_for(claim: _Teardown) -> None:
     """Wait for another thread's stop; a Ctrl-C here cuts its grace short, as it would there."""
     try:
         claim.ended.wait()  # as long as that stop: the server's own stop is bounded
-    except BaseException:
+    except BaseException as error:
         cut = getattr(claim.server, "cut_stop_short", None)
         if callable(cut):
             cut()
+        raise_interruption_behind(error)  # Event.wait: where CPython can replace it
         raise
 
 
