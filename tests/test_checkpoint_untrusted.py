@@ -140,6 +140,26 @@ def test_a_hostile_last_checkpoint_state_is_skipped_with_a_warning(hub, tmp_path
     assert "last-checkpoint" in warnings_of(caplog)
 
 
+@pytest.mark.parametrize("older", [True, False], ids=["beside-checkpoint-10", "alone"])
+@pytest.mark.parametrize("served", ["empty", "valid-prefix", "cut", "longer"])
+def test_a_body_of_last_checkpoints_state_unlike_the_listing_is_a_source_error(
+    hub, tmp_path, served, older
+):
+    """A mirror or proxy that cuts the body (to JSON that still parses, too) is caught by its
+    size: last-checkpoint may be the newest, so neither an older one nor a fresh start."""
+    state = json.dumps({"global_step": 40, "epoch": 0.4, "log_history": []}).encode()
+    if older:
+        hub.add_checkpoint(REPO, "checkpoint-10", 10)
+    hub.add_checkpoint(REPO, "last-checkpoint", 40)
+    hub.add_file(REPO, "last-checkpoint/trainer_state.json", state)
+    body = {"empty": b"", "valid-prefix": b'{"global_step": 4}', "cut": state[:10]}
+    hub.serve_instead(REPO, "last-checkpoint/trainer_state.json", body.get(served, state + b"  "))
+    for request in ("auto", "latest"):
+        with pytest.raises(CheckpointSourceError, match=r"trainer_state\.json has \d+ bytes, the"):
+            CheckpointResolver([hub_source(hub, tmp_path)]).resolve(request)
+    assert not (tmp_path / "dl" / "checkpoint-10").exists()
+
+
 # ---------------------------------------------------------------- what a listing says
 
 

@@ -408,7 +408,13 @@ class HubCheckpointSource:
         return entries
 
     def _last_checkpoint_step(self, listing: _Listing) -> int | None:
-        """``global_step`` of ``last-checkpoint/trainer_state.json`` (a small download), or None."""
+        """``global_step`` of ``last-checkpoint/trainer_state.json`` (a small download), or None.
+
+        A state that is not a JSON object, or has no usable step, makes the
+        folder incomplete (skipped with a warning). A download of another size
+        than the listing's is a `CheckpointSourceError`: a mirror or proxy cut
+        the body, and the checkpoint may well be the newest.
+        """
         filename = f"{LAST_CHECKPOINT}/{TRAINER_STATE}"
         size = listing.folders[LAST_CHECKPOINT][filename].size
         if size > MAX_TRAINER_STATE_BYTES:  # not an interrupted save: never skipped
@@ -417,11 +423,15 @@ class HubCheckpointSource:
         token = self._request_token()  # its own errors (a bad token) as they are
         with tempfile.TemporaryDirectory(prefix="verirl-hub-") as tmp:
             try:
-                self._download(filename, listing.commit, Path(tmp), token)
+                got = self._download(filename, listing.commit, Path(tmp), token).stat().st_size
                 # Unreadable once downloaded (an I/O error): an error, not "no checkpoint".
                 state, why = read_trainer_state(Path(tmp) / LAST_CHECKPOINT)
             except Exception as exc:
                 raise self._error(f"read {filename} from", exc, listed=True) from exc
+        if got != size:  # a mirror or proxy cut the body short
+            problem = f"{filename} has {got} bytes, the listing says {size}"
+            msg = f"downloaded {filename} from {self.description} but it is unusable: {problem}"
+            raise CheckpointSourceError(msg, checkpoint_unreadable=True) from ValueError(problem)
         if state is None:
             log.warning("skipping %s in %s: %s", LAST_CHECKPOINT, self.description, why)
             return None
