@@ -56,7 +56,9 @@ __all__ = [
     "arm_exit_deadline",
     "as_sigterm",
     "exit_on_sigterm",
+    "in_a_spot_that_must_not_raise",
     "mark_noted",
+    "must_not_raise",
     "note_dropped",
     "noted",
     "outside_tracers_lock",
@@ -112,12 +114,41 @@ def outside_tracers_lock(handler: _Raising) -> _Raising:
     @functools.wraps(handler)
     def guarded(*args: object) -> None:
         signum, frame = args[-2], args[-1]
-        if in_tracers_lock(cast("types.FrameType | None", frame)):
+        landed = cast("types.FrameType | None", frame)
+        if in_tracers_lock(landed) or in_a_spot_that_must_not_raise(landed):
             handle_later(cast("int", signum))
             return
         handler(*args)
 
     return cast("_Raising", guarded)
+
+
+_MUST_NOT_RAISE: set[types.CodeType] = {
+    # Raised at its entry (a second signal's handler, run as the first one's exception
+    # unwinds a wait), the lock is left released: Event.wait's ``with`` then raises
+    # RuntimeError('release unlocked lock') in the interruption's place.
+    threading.Condition._acquire_restore.__code__,  # type: ignore[attr-defined]  # noqa: SLF001
+    # Raised at its entry, the lock is left held: the next wait or set() on it hangs.
+    threading.Condition.__exit__.__code__,
+}
+
+
+def must_not_raise(function: _Raising) -> _Raising:
+    """Mark ``function`` (an ``__exit__`` that tears down) as a spot no handler raises in.
+
+    A handler whose signal lands right there, as a first signal's exception
+    unwinds into it, would end the teardown before it began (a ``with
+    VLLMServer(...)`` block left with its server running): it is handled a
+    moment later instead (`handle_later`), inside the teardown, which a
+    second signal cuts short as documented.
+    """
+    _MUST_NOT_RAISE.add(function.__code__)
+    return function
+
+
+def in_a_spot_that_must_not_raise(frame: types.FrameType | None) -> bool:
+    """Whether ``frame`` is one of `_MUST_NOT_RAISE`'s functions (`must_not_raise`)."""
+    return frame is not None and frame.f_code in _MUST_NOT_RAISE
 
 
 @outside_tracers_lock

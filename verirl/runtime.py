@@ -38,7 +38,7 @@ from verirl._phases import Phases, PhaseTiming
 from verirl._secrets import HIDDEN, implicit_hub_token, redact_text, shown_command
 from verirl._server_fields import to_extra_args
 from verirl._settings import Read, Settings
-from verirl._signals import SIGTERM_POLICY, raise_interruption_behind
+from verirl._signals import SIGTERM_POLICY, must_not_raise, raise_interruption_behind
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
@@ -1088,6 +1088,18 @@ class TrainingRuntime:
         while self._stop_once():
             pass  # the teardown waited for was cut short: this stop does it
 
+    def _stop_at_once(self) -> None:
+        """After a signal cut the block's `stop` short: the rest of it now, the server SIGKILLed.
+
+        Interrupted before it held the server, that stop left it running for
+        a later one; the block is not left with it (a second signal, or two
+        at once, asks for a teardown without the grace, not for none).
+        """
+        cut = getattr(self._server, "cut_stop_short", None)
+        if callable(cut):
+            cut()
+        self.stop()
+
     def _stop_once(self) -> bool:
         """`stop`'s one go; ``True``: the other thread's teardown it waited for left the server."""
         mine = _Teardown(threading.get_ident())
@@ -1171,6 +1183,7 @@ class TrainingRuntime:
     def __enter__(self) -> RuntimeSession:
         return self.start()
 
+    @must_not_raise
     def __exit__(self, exc_type: object, *_: object) -> None:
         """`stop`; then the server's death, if the block ended normally after it.
 
@@ -1181,7 +1194,11 @@ class TrainingRuntime:
         is raised here.
         """
         watchdog = self._watchdog
-        self.stop()
+        try:
+            self.stop()
+        except BaseException:
+            self._stop_at_once()
+            raise
         failure = watchdog.failure if watchdog is not None else None
         if exc_type is None and failure is not None and not self._failure_taken:
             raise failure

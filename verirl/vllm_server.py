@@ -119,7 +119,7 @@ from verirl._server_log import (
     open_server_log,
     read_log_tail,
 )
-from verirl._signals import raise_interruption_behind
+from verirl._signals import must_not_raise, raise_interruption_behind
 from verirl.errors import (
     ConfigError,
     VLLMServerError,
@@ -488,13 +488,21 @@ class VLLMServer:
         self.start()
         return self
 
+    @must_not_raise
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: types.TracebackType | None,
     ) -> None:
-        self.stop()
+        try:
+            self.stop()
+        except BaseException:
+            # A signal cut the stop short (a second one, or two at once): what it asks for is
+            # a SIGKILL now, not a server left to the exit hook once the block is left.
+            self.cut_stop_short()
+            self.stop()
+            raise
 
     # ------------------------------------------------------------ internals
 
