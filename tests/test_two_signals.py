@@ -12,12 +12,14 @@ with its vLLM server running). Driven here as a platform does it: two
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -142,3 +144,54 @@ def test_a_with_block_left_on_two_signals_at_once_has_stopped_its_server(
     assert report["server"], err
     assert report["left"] == [], err  # stopped inside the block's __exit__, not at exit
     assert nothing_listens(port)
+
+
+HOLDER = """
+import signal, sys, threading
+record, ready = sys.argv[1], sys.argv[2]
+def note(signum, _frame):
+    with open(record, "a") as sink:
+        sink.write(signal.Signals(signum).name + "\\n")
+signal.signal(signal.SIGINT, note)
+signal.signal(signal.SIGTERM, note)
+open(ready, "w").close()
+threading.Event().wait(300)  # saves for as long as it is let: the grace ends it
+"""
+
+
+@pytest.mark.parametrize("pair", PAIRS[:3], ids=PAIR_IDS[:3])  # two SIGINTs may merge into one
+def test_launch_given_two_signals_at_once_sigkills_its_command_without_the_grace(tmp_path, pair):
+    """A second signal SIGKILLs the command at once; one that came with the first does too.
+
+    Seen: SIGTERM+SIGINT together, and launch passed SIGTERM on and waited the whole grace,
+    the Ctrl-C lost: the second handler's exception had replaced the first's."""
+    script, record, ready = tmp_path / "holder.py", tmp_path / "signals", tmp_path / "ready"
+    script.write_text(textwrap.dedent(HOLDER))
+    grace = 120
+    argv = [sys.executable, "-m", "verirl", "launch", "--gpus", "1",
+            "--shutdown-timeout", str(grace), "--",
+            sys.executable, str(script), str(record), str(ready)]  # fmt: skip
+    command: list[psutil.Process] = []
+    with subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=clean_environ(tmp_path)
+    ) as proc:
+        try:
+            deadline = time.monotonic() + 60
+            while not ready.exists():
+                assert proc.poll() is None, "launch ended before its command was ready"
+                assert time.monotonic() < deadline, "the command never got ready"
+                psutil.wait_procs([], timeout=0.02)
+            command += psutil.Process(proc.pid).children()
+            _both(proc.pid, pair)
+            _, err = proc.communicate(timeout=grace / 2)  # far less than the grace
+        finally:
+            for process in [proc, *command]:
+                with contextlib.suppress(psutil.Error, OSError):
+                    process.kill()
+    text = err.decode(errors="replace")
+    assert proc.returncode != 0, text
+    assert not [word for word in BAD_OUTPUT if word in text], text
+    assert "SIGKILL" in text, text
+    got = record.read_text().split() if record.exists() else []
+    assert len(got) == len(set(got)) <= 1, got  # the first at most, once; never the second
+    assert _gone(command), text

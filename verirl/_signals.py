@@ -57,6 +57,7 @@ __all__ = [
     "as_sigterm",
     "exit_on_sigterm",
     "in_a_spot_that_must_not_raise",
+    "interruptions",
     "mark_noted",
     "must_not_raise",
     "note_dropped",
@@ -756,3 +757,24 @@ def raise_interruption_behind(error: BaseException) -> None:
         and isinstance(interruption, (KeyboardInterrupt, SystemExit))
     ):
         raise interruption
+
+
+def interruptions(error: BaseException) -> list[int]:
+    """The signals ``error`` and the interruptions it was raised during stand for, oldest first.
+
+    ``KeyboardInterrupt`` is SIGINT; ``SystemExit`` SIGTERM (the policy's, or
+    a signal the CLI makes one). Two signals that come together leave two
+    here: the second one's handler raised as the first one's exception
+    unwound, and a wait that sees only the newest would take the pair for one.
+    """
+    found: list[int] = []
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, KeyboardInterrupt):
+            found.append(signal.SIGINT)
+        elif isinstance(current, SystemExit):
+            found.append(signal.SIGTERM)
+        current = current.__context__
+    return found[::-1]

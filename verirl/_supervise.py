@@ -136,6 +136,7 @@ from verirl._secrets import redact_argv, secrets_in_environ, shown_line
 from verirl._signals import (
     TERMINATING,
     as_sigterm,
+    interruptions,
     mark_noted,
     outside_tracers_lock,
     raise_if_dropped,
@@ -1004,6 +1005,8 @@ def _stop_command(
     grace: float,
     command: _Command | None = None,
     ending: Callable[[], object] | None = None,
+    *,
+    again: bool = False,
 ) -> int:
     """Pass ``signum`` on to each process of the command once, wait ``grace`` s, then SIGKILL.
 
@@ -1013,13 +1016,17 @@ def _stop_command(
     on its way is logged, and the wait goes on. A further signal at any point
     (a second Ctrl-C, SIGTERM after a Ctrl-C) SIGKILLs the group at once: the
     ``finally`` sees to it even when that signal lands between two statements
-    here.
+    here. ``again``: that further signal came with the first (`interruptions`), so SIGKILL now.
     """
     tracked = command or _tracker(child)
     stopped = False
     try:
         try:
-            stopped = _pass_and_wait(tracked, child, signum, grace, ending)
+            if again:
+                _call_ending(ending)
+                log.warning("interrupted twice at once: sending SIGKILL to the training command")
+            else:
+                stopped = _pass_and_wait(tracked, child, signum, grace, ending)
         except subprocess.TimeoutExpired:
             log.warning("the training command outlived its %gs grace: sending SIGKILL", grace)
         except (KeyboardInterrupt, SystemExit):  # a second Ctrl-C, or SIGTERM after a Ctrl-C
@@ -1376,8 +1383,8 @@ def _run(
         except (SystemExit, KeyboardInterrupt) as exc:
             if not started:
                 raise  # it never ran
-            signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
-            code = _stop_command(started[0], signum, grace, known(), ending)
+            came = interruptions(exc)  # two at once: the second's handler raised over the first
+            code = _stop_command(started[0], came[0], grace, known(), ending, again=len(came) > 1)
     except BaseException:
         if started and (started[0].returncode is None or tracked):
             _kill_command(started[0], known())
