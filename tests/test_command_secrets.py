@@ -492,14 +492,19 @@ def test_an_unbalanced_quote_after_a_secret_flag_keeps_the_reason(capsys, no_set
     ["http://127.0.0.1:{port}/{s}", "http://127.0.0.1:{port}/v1;{s}", "http://{s}.invalid:1/"],
     ids=["path", "path-parameter", "host"],
 )
+@pytest.mark.parametrize(
+    "stored", ["{}", "{}\n", "  {} ", "{}\r\n"], ids=["as-is", "newline", "spaces", "crlf"]
+)
 def test_a_secret_variable_s_value_in_a_url_the_user_built_is_never_shown(
-    capsys, no_settings, monkeypatch, json_, where
+    capsys, no_settings, monkeypatch, *, json_, where, stored
 ):
-    """``--env-url "http://h/$HF_TOKEN"``: no log line or document shows the variable's value."""
+    """``--env-url "http://h/$HF_TOKEN"``: no log line or document shows the variable's value,
+    also when it is stored with white space around it, which huggingface_hub strips (a
+    Kubernetes secret, an ``echo`` into a file) and an unquoted ``$HF_TOKEN`` drops."""
     from _support import unshared_port
 
     token = "hfSECRETvalue42abc"
-    monkeypatch.setenv("HF_TOKEN", token)
+    monkeypatch.setenv("HF_TOKEN", stored.format(token))
     url = where.format(port=unshared_port(), s=token)
     argv = ["launch", "--gpus", "1", "--env-url", url, "--env-timeout", "0.5", "--", "true"]
     code = main(["--json", *argv] if json_ else argv)

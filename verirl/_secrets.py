@@ -914,16 +914,23 @@ def secrets_in_environ(environ: Mapping[str, str]) -> list[str]:
     """The values of ``environ``'s variables named like secrets (``HF_TOKEN``, ``*_API_KEY``, …).
 
     A command line that expanded ``$HF_TOKEN`` carries it with no flag name to
-    tell: `redact_argv` scrubs these wherever they appear.
+    tell: `redact_argv` scrubs these wherever they appear. A value with white
+    space around it or a line break in it (a Kubernetes secret, an ``echo`` into
+    a file) also counts as huggingface_hub sends it (`cleaned_token`): an
+    unquoted ``$HF_TOKEN`` or a URL made of it carries that form.
     """
-    return [
-        value
-        for name, value in environ.items()
-        if _secret_name(name)
-        and name != "PWD"  # the shell's working directory, not a password
-        and len(value) >= _MIN_ENVIRON_SECRET
-        and value.strip().lower() not in _NOT_SECRETS
-    ]
+    found: list[str] = []
+    for name, value in environ.items():
+        if (
+            not _secret_name(name)
+            or name == "PWD"  # the shell's working directory, not a password
+            or value.strip().lower() in _NOT_SECRETS
+        ):
+            continue
+        for form in (value, cleaned_token(value)):
+            if form is not None and len(form) >= _MIN_ENVIRON_SECRET and form not in found:
+                found.append(form)
+    return found
 
 
 def known_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
