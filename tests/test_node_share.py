@@ -15,7 +15,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -345,6 +345,8 @@ from pathlib import Path
 script, folder, waiting = sys.argv[1:4]
 env = {**os.environ, "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}
 env.pop("TORCHELASTIC_ERROR_FILE", None)
+if sys.argv[4:]:  # one left for good in the job's environment, or by an outer torchrun
+    env["TORCHELASTIC_ERROR_FILE"] = sys.argv[4]
 
 def rank(local_rank, answer):
     return subprocess.Popen(
@@ -369,15 +371,18 @@ print(json.dumps([attempt("checkpoint-10", False), attempt("checkpoint-30", True
 """
 
 
-def test_a_retry_by_the_same_parent_never_reads_the_previous_attempts_answer(tmp_path):
-    """Attempt 1 chose checkpoint-10 and saved up to 30; attempt 2's ranks must all resume at 30."""
+@pytest.mark.parametrize("stale", [[], ["/x/err/attempt_0/0/error.json"]], ids=["", "stale"])
+def test_a_retry_by_the_same_parent_never_reads_the_previous_attempts_answer(tmp_path, stale):
+    """Attempt 1 chose checkpoint-10 and saved up to 30; attempt 2's ranks must all resume at 30.
+
+    ``stale``: with a torchrun error file every rank of both attempts inherited as it is."""
     script = tmp_path / "rank.py"
     script.write_text(SPAWN_RANK)
     for chosen in ("checkpoint-10", "checkpoint-30"):  # a follower checks the folder is there
         (tmp_path / chosen).mkdir()
     loop = subprocess.run(
         [sys.executable, "-c", SPAWN_LOOP, str(script), str(tmp_path / "dl"),
-         str(tmp_path / "waiting")],
+         str(tmp_path / "waiting"), *stale],
         capture_output=True, text=True, timeout=180, check=False, cwd=tmp_path,
     )  # fmt: skip
     assert loop.returncode == 0, loop.stderr
@@ -404,9 +409,16 @@ while len(list(here.glob("key-*"))) < ranks and time.monotonic() < deadline:
 """
 
 
-def _step_attempt(tmp_path: Path, name: str, env: dict[str, str], *, wrapped: bool) -> set[str]:
+def _step_attempt(
+    tmp_path: Path,
+    name: str,
+    env: dict[str, str],
+    *,
+    wrapped: bool,
+    own: Callable[[str], dict[str, str]] = lambda _rank: {},
+) -> set[str]:
     """Two local ranks, each behind its own shell when ``wrapped`` (srun's tasks through a
-    wrapper script); the set of keys they computed."""
+    wrapper script), each with ``own(local_rank)`` added; the set of keys they computed."""
     here = tmp_path / name
     here.mkdir()
     script = tmp_path / "step_rank.py"
@@ -416,7 +428,7 @@ def _step_attempt(tmp_path: Path, name: str, env: dict[str, str], *, wrapped: bo
         argv = [sys.executable, str(script), str(here), local_rank, "2"]
         if wrapped:
             argv = ["/bin/sh", "-c", '"$@"; exit $?', "sh", *argv]
-        procs.append(subprocess.Popen(argv, env={**os.environ, **env}))
+        procs.append(subprocess.Popen(argv, env={**os.environ, **env, **own(local_rank)}))
     for proc in procs:
         assert proc.wait(timeout=120) == 0
     return {path.read_text() for path in here.glob("key-*")}
@@ -556,26 +568,31 @@ def test_bad_wait_and_launcher_settings_are_config_errors(tmp_path):
 
 
 def test_under_torchrun_the_key_follows_the_agents_attempt_folder_not_the_parent(tmp_path):
-    """A wrapper per rank (a shell, ``verirl launch``) must not split a node's ranks."""
-    code = (
-        "import os, sys; from pathlib import Path; from verirl._node_share import attempt_key;"
-        "print(attempt_key(os.environ, folder=Path(sys.argv[1]), request='latest'))"
-    )
-
-    def key(error_file: str) -> str:
-        shell = subprocess.run(
-            ["/bin/sh", "-c", 'exec "$0" -c "$1" "$2" & wait', sys.executable, code,
-             str(tmp_path)],
-            capture_output=True, text=True, check=True, timeout=60,
-            env={**os.environ, "TORCHELASTIC_ERROR_FILE": error_file},
-        )  # fmt: skip
-        return shell.stdout.strip()
-
+    """A wrapper per rank (a shell, ``verirl launch``) must not split a node's ranks; each
+    rank has its own error file in the attempt's folder, which the next attempt changes."""
     run = "/tmp/torchelastic_ab12/none_x9"
-    rank0, rank1 = key(f"{run}/attempt_0/0/error.json"), key(f"{run}/attempt_0/1/error.json")
-    assert rank0 == rank1
-    assert key(f"{run}/attempt_1/0/error.json") != rank0
-    assert key("/tmp/torchelastic_cd34/none_y7/attempt_0/0/error.json") != rank0
+
+    def files(attempt: str) -> Callable[[str], dict[str, str]]:
+        return lambda rank: {"TORCHELASTIC_ERROR_FILE": f"{attempt}/{rank}/error.json"}
+
+    env = {"LOCAL_WORLD_SIZE": "2"}
+    first = _step_attempt(tmp_path, "a0", env, wrapped=True, own=files(f"{run}/attempt_0"))
+    second = _step_attempt(tmp_path, "a1", env, wrapped=True, own=files(f"{run}/attempt_1"))
+    other = _step_attempt(tmp_path, "b0", env, wrapped=True,
+                          own=files("/tmp/torchelastic_cd34/none_y7/attempt_0"))  # fmt: skip
+    assert len(first) == len(second) == len(other) == 1, (first, second, other)
+    assert len(first | second | other) == 3
+
+
+def test_a_stale_torchrun_error_file_never_gives_a_retry_the_previous_attempts_key(tmp_path):
+    """Set for good in a job's environment, or inherited by a retry loop under one of
+    torchrun's ranks: the same error file for every rank of both attempts."""
+    env = {"LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_ERROR_FILE": "/x/err/attempt_0/0/error.json"}
+    first = _step_attempt(tmp_path, "first", env, wrapped=False)
+    retry = _step_attempt(tmp_path, "retry", env, wrapped=False)
+    assert len(first) == 1, first
+    assert len(retry) == 1, retry
+    assert first != retry
 
 
 def test_the_request_is_part_of_the_key(tmp_path):

@@ -87,6 +87,7 @@ def _parent_identity() -> str:
 _DIGITS = re.compile(rb"[0-9]+")
 _SLURM_STEP = ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT")
 _PMIX = ("PMIX_NAMESPACE",)
+_TORCHRUN = ("TORCHELASTIC_ERROR_FILE",)  # compared by its attempt folder (`_scope_values`)
 
 
 def _shape(pid: int) -> bytes | None:
@@ -121,6 +122,35 @@ def _environ_values(pid: int, names: tuple[str, ...]) -> tuple[str, ...] | None:
     return tuple(found.get(name, "") for name in names)
 
 
+def _torchrun_attempt(error_file: str) -> str:
+    """Torchrun's attempt folder in ``<run>/attempt_<n>/<local rank>/error.json``."""
+    return os.path.dirname(os.path.dirname(error_file))  # noqa: PTH120
+
+
+def _scope_values(pid: int, scope: tuple[str, ...]) -> tuple[str, ...] | None:
+    """`_environ_values` of ``scope``; torchrun's error file as its attempt folder.
+
+    Each local rank has an error file of its own, in the attempt's folder.
+    """
+    values = _environ_values(pid, scope)
+    if values is None or scope != _TORCHRUN:
+        return values
+    return tuple(_torchrun_attempt(value) for value in values)
+
+
+def _ancestors(pid: int) -> set[int]:
+    """The pids above ``pid`` (its parent, the parent's, ...), read from ``/proc``."""
+    found: set[int] = set()
+    fields = _procfs.stat_fields(pid)
+    while fields is not None and fields[1].isdigit() and int(fields[1]) > 1:
+        parent = int(fields[1])
+        if parent in found:
+            break
+        found.add(parent)
+        fields = _procfs.stat_fields(parent)
+    return found
+
+
 def _first_rank(scope: tuple[str, ...] | None) -> str:
     """The oldest running process of this attempt's local ranks, as ``pid@start``.
 
@@ -136,13 +166,14 @@ def _first_rank(scope: tuple[str, ...] | None) -> str:
     """
     me, parent = os.getpid(), str(os.getppid())
     mine, own = _shape(me), _procfs.stat_fields(me)
-    ours = None if scope is None else _environ_values(me, scope)
+    ours = None if scope is None else _scope_values(me, scope)
     if not mine or own is None or (scope is not None and ours is None):
         return ""
     oldest = (int(own[_procfs.STARTTIME]), me)
+    above = _ancestors(me)  # a wrapper or a retry loop with our command line is no rank
     with contextlib.suppress(OSError), os.scandir("/proc") as entries:
         for entry in entries:
-            if not entry.name.isdigit() or int(entry.name) == me:
+            if not entry.name.isdigit() or int(entry.name) == me or int(entry.name) in above:
                 continue
             pid = int(entry.name)
             fields = _procfs.stat_fields(pid)
@@ -154,7 +185,7 @@ def _first_rank(scope: tuple[str, ...] | None) -> str:
                 continue
             if _shape(pid) != mine:
                 continue
-            if scope is not None and _environ_values(pid, scope) != ours:
+            if scope is not None and _scope_values(pid, scope) != ours:
                 continue
             oldest = min(oldest, (int(fields[_procfs.STARTTIME]), pid))
     return f"{oldest[1]}@{oldest[0]}"
@@ -174,11 +205,14 @@ def _launch_attempt(environ: Mapping[str, str]) -> str:
     rank (`_first_rank`) tells the attempts apart. That first rank must still
     run when the others compute the key, as a leader does while it trains (one
     that fails at once, before the others have started, leaves them waiting
-    to their deadline).
+    to their deadline). torchrun's folder is new for each attempt, but the
+    variable may also be inherited as it is by a retry loop under one of
+    torchrun's ranks, or set for good in a job's environment: there too the
+    first rank (of those with the same attempt folder) tells attempts apart.
     """
     error_file = environ.get("TORCHELASTIC_ERROR_FILE", "")
     if error_file and error_file != os.devnull:
-        return os.path.dirname(os.path.dirname(error_file))  # noqa: PTH120
+        return f"{_torchrun_attempt(error_file)}/{_first_rank(_TORCHRUN)}"
     if environ.get("SLURM_JOB_ID") and environ.get("SLURM_STEP_ID"):
         step = ".".join(environ.get(name, "") for name in _SLURM_STEP)
         return f"slurm:{step}/{_first_rank(_SLURM_STEP)}"
