@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from _support import clear_verirl_env
 from verirl import ConfigError, TrainingRuntime, VLLMTopology
+from verirl._settings import Settings
 from verirl.cli import _training_environment
 from verirl.distenv import DistributedEnv, avoided_ports
 from verirl.topology import TRL_GROUP_PORT
@@ -241,3 +242,55 @@ def test_the_gpu_count_exported_is_the_commands_gpus(monkeypatch, layout):
     assert (
         env["VERIRL_GPU_COUNT"] == str(len(visible)) == str(len(runtime.topology.training_devices))
     )
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_a_runtime_the_command_builds_from_what_launch_exports_plans_the_same_run(
+    monkeypatch, layout
+):
+    """``TrainingRuntime.from_settings()`` in the command (each rank of a torchrun under
+    launch): the same TRL arguments, and never a second server (it planned colocate on the
+    training GPU, or a server on the port launch's server holds)."""
+    for name, value in SERVER_SETTINGS.items():  # all of them: how to start this run's server
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("VERIRL_VLLM_LOG_DIR")  # an existing folder is checked at configuration
+    monkeypatch.setenv("VERIRL_MODEL", "m")
+    for name, value in LAYOUTS[layout].items():  # as launch's flags reach the command
+        monkeypatch.setenv(Settings.variable(name), str(value))
+    runtime = TrainingRuntime.from_settings()
+    env = _training_environment(runtime, None, runtime.topology.server_url)
+    inner = TrainingRuntime.from_settings(environ=env)
+    assert inner.topology.grpo_kwargs() == json.loads(env["VERIRL_GRPO_KWARGS"])
+    assert inner.topology.server_url == runtime.topology.server_url
+    starts_one = inner.topology.mode == "server" and inner.topology.remote_host is None
+    assert not starts_one, inner.topology  # launch's own server is the run's one
+
+
+def test_a_command_under_launch_attaches_its_runtime_to_launchs_server(tmp_path, monkeypatch):
+    clear_verirl_env(monkeypatch, tmp_path)
+    out = tmp_path / "seen.json"
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import json, os
+        from verirl import TrainingRuntime
+        with TrainingRuntime.from_settings() as session:
+            json.dump({{"kwargs": dict(session.grpo_kwargs), "server": session.server is None,
+                       "exported": json.loads(os.environ["VERIRL_GRPO_KWARGS"])}},
+                      open({str(out)!r}, "w"))
+    """)
+    )
+    from _support import unshared_port
+
+    port = unshared_port()
+    result = subprocess.run(
+        [sys.executable, "-m", "verirl", "launch", "--gpus", "2", "--model", "m",
+         "--vllm-port", str(port), "--vllm-command", f"{sys.executable} -m fakes.vllm_serve",
+         "--log-dir", str(tmp_path), "--", sys.executable, str(script)],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(out.read_text())
+    assert seen["kwargs"] == seen["exported"], seen
+    assert seen["kwargs"]["vllm_server_port"] == port
+    assert seen["server"], seen  # it started none of its own

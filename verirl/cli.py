@@ -56,6 +56,7 @@ import signal
 import socket
 import sys
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -872,20 +873,29 @@ def _training_environment(
 
     Every variable launch exports describes this run: one the layout does not
     use (``VERIRL_VLLM_URL`` and the server's settings in colocate mode, how
-    to start a server when it runs elsewhere) is removed, and one a flag
-    overrode (``flags``: `_flag_variables`) holds the flag's value, never
-    passed on stale from the caller's environment.
+    to start a server when it runs elsewhere or runs already) is removed, and
+    one a flag overrode (``flags``: `_flag_variables`) holds the flag's value,
+    never passed on stale from the caller's environment. The server launch
+    started is, to the command, a remote one (``VERIRL_VLLM_HOST``): a
+    ``TrainingRuntime.from_settings()`` there plans the same run.
     """
     from verirl._process import MARKER_VAR  # noqa: PLC0415 - psutil only once launch runs
 
     env = {**os.environ, **(flags or {})}
     env.pop(MARKER_VAR, None)  # a server's mark: on the command, launch would never signal it
     topology = runtime.topology
-    unused: tuple[str, ...] = _REMOTE_UNUSED if topology.remote_host is not None else ()
+    unused: tuple[str, ...] = _REMOTE_UNUSED if topology.mode == "server" else ()
     if topology.mode == "colocate":
         unused = _COLOCATE_UNUSED
-    for field in unused:  # settings of a server this layout never starts here
+    for field in unused:  # settings of a server this layout never starts here, or started
         env.pop(Settings.variable(field), None)
+    if topology.mode == "server" and topology.remote_host is None and url is not None:
+        # The server runs: to the command it is a remote one. A from_settings() there (each
+        # rank of a torchrun under launch) attaches to it, never plans another on its GPUs.
+        host = urllib.parse.urlsplit(url).hostname
+        if host:
+            env[Settings.variable("vllm_remote_host")] = host
+            env[Settings.variable("vllm_port")] = str(topology.port)
     if Settings.variable("max_model_len") in env:  # the length used: colocate caps it
         env[Settings.variable("max_model_len")] = str(topology.max_model_len)
     if topology.remote_host is None:  # vLLM is elsewhere: the GPUs are the launcher's to hand out
