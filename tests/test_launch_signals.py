@@ -12,6 +12,7 @@ duplicate sent after the first one still finds it alive and is counted.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -660,3 +661,57 @@ def test_a_server_whose_owner_died_gets_only_the_kernels_death_signal(
     # owner's threads exit): none of them is launch's.
     assert senders, stderr
     assert launch.pid not in senders, (senders, stderr)
+
+
+SAVER = """
+import os, signal, sys, threading
+record, ready = sys.argv[1], sys.argv[2]
+def save(signum, _frame):
+    with open(record, "a") as sink:
+        sink.write(signal.Signals(signum).name + "\\n")
+    sys.exit(0)  # saved: exits of its own
+signal.signal(signal.SIGTERM, save)
+signal.signal(signal.SIGINT, save)
+open(ready, "w").close()
+threading.Event().wait(300)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stopped_command_is_woken_to_act_on_the_signal_within_the_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: signal.Signals
+) -> None:
+    """A command stopped (SIGSTOP, or SIGTTIN for a read from the terminal) saves all the
+    same: it got the signal and SIGCONT, not the whole grace and then SIGKILL."""
+    clear_verirl_env(monkeypatch, tmp_path)
+    script, record, ready = tmp_path / "saver.py", tmp_path / "signals", tmp_path / "ready"
+    script.write_text(textwrap.dedent(SAVER))
+    with (tmp_path / "launch.err").open("w") as sink:
+        launch = subprocess.Popen(
+            [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--shutdown-timeout",
+             "600", "--", sys.executable, str(script), str(record), str(ready)],
+            stdout=subprocess.DEVNULL, stderr=sink,
+        )  # fmt: skip
+    command: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert launch.poll() is None, (tmp_path / "launch.err").read_text()
+            assert time.monotonic() < deadline, "the command never got ready"
+            psutil.wait_procs([], timeout=0.02)
+        command += psutil.Process(launch.pid).children()
+        (saver,) = command
+        saver.suspend()  # SIGSTOP
+        while saver.status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline, "SIGSTOP never stopped the command"
+            psutil.wait_procs([], timeout=0.01)
+        launch.send_signal(sig)
+        code = launch.wait(timeout=120)  # far less than the grace
+    finally:
+        for process in [launch, *command]:
+            with contextlib.suppress(psutil.Error, OSError):
+                process.kill()
+    stderr = (tmp_path / "launch.err").read_text()
+    assert record.read_text().split() == [sig.name], stderr
+    assert "outlived" not in stderr, stderr
+    assert code in (0, 128 + sig), stderr

@@ -657,7 +657,23 @@ class _Command:
         self._deliver(processes)
         if not self.group_signalled:
             self._signal_command(signum)
+        self._wake(processes)
         return processes
+
+    def _wake(self, processes: list[psutil.Process]) -> None:
+        """SIGCONT to the group and to each process found, after the signal.
+
+        A stopped process (SIGSTOP, or SIGTTIN for a read from the terminal)
+        acts on the signal only once it runs: else it would save nothing and
+        sit out the grace until SIGKILL. A vLLM server's teardown does the same.
+        """
+        if self.child.returncode is None and hasattr(os, "killpg"):
+            with contextlib.suppress(OSError):
+                os.killpg(self.child.pid, signal.SIGCONT)
+        for process in processes:
+            if not self.in_group(process):
+                with contextlib.suppress(psutil.Error):
+                    process.send_signal(signal.SIGCONT)
 
     def signal_group(self, signum: int) -> bool:
         """``signum`` to the command's process group at once; False when launch must go one by one.
