@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verirl import ConfigError, TrainingRuntime
+from verirl import ConfigError, TrainingRuntime, VLLMTopology
 from verirl._child_env import map_visible_devices, parse_visible_devices
 from verirl.topology import detect_gpu_count
 
@@ -141,6 +141,30 @@ def test_a_given_gpu_count_that_cuda_visible_devices_hides_is_refused(visible, m
             )
         assert str(info.value).startswith(f"{name}="), info.value
         assert f"CUDA_VISIBLE_DEVICES={visible!r}" in str(info.value)
+
+
+@pytest.mark.parametrize("visible", HIDING)
+@pytest.mark.parametrize("mode", ["colocate", "server"])
+@pytest.mark.parametrize("through", ["environ", "process"])
+def test_a_runtime_of_a_topology_planned_by_hand_refuses_gpus_that_are_hidden(
+    visible, mode, through, monkeypatch
+):
+    """``TrainingRuntime(VLLMTopology.plan(2))``: checked at start as from_settings checks,
+    before anything starts (the server factory is never called)."""
+    topology = VLLMTopology.plan(2, max_model_len=64, mode=mode)
+
+    def never(_topology: VLLMTopology) -> None:
+        raise AssertionError("a server was started")
+
+    environ: dict[str, str] | None = {"CUDA_VISIBLE_DEVICES": visible}
+    if through == "process":
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        environ = None
+    runtime = TrainingRuntime(topology, environ=environ, server_factory=never)
+    with pytest.raises(ConfigError) as info:
+        runtime.start()
+    assert str(info.value).startswith("gpu_count=2:"), info.value
+    assert f"CUDA_VISIBLE_DEVICES={visible!r}" in str(info.value)
 
 
 @pytest.mark.parametrize("command", ["plan", "launch"])

@@ -846,6 +846,10 @@ class TrainingRuntime:
     def start(self) -> RuntimeSession:
         """Run every start-up phase; return the session or raise the first phase error."""
         self.refuse_unfindable()
+        # A topology planned by hand: what from_settings checks (VLLMTopology.plan(3) under
+        # CUDA_VISIBLE_DEVICES="" handed out GPUs 0-2).
+        environ = os.environ if self.environ is None else self.environ
+        check_visible_gpus(self.topology.gpu_count, environ, field="gpu_count")
         url = getattr(self.env_probe, "url", None)  # a test's fake may have none
         if isinstance(url, str):  # a runtime built by hand: what from_settings checks
             _check_env_url_port(self.topology, url, "env_probe")
