@@ -13,12 +13,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -46,8 +48,10 @@ from verirl import (
     VeriRLError,
 )
 from verirl._checkpoint import checkpoint_step
+from verirl._download_dir import FileEntry, RemoteFolder, fetch_folder
 from verirl._fs import flock_with_deadline
 from verirl._node_share import NodeSharedResolver
+from verirl.cli import main
 
 MAX_STEP = 2**63 - 1  # Trainer counts steps in a 64-bit integer
 TWENTY_NINES = "9" * 20
@@ -947,3 +951,219 @@ def test_a_download_folder_made_meanwhile_is_never_a_thing_in_the_way(tmp_path):
             sys.setprofile(previous)
         if seen[0] < point:
             break
+
+
+# ---------------------------------------------------------------- deep nesting
+
+DEPTHS = pytest.mark.parametrize("depth", [1500, 5000])
+"""Past the recursion limit (os.walk on 3.10/3.11 and shutil.rmtree on 3.10-3.12 recurse), and
+past what a path can reach (PATH_MAX): a nesting a user, or anything, made by changing into
+each folder."""
+STAGING, OLD = ".verirl-tmp-checkpoint-20-", ".verirl-old-checkpoint-20-"
+
+
+@contextlib.contextmanager
+def _inside(folder: Path) -> Iterator[None]:
+    """The process's working directory is ``folder`` for the block (no other code runs then)."""
+    before = Path.cwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def nest(folder: Path, depth: int) -> None:
+    """``folder/d/d/.../d/f``, ``depth`` folders deep (``folder`` is made if missing)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with _inside(folder):
+        for _ in range(depth):
+            Path("d").mkdir()
+            os.chdir("d")
+        Path("f").write_text("the user's")
+
+
+def nesting(folder: Path) -> int | None:
+    """How deep `nest` made ``folder``'s ``f`` (never a path longer than a name); None if gone."""
+    if not (folder / "d").is_dir():
+        return None
+    depth = 0
+    with _inside(folder):
+        while Path("d").is_dir() and not Path("d").is_symlink():
+            os.chdir("d")
+            depth += 1
+        return depth if Path("f").read_text() == "the user's" else None
+
+
+def remove_deep(top: Path) -> None:
+    """Delete ``top`` at any depth: by changing into each folder, from a stack (no recursion,
+    no path longer than a name): pytest's own clean-up (shutil.rmtree) recurses."""
+    if not top.is_dir() or top.is_symlink():
+        return
+    with _inside(top):
+        below: list[str] = []  # the folders entered, top's child first
+        while True:
+            names = list(Path().iterdir())  # relative: ``d``, not a path
+            sub = next((n for n in names if n.is_dir() and not n.is_symlink()), None)
+            if sub is not None:
+                os.chdir(sub)
+                below.append(sub.name)
+                continue
+            for name in names:
+                name.unlink()
+            if not below:
+                break
+            os.chdir("..")
+            Path(below.pop()).rmdir()
+    top.rmdir()
+
+
+@pytest.fixture
+def deep_dl(tmp_path):
+    """``tmp_path / "dl"``, deleted at any depth at the end."""
+    yield tmp_path / "dl"
+    remove_deep(tmp_path / "dl")
+
+
+def test_the_test_s_own_helpers_handle_any_depth(tmp_path):
+    nest(tmp_path / "x", 5000)
+    assert nesting(tmp_path / "x") == 5000
+    remove_deep(tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+@DEPTHS
+def test_a_deep_nesting_in_a_download_that_is_reused_is_a_warning_or_a_source_error(
+    hub, tmp_path, deep_dl, caplog, depth
+):
+    """Listed as a stray (a warning), or, deeper than a path reaches, unreadable: the folder
+    named, never a RecursionError or a path thousands of characters long."""
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    folder = Path(CheckpointResolver([hub_source(hub, tmp_path)]).resolve("latest"))
+    nest(folder, depth)
+    if depth < 2000:
+        assert CheckpointResolver([hub_source(hub, tmp_path)]).resolve("auto") == str(folder)
+        assert "holds files the Hub's checkpoint-20 does not" in warnings_of(caplog)
+    else:
+        with pytest.raises(CheckpointSourceError, match=r"nested .* deep") as err:
+            CheckpointResolver([hub_source(hub, tmp_path)]).resolve("auto")
+        assert f"cannot read {folder} (" in str(err.value)
+        assert "d/d/d" not in str(err.value)
+    assert nesting(folder) == depth
+
+
+@DEPTHS
+def test_a_deep_nesting_in_an_outdated_download_is_never_replaced(hub, tmp_path, deep_dl, depth):
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    folder = Path(CheckpointResolver([hub_source(hub, tmp_path)]).resolve("latest"))
+    nest(folder, depth)
+    hub.add_file(REPO, "checkpoint-20/model.safetensors", b"a newer commit")
+    expected: type[VeriRLError] = ConfigError if depth < 2000 else CheckpointSourceError
+    with pytest.raises(expected, match=r"verirl did not download|nested .* deep"):
+        CheckpointResolver([hub_source(hub, tmp_path)]).resolve("latest")
+    assert nesting(folder) == depth
+
+
+@pytest.mark.parametrize("prefix", [STAGING, OLD], ids=["staging", "old"])
+@DEPTHS
+def test_a_deep_leftover_of_an_interrupted_download_goes_or_stays_with_a_warning(
+    hub, deep_dl, caplog, prefix, depth
+):
+    """In huggingface_hub's bookkeeping, where a leftover may hold anything: one a path can
+    reach is deleted (iteratively), a deeper one is left alone with a warning."""
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    deep_dl.mkdir()
+    kind = "staging" if prefix == STAGING else "old"
+    leftover = verirl._fs.make_owned_dir(
+        deep_dl, prefix, {"kind": kind, "folder": "checkpoint-20", "files": []}
+    )
+    nest(leftover / ".cache" / "huggingface" / "download", depth)
+    path = CheckpointResolver([hub_source(hub, deep_dl.parent)]).resolve("auto")
+    assert path == str(deep_dl / "checkpoint-20")
+    if depth < 2000:
+        assert not leftover.exists()
+    else:
+        assert nesting(leftover / ".cache" / "huggingface" / "download") == depth
+        assert f"leaving {leftover} alone" in warnings_of(caplog)
+        assert "nested" in warnings_of(caplog)
+
+
+def _listed(name: str, data: bytes) -> FileEntry:
+    return FileEntry(len(data), hashlib.sha256(data).hexdigest())
+
+
+def _remote(files: dict[str, bytes]) -> RemoteFolder:
+    listed = {f"checkpoint-20/{name}": _listed(name, data) for name, data in files.items()}
+    return RemoteFolder("test", REPO, "a" * 40, "checkpoint-20", 20, listed)
+
+
+def _writer(files: dict[str, bytes], depth: int = 0):
+    """A ``download`` that writes ``files``; with ``depth``, bookkeeping nested that deep too."""
+
+    def download(_paths, _commit, local_dir: Path) -> None:
+        for name, data in files.items():
+            path = local_dir / "checkpoint-20"
+            for part in name.split("/"):  # one folder at a time (os.makedirs recurses)
+                path.mkdir(exist_ok=True)
+                path /= part
+            path.write_bytes(data)
+        if depth:
+            nest(local_dir / ".cache" / "huggingface" / "download", depth)
+
+    return download
+
+
+@DEPTHS
+def test_a_deep_staging_folder_is_deleted_without_a_recursion_error(tmp_path, deep_dl, depth):
+    """What the download wrote into its staging folder, nested however deep."""
+    files = {"trainer_state.json": b'{"global_step": 20}', "model.safetensors": b"weights"}
+    folder = fetch_folder(deep_dl, _remote(files), lock_timeout=10, download=_writer(files, depth))
+    assert folder == deep_dl / "checkpoint-20"
+    assert (folder / "model.safetensors").read_bytes() == b"weights"
+    if depth < 2000:
+        assert sorted(p.name for p in deep_dl.iterdir()) == [
+            ".verirl-checkpoint-20.lock",
+            "checkpoint-20",
+        ]
+
+
+def test_an_outdated_download_with_deeply_nested_listed_files_is_replaced(tmp_path, deep_dl):
+    """Its files are all the listing's (nothing of the user's): listed, moved aside, deleted."""
+    deep = "/".join(["d"] * 1500) + "/f"
+    files = {"trainer_state.json": b'{"global_step": 20}', deep: b"old"}
+    fetch_folder(deep_dl, _remote(files), lock_timeout=10, download=_writer(files))
+    newer = {**files, deep: b"newer"}
+    folder = fetch_folder(deep_dl, _remote(newer), lock_timeout=10, download=_writer(newer))
+    assert (folder / deep).read_bytes() == b"newer"
+    assert sorted(p.name for p in deep_dl.iterdir()) == [
+        ".verirl-checkpoint-20.lock",
+        "checkpoint-20",
+    ]
+
+
+@DEPTHS
+def test_resume_with_a_deep_nesting_in_its_download_folder_exits_cleanly(
+    hub, tmp_path, capsys, depth
+):
+    """The reviewer's case: ``verirl --json resume`` printed "unexpected RecursionError"."""
+    hub.add_checkpoint(REPO, "checkpoint-20", 20)
+    out = tmp_path / "out"
+    argv = ["--json", "resume", "--output-dir", str(out), "--hub-repo", REPO,
+            "--hub-endpoint", hub.endpoint, "--resume", "auto"]  # fmt: skip
+    try:
+        assert main(argv) == 0
+        folder = out / "_verirl-hub-download" / "checkpoint-20"
+        nest(folder, depth)
+        capsys.readouterr()
+        code = main(argv)
+        printed = capsys.readouterr().out
+        assert "RecursionError" not in printed
+        if depth < 2000:
+            assert code == 0
+            assert str(folder) in printed
+        else:
+            assert code == 5
+            assert json.loads(printed)["error"]["code"] == 5
+        assert nesting(folder) == depth
+    finally:
+        remove_deep(out)

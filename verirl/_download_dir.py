@@ -8,6 +8,8 @@ take turns, and the wait has a deadline), a marker in each folder it
 downloaded (what may be replaced later), and staging/old folders made with
 `make_owned_dir` (what a killed run left that the next one may delete).
 Anything else, symlinks included, is never written to, followed or deleted.
+Folders are walked and deleted from a stack, never by recursion: any depth a
+path can reach is handled, and one deeper is an error naming the folder.
 What cannot be read there (an I/O error, a marker that is a directory) is a
 `CheckpointSourceError`, never taken for "nothing there" or "not ours".
 """
@@ -19,7 +21,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from verirl._fs import (
     quoted,
     read_capped,
     read_owner_record,
+    remove_tree,
     write_new_file,
 )
 from verirl.errors import CheckpointSourceError, ConfigError, VeriRLError
@@ -272,7 +274,7 @@ def _fetch_locked(
         _write_marker(fresh, remote)
         _move_into_place(root, fresh, target, remote, replace=kind == "dir")
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging)
     log.info("downloaded %s (%s) to %s", folder, human_size(size), printable(target))
     return target
 
@@ -364,7 +366,7 @@ def _remove_leftovers(root: Path, folder: str) -> None:
         why = _not_a_leftover(path, prefix, folder)
         if why is None:
             log.info("removing %s, left by an interrupted download", printable(path))
-            shutil.rmtree(path, ignore_errors=True)  # never follows symlinks
+            remove_tree(path)  # never follows symlinks
         else:
             log.warning(
                 "leaving %s alone: it is named like a folder of an interrupted verirl download, "
@@ -388,18 +390,14 @@ def _not_a_leftover(path: Path, prefix: str, folder: str) -> str | None:
         "/".join(name.split("/")[:i]) for name in files for i in range(1, name.count("/") + 1)
     }
     try:
-        for dirpath, dirnames, filenames in os.walk(path, onerror=_raise, followlinks=False):
-            base = Path(dirpath)
-            for name in [*dirnames, *filenames]:
-                entry = base / name
-                relative = entry.relative_to(path).as_posix()
-                kind = lstat_kind(entry)
-                in_cache = relative.startswith(f"{_HF_CACHE}/") or relative in (".cache", _HF_CACHE)
-                if kind == "dir" and (relative in parents or in_cache):
-                    continue
-                if kind == "file" and (relative in files or relative.startswith(f"{_HF_CACHE}/")):
-                    continue
-                return f"it holds {quoted(relative)}, which no download puts there"
+        for relative, _ in _tree(path):
+            kind = lstat_kind(path / relative)
+            in_cache = relative.startswith(f"{_HF_CACHE}/") or relative in (".cache", _HF_CACHE)
+            if kind == "dir" and (relative in parents or in_cache):
+                continue
+            if kind == "file" and (relative in files or relative.startswith(f"{_HF_CACHE}/")):
+                continue
+            return f"it holds {quoted(relative)}, which no download puts there"
     except OSError as exc:
         return f"it cannot be read ({type(exc).__name__}: {exc.strerror})"
     return None
@@ -484,18 +482,52 @@ def _raise(exc: OSError) -> None:
     raise exc
 
 
+def _tree(top: Path) -> Iterator[tuple[str, bool]]:
+    """``(relative path, is a folder)`` for everything under the folder ``top``, parents first.
+
+    Nothing is followed: a symlink, to a folder too, is listed, not a folder.
+    Walked from a stack, one folder listed at a time (`os.walk` for one
+    level: it recurses on 3.10 and 3.11, a `RecursionError` ~1000 folders
+    deep): any depth a path can reach is walked. A folder that cannot be
+    listed raises its `OSError`; one nested too deeply for a path to reach
+    it, an `OSError` (``ENAMETOOLONG``) that names ``top``.
+    """
+    stack = [(top, "")]
+    while stack:
+        folder, prefix = stack.pop()
+        try:
+            folders, others = _listing(folder)
+        except OSError as exc:
+            if exc.errno != errno.ENAMETOOLONG or not prefix:
+                raise
+            depth = prefix.count("/")
+            why = f"folders nested {depth} deep, deeper than a path can reach"
+            raise OSError(errno.ENAMETOOLONG, why, os.fspath(top)) from exc
+        for name in folders:
+            yield f"{prefix}{name}", True
+        for name in others:
+            yield f"{prefix}{name}", False
+        stack.extend((folder / name, f"{prefix}{name}/") for name in reversed(folders))
+
+
+def _listing(folder: Path) -> tuple[list[str], list[str]]:
+    """The names in ``folder``: its subfolders (real ones), and all else, symlinks included."""
+    # Its first step lists ``folder`` alone (top-down), then it waits: no recursion yet.
+    _, dirnames, filenames = next(os.walk(folder, onerror=_raise, followlinks=False), (0, [], []))
+    links = [name for name in dirnames if (folder / name).is_symlink()]
+    linked = set(links)
+    return [name for name in dirnames if name not in linked], [*links, *filenames]
+
+
 def _files_in(folder: Path) -> list[str]:
     """Relative paths of everything but directories under ``folder``; symlinks are not followed.
 
     A subfolder that cannot be listed is a `CheckpointSourceError`: what it
-    holds could be the user's, and would be taken for nothing.
+    holds could be the user's, and would be taken for nothing. So is a
+    nesting deeper than a path can reach.
     """
-    found = []
     try:
-        for dirpath, dirnames, filenames in os.walk(folder, onerror=_raise, followlinks=False):
-            base = Path(dirpath)
-            links = [d for d in dirnames if (base / d).is_symlink()]
-            found += [(base / n).relative_to(folder).as_posix() for n in [*filenames, *links]]
+        found = [relative for relative, is_folder in _tree(folder) if not is_folder]
     except OSError as exc:
         raise unreadable(exc.filename or folder, exc) from exc
     return sorted(found)
@@ -524,7 +556,7 @@ def _move_into_place(
             )
             target.rename(old / target.name)
             fresh.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
+            remove_tree(old)
         elif lstat_kind(target) is not None:
             raise ConfigError.invalid(
                 "download_dir",

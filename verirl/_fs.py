@@ -10,6 +10,7 @@ A scratch directory verirl may later delete is made with `make_owned_dir`: it
 holds an ownership marker (`OWNER_MARKER`, with the random id that ends the
 directory's name) from the moment it exists, and `read_owner_record` is how a
 later process tells such a directory from a user's one with a similar name.
+`remove_tree` deletes one, at any depth, never following a symlink.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import stat
 import time
 from collections.abc import Iterator, Mapping
@@ -38,6 +38,7 @@ __all__ = [
     "quoted",
     "read_capped",
     "read_owner_record",
+    "remove_tree",
     "same_file",
     "shortened",
 ]
@@ -274,7 +275,7 @@ def make_owned_dir(parent: Path, prefix: str, record: Mapping[str, object]) -> P
             data = json.dumps({**record, "written_by": "verirl", "id": ident}) + "\n"
             write_new_file(path / OWNER_MARKER, data, 0o600)
         except BaseException:
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path)
             raise
         return path
     raise FileExistsError(f"no free name for a new {prefix}* directory in {printable(parent)}")
@@ -300,3 +301,87 @@ def read_owner_record(path: Path, prefix: str) -> Mapping[str, object] | str:
     if not isinstance(data, dict) or data.get("written_by") != "verirl" or data.get("id") != ident:
         return f"its {OWNER_MARKER} was not written by verirl for this folder"
     return data
+
+
+_Identity = tuple[int, int]
+"""A directory's ``(st_dev, st_ino)``: which folder a path named when it was listed."""
+_Pending = tuple[Path, _Identity, _Identity | None, bool]
+"""A folder `remove_tree` has still to empty (False) or to remove (True), and its parent's id."""
+
+
+def remove_tree(top: Path) -> None:
+    """Delete the directory ``top`` and everything in it, as far as it can; never raises.
+
+    What ``shutil.rmtree(top, ignore_errors=True)`` does, without its
+    recursion (a `RecursionError` on 3.10-3.12 for a folder nested ~1000
+    deep, which ``ignore_errors`` lets through) and without an open
+    descriptor per level: folders wait on an explicit stack, one is open at
+    a time. Nothing is followed: ``top`` that is not a directory (a symlink)
+    is left alone, a symlink inside is removed, never what it points to, and
+    a folder is emptied, or removed from its parent, only through a
+    descriptor opened with ``O_NOFOLLOW`` on the very folder that was listed
+    (one swapped for a link meanwhile is left, and so is what it points to).
+    What cannot be deleted (permissions, a path too long to name) stays.
+    """
+    try:
+        info = top.lstat()
+    except OSError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        return
+    stack: list[_Pending] = [(top, (info.st_dev, info.st_ino), None, False)]
+    while stack:
+        path, ident, parent, emptied = stack.pop()
+        if emptied:
+            with contextlib.suppress(OSError):
+                _remove_empty(path, parent)
+            continue
+        stack.append((path, ident, parent, True))
+        with contextlib.suppress(OSError):
+            stack.extend(reversed(_empty_but_folders(path, ident)))
+
+
+@contextlib.contextmanager
+def _opened_folder(path: Path, ident: _Identity) -> Iterator[int]:
+    """A descriptor on the directory ``path``; `OSError` if it is not the folder ``ident``."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino) != ident:
+            raise FileRefusedError(f"{printable(path)} was replaced")
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _empty_but_folders(path: Path, ident: _Identity) -> list[_Pending]:
+    """Delete all but the folders in ``path`` (the folder ``ident``); its folders, to empty."""
+    with _opened_folder(path, ident) as fd:
+        with os.scandir(fd) as listing:
+            entries = list(listing)
+        return [
+            folder for entry in entries if (folder := _unlink_unless_folder(entry, fd, path, ident))
+        ]
+
+
+def _unlink_unless_folder(
+    entry: os.DirEntry[str], fd: int, path: Path, ident: _Identity
+) -> _Pending | None:
+    """Unlink ``entry`` of the folder ``fd`` (``path``, ``ident``); a folder is returned instead."""
+    try:
+        if not entry.is_dir(follow_symlinks=False):
+            os.unlink(entry.name, dir_fd=fd)
+            return None
+        info = entry.stat(follow_symlinks=False)
+    except OSError:
+        return None
+    return (path / entry.name, (info.st_dev, info.st_ino), ident, False)
+
+
+def _remove_empty(path: Path, parent: _Identity | None) -> None:
+    """Remove the emptied folder ``path`` from its parent, if that is still the folder listed."""
+    if parent is None:  # top: named by the caller
+        path.rmdir()
+        return
+    with _opened_folder(path.parent, parent) as fd:
+        os.rmdir(path.name, dir_fd=fd)
