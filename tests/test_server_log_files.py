@@ -3,8 +3,11 @@
 Whatever ``log_path`` names (a FIFO, a folder spelled with a trailing slash, a
 full disk, a device, bytes that are not UTF-8) and whatever the log holds (a
 last line longer than the tail's window, zero lines asked for, a file cut
-short), `VLLMServer.start` never blocks past its timeout, nothing is spawned
-for a path refused, and the tail that says why a server died is not lost.
+short, megabytes of blank lines at its end), `VLLMServer.start` never blocks
+past its timeout, nothing is spawned for a path refused, and the tail that
+says why a server died is not lost. ``doctor`` says of whatever is at the
+log's path (a link to nowhere, to a folder, in a loop, a FIFO, a read-only
+place, ...) what launch does, in its words.
 Without ``log_path`` the log goes to one folder per user, appended to, so that
 retries do not leave a temp folder each behind. A folder given as one (``log_dir``,
 ``vllm_log_dir``, ``--log-dir``, ``VERIRL_VLLM_LOG_DIR``, a ``log_path`` that was a
@@ -14,9 +17,12 @@ was given (the default folder is made again), never a file written at its path.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -29,7 +35,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _checkpoint_support import log_lines, unencodable
-from _support import unshared_port
+from _support import clean_environ, unshared_port, while_the_group_port_is_free
 from verirl import _server_log
 from verirl._readiness import LogWatch
 from verirl.cli import main
@@ -611,3 +617,325 @@ def test_a_log_that_took_a_closed_stdout_s_number_is_no_output_of_the_program(tm
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip() == "fd 1"  # the log took the closed stdout's number
     assert log.read_text().startswith("--- verirl ")
+
+
+# ---------------------------------------------------------------- blank lines at the end
+
+
+_OOM = "CUDA out of memory: tried to allocate 20 GiB"
+
+
+@pytest.mark.parametrize(
+    "blanks",
+    [
+        "' \\n' * 40000",  # 80 KB of lines of one space: more than the 64 KiB window
+        "('\\r' + ' ' * 120 + '\\r\\n') * 2000",  # a progress bar's erase lines
+        "' \\t\\r\\n\\x0b\\x0c' * 30000",  # every kind of blank
+        "'\\n' * 3_000_000",  # 3 MB of empty lines
+    ],
+)
+def test_blank_lines_at_the_end_of_the_log_never_hide_why_the_server_died(servers, blanks):
+    """More than 64 KiB of blank lines after the line that says why: the tail was "" and the
+    message said the log was empty (it held the line, 80 KB on)."""
+    program = f"import sys; print({_OOM!r}); sys.stdout.write({blanks}); sys.exit(1)"
+    server = servers(command=(sys.executable, "-c", program))
+    with pytest.raises(VLLMServerExited) as caught:
+        server.start()
+    assert caught.value.log_tail.endswith(_OOM + "\n"), caught.value.log_tail[-200:]
+    assert server.log_tail(1) == _OOM + "\n"
+    message = str(caught.value)
+    assert message.endswith(f"--- last lines of the server log ---\n| {_OOM}"), message[-300:]
+    assert "empty" not in message
+
+
+def test_a_last_line_whose_trailing_blanks_fill_the_window_is_shown_without_them(tmp_path):
+    path = tmp_path / "x.log"
+    path.write_bytes(b"loading\nERROR: died\t" + b" " * 70_000 + b"\r\n" + b" \n" * 50_000)
+    assert read_log_tail(path) == "loading\nERROR: died\n"
+    assert read_log_tail(path, lines=1) == "ERROR: died\n"
+
+
+def test_a_log_ending_in_more_blanks_than_are_read_says_so_reading_a_bounded_amount(
+    tmp_path, monkeypatch
+):
+    """Gigabytes of blank lines cannot stall a start: a few MiB are read, then the tail says that
+    they are blank (never that the log is empty)."""
+    path = tmp_path / "x.log"
+    with path.open("wb") as log:
+        log.write(f"{_OOM}\n".encode())
+        for _ in range(40):
+            log.write(b" \r\n" * (1 << 18))  # 30 MiB in all
+    read: list[int] = []
+    real = _server_log.read_regular
+
+    def counted(where: object, start: int, limit: int) -> tuple[int, bytes] | None:
+        result = real(where, start, limit)  # type: ignore[arg-type]
+        read.append(len(result[1]) if result else 0)
+        return result
+
+    monkeypatch.setattr(_server_log, "read_regular", counted)
+    tail = read_log_tail(path)
+    assert tail == "\u2026 (the last 4 MiB of the server log are blank)\n"
+    assert sum(read) <= 4 * 1024 * 1024 + 64 * 1024
+    message = str(VLLMServerExited(1, tail, str(path)))
+    assert "the last 4 MiB of the server log are blank" in message
+    assert "empty" not in message
+    assert "empty or blank" in str(VLLMServerExited(1, " \n", str(path)))  # never just "empty"
+
+
+_BLANK_PIECE = st.lists(
+    st.sampled_from([b" ", b"\t", b"\r", b"\n", b"\r\n", b"\x0b", b"\x0c", b"\xc2\x85"]),
+    min_size=1,
+    max_size=8,
+).filter(lambda piece: any(brk in b"".join(piece) for brk in (b"\r", b"\n", b"\x0b")))
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    run=st.lists(_LINE, max_size=60),
+    piece=_BLANK_PIECE,
+    times=st.integers(min_value=0, max_value=40_000),
+    lines=st.integers(min_value=1, max_value=80),
+)
+def test_the_tail_is_the_last_lines_that_are_not_blank_however_many_blank_ones_follow(
+    tmp_path, run, piece, times, lines
+):
+    path = tmp_path / "tail.log"
+    earlier = b"--- verirl header\n"
+    body = b"\n".join(run) + b"".join(piece) * times
+    path.write_bytes(earlier + body)
+    tail = read_log_tail(path, lines=lines, start=len(earlier))
+    shown = body.decode("utf-8", errors="replace").splitlines()
+    while shown and not shown[-1].strip():
+        shown.pop()
+    expected = shown[-lines:]
+    assert tail == ("\n".join(expected) + "\n" if expected else "")
+
+
+# ---------------------------------------------------------------- doctor says what launch does
+
+
+_ENTRIES: dict[str, tuple[bool | None, tuple[tuple[str, ...], ...]]] = {
+    "missing": (True, ()),
+    "regular file": (True, (("write", "LOG"),)),
+    "link to a file": (True, (("write", "place/f"), ("link", "LOG", "{place}/f"))),
+    "link to nowhere, in a folder there": (True, (("link", "LOG", "{place}/made.log"),)),
+    "relative link to nowhere": (True, (("link", "LOG", "../place/made.log"),)),
+    "link to a link to nowhere": (
+        True,
+        (("link", "place/hop", "made.log"), ("link", "LOG", "{place}/hop")),
+    ),
+    "link into a missing folder": (False, (("link", "LOG", "{place}/missing/x.log"),)),
+    "link to a folder": (False, (("link", "LOG", "{place}"),)),
+    "link to itself": (False, (("link", "LOG", "{name}"),)),
+    "links in a loop": (False, (("link", "logs/b", "{name}"), ("link", "LOG", "b"))),
+    "link with a trailing slash": (False, (("link", "LOG", "{place}/new/"),)),
+    "link to a file with a trailing slash": (
+        False,
+        (("write", "place/f"), ("link", "LOG", "{place}/f/")),
+    ),
+    "link through a file": (False, (("write", "place/f"), ("link", "LOG", "{place}/f/x.log"))),
+    "link to a dot": (False, (("link", "LOG", "."),)),
+    "link to a missing folder's dot-dot": (False, (("link", "LOG", "missing/.."),)),
+    "link to the root": (False, (("link", "LOG", "/"),)),
+    "40 links": (True, (("chain", "40"),)),
+    "41 links": (False, (("chain", "41"),)),  # Linux follows 40
+    "FIFO": (False, (("fifo", "LOG"),)),
+    "link to a FIFO": (False, (("fifo", "place/p"), ("link", "LOG", "{place}/p"))),
+    "folder": (False, (("mkdir", "LOG"),)),
+    "socket": (False, (("socket", "LOG"),)),
+    "link to /dev/null": (False, (("link", "LOG", "/dev/null"),)),
+    "read-only file": (False, (("write", "LOG"), ("chmod", "LOG", "444"))),
+    "read-only folder": (False, (("chmod", "logs", "555"),)),
+    "link into a read-only folder": (
+        False,
+        (("chmod", "place", "555"), ("link", "LOG", "{place}/made.log")),
+    ),
+    "link into a folder it cannot search": (
+        False,
+        (("chmod", "place", "600"), ("link", "LOG", "{place}/made.log")),
+    ),
+    "read-only mount, nothing there": (False, ()),
+    "read-only mount, a file": (False, (("write", "LOG"),)),
+    "another user's file in a sticky folder": (  # fs.protected_regular decides
+        None,
+        (("chmod", "logs", "1777"), ("write", "LOG"), ("chown", "LOG"), ("chmod", "LOG", "666")),
+    ),
+}
+"""Each kind of entry at the log's path: whether launch takes it (None: the machine's settings
+say), and how it is made (``LOG``: the log's path; others under the test's folder)."""
+
+
+def _put(steps: tuple[tuple[str, ...], ...], root: Path, log: Path) -> None:
+    """Make an `_ENTRIES` entry: ``log`` in ``root/logs``, what it points to in ``root/place``."""
+    for step, name, *rest in steps:
+        path = log if name == "LOG" else root / name
+        if step == "write":
+            path.write_text("an earlier run\n")
+        elif step == "link":
+            path.symlink_to(rest[0].format(place=root / "place", name=log.name))
+        elif step == "chain":  # the log, a link to a link ... (that many) to a file to make
+            names = [log.name, *(f"link{n}" for n in range(1, int(name)))]
+            for at, onward in zip(names, [*names[1:], "made.log"], strict=True):
+                (log.parent / at).symlink_to(onward)
+        elif step == "fifo":
+            os.mkfifo(path)
+        elif step == "mkdir":
+            path.mkdir()
+        elif step == "chmod":
+            path.chmod(int(rest[0], 8))
+        elif step == "chown":
+            os.chown(path, 65534, 65534)
+        else:  # a socket, bound by a relative name: a long temp path is too long for one
+            here = Path.cwd()
+            os.chdir(path.parent)
+            try:
+                listener = socket.socket(socket.AF_UNIX)
+                listener.bind(path.name)
+                listener.close()
+            finally:
+                os.chdir(here)
+
+
+_AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _tree(root: Path) -> list[tuple[str, str, int, int]]:
+    """Everything under ``root``: each entry's path, what it is, its size and mtime."""
+    found = []
+    for folder, names, files in os.walk(root):
+        for name in sorted([*names, *files]):
+            info = os.lstat(Path(folder) / name)
+            kind = stat.filemode(info.st_mode)
+            found.append((str(Path(folder) / name), kind, info.st_size, info.st_mtime_ns))
+    return sorted(found)
+
+
+@pytest.mark.parametrize("entry", sorted(_ENTRIES))
+def test_doctor_says_of_whatever_is_at_the_log_s_path_what_launch_does(tmp_path, entry):
+    """doctor passed a dangling link that launch refused ("cannot be opened ... (No such file or
+    directory)"): its look followed the link and read "missing" as "launch makes it". Each kind
+    of entry, through the real commands: doctor's exit code and words are launch's."""
+    if entry.startswith("read-only mount") and not (_AS_ROOT and shutil.which("unshare")):
+        pytest.skip("a read-only mount needs root and unshare")
+    if entry.startswith("another user's") and not _AS_ROOT:
+        pytest.skip("a file of another user's needs root to make")
+    port = str(unshared_port())
+    logs, place = tmp_path / "logs", tmp_path / "place"
+    logs.mkdir()
+    place.mkdir()
+    log = logs / f"vllm-serve-{port}.log"
+    expected, steps = _ENTRIES[entry]
+    _put(steps, tmp_path, log)
+    environ = clean_environ(
+        tmp_path, VERIRL_VLLM_COMMAND=f"{sys.executable} -m fakes.vllm_serve",
+        VERIRL_GPU_COUNT="2", VERIRL_MODEL="m", VERIRL_VLLM_PORT=port,
+        VERIRL_VLLM_LOG_DIR=str(logs), VERIRL_VLLM_STARTUP_TIMEOUT="60",
+        PYTHONPATH=os.pathsep.join(sys.path),
+    )  # fmt: skip
+    wrap: list[str] = []
+    if entry.startswith("read-only mount"):  # in a mount namespace of its own: gone with it
+        remount = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+        wrap = ["unshare", "-m", "sh", "-c", remount, str(logs)]
+    if _AS_ROOT:  # root without DAC override stands for a user whom permissions bind
+        wrap += ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+
+    def verirl(*argv: str) -> subprocess.CompletedProcess[str]:
+        return while_the_group_port_is_free(
+            lambda: subprocess.run(
+                [*wrap, sys.executable, "-m", "verirl", *argv],
+                capture_output=True,
+                text=True,
+                env=environ,
+                timeout=120,
+                check=False,
+            )
+        )
+
+    try:
+        before = _tree(tmp_path)
+        doctor = verirl("doctor")
+        assert _tree(tmp_path) == before, "doctor made or changed something"
+        launch = verirl("launch", "--", "true")
+    finally:
+        for folder in (logs, place):  # to be removed
+            folder.chmod(0o755)
+    assert launch.returncode in (0, 2), launch.stderr
+    if expected is not None:
+        assert launch.returncode == (0 if expected else 2), launch.stderr
+    assert doctor.returncode == launch.returncode, (doctor.stderr, launch.stderr)
+    if launch.returncode == 2:
+        (refusal,) = [line for line in launch.stderr.splitlines() if " ERROR " in line]
+        reason = refusal.split("ERROR verirl: ", 1)[1]
+        assert str(logs) in reason, reason
+        assert any(line.endswith(reason) for line in doctor.stderr.splitlines()), (
+            reason,
+            doctor.stderr,
+        )
+
+
+_JUDGE_BOTH = """
+import json, sys
+from pathlib import Path
+from verirl._server_log import check_server_log, open_server_log
+from verirl.errors import ConfigError
+
+said = []
+for judge in (check_server_log, open_server_log):
+    try:
+        extra = {} if judge is check_server_log else {"argv": ["vllm", "serve"]}
+        opened = judge(Path(sys.argv[1]), port=8001, **extra)
+        if opened is not None:
+            opened.handle.close()
+        said.append(None)
+    except ConfigError as exc:
+        said.append(str(exc))
+print(json.dumps(said))
+"""
+
+
+@pytest.mark.parametrize(
+    "parent",
+    ["missing", "missing, two deep", "a folder through a link", "a file", "a link to nowhere",
+     "under a file", "a read-only folder", "missing, in a read-only folder"],
+)  # fmt: skip
+def test_a_log_path_s_folder_that_start_makes_is_judged_as_start_judges_it(tmp_path, parent):
+    """``log_path``'s missing folder is made at start (``mkdir -p``): the preflight said nothing
+    of one that could not be made (a file or a link to nowhere in its place)."""
+    folder = tmp_path / "logs"
+    if parent == "missing, two deep":
+        folder = tmp_path / "deep" / "logs"
+    elif parent == "a folder through a link":
+        (tmp_path / "real").mkdir()
+        folder.symlink_to(tmp_path / "real")
+    elif parent == "a file":
+        folder.write_text("mine\n")
+    elif parent == "a link to nowhere":
+        folder.symlink_to(tmp_path / "nowhere")
+    elif parent == "under a file":
+        (tmp_path / "plain").write_text("mine\n")
+        folder = tmp_path / "plain" / "logs"
+    elif parent == "a read-only folder":
+        folder = tmp_path / "ro"
+        folder.mkdir(mode=0o555)
+    elif parent == "missing, in a read-only folder":
+        (tmp_path / "ro").mkdir(mode=0o555)
+        folder = tmp_path / "ro" / "a" / "logs"
+    requested = folder / "server.log"
+    wrap = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"] if _AS_ROOT else []
+    try:
+        done = subprocess.run(
+            [*wrap, sys.executable, "-c", _JUDGE_BOTH, str(requested)],
+            capture_output=True, text=True, timeout=60, check=False,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )  # fmt: skip
+    finally:
+        if (tmp_path / "ro").exists():
+            (tmp_path / "ro").chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    doctor, launch = json.loads(done.stdout)
+    assert doctor == launch
+    accepted = parent in ("missing", "missing, two deep", "a folder through a link")
+    assert (launch is None) == accepted, launch

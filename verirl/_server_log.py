@@ -261,44 +261,69 @@ _NOT_REGULAR = (
 _CANNOT_APPEND = "cannot be opened for appending and reading back ({})"
 """Why a log cannot be used: `open_server_log`'s words, and `check_server_log`'s for the same."""
 
+_APPEND = os.O_RDWR | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC
+"""How the log is opened: with ``O_CREAT`` by `open_server_log`, without by `check_server_log`."""
+
+_FOLDER_PATH = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
+"""A descriptor of a folder to look up names in (``O_PATH``: no read permission needed)."""
+
+_MAX_LINKS = 40
+"""Symbolic links one open follows at most (Linux's ``MAXSYMLINKS``); one more is ``ELOOP``."""
+
 
 def _open_for_appending(path: Path, field: str, folder: int | None) -> BinaryIO:
     """Open ``path`` (in the open ``folder`` if given) to append and read back, without blocking.
 
     Only a regular file; any other is a `ConfigError` naming ``field``.
     """
-    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        if folder is None:
-            fd = os.open(path, flags, 0o644)
-        else:
-            fd = os.open(path.name, flags, 0o644, dir_fd=folder)
+        fd = os.open(_name_in(path, folder), _APPEND | os.O_CREAT, 0o644, dir_fd=folder)
     except OSError as exc:
-        if exc.errno == errno.ENXIO:  # a FIFO or socket with nobody at the other end
-            why = _NOT_REGULAR.format(kind="a FIFO or socket")
-        else:
-            why = _CANNOT_APPEND.format(exc.strerror or exc)
-        raise ConfigError.invalid(field, printable(path), why) from None
+        raise _refusal(path, field, exc, folder) from None
     try:
-        mode = os.fstat(fd).st_mode
-    except BaseException:
-        os.close(fd)
-        raise
-    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):  # never written to: a reader would get it
-        os.close(fd)
-        raise ConfigError.invalid(field, printable(path), _NOT_REGULAR.format(kind=_kind(mode)))
-    own = _own_output(fd)
-    if own is not None:  # /dev/stdout to a file: the server's lines amid the program's own
-        os.close(fd)
-        why = f"must be a file of its own: it is this program's {own}"
-        raise ConfigError.invalid(field, printable(path), why)
-    try:
+        _check_opened(fd, path, field)
         os.set_blocking(fd, True)
-        return os.fdopen(fd, "ab", buffering=0)  # seeks to the end: a /proc file cannot
+        return os.fdopen(fd, "ab", buffering=0)
     except OSError as exc:
         os.close(fd)
         why = _CANNOT_APPEND.format(exc.strerror or exc)
         raise ConfigError.invalid(field, printable(path), why) from None
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _name_in(path: Path, folder: int | None) -> str | Path:
+    """What is opened: ``path``'s name in the open ``folder``, or ``path`` itself without one."""
+    return path if folder is None else path.name
+
+
+def _refusal(path: Path, field: str, exc: OSError, folder: int | None) -> ConfigError:
+    """The `ConfigError` for an open of the log that failed with ``exc``: launch's and doctor's."""
+    if exc.errno == errno.ENXIO:  # a socket, or a device with nothing behind it
+        kind = "a FIFO or socket"
+        with contextlib.suppress(OSError):
+            kind = _kind(os.stat(_name_in(path, folder), dir_fd=folder).st_mode)
+        return ConfigError.invalid(field, printable(path), _NOT_REGULAR.format(kind=kind))
+    why = _CANNOT_APPEND.format(exc.strerror or exc)
+    return ConfigError.invalid(field, printable(path), why)
+
+
+def _check_opened(fd: int, path: Path, field: str) -> None:
+    """What launch refuses of the log it opened as ``fd``; doctor asks the same of its own open.
+
+    A FIFO or a socket (never written to: a reader would get it), this
+    program's own stdout or stderr file, a file that cannot be appended to
+    (appending seeks to the end: a ``/proc`` file cannot).
+    """
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        raise ConfigError.invalid(field, printable(path), _NOT_REGULAR.format(kind=_kind(mode)))
+    own = _own_output(fd)
+    if own is not None:  # /dev/stdout to a file: the server's lines amid the program's own
+        why = f"must be a file of its own: it is this program's {own}"
+        raise ConfigError.invalid(field, printable(path), why)
+    os.lseek(fd, 0, os.SEEK_END)
 
 
 def _own_output(fd: int) -> str | None:
@@ -322,13 +347,15 @@ def _own_output(fd: int) -> str | None:
 def check_server_log(requested: Path | None, *, port: int, field: str = "log_path") -> None:
     """What `open_server_log` would refuse, found without making or writing anything.
 
-    ``doctor``'s preflight: a folder given as one that is missing or no folder,
-    an existing log that is not a regular file or cannot be appended to and
-    read back, a missing log in a folder that cannot be written: the
-    `ConfigError` `open_server_log` would raise, in its words; in the
-    default folder too, when it is there and ours. What is made at start (the
-    default folder, one spelled with a trailing slash, a file's missing
-    parent) is not checked, nor a full disk.
+    ``doctor``'s preflight: the `ConfigError` `open_server_log` would raise,
+    in its words, for whatever is at the log's path (see `_check_in_folder`:
+    a missing log in a folder where none can be made, a symbolic link to
+    nowhere that can be made, to a folder, in a loop, a FIFO, a device, a
+    file that cannot be appended to and read back, ...); a folder given as
+    one that is missing or no folder; a folder that start would make and
+    cannot (see `_mkdirs_refusal`: a file or a dangling link in its place, no
+    permission). The default folder is looked into when it is there and
+    ours (else a fresh one is made at start). Not checked: a full disk.
     """
     name = log_file_name(port)
     if requested is None:
@@ -342,11 +369,22 @@ def check_server_log(requested: Path | None, *, port: int, field: str = "log_pat
     if getattr(requested, "must_exist", False):
         path, folder = Path(requested) / name, _kept_folder(requested, field)
     else:
-        path = Path(requested) / name if getattr(requested, "folder", False) else requested
+        made = getattr(requested, "folder", False)
+        path = Path(requested) / name if made else requested
+        problem = _mkdirs_refusal(path.parent)
+        if problem is not None:  # as `_made_folder` and `_log_file` say it
+            shown, why = (
+                (path.parent, "no log file can be made") if made
+                else (requested, "its folder cannot be made")
+            )  # fmt: skip
+            why = f"{why} ({problem.strerror or problem})"
+            raise ConfigError.invalid(field, printable(shown), why)
         try:
             folder = _open_folder(path.parent)
-        except OSError:
-            return  # made, or refused, at start: as `_made_folder` or `_log_file` does then
+        except FileNotFoundError:
+            return  # made at start, empty: the log is made in it
+        except OSError as exc:
+            raise _refusal(path, field, exc, None) from None
     try:
         _check_in_folder(path, folder, field)
     finally:
@@ -354,25 +392,213 @@ def check_server_log(requested: Path | None, *, port: int, field: str = "log_pat
 
 
 def _check_in_folder(path: Path, folder: int, field: str) -> None:
-    """`check_server_log`'s look at ``path`` in the open ``folder``."""
-    cannot = _CANNOT_APPEND  # launch and doctor say the same
+    """`check_server_log`'s look at ``path`` in the open ``folder``: what launch's open would do.
+
+    Launch opens it with `_APPEND` and ``O_CREAT``, following symbolic links,
+    then `_check_opened`. Here the same path is walked as that open walks it
+    (`_follow`), and the end of it judged as the kernel would, nothing made:
+    a name to make needs a folder that can be written; a folder is
+    ``EISDIR``; another user's file in a sticky world-writable folder may be
+    refused (`_sticky_refuses`); a FIFO, a socket or a device (not opened
+    here: opening one is not without effect) is refused as launch refuses
+    it; a regular file is opened as launch opens it, without ``O_CREAT``
+    (nothing written), and `_check_opened`. Looked at again when it changed
+    meanwhile.
+    """
     try:
-        mode = os.stat(path.name, dir_fd=folder).st_mode
-    except FileNotFoundError:
-        if not os.access(".", os.W_OK | os.X_OK, dir_fd=folder):
-            why = cannot.format(os.strerror(errno.EACCES))
-            raise ConfigError.invalid(field, printable(path), why) from None
-        return
+        for _ in range(3):
+            if _judged(path, folder, field):
+                return
     except OSError as exc:
-        raise ConfigError.invalid(
-            field, printable(path), cannot.format(exc.strerror or exc)
-        ) from None
-    if stat.S_ISDIR(mode):
-        raise ConfigError.invalid(field, printable(path), cannot.format(os.strerror(errno.EISDIR)))
-    if not stat.S_ISREG(mode):
-        raise ConfigError.invalid(field, printable(path), _NOT_REGULAR.format(kind=_kind(mode)))
-    if not os.access(path.name, os.R_OK | os.W_OK, dir_fd=folder):
-        raise ConfigError.invalid(field, printable(path), cannot.format(os.strerror(errno.EACCES)))
+        raise _refusal(path, field, exc, folder) from None
+
+
+def _judged(path: Path, folder: int, field: str) -> bool:
+    """One look of `_check_in_folder`: True if judged usable, False if it changed while looked at.
+
+    An `OSError` as launch's open would fail, or its `ConfigError`.
+    """
+    directory, name, info = _follow(path.name, folder)
+    try:
+        if info is None:  # launch makes it here
+            problem = _creation_refusal(directory)
+            if problem is not None:
+                raise _os_error(problem)
+            return True
+        mode = info.st_mode
+        if stat.S_ISDIR(mode):
+            raise _os_error(errno.EISDIR)
+        if _sticky_refuses(os.fstat(directory), info):
+            raise _os_error(errno.EACCES)
+        if not stat.S_ISREG(mode):
+            _judge_special(name, directory, mode, path, field)
+        try:
+            fd = os.open(name, _APPEND | os.O_NOFOLLOW, dir_fd=directory)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ELOOP):  # gone, or a link now: again
+                return False
+            raise
+        try:
+            _check_opened(fd, path, field)
+            mode = os.fstat(fd).st_mode
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(mode):  # launch writes its header first, then refuses it so
+            raise ConfigError.invalid(field, printable(path), _NOT_REGULAR.format(kind=_kind(mode)))
+        return True
+    finally:
+        os.close(directory)
+
+
+def _judge_special(name: str, directory: int, mode: int, path: Path, field: str) -> None:
+    """`_judged` of what is neither a folder nor a regular file: refused, as launch refuses it."""
+    if not _may(name, directory, os.R_OK | os.W_OK):
+        raise _os_error(errno.EACCES)
+    if stat.S_ISSOCK(mode):
+        raise _os_error(errno.ENXIO)
+    raise ConfigError.invalid(field, printable(path), _NOT_REGULAR.format(kind=_kind(mode)))
+
+
+def _os_error(code: int) -> OSError:
+    return OSError(code, os.strerror(code))
+
+
+def _may(name: str, directory: int, mode: int) -> bool:
+    """`os.access` of ``name`` in ``directory`` (not followed) for this process's effective ids."""
+    effective = os.access in os.supports_effective_ids
+    return os.access(name, mode, dir_fd=directory, effective_ids=effective, follow_symlinks=False)
+
+
+def _creation_refusal(directory: int) -> int | None:
+    """Why a file (or folder) cannot be made in the open ``directory`` (an errno), or None."""
+    with contextlib.suppress(OSError):
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return errno.EROFS
+    return None if _may(".", directory, os.W_OK | os.X_OK) else errno.EACCES
+
+
+def _follow(name: str, folder: int) -> tuple[int, str, os.stat_result | None]:
+    """Where an ``O_CREAT`` open of ``name`` in the open ``folder`` ends, found without opening it.
+
+    ``(a descriptor of the folder it is in, its name there, its lstat)``,
+    the lstat None where nothing is: that open would make it. Each symbolic
+    link at the end is followed as the kernel follows it: its target's folder
+    is walked (an `OSError` where that walk fails: ``ENOENT`` for a link into
+    a missing folder, ``ENOTDIR``, ``EACCES``), ``ELOOP`` after
+    `_MAX_LINKS`; a target that ends with ``/``, ``.`` or ``..`` is a
+    folder's name, ``EISDIR`` for ``O_CREAT``. The descriptor is the caller's.
+    """
+    directory = os.dup(folder)
+    links = 0
+    try:
+        while True:
+            try:
+                info = os.stat(name, dir_fd=directory, follow_symlinks=False)
+            except FileNotFoundError:
+                return directory, name, None
+            if not stat.S_ISLNK(info.st_mode):
+                return directory, name, info
+            links += 1
+            directory, name = _through_link(directory, name, links)
+    except BaseException:
+        os.close(directory)
+        raise
+
+
+def _through_link(directory: int, name: str, links: int) -> tuple[int, str]:
+    """`_follow`'s step through the link ``name`` in ``directory`` (closed once it is done).
+
+    The folder its target names a file in, and that name; an `OSError` where the kernel stops.
+    """
+    if links > _MAX_LINKS:
+        raise _os_error(errno.ELOOP)
+    target = os.readlink(name, dir_fd=directory)
+    if not target:
+        raise _os_error(errno.ENOENT)
+    bare = target.rstrip("/")
+    above, slash, name = bare.rpartition("/")
+    if not bare:  # the root
+        above, slash, name = "/", "/", "."
+    elif slash and not above:
+        above = "/"
+    inner = os.open(above if slash else ".", _FOLDER_PATH, dir_fd=directory)
+    if bare != target or name in (".", ".."):  # a folder's name: no file is made there
+        searchable = _may(".", inner, os.X_OK)  # looked up in all the same
+        os.close(inner)
+        raise _os_error(errno.EISDIR if searchable else errno.EACCES)
+    os.close(directory)
+    return inner, name
+
+
+def _sticky_refuses(folder: os.stat_result, info: os.stat_result) -> bool:
+    """Whether Linux refuses ``O_CREAT`` on this existing file (``info``) in ``folder``.
+
+    Another user's regular file or FIFO in a sticky folder that others can
+    write (``/tmp``), when ``fs.protected_regular`` or ``fs.protected_fifos``
+    says so (2: a group-writable one too); its owner's, or the folder owner's,
+    is not refused.
+    """
+    if stat.S_ISREG(info.st_mode):
+        level = _protected("regular")
+    elif stat.S_ISFIFO(info.st_mode):
+        level = _protected("fifos")
+    else:
+        return False
+    if not level or not folder.st_mode & stat.S_ISVTX:
+        return False
+    if info.st_uid in (folder.st_uid, os.geteuid()):
+        return False
+    group = level >= 2 and folder.st_mode & stat.S_IWGRP  # noqa: PLR2004 - the sysctl's level
+    return bool(folder.st_mode & stat.S_IWOTH or group)
+
+
+def _protected(kind: str) -> int:
+    """``fs.protected_<kind>`` (0 where it cannot be read)."""
+    try:
+        return int(Path(f"/proc/sys/fs/protected_{kind}").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def _mkdirs_refusal(folder: Path) -> OSError | None:
+    """What ``folder.mkdir(parents=True, exist_ok=True)`` would fail with, found making nothing.
+
+    None where it would not: a folder already (through links too), or one that
+    can be made, and its missing parents. Otherwise: something there that is
+    no folder (``EEXIST``: a file, a link to nowhere), a walk that fails
+    (``ENOTDIR``, ``EACCES``, ``ELOOP``), a parent that cannot be written in.
+    """
+    with contextlib.suppress(OSError):
+        if stat.S_ISDIR(folder.stat().st_mode):
+            return None  # mkdir's error, if any, is forgiven: it is a folder
+    try:
+        folder.lstat()
+    except FileNotFoundError:
+        return _made_in_parent(folder)
+    except OSError as exc:
+        return exc
+    return _os_error(errno.EEXIST)
+
+
+def _made_in_parent(folder: Path) -> OSError | None:
+    """`_mkdirs_refusal` of a ``folder`` that is missing: its parent's, or making it there."""
+    parent = folder.parent
+    if parent == folder:
+        return _os_error(errno.ENOENT)
+    problem = _mkdirs_refusal(parent)
+    if problem is not None:
+        return problem
+    try:
+        fd = os.open(parent, _FOLDER_PATH)
+    except FileNotFoundError:
+        return None  # made first, by this process: it can make one in it
+    except OSError as exc:
+        return exc
+    try:
+        code = _creation_refusal(fd)
+    finally:
+        os.close(fd)
+    return None if code is None else _os_error(code)
 
 
 def _check_regular(handle: BinaryIO, path: Path, field: str) -> None:
@@ -469,7 +695,12 @@ def read_log_tail(
 
     ``path`` may be a `KeptLog`: the file the server writes to, wherever its name went.
 
-    At most the last 64 KiB are read: a line cut by that window is dropped,
+    Blank lines (nothing but whitespace: spaces, tabs, a progress bar's
+    carriage returns) at the end are no part of the tail, however many: they
+    are read past, backwards, up to `_BLANK_LIMIT` bytes; a log whose last
+    `_BLANK_LIMIT` bytes are all blank (with more of the run before them) has
+    a tail that says so. Of what ends with the last line that is not blank,
+    at most the last 64 KiB are read: a line cut by that window is dropped,
     unless it is the only one (a last line longer than the window), which is
     kept, cut, after ``…``. A ``start`` past the end of the file (truncated,
     or replaced by a rotation) reads the tail of what is there now. Never
@@ -483,9 +714,12 @@ def read_log_tail(
     size = probe[0]
     if start > size:  # truncated or replaced since the run began: what is there is its
         start = 0
-    begin = max(start, size - _LOG_TAIL_BYTES)
+    end = _content_end(path, start, size)
+    if end is None:
+        return f"\u2026 (the last {_BLANK_LIMIT // _MIB} MiB of the server log are blank)\n"
+    begin = max(start, end - _LOG_TAIL_BYTES)
     before = 1 if begin > start else 0  # the byte before the window: does a line end there?
-    read = read_regular(path, begin - before, _LOG_TAIL_BYTES + before)
+    read = read_regular(path, begin - before, end - begin + before)
     if read is None:
         return ""
     cut = bool(before) and read[1][:1] != b"\n"
@@ -497,3 +731,68 @@ def read_log_tail(
         # Dropped only when a line with something in it follows; else it is the tail, cut.
         kept = kept[1:] if len(kept) > 1 else ["\u2026" + kept[0]]
     return "\n".join(kept[-lines:]) + ("\n" if kept else "")
+
+
+_MIB = 1024 * 1024
+
+_BLANK_LIMIT = 4 * _MIB
+"""Bytes of blank lines at a log's end read past for its tail, at most: a log that ends in
+gigabytes of them costs a start no more than this."""
+
+_BLANK_CHUNK = 64 * 1024
+"""Bytes read at a time, backwards, looking for the last line that is not blank."""
+
+_CONTINUATION = range(0x80, 0xC0)
+"""The bytes that continue a UTF-8 character (never begin one)."""
+
+_LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+"""Where `str.splitlines` ends a line (all of them whitespace)."""
+
+
+def _first_break(text: str) -> int | None:
+    """Where the first line of ``text`` ends (None: it does not end in it)."""
+    found = [at for at in map(text.find, _LINE_BREAKS) if at >= 0]
+    return min(found) if found else None
+
+
+def _content_end(path: Path | str | KeptLog, start: int, size: int) -> int | None:
+    """Where the tail's window ends: after the last line in ``[start, size)`` that is not blank.
+
+    That line's end (before its line break), or right after its last visible
+    character when its trailing whitespace alone would fill the window;
+    ``start`` when every line there is blank; None when the last `_BLANK_LIMIT`
+    bytes are, with more of the run before them. Blank is as `read_log_tail`
+    tells it: decoded, a line `str.strip` leaves empty. Read backwards in
+    `_BLANK_CHUNK` pieces; a character a piece's start cuts is read with the
+    piece below (one the limit cuts is not blank: the window shows it whole).
+    A file that changed meanwhile ends at ``size``, as before.
+    """
+    floor = max(start, size - _BLANK_LIMIT)
+    high = size
+    line_end = size  # where the line ends that the part above ``high`` begins in
+    carry = b""  # the bytes above ``high`` that end a character begun below it
+    while high > floor:
+        low = max(floor, high - _BLANK_CHUNK)
+        read = read_regular(path, low, high - low)
+        if read is None or len(read[1]) != high - low:
+            return size
+        data = read[1] + carry
+        split = 0
+        if low > floor:  # continuation bytes: a character that begins below ``low``
+            while split < min(3, len(data)) and data[split] in _CONTINUATION:
+                split += 1
+        carry, data = data[:split], data[split:]  # read with the piece below
+        top = low + split + len(data)
+        text = data.decode("utf-8", errors="replace")
+        shown = text.rstrip()
+        if shown:
+            rest = text[len(shown) :]  # whitespace: encoded again, exactly the bytes read
+            content_end = top - len(rest.encode())
+            at = _first_break(rest)
+            end = line_end if at is None else top - len(rest[at:].encode())
+            return end if end - content_end < _LOG_TAIL_BYTES else content_end
+        at = _first_break(text)
+        if at is not None:
+            line_end = low + split + len(text[:at].encode())
+        high = low
+    return start if floor == start else None

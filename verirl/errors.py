@@ -145,8 +145,8 @@ def _format_tail(log_tail: str) -> str:
     What the server wrote must not drive the terminal (colours, a screen
     clear, a window title) nor pass for one of verirl's own lines.
     """
-    if not log_tail.strip():
-        return " (the server log is empty)"
+    if not log_tail.strip():  # the tail reads past blank lines, however many: none is left
+        return " (this run's server log is empty or blank)"
     lines = log_tail.rstrip("\n").split("\n")
     quoted = "\n".join(f"| {line.translate(_TAIL_CONTROLS)}" for line in lines)
     return "\n--- last lines of the server log ---\n" + quoted
