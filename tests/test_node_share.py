@@ -832,3 +832,44 @@ def test_a_lock_no_process_can_take_is_recorded_one_refused_to_this_one_alone_is
     with pytest.raises(CheckpointSourceError, match="cannot lock"):
         leader.resolve("x")
     assert leader._path(".json").exists() is recorded
+
+
+SELF_WRAPPED_RANK = """
+import os, subprocess, sys, time
+from pathlib import Path
+from verirl._node_share import attempt_key
+
+here, local_rank, ranks = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+if not os.environ.get("WRAPPED"):  # a retry wrapper with the rank's own command line
+    sys.exit(subprocess.call([sys.executable, *sys.argv], env={**os.environ, "WRAPPED": "1"}))
+(here / f"started-{local_rank}").touch()
+deadline = time.monotonic() + 60  # every rank of the attempt runs, as after its imports
+while len(list(here.glob("started-*"))) < ranks and time.monotonic() < deadline:
+    time.sleep(0.01)
+(here / f"key-{local_rank}").write_text(attempt_key(os.environ, folder=here))
+while len(list(here.glob("key-*"))) < ranks and time.monotonic() < deadline:
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "srun"])
+def test_ranks_behind_wrappers_with_their_own_command_line_share_a_key(tmp_path, launcher):
+    """Each rank sees the other's wrapper, older than both ranks: all must pick the same."""
+    script = tmp_path / "step_rank.py"
+    script.write_text(SELF_WRAPPED_RANK)
+    here = tmp_path / "attempt"
+    here.mkdir()
+    env = {"LOCAL_WORLD_SIZE": "2"}
+    if launcher == "srun":
+        env |= {"SLURM_JOB_ID": "79", "SLURM_STEP_ID": "0"}
+    procs = []
+    for local_rank in ("0", "1"):
+        own = {"TORCHELASTIC_ERROR_FILE": f"/tmp/te_x/run/attempt_0/{local_rank}/error.json"}
+        child_env = {**os.environ, **env, **(own if launcher == "torchrun" else {})}
+        child_env.pop("WRAPPED", None)
+        argv = [sys.executable, str(script), str(here), local_rank, "2"]
+        procs.append(subprocess.Popen(argv, env=child_env))
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0
+    keys = {path.read_text() for path in here.glob("key-*")}
+    assert len(keys) == 1, keys

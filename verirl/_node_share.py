@@ -138,19 +138,6 @@ def _scope_values(pid: int, scope: tuple[str, ...]) -> tuple[str, ...] | None:
     return tuple(_torchrun_attempt(value) for value in values)
 
 
-def _ancestors(pid: int) -> set[int]:
-    """The pids above ``pid`` (its parent, the parent's, ...), read from ``/proc``."""
-    found: set[int] = set()
-    fields = _procfs.stat_fields(pid)
-    while fields is not None and fields[1].isdigit() and int(fields[1]) > 1:
-        parent = int(fields[1])
-        if parent in found:
-            break
-        found.add(parent)
-        fields = _procfs.stat_fields(parent)
-    return found
-
-
 def _first_rank(scope: tuple[str, ...] | None) -> str:
     """The oldest running process of this attempt's local ranks, as ``pid@start``.
 
@@ -170,10 +157,11 @@ def _first_rank(scope: tuple[str, ...] | None) -> str:
     if not mine or own is None or (scope is not None and ours is None):
         return ""
     oldest = (int(own[_procfs.STARTTIME]), me)
-    above = _ancestors(me)  # a wrapper or a retry loop with our command line is no rank
+    # A wrapper with our command line counts too: each rank sees the same processes, so
+    # all pick the same oldest one (leaving out each rank's own wrapper would split them).
     with contextlib.suppress(OSError), os.scandir("/proc") as entries:
         for entry in entries:
-            if not entry.name.isdigit() or int(entry.name) == me or int(entry.name) in above:
+            if not entry.name.isdigit() or int(entry.name) == me:
                 continue
             pid = int(entry.name)
             fields = _procfs.stat_fields(pid)
