@@ -800,8 +800,7 @@ def test_the_launch_grace_is_25_seconds_unless_a_flag_or_variable_says_otherwise
     ("command", "flag", "value"),
     [("plan", "--model", "m"), ("plan", "--vllm-gpus", "1"), ("launch", "--model", "m"),
      ("launch", "--vllm-command", "vllm serve"), ("launch", "--vllm-gpus", "1"),
-     ("launch", "--log-dir", "/tmp"), ("plan", "--max-model-len", "4096"),
-     ("launch", "--max-model-len", "4096")],
+     ("launch", "--log-dir", "/tmp")],
 )  # fmt: skip
 @pytest.mark.usefixtures("clean_env")
 def test_mode_server_with_a_remote_host_variable_still_refuses_the_local_server_s_flags(
@@ -815,13 +814,3 @@ def test_mode_server_with_a_remote_host_variable_still_refuses_the_local_server_
     err = capsys.readouterr().err
     assert f"{flag}=" in err
     assert "not used: with VERIRL_VLLM_HOST set, vLLM runs on another machine" in err
-
-
-@pytest.mark.parametrize("command", ["plan", "launch"])
-@pytest.mark.usefixtures("clean_env")
-def test_a_max_model_len_for_a_remote_server_is_refused(command, capsys):
-    """TRL reads it only when colocating; the remote server's own --max-model-len decides."""
-    tail = ["--", "true"] if command == "launch" else []
-    argv = [command, "--vllm-host", "10.0.0.5", "--gpus", "2", "--max-model-len", "4096"]
-    assert main([*argv, *tail]) == 2
-    assert "--max-model-len=4096: not used: with --vllm-host" in capsys.readouterr().err

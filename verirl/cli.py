@@ -336,8 +336,7 @@ _UNUSED_FLAGS = {"model": "--model", "vllm_command": "--vllm-command", "vllm_arg
                  "log_dir": "--log-dir", "vllm_gpus": "--vllm-gpus",
                  "vllm_port": "--vllm-port",
                  "vllm_startup_timeout": "--vllm-startup-timeout",
-                 "vllm_unresponsive_timeout": "--vllm-unresponsive-timeout",
-                 "max_model_len": "--max-model-len"}  # fmt: skip
+                 "vllm_unresponsive_timeout": "--vllm-unresponsive-timeout"}  # fmt: skip
 
 
 def _refuse_unused(args: argparse.Namespace) -> None:
@@ -350,7 +349,7 @@ def _refuse_unused(args: argparse.Namespace) -> None:
     """
     if getattr(args, "vllm_host", None) is not None:
         why = "with --vllm-host, vLLM runs on another machine and nothing starts here"
-        unused: tuple[str, ...] = _REMOTE_ONLY_UNUSED
+        unused: tuple[str, ...] = ("model", "vllm_command", "vllm_args", "log_dir", "vllm_gpus")
     elif getattr(args, "mode", None) == "colocate":
         why = "with --mode colocate, vLLM runs inside the training processes and no server starts"
         unused = ("model", "vllm_command", "vllm_args", "log_dir", "vllm_port",
@@ -394,10 +393,6 @@ def _refuse_without_what_they_tune(args: argparse.Namespace) -> None:
 
 _SERVER_ONLY = ("model", "vllm_command", "vllm_args", "log_dir", "vllm_port",
                 "vllm_startup_timeout", "vllm_unresponsive_timeout")  # fmt: skip
-# With vLLM on another machine: how to start a server, and the length (TRL reads it only when
-# colocating; the remote server's own --max-model-len decides).
-_REMOTE_ONLY_UNUSED = ("model", "vllm_command", "vllm_args", "log_dir", "vllm_gpus",
-                       "max_model_len")  # fmt: skip
 
 
 def _plan(args: argparse.Namespace) -> VLLMTopology:
@@ -443,9 +438,7 @@ def _unused_by_layout(args: argparse.Namespace) -> tuple[tuple[str, ...], str]:
 
     Only computed when such a flag is given: the layout may detect the GPUs.
     """
-    if not any(
-        getattr(args, dest, None) is not None for dest in {*_SERVER_ONLY, *_REMOTE_ONLY_UNUSED}
-    ):
+    if not any(getattr(args, dest, None) is not None for dest in (*_SERVER_ONLY, "vllm_gpus")):
         return (), ""
     # The command plans again and logs what the plan says (a cap, idle GPUs): once.
     topology_log = logging.getLogger("verirl.topology")
@@ -457,7 +450,7 @@ def _unused_by_layout(args: argparse.Namespace) -> tuple[tuple[str, ...], str]:
     if topology.remote_host is not None:  # VERIRL_VLLM_HOST
         variable = Settings.variable("vllm_remote_host")
         why = f"with {variable} set, vLLM runs on another machine and nothing starts here"
-        return _REMOTE_ONLY_UNUSED, why
+        return ("model", "vllm_command", "vllm_args", "log_dir", "vllm_gpus"), why
     if topology.mode != "colocate":
         return (), ""
     variable = Settings.variable("mode")
