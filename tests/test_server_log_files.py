@@ -939,3 +939,14 @@ def test_a_log_path_s_folder_that_start_makes_is_judged_as_start_judges_it(tmp_p
     assert doctor == launch
     accepted = parent in ("missing", "missing, two deep", "a folder through a link")
     assert (launch is None) == accepted, launch
+
+
+@pytest.mark.parametrize("depth", [1, 600])
+def test_doctor_judges_a_log_path_under_many_missing_folders_as_start_makes_them(tmp_path, depth):
+    """start makes them all (``mkdir -p``); doctor's look walks them up without recursion."""
+    path = tmp_path.joinpath(*["a"] * depth, "x.log")
+    _server_log.check_server_log(path, port=8001)  # as start, which makes them: no error
+    (tmp_path / "a").write_text("a file where the first folder goes")
+    with pytest.raises(ConfigError, match="its folder cannot be made"):
+        _server_log.check_server_log(path, port=8001)
+    assert not (tmp_path / "a").is_dir()

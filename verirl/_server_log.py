@@ -567,31 +567,35 @@ def _mkdirs_refusal(folder: Path) -> OSError | None:
     can be made, and its missing parents. Otherwise: something there that is
     no folder (``EEXIST``: a file, a link to nowhere), a walk that fails
     (``ENOTDIR``, ``EACCES``, ``ELOOP``), a parent that cannot be written in.
+    Walked up in a loop, not by recursion: any depth of missing folders.
     """
-    with contextlib.suppress(OSError):
-        if stat.S_ISDIR(folder.stat().st_mode):
-            return None  # mkdir's error, if any, is forgiven: it is a folder
-    try:
-        folder.lstat()
-    except FileNotFoundError:
-        return _made_in_parent(folder)
-    except OSError as exc:
-        return exc
-    return _os_error(errno.EEXIST)
+    current, missing = folder, False
+    while True:
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(current.stat().st_mode):
+                break  # mkdir's error, if any, is forgiven: it is a folder
+        try:
+            current.lstat()
+        except FileNotFoundError:
+            if current.parent == current:
+                return _os_error(errno.ENOENT)
+            current, missing = current.parent, True
+            continue
+        except OSError as exc:
+            return exc
+        return _os_error(errno.EEXIST)
+    return _made_in(current) if missing else None
 
 
-def _made_in_parent(folder: Path) -> OSError | None:
-    """`_mkdirs_refusal` of a ``folder`` that is missing: its parent's, or making it there."""
-    parent = folder.parent
-    if parent == folder:
-        return _os_error(errno.ENOENT)
-    problem = _mkdirs_refusal(parent)
-    if problem is not None:
-        return problem
+def _made_in(folder: Path) -> OSError | None:
+    """Why no folder can be made in ``folder`` (the deepest one there), or None.
+
+    The first missing folder is made there; the rest, by this process, in it.
+    """
     try:
-        fd = os.open(parent, _FOLDER_PATH)
+        fd = os.open(folder, _FOLDER_PATH)
     except FileNotFoundError:
-        return None  # made first, by this process: it can make one in it
+        return None
     except OSError as exc:
         return exc
     try:
