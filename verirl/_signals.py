@@ -147,9 +147,38 @@ def must_not_raise(function: _Raising) -> _Raising:
     return function
 
 
+_NOT_WHILE_UNWINDING: set[types.CodeType] = {
+    # 3.10 runs a pending handler in these frames themselves as an exception unwinds them:
+    # in Condition.wait's ``finally`` before _acquire_restore is called (the lock left
+    # released), in Event.wait's ``with`` before Condition.__exit__ is (the lock left held).
+    threading.Condition.wait.__code__,
+    threading.Event.wait.__code__,
+}
+
+
 def in_a_spot_that_must_not_raise(frame: types.FrameType | None) -> bool:
-    """Whether ``frame`` is one of `_MUST_NOT_RAISE`'s functions (`must_not_raise`)."""
-    return frame is not None and frame.f_code in _MUST_NOT_RAISE
+    """Whether a handler's exception must not be raised in ``frame`` now.
+
+    ``frame`` is one of `_MUST_NOT_RAISE`'s functions (`must_not_raise`), or a
+    wait of `_NOT_WHILE_UNWINDING` that the exception being handled unwinds.
+    A handler that interrupts such a wait itself runs: nothing unwinds it then.
+    """
+    if frame is None:
+        return False
+    if frame.f_code in _MUST_NOT_RAISE:
+        return True
+    return frame.f_code in _NOT_WHILE_UNWINDING and _unwinding_through(frame)
+
+
+def _unwinding_through(frame: types.FrameType) -> bool:
+    """Whether the exception being handled has ``frame`` in its traceback (it unwinds it)."""
+    error = sys.exc_info()[1]
+    trace = error.__traceback__ if error is not None else None
+    while trace is not None:
+        if trace.tb_frame is frame:
+            return True
+        trace = trace.tb_next
+    return False
 
 
 @outside_tracers_lock
