@@ -76,7 +76,10 @@ def test_serve_given_two_signals_at_once_exits_by_the_first_with_its_server_gone
 
 
 PROGRAM = """
-import json, os, subprocess, sys, threading, time
+import json, os, signal, subprocess, sys, threading, time
+# The policy is under test, not a handler the program inherited (coverage's subprocess patch
+# installs one, which the policy rightly keeps: SIGTERM would end the program there).
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
 import psutil
 from verirl import DistributedEnv, TrainingRuntime, VLLMServer, VLLMTopology
 
