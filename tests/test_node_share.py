@@ -834,22 +834,15 @@ def test_a_lock_no_process_can_take_is_recorded_one_refused_to_this_one_alone_is
     assert leader._path(".json").exists() is recorded
 
 
-SELF_WRAPPED_RANK = """
-import os, subprocess, sys, time
-from pathlib import Path
-from verirl._node_share import attempt_key
-
-here, local_rank, ranks = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-if not os.environ.get("WRAPPED"):  # a retry wrapper with the rank's own command line
-    sys.exit(subprocess.call([sys.executable, *sys.argv], env={**os.environ, "WRAPPED": "1"}))
-(here / f"started-{local_rank}").touch()
-deadline = time.monotonic() + 60  # every rank of the attempt runs, as after its imports
-while len(list(here.glob("started-*"))) < ranks and time.monotonic() < deadline:
-    time.sleep(0.01)
-(here / f"key-{local_rank}").write_text(attempt_key(os.environ, folder=here))
-while len(list(here.glob("key-*"))) < ranks and time.monotonic() < deadline:
-    time.sleep(0.01)
-"""
+# STEP_RANK behind a retry wrapper with the rank's own command line (the same script).
+SELF_WRAPPED_RANK = "import subprocess\n" + STEP_RANK.replace(
+    '(here / f"started-',
+    'if not os.environ.get("WRAPPED"):\n'
+    "    env = {**os.environ, 'WRAPPED': '1'}\n"
+    "    sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))\n"
+    '(here / f"started-',
+    1,
+)
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "srun"])
