@@ -1892,11 +1892,15 @@ def _full_pipe(*, blocking: bool) -> tuple[int, int, int]:
 
 
 def _wait_in_kernel(proc: subprocess.Popen[bytes], word: str) -> None:
-    """Until ``proc`` sleeps in a kernel function whose name holds ``word`` (poll: for room)."""
+    """Until ``proc`` sleeps in a kernel function whose name holds ``word`` (poll: for room)
+    with no child left: launch also polls while its command runs (for the command's exec report
+    and its exit), and a signal there interrupts the command, not the document."""
     deadline = time.monotonic() + 60
     while True:
-        with contextlib.suppress(OSError):
-            if word in Path(f"/proc/{proc.pid}/wchan").read_text():
+        with contextlib.suppress(OSError, psutil.Error):
+            if word in Path(f"/proc/{proc.pid}/wchan").read_text() and not (
+                psutil.Process(proc.pid).children()
+            ):
                 return
         assert proc.poll() is None, proc.returncode
         assert time.monotonic() < deadline, f"never waited in {word}"
@@ -1940,7 +1944,7 @@ _SIGNALLED_DOCUMENTS = [
     (["plan", "--gpus", "0"], 2),
     (["plan", "--gpus", "2"], 0),
     (["resume", "--resume", "/nonexistent/ckpt"], 5),
-    (["launch", "--gpus", "1", "--", "/bin/sh", "-c", "exit 3"], 3),
+    (["launch", "--gpus", "1", "--", "/bin/sh", "-c", "sleep 0.5; exit 3"], 3),
 ]
 
 
