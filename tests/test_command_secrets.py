@@ -259,6 +259,7 @@ def test_a_plain_query_stays_readable():
 
 
 LEAKY = "sk-LEAKYvalue77"
+HUB_TOKEN = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"  # a Hub token's shape: hf_ and 34
 
 
 @pytest.mark.parametrize(
@@ -318,8 +319,11 @@ def test_the_probe_never_shows_a_query_secret():
         [sys.executable, "-c", "pass", "--api-k", LEAKY],
         [sys.executable, "-c", "pass", "-H", f"Authorization: Bearer {LEAKY}"],
         [sys.executable, "-c", "pass", f"http://h/x?token={LEAKY}"],
+        [sys.executable, "-c", f"import os; os.environ['HF_TOKEN'] = '{LEAKY}'"],
+        ["bash", "-c", f"HF_TOKEN+={LEAKY} true"],  # bash: dash has no +=
+        ["echo", HUB_TOKEN],
     ],
-    ids=["unbalanced", "abbreviated", "header", "query"],
+    ids=["unbalanced", "abbreviated", "header", "query", "subscript", "append", "hub-token"],
 )
 def test_launch_running_line_never_shows_these_secrets(command):
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERIRL_")}
@@ -330,6 +334,31 @@ def test_launch_running_line_never_shows_these_secrets(command):
     )  # fmt: skip
     assert "running" in result.stderr, result.stderr
     assert LEAKY not in result.stderr + result.stdout
+    assert HUB_TOKEN[3:] not in result.stderr  # echo's own output is stdout: the command's
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        (f"os.environ['HF_TOKEN']='{LEAKY}'", f"os.environ['HF_TOKEN']='{HIDDEN}'"),
+        (f'os.environ["HF_TOKEN"] = "{LEAKY}"', f'os.environ["HF_TOKEN"] = "{HIDDEN}"'),
+        (f"login(token='{HUB_TOKEN}') or login('{HUB_TOKEN}')",
+         f"login(token='{HIDDEN}') or login('{HIDDEN}')"),
+        (f"echo {HUB_TOKEN}", f"echo {HIDDEN}"),
+        # not a token: a short hf_ word, one inside another word, a subscript named otherwise
+        ("hf_transfer hf_hub_download", "hf_transfer hf_hub_download"),
+        (f"x{HUB_TOKEN}", f"x{HUB_TOKEN}"),
+        ("cfg['tokenizer']='gpt2'", "cfg['tokenizer']='gpt2'"),
+    ],
+)  # fmt: skip
+def test_a_secret_named_by_a_subscript_or_shaped_like_a_hub_token_is_hidden(text, shown):
+    assert redact_text(text) == shown
+    assert redact_argv([sys.executable, "-c", text]) == [sys.executable, "-c", shown]
+
+
+def test_an_appended_secret_assignment_is_hidden_like_an_assignment():
+    assert redact_argv(["env", f"HF_TOKEN+={LEAKY}", "MODE+=fast", "x"]) == [
+        "env", f"HF_TOKEN+={HIDDEN}", "MODE+=fast", "x"]  # fmt: skip
 
 
 @pytest.mark.parametrize(

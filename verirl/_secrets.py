@@ -516,6 +516,8 @@ def _hide_after(
     position = 0
     for found in names.finditer(text):
         name = found["name"] if "name" in names.groupindex else found[found.lastindex or 0]
+        if "index" in names.groupindex and found["index"]:
+            name += found["index"]  # os.environ["HF_TOKEN"] = V: the index names the secret
         if found.start() < position or not secret(name) or _hidden_at(text, found.end()):
             continue
         value = span(text, found)
@@ -639,7 +641,13 @@ def _redact_params(value: str) -> str:
         value = _hide_after(value, _HEADER_NAME, _secret_header, _header_span)
     if "--" in value:
         value = _hide_after(value, _FLAG, _secret_name, _flag_span)
+    if "hf_" in value:
+        value = _HUB_TOKEN.sub(HIDDEN, value)
     return _hide_after(value, _BEARER, lambda _: True, _regex_span(_BEARER_VALUE, 0))
+
+
+_HUB_TOKEN = re.compile(r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,}(?![A-Za-z0-9_])")
+"""A Hugging Face token by its shape, whatever names it (``login("hf_…")``, ``echo hf_…``)."""
 
 
 _BLOCK = re.compile(r"[|>][-+0-9]{0,3}[ \t]*(?=\r?\n)")
@@ -773,7 +781,7 @@ def _words(name: str) -> list[str]:
     return [word.lower() for word in _WORD.findall(name)]
 
 
-_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?")  # NAME=V, or bash's NAME+=V
 
 
 # Flags that hold a secret, dashes for underscores: a flag written as a prefix of one of these
@@ -877,7 +885,7 @@ def _redact_words(argv: Sequence[str], secrets: Sequence[str], *, shell: bool = 
             shown.append(f"{name}={HIDDEN}" if equals else arg)
             hiding = after_flag = not equals
             continue
-        if equals and _ASSIGNMENT.fullmatch(name) and _secret_name(name):
+        if equals and _ASSIGNMENT.fullmatch(name) and _secret_name(name.rstrip("+")):
             shown.append(f"{name}={HIDDEN}")  # HF_TOKEN=V, as `env` and a shell take it
             continue
         text = _redact_shell_line(arg, secrets) if shell else _redact_params(arg)
