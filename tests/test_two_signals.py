@@ -75,7 +75,7 @@ def test_serve_given_two_signals_at_once_exits_by_the_first_with_its_server_gone
     assert nothing_listens(port)
 
 
-PROGRAM = """
+BLOCK = """
 import json, os, signal, subprocess, sys, threading, time
 # The policy is under test, not a handler the program inherited (coverage's subprocess patch
 # installs one, which the policy rightly keeps: SIGTERM would end the program there).
@@ -83,7 +83,7 @@ signal.signal(signal.SIGTERM, signal.SIG_DFL)
 import psutil
 from verirl import DistributedEnv, TrainingRuntime, VLLMServer, VLLMTopology
 
-port, master, log_dir, holder, body, first, second = sys.argv[1:8]
+port, master, log_dir, holder = sys.argv[1:5]
 command = (sys.executable, "-m", "fakes.vllm_serve")
 make = lambda topology: VLLMServer.from_topology(
     topology, model="m", command=command, log_dir=log_dir, shutdown_timeout=20)
@@ -93,6 +93,19 @@ if holder == "server":
 else:
     block = TrainingRuntime(topology, environ={}, server_factory=make,
         dist_env=DistributedEnv.single_node(environ={}, master_port=int(master)))
+
+def running(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+"""
+"""A program's start: ``block``, a `VLLMServer` or a `TrainingRuntime` (``holder``) of the fake."""
+
+PROGRAM = (
+    BLOCK
+    + """
+body, first, second = sys.argv[5:8]
 caught, server = [], []
 try:
     with block:
@@ -106,16 +119,11 @@ except BaseException as exc:
     while exc is not None:  # the chain, each exception with the one it was raised during
         caught.append(type(exc).__name__)
         exc = exc.__context__
-def running(pid):
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
 # the server's processes only: the kill's sh may be left unreaped by the interrupted run()
 left = [pid for pid in server if running(pid)]
 print(json.dumps({"caught": caught, "server": server, "left": left}), flush=True)
 """
+)
 
 
 @pytest.mark.parametrize("pair", PAIRS[:2], ids=PAIR_IDS[:2])
@@ -200,22 +208,9 @@ def test_launch_given_two_signals_at_once_sigkills_its_command_without_the_grace
     assert _gone(command), text
 
 
-AT_EXIT = """
-import json, os, signal, subprocess, sys, time
-signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not coverage's, inherited: see PROGRAM
-import psutil
-from verirl import DistributedEnv, TrainingRuntime, VLLMServer, VLLMTopology
-
-port, master, log_dir, holder = sys.argv[1:5]
-command = (sys.executable, "-m", "fakes.vllm_serve")
-make = lambda topology: VLLMServer.from_topology(
-    topology, model="m", command=command, log_dir=log_dir, shutdown_timeout=20)
-topology = VLLMTopology.plan(2, max_model_len=64, port=int(port))
-if holder == "server":
-    block = make(topology)
-else:
-    block = TrainingRuntime(topology, environ={}, server_factory=make,
-        dist_env=DistributedEnv.single_node(environ={}, master_port=int(master)))
+AT_EXIT = (
+    BLOCK
+    + """
 exit_code = type(block).__exit__.__code__
 
 def ctrl_c_at_the_first_line_of_exit(frame, event, _arg):
@@ -224,12 +219,6 @@ def ctrl_c_at_the_first_line_of_exit(frame, event, _arg):
     if event == "call" and frame.f_code is exit_code:
         sys.setprofile(None)
         signal.getsignal(signal.SIGINT)(signal.SIGINT, frame)
-
-def running(pid):
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 caught, server, left = [], [], None
 try:
@@ -250,6 +239,7 @@ except KeyboardInterrupt:
     caught.append("KeyboardInterrupt")
 print(json.dumps({"caught": caught, "server": server, "left": left}), flush=True)
 """
+)
 
 
 @pytest.mark.parametrize("holder", ["server", "runtime"])
