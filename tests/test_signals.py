@@ -81,48 +81,6 @@ def test_a_handler_installed_inside_the_block_is_left_in_place(default_sigterm):
     assert signal.getsignal(signal.SIGTERM) is mine
 
 
-@pytest.fixture
-def python_s_own_ctrl_c() -> Any:
-    """Act as a program with Python's own Ctrl-C handler (an xdist worker may have another)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
-
-
-def test_python_s_own_ctrl_c_is_guarded_while_held_and_back_after(
-    default_sigterm, python_s_own_ctrl_c
-):
-    """Held, Ctrl-C raises the same KeyboardInterrupt, but never at __exit__'s first line."""
-    from verirl._signals import program_interrupt
-
-    policy = SigtermPolicy()
-    with policy.held():
-        with policy.held():
-            assert signal.getsignal(signal.SIGINT) is program_interrupt
-        assert signal.getsignal(signal.SIGINT) is program_interrupt  # the outer still holds
-        with pytest.raises(KeyboardInterrupt):
-            signal.raise_signal(signal.SIGINT)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-
-
-def test_a_ctrl_c_handler_of_the_program_is_kept_even_one_set_while_held(
-    default_sigterm, python_s_own_ctrl_c
-):
-    def mine(_signum, _frame):
-        pass
-
-    policy = SigtermPolicy()
-    for before in (mine, signal.SIG_IGN):
-        signal.signal(signal.SIGINT, before)
-        with policy.held():
-            assert signal.getsignal(signal.SIGINT) is before
-        assert signal.getsignal(signal.SIGINT) is before
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    with policy.held():
-        signal.signal(signal.SIGINT, mine)
-    assert signal.getsignal(signal.SIGINT) is mine
-
-
 def test_another_thread_neither_counts_nor_installs(default_sigterm):
     policy = SigtermPolicy()
     counted: list[bool] = []

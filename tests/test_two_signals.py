@@ -75,7 +75,7 @@ def test_serve_given_two_signals_at_once_exits_by_the_first_with_its_server_gone
     assert nothing_listens(port)
 
 
-BLOCK = """
+PROGRAM = """
 import json, os, signal, subprocess, sys, threading, time
 # The policy is under test, not a handler the program inherited (coverage's subprocess patch
 # installs one, which the policy rightly keeps: SIGTERM would end the program there).
@@ -83,7 +83,7 @@ signal.signal(signal.SIGTERM, signal.SIG_DFL)
 import psutil
 from verirl import DistributedEnv, TrainingRuntime, VLLMServer, VLLMTopology
 
-port, master, log_dir, holder = sys.argv[1:5]
+port, master, log_dir, holder, body, first, second = sys.argv[1:8]
 command = (sys.executable, "-m", "fakes.vllm_serve")
 make = lambda topology: VLLMServer.from_topology(
     topology, model="m", command=command, log_dir=log_dir, shutdown_timeout=20)
@@ -93,19 +93,6 @@ if holder == "server":
 else:
     block = TrainingRuntime(topology, environ={}, server_factory=make,
         dist_env=DistributedEnv.single_node(environ={}, master_port=int(master)))
-
-def running(pid):
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-"""
-"""A program's start: ``block``, a `VLLMServer` or a `TrainingRuntime` (``holder``) of the fake."""
-
-PROGRAM = (
-    BLOCK
-    + """
-body, first, second = sys.argv[5:8]
 caught, server = [], []
 try:
     with block:
@@ -119,11 +106,16 @@ except BaseException as exc:
     while exc is not None:  # the chain, each exception with the one it was raised during
         caught.append(type(exc).__name__)
         exc = exc.__context__
+def running(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
 # the server's processes only: the kill's sh may be left unreaped by the interrupted run()
 left = [pid for pid in server if running(pid)]
 print(json.dumps({"caught": caught, "server": server, "left": left}), flush=True)
 """
-)
 
 
 @pytest.mark.parametrize("pair", PAIRS[:2], ids=PAIR_IDS[:2])
@@ -206,62 +198,3 @@ def test_launch_given_two_signals_at_once_sigkills_its_command_without_the_grace
     got = record.read_text().split() if record.exists() else []
     assert len(got) == len(set(got)) <= 1, got  # the first at most, once; never the second
     assert _gone(command), text
-
-
-AT_EXIT = (
-    BLOCK
-    + """
-exit_code = type(block).__exit__.__code__
-
-def ctrl_c_at_the_first_line_of_exit(frame, event, _arg):
-    # Where Python runs a Ctrl-C that came with the SIGTERM: as __exit__ begins. Its handler is
-    # given that very frame, as Python would give it.
-    if event == "call" and frame.f_code is exit_code:
-        sys.setprofile(None)
-        signal.getsignal(signal.SIGINT)(signal.SIGINT, frame)
-
-caught, server, left = [], [], None
-try:
-    try:
-        with block:
-            server[:] = [p.pid for p in psutil.Process().children(recursive=True)]
-            sys.setprofile(ctrl_c_at_the_first_line_of_exit)
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(60)
-    except BaseException as exc:
-        left = [pid for pid in server if running(pid)]
-        while exc is not None:
-            caught.append(type(exc).__name__)
-            exc = exc.__context__
-    if "KeyboardInterrupt" not in caught:
-        time.sleep(10)  # where a Ctrl-C put off past the block arrives
-except KeyboardInterrupt:
-    caught.append("KeyboardInterrupt")
-print(json.dumps({"caught": caught, "server": server, "left": left}), flush=True)
-"""
-)
-
-
-@pytest.mark.parametrize("holder", ["server", "runtime"])
-def test_a_ctrl_c_run_at_the_first_line_of_exit_in_a_library_program_waits_for_the_teardown(
-    tmp_path, holder
-):
-    """A program's own Ctrl-C handler is Python's, which raised anywhere: a Ctrl-C that came
-    with a SIGTERM and ran as ``__exit__`` began ended the block with its server running."""
-    script = tmp_path / "program.py"
-    script.write_text(textwrap.dedent(AT_EXIT))
-    port, master = unshared_port(), unshared_port()
-    (tmp_path / "logs").mkdir()
-    argv = [sys.executable, str(script), str(port), str(master), str(tmp_path / "logs"), holder]
-    done = subprocess.run(
-        argv, check=False, capture_output=True, timeout=120, env=clean_environ(tmp_path),
-        cwd=Path.cwd(),
-    )  # fmt: skip
-    err = done.stderr.decode(errors="replace")
-    assert done.returncode == 0, err
-    report = json.loads(done.stdout)
-    assert report["caught"][0] in ("KeyboardInterrupt", "SystemExit"), report
-    assert "KeyboardInterrupt" in report["caught"], report  # put off, never dropped
-    assert report["server"], err
-    assert report["left"] == [], err  # stopped inside the block's __exit__
-    assert nothing_listens(port)

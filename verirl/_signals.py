@@ -19,9 +19,6 @@ the CLI:
 - **Restore on exit, nest safely.** Holders are counted; the default comes
   back when the last one releases, and only if our handler is still the one
   installed (a handler installed meanwhile by the program stays).
-- **Ctrl-C too, while held.** Python's own Ctrl-C handler is replaced by one
-  that raises the same ``KeyboardInterrupt`` but never where the exception
-  would undo a teardown (`program_interrupt`); put back on the last release.
 - **Interrupt through it.** A watchdog thread that must end the ``with``
   block (the vLLM server died) calls `SigtermPolicy.interrupt` with its
   error: a SIGTERM is sent to the main thread only (``pthread_kill``, so a
@@ -208,7 +205,6 @@ class SigtermPolicy:
         self._anonymous = 0  # holders that keep their own count (`held`)
         self._holders: dict[int, object] = {}  # id → holder, for `acquire(holder)`
         self._installed = False
-        self._guarding_ctrl_c = False  # `program_interrupt` put over Python's own Ctrl-C handler
         self._fired = False
         self._cause: BaseException | None = None
         self._interrupt_sent = False
@@ -370,13 +366,7 @@ class SigtermPolicy:
         return True
 
     def _install(self) -> bool:
-        """The first holder's: our handler over the default; False where none can be set.
-
-        Python's own Ctrl-C handler is replaced as well, by the same ``KeyboardInterrupt``
-        raised only where it can land (`program_interrupt`): a Ctrl-C that came with a
-        SIGTERM ran at the first line of ``__exit__`` and left the server running.
-        """
-        self._guard_ctrl_c()
+        """The first holder's: our handler over the default; False where none can be set."""
         current = signal.getsignal(signal.SIGTERM)
         self._installed = False
         self._fired = False
@@ -395,23 +385,6 @@ class SigtermPolicy:
             log.debug("SIGTERM already has a handler (%r); leaving it", current)
         return True
 
-    def _guard_ctrl_c(self) -> None:
-        """`program_interrupt` in place of Python's ``default_int_handler`` (another one stays)."""
-        if (
-            self._guarding_ctrl_c
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-        ):
-            return
-        with contextlib.suppress(ValueError):  # not the main interpreter: it stays as it is
-            signal.signal(signal.SIGINT, program_interrupt)
-            self._guarding_ctrl_c = True
-
-    def _unguard_ctrl_c(self) -> None:
-        """Python's own Ctrl-C handler back, if ours is still the one installed."""
-        if self._guarding_ctrl_c and signal.getsignal(signal.SIGINT) is program_interrupt:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-        self._guarding_ctrl_c = False
-
     def release(self, holder: object = None) -> None:
         """Uncount a holder; after the last one, put the default back if ours is still there.
 
@@ -422,13 +395,9 @@ class SigtermPolicy:
                 self._anonymous = max(self._anonymous - 1, 0)
             elif self._holders.pop(id(holder), None) is None:
                 return
+            if self._users or not self._installed:
+                return
             on_main = threading.current_thread() is threading.main_thread()
-            if self._users:
-                return
-            if on_main:
-                self._unguard_ctrl_c()
-            if not self._installed:
-                return
             if on_main and signal.getsignal(signal.SIGTERM) == self.handle:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 self._installed = False
@@ -447,7 +416,6 @@ class SigtermPolicy:
         self._lock = threading.RLock()  # the handler may run while the main thread holds it
         self._anonymous = 0
         self._holders = {}
-        self._guarding_ctrl_c = False  # its copy raises as Python's own does: it can stay
         self._fired = False
         self._cause = None
         self._interrupt_sent = False
@@ -483,8 +451,6 @@ def program_handler(signum: int, _frame: types.FrameType | None) -> None:
 @outside_tracers_lock
 def program_interrupt(signum: int, frame: types.FrameType | None) -> None:
     """The ``verirl`` program's Ctrl-C handler: Python's own ``KeyboardInterrupt``.
-
-    Also a program's while `SIGTERM_POLICY` is held over Python's own handler.
 
     Unless it lands in the trace function's own lock, where the exception
     would leave that lock held (`in_tracers_lock`): it is handled a moment later.

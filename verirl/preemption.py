@@ -71,7 +71,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from verirl._checkpoint import INCOMPLETE_MARKER, read_trainer_state
 from verirl._fs import printable, quoted, write_new_file
-from verirl._signals import SIGTERM_POLICY, outside_tracers_lock, program_interrupt
+from verirl._signals import SIGTERM_POLICY, outside_tracers_lock
 from verirl._stop import STOP_REQUESTS
 from verirl._validate import check_int
 from verirl.errors import CheckpointSourceError, ConfigError
@@ -138,8 +138,7 @@ def _is_default(signum: int, handler: _Handler) -> bool:
     """Whether ``handler`` is what the process would have without anyone's choice."""
     if handler == signal.SIG_DFL:
         return True
-    # program_interrupt: Python's own, as the policy puts it while a server or runtime is held
-    return signum == signal.SIGINT and handler in (signal.default_int_handler, program_interrupt)
+    return signum == signal.SIGINT and handler is signal.default_int_handler
 
 
 def _jit_manager(handler: _Handler) -> object | None:

@@ -374,7 +374,7 @@ _FIRING = (
     "import os, signal, sys\n"
     "from transformers import TrainerControl, TrainerState, TrainingArguments\n"
     "import verirl.preemption as preemption\n"
-    "from verirl._signals import SIGTERM_POLICY, program_interrupt\n"
+    "from verirl._signals import SIGTERM_POLICY\n"
     "from verirl._stop import STOP_REQUESTS\n"
     "from verirl.errors import VLLMServerExited\n"
     "from verirl.preemption import PreemptionCallback\n"
@@ -430,7 +430,7 @@ def test_the_watchdogs_interrupt_while_the_main_thread_holds_the_callbacks_lock(
         "    except VLLMServerExited:\n"
         "        print('raised')\n"
         "    print(signal.getsignal(signal.SIGTERM) == SIGTERM_POLICY.handle,\n"
-        "          signal.getsignal(signal.SIGINT) is program_interrupt,  # the policy's\n"
+        "          signal.getsignal(signal.SIGINT) is signal.default_int_handler,\n"
         "          preemption._ACTIVE, STOP_REQUESTS.listening)\n",
     )
     assert (done.returncode, done.stdout) == (0, "raised\nTrue True [] False\n"), done.stderr
@@ -509,7 +509,7 @@ def test_a_handler_left_by_a_takeover_in_a_thread_still_takes_the_watchdogs_inte
         "        print('exit', exc.code)\n"
         "    watchdog.join()\n"
         "    print(signal.getsignal(signal.SIGTERM) == SIGTERM_POLICY.handle,\n"
-        "          signal.getsignal(signal.SIGINT) is program_interrupt,  # the policy's\n"
+        "          signal.getsignal(signal.SIGINT) is signal.default_int_handler,\n"
         "          SIGTERM_POLICY.fired, preemption._STALE)\n",
     )
     assert (done.returncode, done.stdout) == (0, "raised True\nTrue True True []\n"), done.stderr
