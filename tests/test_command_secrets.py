@@ -345,10 +345,23 @@ def test_launch_running_line_never_shows_these_secrets(command):
         (f"login(token='{HUB_TOKEN}') or login('{HUB_TOKEN}')",
          f"login(token='{HIDDEN}') or login('{HIDDEN}')"),
         (f"echo {HUB_TOKEN}", f"echo {HIDDEN}"),
+        # a secret name keeps its secret whatever its subscript; spaces, += (review round 47)
+        (f"credentials['openai']='{LEAKY}'", f"credentials['openai']='{HIDDEN}'"),
+        (f"password['db']: '{LEAKY}' secret[x]: {LEAKY}",
+         f"password['db']: '{HIDDEN}' secret[x]: {HIDDEN}"),
+        (f"os.environ[ 'HF_TOKEN' ] = '{LEAKY}'", f"os.environ[ 'HF_TOKEN' ] = '{HIDDEN}'"),
+        (f"os.environ['HF_TOKEN'] += '{LEAKY}'", f"os.environ['HF_TOKEN'] += '{HIDDEN}'"),
+        (f"export HF_TOKEN+={LEAKY}", f"export HF_TOKEN+={HIDDEN}"),
+        # a Hub token right after an escape that ends in a digit
+        (f"https://h/cb?state=%7B%22token%22%3A%22{HUB_TOKEN}%22%7D",
+         f"https://h/cb?state=%7B%22token%22%3A%22{HIDDEN}%22%7D"),
+        (f"echo \\x22{HUB_TOKEN}", f"echo \\x22{HIDDEN}"),
         # not a token: a short hf_ word, one inside another word, a subscript named otherwise
         ("hf_transfer hf_hub_download", "hf_transfer hf_hub_download"),
         (f"x{HUB_TOKEN}", f"x{HUB_TOKEN}"),
         ("cfg['tokenizer']='gpt2'", "cfg['tokenizer']='gpt2'"),
+        ("d[key]='plain' counts[key]=1 cache[token]=abc a[i] += 2",
+         "d[key]='plain' counts[key]=1 cache[token]=abc a[i] += 2"),
     ],
 )  # fmt: skip
 def test_a_secret_named_by_a_subscript_or_shaped_like_a_hub_token_is_hidden(text, shown):

@@ -516,9 +516,13 @@ def _hide_after(
     position = 0
     for found in names.finditer(text):
         name = found["name"] if "name" in names.groupindex else found[found.lastindex or 0]
-        if "index" in names.groupindex and found["index"]:
-            name += found["index"]  # os.environ["HF_TOKEN"] = V: the index names the secret
-        if found.start() < position or not secret(name) or _hidden_at(text, found.end()):
+        # os.environ["HF_TOKEN"] = V: a quoted subscript names the secret as well as the name
+        subscripts = (
+            _QUOTED_SUBSCRIPT.findall(found["index"] or "") if "index" in names.groupindex else []
+        )
+        if found.start() < position or _hidden_at(text, found.end()):
+            continue
+        if not secret(name) and not any(secret(key) for _, key in subscripts):
             continue
         value = span(text, found)
         if value is None or value[0] == value[1] or text[value[0] : value[1]] == HIDDEN:
@@ -527,6 +531,9 @@ def _hide_after(
         position = value[1]
     return "".join([*shown, text[position:]])
 
+
+_QUOTED_SUBSCRIPT = re.compile(r"""\[[ \t]*(\\*["'])(.*?)\1[ \t]*\]""")
+"""A subscript that is a quoted string (``["HF_TOKEN"]``, ``[ 'key' ]``, ``[\\"key\\"]``)."""
 
 _AFTER_HIDDEN = frozenset(" \t\r\n'\"`,;&#)}]")
 
@@ -553,7 +560,7 @@ def _regex_span(values: re.Pattern[str], group: int) -> _Span:
 # are a header's: _HEADER_NAME's pass keeps their auth scheme.
 _KEY = re.compile(
     r"(?<![A-Za-z0-9_.\\-])(\\*[\"']|)(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)"
-    r"(?P<index>(?:\[[^\]\s]{0,64}\])*)\1([ \t]*)([:=])(\s*)"
+    r"(?P<index>(?:\[[^\]\r\n]{0,64}\])*)\1([ \t]*)(\+?=|:)(\s*)"
 )
 _OPEN_QUOTE = re.compile(r"\\*[\"']")
 # Inside "…", '"'"' is a ' as shlex.quote writes it in a shell line, not the string's end.
@@ -593,7 +600,7 @@ def _structured_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
         return start, _match_end(_JSON_SCALAR, text, start)
     before = text[found.start() - 1 : found.start()]
     bare = (
-        ((separator == "=" and not spaced) or (separator == ":" and bool(found["index"])))
+        ((separator in {"=", "+="} and not spaced) or (separator == ":" and bool(found["index"])))
         and before not in {"?", "&", ";", "#"}
         and not text.startswith(("=", ":"), start)  # "key == x": an operator, no value
     )
@@ -646,7 +653,10 @@ def _redact_params(value: str) -> str:
     return _hide_after(value, _BEARER, lambda _: True, _regex_span(_BEARER_VALUE, 0))
 
 
-_HUB_TOKEN = re.compile(r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,}(?![A-Za-z0-9_])")
+_HUB_TOKEN = re.compile(
+    r"(?:(?<![A-Za-z0-9_])|(?<=%[0-9A-Fa-f]{2})|(?<=\\x[0-9A-Fa-f]{2})|(?<=\\u[0-9A-Fa-f]{4}))"
+    r"hf_[A-Za-z0-9]{30,}(?![A-Za-z0-9_])"
+)
 """A Hugging Face token by its shape, whatever names it (``login("hf_…")``, ``echo hf_…``)."""
 
 
