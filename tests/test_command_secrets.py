@@ -352,6 +352,11 @@ def test_launch_running_line_never_shows_these_secrets(command):
         (f"os.environ[ 'HF_TOKEN' ] = '{LEAKY}'", f"os.environ[ 'HF_TOKEN' ] = '{HIDDEN}'"),
         (f"os.environ['HF_TOKEN'] += '{LEAKY}'", f"os.environ['HF_TOKEN'] += '{HIDDEN}'"),
         (f"export HF_TOKEN+={LEAKY}", f"export HF_TOKEN+={HIDDEN}"),
+        # a secret's name as a call's quoted argument, or csh's and fish's assignments
+        (f"os.environ.get('HF_TOKEN', '{LEAKY}') or os.putenv(\"API_KEY\", \"{LEAKY}\")",
+         f"os.environ.get('HF_TOKEN', '{HIDDEN}') or os.putenv(\"API_KEY\", \"{HIDDEN}\")"),
+        (f"setenv HF_TOKEN {LEAKY}", f"setenv HF_TOKEN {HIDDEN}"),
+        (f"set -gx HF_TOKEN '{LEAKY}'", f"set -gx HF_TOKEN '{HIDDEN}'"),
         # a Hub token right after an escape that ends in a digit
         (f"https://h/cb?state=%7B%22token%22%3A%22{HUB_TOKEN}%22%7D",
          f"https://h/cb?state=%7B%22token%22%3A%22{HIDDEN}%22%7D"),
@@ -362,9 +367,11 @@ def test_launch_running_line_never_shows_these_secrets(command):
         ("cfg['tokenizer']='gpt2'", "cfg['tokenizer']='gpt2'"),
         ("d[key]='plain' counts[key]=1 cache[token]=abc a[i] += 2",
          "d[key]='plain' counts[key]=1 cache[token]=abc a[i] += 2"),
+        ("d.get('model', 'gpt2'); set -x; setenv PATH /usr/bin",
+         "d.get('model', 'gpt2'); set -x; setenv PATH /usr/bin"),
     ],
 )  # fmt: skip
-def test_a_secret_named_by_a_subscript_or_shaped_like_a_hub_token_is_hidden(text, shown):
+def test_a_secret_spelled_in_code_in_any_shell_or_like_a_hub_token_is_hidden(text, shown):
     assert redact_text(text) == shown
     assert redact_argv([sys.executable, "-c", text]) == [sys.executable, "-c", shown]
 

@@ -648,9 +648,37 @@ def _redact_params(value: str) -> str:
         value = _hide_after(value, _HEADER_NAME, _secret_header, _header_span)
     if "--" in value:
         value = _hide_after(value, _FLAG, _secret_name, _flag_span)
+    if "," in value:
+        value = _hide_after(value, _NAME_THEN_VALUE, _secret_name, _quoted_or_bare_span)
+    if "set" in value:
+        value = _hide_after(value, _SETENV, _secret_name, _quoted_or_bare_span)
     if "hf_" in value:
         value = _HUB_TOKEN.sub(HIDDEN, value)
     return _hide_after(value, _BEARER, lambda _: True, _regex_span(_BEARER_VALUE, 0))
+
+
+# A secret's name as a call's quoted argument, its value the next one: os.environ.get("HF_TOKEN",
+# "V"), setdefault, os.putenv; and csh's and fish's own assignments: setenv NAME V, set -gx NAME V.
+_NAME_THEN_VALUE = re.compile(
+    r"""(?P<quote>\\*["'])(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P=quote)[ \t]*,[ \t]*(?=\\*["'])"""
+)
+_SETENV = re.compile(
+    r"(?<![A-Za-z0-9_-])(?:setenv|set(?:[ \t]+-[A-Za-z]+)+)"
+    r"[ \t]+(?P<name>[A-Za-z_][A-Za-z0-9_]*)[ \t]+"
+)
+
+
+def _quoted_or_bare_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
+    """A quoted value's inside (its quotes stay), else a bare one (`_BARE_VALUE`'s)."""
+    start = found.end()
+    quote = _OPEN_QUOTE.match(text, start)
+    if quote is None:
+        return _regex_span(_BARE_VALUE, 2)(text, found)
+    mark = quote.group(0)
+    if len(mark) == 1:
+        return start + 1, _match_end(_QUOTED[mark], text, start + 1)
+    end = text.find(mark, quote.end())  # \"…\": the same escaped quote ends it
+    return quote.end(), len(text) if end < 0 else end
 
 
 _HUB_TOKEN = re.compile(
