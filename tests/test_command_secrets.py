@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -21,7 +22,14 @@ from verirl import (
     TrainingRuntime,
     VLLMServer,
 )
-from verirl._secrets import HIDDEN, redact_argv, redact_text, shown_command, shown_line
+from verirl._secrets import (
+    HIDDEN,
+    redact_argv,
+    redact_message,
+    redact_text,
+    shown_command,
+    shown_line,
+)
 from verirl.cli import main
 
 SECRET = "sk-SECRETvalue42"
@@ -322,8 +330,18 @@ def test_the_probe_never_shows_a_query_secret():
         [sys.executable, "-c", f"import os; os.environ['HF_TOKEN'] = '{LEAKY}'"],
         ["bash", "-c", f"HF_TOKEN+={LEAKY} true"],  # bash: dash has no +=
         ["echo", HUB_TOKEN],
+        [sys.executable, "-c", f"h = {{'Authorization': f'Bearer {LEAKY}'}}"],
     ],
-    ids=["unbalanced", "abbreviated", "header", "query", "subscript", "append", "hub-token"],
+    ids=[
+        "unbalanced",
+        "abbreviated",
+        "header",
+        "query",
+        "subscript",
+        "append",
+        "hub-token",
+        "f-string",
+    ],
 )
 def test_launch_running_line_never_shows_these_secrets(command):
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERIRL_")}
@@ -357,6 +375,12 @@ def test_launch_running_line_never_shows_these_secrets(command):
          f"os.environ.get('HF_TOKEN', '{HIDDEN}') or os.putenv(\"API_KEY\", \"{HIDDEN}\")"),
         (f"setenv HF_TOKEN {LEAKY}", f"setenv HF_TOKEN {HIDDEN}"),
         (f"set -gx HF_TOKEN '{LEAKY}'", f"set -gx HF_TOKEN '{HIDDEN}'"),
+        # a Python string's prefix before the value (review round 48)
+        (f"h={{'Authorization': f'Bearer {LEAKY}'}}", f"h={{'Authorization': f'{HIDDEN}'}}"),
+        (f"os.environ.get('HF_TOKEN', f'{LEAKY}')", f"os.environ.get('HF_TOKEN', f'{HIDDEN}')"),
+        # a secret named in one word
+        (f"export PGPASSWORD={LEAKY} HFTOKEN={LEAKY}",
+         f"export PGPASSWORD={HIDDEN} HFTOKEN={HIDDEN}"),
         # a Hub token right after an escape that ends in a digit
         (f"https://h/cb?state=%7B%22token%22%3A%22{HUB_TOKEN}%22%7D",
          f"https://h/cb?state=%7B%22token%22%3A%22{HIDDEN}%22%7D"),
@@ -369,6 +393,8 @@ def test_launch_running_line_never_shows_these_secrets(command):
          "d[key]='plain' counts[key]=1 cache[token]=abc a[i] += 2"),
         ("d.get('model', 'gpt2'); set -x; setenv PATH /usr/bin",
          "d.get('model', 'gpt2'); set -x; setenv PATH /usr/bin"),
+        ("print('token', 'saved to', path); getattr(cfg, 'key', 'x'); MAXTOKEN=5",
+         "print('token', 'saved to', path); getattr(cfg, 'key', 'x'); MAXTOKEN=5"),
     ],
 )  # fmt: skip
 def test_a_secret_spelled_in_code_in_any_shell_or_like_a_hub_token_is_hidden(text, shown):
@@ -577,3 +603,41 @@ def test_a_probe_never_logs_a_secret_variable_s_value_in_its_url(monkeypatch, ca
         probe.wait(0.3)
     assert token not in caplog.text + str(caught.value)
     assert HIDDEN in caplog.text
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "cd /data && python train.py --model org/repo@main --lr 1e-4",
+        "pip install ./pkg@1.2 && python x.py",
+    ],
+)
+def test_a_shell_line_with_a_path_at_a_revision_is_shown_whole(line):
+    """Its words judged each, then the line as a whole by its last @: all before it was lost."""
+    assert shown_line(["bash", "-c", line]) == shlex.join(["bash", "-c", line])
+
+
+@pytest.mark.parametrize(
+    ("line", "shown"),
+    [
+        ("git clone https://u:pw@h/x && ls", "git clone https://***@h/x && ls"),
+        ("x=(u:pw@h) y", "x=(***@h) y"),
+        ("see //:pw@h and mailto:user:pw@host", "see //***@h and mailto:***@host"),
+    ],
+)
+def test_a_url_password_in_a_message_is_hidden_wherever_it_stands(line, shown):
+    assert redact_message(line) == shown
+
+
+# The rule as one regular expression (quadratic on long text: a reference for short text only).
+_USERINFO_RULE = re.compile(
+    r"(?:(?<![^\s/@'\"<>()\[\]])[^\s/@'\"<>()\[\]]+|(?<=//)):[^\s/@'\"<>]*@"  # "//:pw@" too
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="ab:@/ ()[]'\"<>\t\nx.-_%=?&#", max_size=16))
+def test_a_url_s_user_and_password_are_found_as_the_rule_finds_them(text):
+    from verirl._secrets import _userinfo_spans
+
+    assert list(_userinfo_spans(text)) == [m.span() for m in _USERINFO_RULE.finditer(text)]

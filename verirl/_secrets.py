@@ -17,7 +17,7 @@ import os
 import re
 import shlex
 import stat
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from urllib.parse import quote, quote_plus, unquote
 
 from verirl._fs import escape_bytes, printable, quoted
@@ -452,7 +452,9 @@ def redact_text(value: str) -> str:
     find where a URL's authority ends (a password may hold ``/``, ``?``,
     ``#`` or ``:``, and a malformed value splits differently for every
     parser), so a value with an ``@`` in its path is redacted too:
-    over-redaction is accepted, a leak is not. Use it on every user-given
+    over-redaction is accepted, a leak is not. Kept: a value with no scheme and
+    no ``:`` whose part before the ``@`` holds a ``/`` (``org/repo@main``), a
+    path at a revision. Use it on every user-given
     string that may carry credentials before it goes into a message, a log
     line or a repr.
     """
@@ -461,7 +463,10 @@ def redact_text(value: str) -> str:
         return value
     match = _SCHEME.match(value)
     prefix = match.group(0) if match else ""
-    return f"{prefix}***@{value.rpartition('@')[2]}"
+    before, _, after = value.rpartition("@")
+    if not prefix and ":" not in before and "/" in before:
+        return value  # a path at a revision (org/repo@main, ./pkg@1.2): no user, no password
+    return f"{prefix}***@{after}"
 
 
 # A query or fragment parameter's name: it follows ?, &, ; or #. The value of a secret one runs
@@ -586,7 +591,7 @@ def _structured_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
     `_PARAM_NAME`'s, a bare ``name: V`` a header's).
     """
     key_quote, separator, spaced = found.group(1), found.group(5), found.group(6)
-    start = found.end()
+    start = _past_string_prefix(text, found.end())
     quote = _OPEN_QUOTE.match(text, start)
     if quote is not None:
         mark = quote.group(0)
@@ -607,6 +612,15 @@ def _structured_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
     value = _BARE_VALUE.match(text, start) if bare else None
     # None: "a == b", "key = value" in code; a bare header and a query: their own passes
     return None if value is None else value.span(2)
+
+
+_STRING_PREFIX = re.compile(r"[rbfuRBFU]{1,2}(?=\\*[\"'])")
+
+
+def _past_string_prefix(text: str, start: int) -> int:
+    """``start``, or past a Python string's prefix there (``f"Bearer {t}"``, ``rb'…'``)."""
+    prefix = _STRING_PREFIX.match(text, start)
+    return start if prefix is None else prefix.end()
 
 
 def _match_end(pattern: re.Pattern[str], text: str, start: int) -> int:
@@ -657,10 +671,14 @@ def _redact_params(value: str) -> str:
     return _hide_after(value, _BEARER, lambda _: True, _regex_span(_BEARER_VALUE, 0))
 
 
-# A secret's name as a call's quoted argument, its value the next one: os.environ.get("HF_TOKEN",
-# "V"), setdefault, os.putenv; and csh's and fish's own assignments: setenv NAME V, set -gx NAME V.
+# A secret's name as the quoted first argument of a call that reads or sets a variable, its
+# value the next one: os.environ.get("HF_TOKEN", "V"), getenv, setdefault, pop, os.putenv
+# (print("token", "saved") is no such call); and csh's and fish's own assignments: setenv NAME
+# V, set -gx NAME V.
 _NAME_THEN_VALUE = re.compile(
-    r"""(?P<quote>\\*["'])(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P=quote)[ \t]*,[ \t]*(?=\\*["'])"""
+    r"(?:(?<=get\()|(?<=getenv\()|(?<=setdefault\()|(?<=putenv\()|(?<=pop\()|(?<=setenv\())"
+    r"""(?P<quote>\\*["'])(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P=quote)[ \t]*,[ \t]*"""
+    r"""(?=[rbfuRBFU]{0,2}\\*["'])"""
 )
 _SETENV = re.compile(
     r"(?<![A-Za-z0-9_-])(?:setenv|set(?:[ \t]+-[A-Za-z]+)+)"
@@ -670,7 +688,7 @@ _SETENV = re.compile(
 
 def _quoted_or_bare_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
     """A quoted value's inside (its quotes stay), else a bare one (`_BARE_VALUE`'s)."""
-    start = found.end()
+    start = _past_string_prefix(text, found.end())
     quote = _OPEN_QUOTE.match(text, start)
     if quote is None:
         return _regex_span(_BARE_VALUE, 2)(text, found)
@@ -730,9 +748,45 @@ def _flag_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
 # before the @ that holds a colon, up to white space, a quote or a slash; a scheme stays.
 # The user part starts where a run of its characters does (the leftmost match starts there
 # anyway): tried from every character of a long run, it took seconds (a 30 KB progress bar).
-_USERINFO_IN_TEXT = re.compile(
-    r"(?:(?<![^\s/@'\"<>()\[\]])[^\s/@'\"<>()\[\]]+|(?<=//)):[^\s/@'\"<>]*@"  # "//:pw@" too
-)
+# A URL's user:password@ in free text: a user (these characters, after one that is not) and a
+# colon, or a colon right after "//"; then a password (these) and the @.
+_USER_STOPS = frozenset(" \t\n\r\x0b\x0c/@'\"<>()[]")
+_PASSWORD_STOPS = frozenset(" \t\n\r\x0b\x0c/@'\"<>")
+
+
+def _userinfo_spans(text: str) -> Iterator[tuple[int, int]]:
+    """Where each ``user:password@`` of ``text`` is, the ``@`` included: in linear time.
+
+    Looked for back from each ``@``, never past the one before it: a regular
+    expression that tried each colon as the user's end took quadratic time
+    (a 100 KB argument of colons took 23 s).
+    """
+    floor = 0
+    for at, char in enumerate(text):
+        if char != "@":
+            continue
+        low = at
+        while low > floor and text[low - 1] not in _PASSWORD_STOPS and not text[low - 1].isspace():
+            low -= 1
+        floor = at + 1
+        start = _user_start(text, low, at)
+        if start is not None:
+            yield start, at + 1
+
+
+def _user_start(text: str, low: int, at: int) -> int | None:
+    """The first start in ``text[low:at]`` (password characters) of a user and its colon."""
+    if text.startswith(":", low) and text[max(0, low - 2) : low] == "//":
+        return low  # "//:pw@": no user
+    start = low
+    while start < at:
+        end = start
+        while end < at and text[end] not in _USER_STOPS and not text[end].isspace():
+            if text[end] == ":" and end > start:
+                return start
+            end += 1
+        start = end + 1  # past the bracket or parenthesis that ended this run
+    return None
 
 
 def redact_message(text: str) -> str:
@@ -747,11 +801,15 @@ def redact_message(text: str) -> str:
     text = _redact_params(text)
     if "@" not in text:
         return text
-    return _USERINFO_IN_TEXT.sub(_hide_userinfo, text)
+    shown: list[str] = []
+    position = 0
+    for start, end in _userinfo_spans(text):
+        shown += [text[position:start], _hide_userinfo(text[start:end])]
+        position = end
+    return "".join([*shown, text[position:]])
 
 
-def _hide_userinfo(found: re.Match[str]) -> str:
-    userinfo = found.group(0)
+def _hide_userinfo(userinfo: str) -> str:
     scheme = _SCHEME_PREFIX.match(userinfo)
     return f"{scheme.group(0) if scheme else ''}***@"
 
@@ -768,6 +826,7 @@ def redact_url(url: str) -> str:
 _SECRET_WORDS = frozenset({"token", "key", "secret", "password", "passwd", "apikey",
                            "credential", "credentials", "auth", "passphrase", "pat", "pwd", "jwt",
                            "cookie", "sessionid", "bearer", "signature"})  # fmt: skip
+_SECRET_ENDINGS = ("password", "passwd", "apikey", "passphrase")
 # "tokens" is mostly a count (--max-tokens, num_tokens): a secret only after one of these.
 _TOKEN_OWNERS = frozenset({"api", "auth", "access", "refresh", "bearer", "hub", "hf", "session"})
 
@@ -786,7 +845,13 @@ def _ends_secret(words: Sequence[str]) -> bool:
     last, before = words[-1], words[-2] if len(words) > 1 else ""
     if last == "token" and before in _TOKEN_KINDS:
         return False  # a tokenizer's special token (eos_token: "</s>"), not a credential
-    if last in _SECRET_WORDS or any(tuple(words[-len(t) :]) == t for t in _SECRET_TAILS):
+    if (
+        last in _SECRET_WORDS
+        or any(tuple(words[-len(t) :]) == t for t in _SECRET_TAILS)
+        # one word: PGPASSWORD, MYSQLPASSWD, OPENAIAPIKEY, HFTOKEN, APITOKEN
+        or last.endswith(_SECRET_ENDINGS)
+        or any(last == f"{owner}token" for owner in _TOKEN_OWNERS)
+    ):
         return True
     if last == "tokens":
         return before in _TOKEN_OWNERS
@@ -927,7 +992,10 @@ def _redact_words(argv: Sequence[str], secrets: Sequence[str], *, shell: bool = 
             shown.append(f"{name}={HIDDEN}")  # HF_TOKEN=V, as `env` and a shell take it
             continue
         text = _redact_shell_line(arg, secrets) if shell else _redact_params(arg)
-        shown.append(redact_text(text))
+        # A line's words were judged each as a value already: as a whole, only a URL's
+        # user:password@ (what comes before its last @ is no value: "--model org/repo@main").
+        line = any(char.isspace() for char in text)
+        shown.append(redact_message(text) if line else redact_text(text))
     return shown
 
 
