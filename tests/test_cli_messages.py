@@ -169,8 +169,11 @@ CASES = [
          (f"--hub-endpoint='http://hub': {NO_HUB_REPO}",)),
     Case("launch-env-timeout-without-env-server",
          ["launch", "--gpus", "1", "--env-timeout", "5", "--", "true"], {}, 2,
-         (("--env-timeout=5.0: not used without an env server: pass --env-url or set "
-           "VERIRL_ENV_SERVER_URL"),)),
+         (("--env-timeout=5: not used without an env server: pass --env-url or set "
+           "VERIRL_ENV_SERVER_URL"),)),  # as typed, not 5.0 (review round 48)
+    Case("launch-startup-timeout-colocate",
+         ["launch", "--gpus", "1", "--vllm-startup-timeout", "1e1", "--", "true"], {}, 2,
+         ("--vllm-startup-timeout=1e1: not used",), never=("10.0",)),
     Case("env-timeout-with-env-server-from-variable",
          ["launch", "--gpus", "1", "--env-timeout", "0.01", "--", "true"],
          {"VERIRL_ENV_SERVER_URL": "http://127.0.0.1:9"}, 3),
@@ -203,6 +206,13 @@ CASES = [
     Case("plan-vllm-gpus-take-all", ["plan", "--gpus", "2", "--vllm-gpus", "2"], {}, 2,
          ("--gpus=2: server mode needs more GPUs than the 2 given to vLLM",
           "use --mode colocate")),
+    # a vLLM count past every GPU there is: that count is the one named (review round 48)
+    Case("plan-vllm-gpus-past-all", ["plan", "--gpus", "4", "--vllm-gpus", "65536"], {}, 2,
+         ("--vllm-gpus=65536: is more than the 4 GPU(s) in all", "use --mode colocate"),
+         never=("--gpus=4",)),
+    Case("serve-vllm-gpus-past-all", ["serve", "--model", "m", "--gpus", "2"],
+         {"VERIRL_VLLM_GPUS": "3"}, 2,
+         ("VERIRL_VLLM_GPUS=3: is more than the 2 GPU(s) in all", "use --dedicated")),
     Case("launch-server-one-gpu", ["launch", "--gpus", "1", "--mode", "server", "--", "true"],
          {}, 2, ("--gpus=1: server mode needs more GPUs than the 1 given to vLLM",
                  "use --mode colocate")),

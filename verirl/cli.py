@@ -160,12 +160,23 @@ def _ascii_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid integer: {quoted(text)}") from None
 
 
+class _GivenSeconds(float):
+    """Seconds that an error message shows as the user wrote them (``5``, not ``5.0``)."""
+
+    text: str
+
+    def __repr__(self) -> str:
+        return self.text
+
+
 def _ascii_seconds(text: str, *, positive: bool = False) -> float:
     """Seconds as an ASCII decimal number, finite (no ``nan``/``inf``), see `MAX_SECONDS`."""
     try:
-        return parse_seconds("value", text, positive=positive)
+        seconds = _GivenSeconds(parse_seconds("value", text, positive=positive))
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(f"invalid seconds {quoted(text)}: {exc.reason}") from None
+    seconds.text = text.strip()
+    return seconds
 
 
 def _ascii_positive_seconds(text: str) -> float:
