@@ -609,7 +609,7 @@ def test_a_probe_never_logs_a_secret_variable_s_value_in_its_url(monkeypatch, ca
     "line",
     [
         "cd /data && python train.py --model org/repo@main --lr 1e-4",
-        "pip install ./pkg@1.2 && python x.py",
+        "pip install org/pkg/sub@v1.2 && python x.py",
     ],
 )
 def test_a_shell_line_with_a_path_at_a_revision_is_shown_whole(line):
@@ -641,3 +641,23 @@ def test_a_url_s_user_and_password_are_found_as_the_rule_finds_them(text):
     from verirl._secrets import _userinfo_spans
 
     assert list(_userinfo_spans(text)) == [m.span() for m in _USERINFO_RULE.finditer(text)]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        # a line shlex does not split (a no-break space): judged as one value
+        ["sh", "-c", f"git clone https://{LEAKY}@github.com/o/r\xa0&& make"],
+        # a token before a path at a revision, with no scheme, or after //
+        ["pip", "install", f"{LEAKY}@github.com/org/repo@v1"],
+        ["git", "clone", f"//{LEAKY}@github.com/o/r"],
+        ["x", f"./{LEAKY}@host", f"a/b@{LEAKY}@host"],
+        # calls spelled with spaces, over lines, or as __setitem__
+        [sys.executable, "-c", f"os.environ.get( 'HF_TOKEN' , '{LEAKY}')"],
+        [sys.executable, "-c", f"os.environ.setdefault(\n    'HF_TOKEN',\n    '{LEAKY}',\n)"],
+        [sys.executable, "-c", f"os.environ.__setitem__('HF_TOKEN', '{LEAKY}')"],
+    ],
+)
+def test_what_round_49_found_shown_stays_hidden(argv):
+    assert LEAKY not in shown_line(argv)
+    assert not any(LEAKY in word for word in redact_argv(argv))

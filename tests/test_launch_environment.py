@@ -115,14 +115,14 @@ def test_a_flag_wins_over_the_callers_variable_in_what_the_command_sees(tmp_path
     run = tmp_path / "run"
     result = subprocess.run(
         [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--max-model-len", "2048",
-         "--mode", "colocate", "--output-dir", str(run), "--shutdown-timeout", "7",
+         "--mode", "colocate", "--output-dir", str(run), "--shutdown-timeout", "+0.7e1",
          "--", sys.executable, str(script)],
         env={**os.environ, **caller}, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert json.loads(out.read_text()) == {
         "VERIRL_GPU_COUNT": "1", "VERIRL_MAX_MODEL_LEN": "2048", "VERIRL_VLLM_MODE": "colocate",
-        "VERIRL_OUTPUT_DIR": str(run), "VERIRL_SHUTDOWN_TIMEOUT": "7.0",
+        "VERIRL_OUTPUT_DIR": str(run), "VERIRL_SHUTDOWN_TIMEOUT": "7.0",  # a number, not +0.7e1
         "VERIRL_VLLM_STARTUP_TIMEOUT": None,  # colocate: no server, none of its settings
         "VERIRL_HUB_REVISION": "kept",
     }  # fmt: skip

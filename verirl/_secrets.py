@@ -452,21 +452,23 @@ def redact_text(value: str) -> str:
     find where a URL's authority ends (a password may hold ``/``, ``?``,
     ``#`` or ``:``, and a malformed value splits differently for every
     parser), so a value with an ``@`` in its path is redacted too:
-    over-redaction is accepted, a leak is not. Kept: a value with no scheme and
-    no ``:`` whose part before the ``@`` holds a ``/`` (``org/repo@main``), a
-    path at a revision. Use it on every user-given
-    string that may carry credentials before it goes into a message, a log
-    line or a repr.
+    over-redaction is accepted, a leak is not. Kept: a value that is a path at
+    a revision and nothing else (``org/repo@main``, ``org/repo/sub@v1.2``).
+    Use it on every user-given string that may carry credentials before it
+    goes into a message, a log line or a repr.
     """
     value = _redact_params(value)
     if "@" not in value:
         return value
     match = _SCHEME.match(value)
     prefix = match.group(0) if match else ""
-    before, _, after = value.rpartition("@")
-    if not prefix and ":" not in before and "/" in before:
-        return value  # a path at a revision (org/repo@main, ./pkg@1.2): no user, no password
-    return f"{prefix}***@{after}"
+    if _PATH_AT_REVISION.fullmatch(value):
+        return value  # org/repo@main: no user, no password
+    return f"{prefix}***@{value.rpartition('@')[2]}"
+
+
+_PATH_AT_REVISION = re.compile(r"[A-Za-z0-9_][\w.-]*(?:/[\w.-]+)+@[\w.+-]+")
+"""``org/repo@main``: a Hub repository or a path at a revision, one ``@``, no scheme, no user."""
 
 
 # A query or fragment parameter's name: it follows ?, &, ; or #. The value of a secret one runs
@@ -676,8 +678,8 @@ def _redact_params(value: str) -> str:
 # (print("token", "saved") is no such call); and csh's and fish's own assignments: setenv NAME
 # V, set -gx NAME V.
 _NAME_THEN_VALUE = re.compile(
-    r"(?:(?<=get\()|(?<=getenv\()|(?<=setdefault\()|(?<=putenv\()|(?<=pop\()|(?<=setenv\())"
-    r"""(?P<quote>\\*["'])(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P=quote)[ \t]*,[ \t]*"""
+    r"(?<![A-Za-z0-9_])(?:get|getenv|setdefault|putenv|pop|setenv|__setitem__)\s*\(\s*"
+    r"""(?P<quote>\\*["'])(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P=quote)\s*,\s*"""
     r"""(?=[rbfuRBFU]{0,2}\\*["'])"""
 )
 _SETENV = re.compile(
@@ -829,6 +831,7 @@ _SECRET_WORDS = frozenset({"token", "key", "secret", "password", "passwd", "apik
 _SECRET_ENDINGS = ("password", "passwd", "apikey", "passphrase")
 # "tokens" is mostly a count (--max-tokens, num_tokens): a secret only after one of these.
 _TOKEN_OWNERS = frozenset({"api", "auth", "access", "refresh", "bearer", "hub", "hf", "session"})
+_OWNER_TOKENS = frozenset(f"{owner}token" for owner in _TOKEN_OWNERS)  # one word: HFTOKEN
 
 
 def _ends_secret(words: Sequence[str]) -> bool:
@@ -850,7 +853,7 @@ def _ends_secret(words: Sequence[str]) -> bool:
         or any(tuple(words[-len(t) :]) == t for t in _SECRET_TAILS)
         # one word: PGPASSWORD, MYSQLPASSWD, OPENAIAPIKEY, HFTOKEN, APITOKEN
         or last.endswith(_SECRET_ENDINGS)
-        or any(last == f"{owner}token" for owner in _TOKEN_OWNERS)
+        or last in _OWNER_TOKENS
     ):
         return True
     if last == "tokens":
@@ -994,7 +997,7 @@ def _redact_words(argv: Sequence[str], secrets: Sequence[str], *, shell: bool = 
         text = _redact_shell_line(arg, secrets) if shell else _redact_params(arg)
         # A line's words were judged each as a value already: as a whole, only a URL's
         # user:password@ (what comes before its last @ is no value: "--model org/repo@main").
-        line = any(char.isspace() for char in text)
+        line = any(char in " \t\r\n" for char in text)  # where shlex splits, not \xa0
         shown.append(redact_message(text) if line else redact_text(text))
     return shown
 

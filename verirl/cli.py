@@ -168,6 +168,9 @@ class _GivenSeconds(float):
     def __repr__(self) -> str:
         return self.text
 
+    def __str__(self) -> str:  # a float's own: what launch exports (VERIRL_ENV_TIMEOUT=10.0)
+        return float.__repr__(self)
+
 
 def _ascii_seconds(text: str, *, positive: bool = False) -> float:
     """Seconds as an ASCII decimal number, finite (no ``nan``/``inf``), see `MAX_SECONDS`."""
