@@ -206,13 +206,6 @@ CASES = [
     Case("plan-vllm-gpus-take-all", ["plan", "--gpus", "2", "--vllm-gpus", "2"], {}, 2,
          ("--gpus=2: server mode needs more GPUs than the 2 given to vLLM",
           "use --mode colocate")),
-    # a vLLM count past every GPU there is: that count is the one named (review round 48)
-    Case("plan-vllm-gpus-past-all", ["plan", "--gpus", "4", "--vllm-gpus", "65536"], {}, 2,
-         ("--vllm-gpus=65536: is more than the 4 GPU(s) in all", "use --mode colocate"),
-         never=("--gpus=4",)),
-    Case("serve-vllm-gpus-past-all", ["serve", "--model", "m", "--gpus", "2"],
-         {"VERIRL_VLLM_GPUS": "3"}, 2,
-         ("VERIRL_VLLM_GPUS=3: is more than the 2 GPU(s) in all", "use --dedicated")),
     Case("launch-server-one-gpu", ["launch", "--gpus", "1", "--mode", "server", "--", "true"],
          {}, 2, ("--gpus=1: server mode needs more GPUs than the 1 given to vLLM",
                  "use --mode colocate")),

@@ -200,9 +200,8 @@ class _PlanInputs:
 def _none_left_to_train(wanted: _PlanInputs, tensor_parallel: int, vllm_gpus: int) -> ConfigError:
     """Server mode with every GPU for vLLM: the error names the setting that gave them.
 
-    The GPU count, beside a vLLM GPU count given as such (that count, when it
-    is more than the GPUs in all); the parallel size that made vLLM's count
-    when none was.
+    The GPU count, beside a vLLM GPU count given as such; the parallel size
+    that made vLLM's count when none was.
     """
     dp = wanted.data_parallel_size
     advice = "server mode trains on at least one; use mode='colocate' or fewer vLLM GPUs"
@@ -217,12 +216,6 @@ def _none_left_to_train(wanted: _PlanInputs, tensor_parallel: int, vllm_gpus: in
             value,
             f"gives vLLM {vllm_gpus} GPUs (tensor-parallel {tensor_parallel} x data-parallel "
             f"{dp}), leaving none of the {wanted.gpu_count} to train, and {advice}",
-        )
-    if wanted.vllm_gpus is not None and wanted.vllm_gpus > wanted.gpu_count:
-        return ConfigError.invalid(  # the vLLM count is the one past any GPU there is
-            "vllm_gpus",
-            wanted.vllm_gpus,
-            f"is more than the {wanted.gpu_count} GPU(s) in all; {advice}",
         )
     return ConfigError.invalid(
         "gpu_count",
