@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -1891,16 +1891,17 @@ def _full_pipe(*, blocking: bool) -> tuple[int, int, int]:
     return read_end, write_end, filled
 
 
-def _wait_in_kernel(proc: subprocess.Popen[bytes], word: str) -> None:
-    """Until ``proc`` sleeps in a kernel function whose name holds ``word`` (poll: for room)
-    with no child left: launch also polls while its command runs (for the command's exec report
-    and its exit), and a signal there interrupts the command, not the document."""
+def _wait_in_kernel(
+    proc: subprocess.Popen[bytes], word: str, past: Callable[[], bool] = lambda: True
+) -> None:
+    """Until ``proc`` sleeps in a kernel function whose name holds ``word`` (poll: for room),
+    once ``past()`` says it is past what else it polls for: launch also polls while its command
+    runs (its exec report, its exit) and as it ends, and a signal there is the run's, not the
+    document's."""
     deadline = time.monotonic() + 60
     while True:
         with contextlib.suppress(OSError, psutil.Error):
-            if word in Path(f"/proc/{proc.pid}/wchan").read_text() and not (
-                psutil.Process(proc.pid).children()
-            ):
+            if past() and word in Path(f"/proc/{proc.pid}/wchan").read_text():
                 return
         assert proc.poll() is None, proc.returncode
         assert time.monotonic() < deadline, f"never waited in {word}"
@@ -1922,14 +1923,18 @@ def _document_behind_a_full_pipe(
     """``verirl --json ARGV`` writing to a full pipe whose reader drains once verirl waits for
     room (after ``sig``, when given): its exit code and the document it wrote."""
     read_end, write_end, filled = _full_pipe(blocking=blocking)
+    log = tmp_path / "stderr"
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "verirl", "--json", *argv], stdout=write_end,
-            stderr=subprocess.DEVNULL, env=clean_environ(tmp_path),
-        )  # fmt: skip
+        with log.open("wb") as sink:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "verirl", "--json", *argv], stdout=write_end,
+                stderr=sink, env=clean_environ(tmp_path),
+            )  # fmt: skip
         os.close(write_end)
         write_end = -1
-        _wait_in_kernel(proc, "poll")
+        # launch's last line before its document: its command is done and torn down
+        done = "everything torn down" if argv[0] == "launch" and "--help" not in argv else ""
+        _wait_in_kernel(proc, "poll", lambda: done.encode() in log.read_bytes())
         if sig is not None:
             proc.send_signal(sig)
         document = json.loads(_drain(read_end, proc)[filled:])
