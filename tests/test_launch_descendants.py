@@ -143,7 +143,7 @@ mode, armed, recorder = sys.argv[1], sys.argv[2], sys.argv[3:]
 def start():
     group_of_its_own = "import os, sys; os.setpgid(0, 0); os.execv(sys.argv[1], sys.argv[1:])"
     subprocess.Popen([sys.executable, "-c", group_of_its_own, sys.executable, *recorder], env={})
-    ready, deadline = recorder[-1], time.monotonic() + 60
+    ready, deadline = recorder[-1], time.monotonic() + 600  # launch's grace ends it sooner
     while not os.path.exists(ready) and time.monotonic() < deadline:
         threading.Event().wait(0.01)
 
@@ -178,6 +178,7 @@ class Scene:
                            ("zl_recorder", ZL_RECORDER)):  # fmt: skip
             (tmp_path / f"{name}.py").write_text(textwrap.dedent(text))
         self.tmp_path = tmp_path
+        self.grace = grace
         self.record = tmp_path / "signals"
         self.ready = tmp_path / "ready"
         self.armed = tmp_path / "armed"
@@ -257,7 +258,7 @@ class Scene:
         """Send ``sig`` to launch once the middle process is set up; launch's exit code."""
         self.wait_for(self.armed.exists, "the middle process")
         self.proc.send_signal(sig)
-        return self.proc.wait(timeout=DEADLINE * 3)
+        return self.proc.wait(timeout=self.grace + DEADLINE * 3)
 
     def wait_for_recorder(self) -> tuple[int, int]:
         """The recorder's session and group, once it has its handlers."""
@@ -392,8 +393,13 @@ it (its child is adopted by launch then), or starts its child only then and exit
 
 
 def _grace(middle: str) -> float:
-    """Short where the middle outlives it anyway; long where nothing should."""
-    return 4 if middle == "ignore" else 20
+    """Short where the middle outlives it anyway; long where nothing should.
+
+    Longer than every wait of the test: the "spawn" recorder starts only after the signal (two
+    Python start-ups), and a 20 s grace made a stalled machine read as "the recorder never ran"
+    (seen once in CI); now a stall only makes the test slower.
+    """
+    return 4 if middle == "ignore" else DEADLINE * 4
 
 
 @pytest.mark.parametrize("middle", MIDDLES)
@@ -401,7 +407,7 @@ def test_a_child_in_its_own_group_without_environment_under_a_leftover_gets_sigt
     scenes: Callable[..., Scene], middle: str
 ) -> None:
     scene = scenes(f"{middle}-middle-exits", _grace(middle))
-    code = scene.proc.wait(timeout=DEADLINE * 3)
+    code = scene.proc.wait(timeout=scene.grace + DEADLINE * 3)
     assert code == 0, scene.stderr  # the command's own code
     assert scene.ready.exists(), scene.stderr  # the recorder ran
     assert not scene.survivors(timeout=1), scene.stderr
