@@ -24,6 +24,7 @@ from fakes.vllm import FakeVLLMServer
 from verirl import VLLMTopology, _procfs, find_free_port
 from verirl._net import port_is_free
 from verirl.runtime import ServerHandle
+from verirl.topology import TRL_GROUP_PORT
 from verirl.vllm_server import MARKER_VAR
 
 SESSION_VAR = "PYTEST_VERIRL_SESSION"
@@ -191,6 +192,21 @@ def unshared_port(host: str = "127.0.0.1") -> int:
         if port_is_free(port, host=host):
             return port
     return find_free_port(host=host)
+
+
+def master_port_beside(topology: VLLMTopology) -> int:
+    """A free ``MASTER_PORT`` that is none of the ports ``topology``'s server listens on.
+
+    Two ports picked each on its own may be the same (the kernel hands a port freed by the
+    first pick out again), or the pick may be TRL's fixed group port, which lies in the
+    ephemeral range: the runtime then rightly refuses MASTER_PORT (seen in CI).
+    """
+    return master_port_avoiding(topology.port)
+
+
+def master_port_avoiding(*ports: int) -> int:
+    """A free ``MASTER_PORT``, none of ``ports`` (a server's) nor TRL's group port."""
+    return find_free_port(avoid={*ports, TRL_GROUP_PORT})
 
 
 class Recorder:

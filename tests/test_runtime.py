@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from _support import Recorder
+from _support import Recorder, master_port_beside
 from fakes import FakeCheckpointSource, FakeEnvServer, FakeEnvServerProbe
 from verirl import (
     CheckpointNotFoundError,
@@ -35,10 +35,11 @@ def runtime(
 ) -> TrainingRuntime:
     env = {} if environ is None else environ
     kwargs.setdefault("server_factory", Recorder())
+    topology = topology or VLLMTopology.plan(gpus, max_model_len=4096, port=find_free_port())
     return TrainingRuntime(
-        topology or VLLMTopology.plan(gpus, max_model_len=4096, port=find_free_port()),
+        topology,
         environ=env,
-        dist_env=DistributedEnv.single_node(environ=env, master_port=find_free_port()),
+        dist_env=DistributedEnv.single_node(environ=env, master_port=master_port_beside(topology)),
         **kwargs,
     )
 

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from _support import Recorder
+from _support import Recorder, master_port_beside
 from fakes import FakeEnvServerProbe
 from verirl import (
     DistributedEnv,
@@ -24,10 +24,11 @@ from verirl._signals import SIGTERM_POLICY, exit_on_sigterm
 def runtime(**kwargs) -> TrainingRuntime:
     env: dict[str, str] = {}
     kwargs.setdefault("server_factory", Recorder())
+    topology = VLLMTopology.plan(2, max_model_len=64, port=find_free_port())
     return TrainingRuntime(
-        VLLMTopology.plan(2, max_model_len=64, port=find_free_port()),
+        topology,
         environ=env,
-        dist_env=DistributedEnv.single_node(environ=env, master_port=find_free_port()),
+        dist_env=DistributedEnv.single_node(environ=env, master_port=master_port_beside(topology)),
         **kwargs,
     )
 

@@ -28,6 +28,8 @@ from _support import (
     codes_of,
     interrupted_at_point,
     kill_all,
+    master_port_avoiding,
+    master_port_beside,
     nothing_listens,
     still_alive,
     unshared_port,
@@ -49,7 +51,7 @@ def _runtime(tmp_path: Path, **kwargs: object) -> TrainingRuntime:
     return TrainingRuntime(
         topology,
         environ=env,
-        dist_env=DistributedEnv.single_node(environ=env, master_port=find_free_port()),
+        dist_env=DistributedEnv.single_node(environ=env, master_port=master_port_beside(topology)),
         server_factory=lambda t: VLLMServer.from_topology(
             t, model="m", command=FAKE, log_path=tmp_path, shutdown_timeout=5.0
         ),
@@ -304,7 +306,8 @@ def test_a_second_stop_from_another_thread_waits_for_the_teardown_and_keeps_the_
     """
     script = tmp_path / "two_stops.py"
     script.write_text(_TWO_STOPS)
-    args = [str(unshared_port()), str(find_free_port()), str(tmp_path), "3.0"]
+    vllm_port = unshared_port()
+    args = [str(vllm_port), str(master_port_avoiding(vllm_port)), str(tmp_path), "3.0"]
     done = subprocess.run(
         [sys.executable, str(script), *args],
         capture_output=True, text=True, timeout=60, check=False,
@@ -355,7 +358,8 @@ def test_a_ctrl_c_while_another_thread_stops_the_runtime_cuts_the_server_s_grace
     waited out the server's whole grace (600 s here) instead of skipping it."""
     script = tmp_path / "ctrl_c.py"
     script.write_text(_CTRL_C_WHILE_ANOTHER_THREAD_STOPS)
-    args = [str(unshared_port()), str(find_free_port()), str(tmp_path), "600"]
+    vllm_port = unshared_port()
+    args = [str(vllm_port), str(master_port_avoiding(vllm_port)), str(tmp_path), "600"]
     proc = subprocess.Popen(
         [sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, cwd=Path(__file__).resolve().parent.parent, start_new_session=True,
@@ -379,10 +383,11 @@ def test_a_ctrl_c_while_another_thread_stops_the_runtime_cuts_the_server_s_grace
 
 def _bare_runtime(factory: Callable[[VLLMTopology], Any]) -> TrainingRuntime:
     env: dict[str, str] = {}
+    topology = VLLMTopology.plan(2, max_model_len=64, port=find_free_port())
     return TrainingRuntime(
-        VLLMTopology.plan(2, max_model_len=64, port=find_free_port()),
+        topology,
         environ=env,
-        dist_env=DistributedEnv.single_node(environ=env, master_port=find_free_port()),
+        dist_env=DistributedEnv.single_node(environ=env, master_port=master_port_beside(topology)),
         server_factory=factory,
     )
 

@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import psutil
 import pytest
 
-from _support import unshared_port
+from _support import master_port_beside, unshared_port
 from verirl import (
     DistributedEnv,
     TrainingRuntime,
@@ -29,7 +29,6 @@ from verirl import (
     VLLMServerExited,
     VLLMServerUnresponsive,
     VLLMTopology,
-    find_free_port,
 )
 from verirl._signals import SIGTERM_POLICY, exit_on_sigterm
 from verirl._stop import STOP_REQUESTS
@@ -45,7 +44,7 @@ def fake_server_runtime(tmp_path, **kwargs) -> TrainingRuntime:
     return TrainingRuntime(
         topology,
         environ=env,
-        dist_env=DistributedEnv.single_node(environ=env, master_port=find_free_port()),
+        dist_env=DistributedEnv.single_node(environ=env, master_port=master_port_beside(topology)),
         server_factory=lambda t: VLLMServer.from_topology(
             t, model="m", command=FAKE, log_path=tmp_path
         ),
@@ -278,7 +277,7 @@ def test_a_remote_server_that_stops_answering_unwinds_another_rank(
     rt = TrainingRuntime(
         topology,
         environ=env,
-        dist_env=DistributedEnv.single_node(environ=env, master_port=find_free_port()),
+        dist_env=DistributedEnv.single_node(environ=env, master_port=master_port_beside(topology)),
         vllm_unresponsive_timeout=1.0,
     )
     failing_since: list[float] = []
