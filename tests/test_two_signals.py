@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from _support import clean_environ, nothing_listens, unshared_port
+from _support import clean_environ, master_port_avoiding, nothing_listens, unshared_port
 
 FAKE_VLLM = [sys.executable, "-m", "fakes.vllm_serve"]
 BAD_OUTPUT = ("Traceback", "RuntimeError", "Exception ignored")
@@ -127,7 +127,8 @@ def test_a_with_block_left_on_two_signals_at_once_has_stopped_its_server(
     """A program that catches the signal's exception goes on: never with a live server."""
     script = tmp_path / "program.py"
     script.write_text(textwrap.dedent(PROGRAM))
-    port, master = unshared_port(), unshared_port()
+    port = unshared_port()
+    master = master_port_avoiding(port)  # never the server's port: two picks can meet
     (tmp_path / "logs").mkdir()
     argv = [sys.executable, str(script), str(port), str(master), str(tmp_path / "logs"),
             holder, body, *(str(int(sig)) for sig in pair)]  # fmt: skip

@@ -523,13 +523,9 @@ def _hide_after(
     position = 0
     for found in names.finditer(text):
         name = found["name"] if "name" in names.groupindex else found[found.lastindex or 0]
-        # os.environ["HF_TOKEN"] = V: a quoted subscript names the secret as well as the name
-        subscripts = (
-            _QUOTED_SUBSCRIPT.findall(found["index"] or "") if "index" in names.groupindex else []
-        )
         if found.start() < position or _hidden_at(text, found.end()):
             continue
-        if not secret(name) and not any(secret(key) for _, key in subscripts):
+        if not secret(name) and not _secret_subscript(names, found, secret):
             continue
         value = span(text, found)
         if value is None or value[0] == value[1] or text[value[0] : value[1]] == HIDDEN:
@@ -537,6 +533,16 @@ def _hide_after(
         shown += [text[position : value[0]], HIDDEN]
         position = value[1]
     return "".join([*shown, text[position:]])
+
+
+def _secret_subscript(
+    names: re.Pattern[str], found: re.Match[str], secret: Callable[[str], bool]
+) -> bool:
+    """Whether a quoted subscript after the name names a secret (``os.environ["HF_TOKEN"]``)."""
+    index: str | None = found["index"] if "index" in names.groupindex else None
+    if not index:
+        return False
+    return any(secret(key) for _, key in _QUOTED_SUBSCRIPT.findall(index))
 
 
 _QUOTED_SUBSCRIPT = re.compile(r"""\[[ \t]*(\\*["'])(.*?)\1[ \t]*\]""")
@@ -594,13 +600,9 @@ def _structured_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
     """
     key_quote, separator, spaced = found.group(1), found.group(5), found.group(6)
     start = _past_string_prefix(text, found.end())
-    quote = _OPEN_QUOTE.match(text, start)
-    if quote is not None:
-        mark = quote.group(0)
-        if len(mark) == 1:
-            return start + 1, _match_end(_QUOTED[mark], text, start + 1)
-        end = text.find(mark, quote.end())  # \"…\": the same escaped quote ends it
-        return quote.end(), len(text) if end < 0 else end
+    quoted = _quoted_span(text, start)
+    if quoted is not None:
+        return quoted
     if text.startswith(("{", "["), start):
         return start, _bracket_end(text, start)
     if key_quote:
@@ -617,6 +619,18 @@ def _structured_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
 
 
 _STRING_PREFIX = re.compile(r"[rbfuRBFU]{1,2}(?=\\*[\"'])")
+
+
+def _quoted_span(text: str, start: int) -> tuple[int, int] | None:
+    """The inside of a quoted string opening at ``start`` (its quotes stay), else None."""
+    quote = _OPEN_QUOTE.match(text, start)
+    if quote is None:
+        return None
+    mark = quote.group(0)
+    if len(mark) == 1:
+        return start + 1, _match_end(_QUOTED[mark], text, start + 1)
+    end = text.find(mark, quote.end())  # \"…\": the same escaped quote ends it
+    return quote.end(), len(text) if end < 0 else end
 
 
 def _past_string_prefix(text: str, start: int) -> int:
@@ -690,15 +704,8 @@ _SETENV = re.compile(
 
 def _quoted_or_bare_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
     """A quoted value's inside (its quotes stay), else a bare one (`_BARE_VALUE`'s)."""
-    start = _past_string_prefix(text, found.end())
-    quote = _OPEN_QUOTE.match(text, start)
-    if quote is None:
-        return _regex_span(_BARE_VALUE, 2)(text, found)
-    mark = quote.group(0)
-    if len(mark) == 1:
-        return start + 1, _match_end(_QUOTED[mark], text, start + 1)
-    end = text.find(mark, quote.end())  # \"…\": the same escaped quote ends it
-    return quote.end(), len(text) if end < 0 else end
+    quoted = _quoted_span(text, _past_string_prefix(text, found.end()))
+    return quoted if quoted is not None else _regex_span(_BARE_VALUE, 2)(text, found)
 
 
 _HUB_TOKEN = re.compile(
