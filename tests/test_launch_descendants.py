@@ -25,6 +25,7 @@ to a file.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -441,3 +442,59 @@ def test_a_signal_reaches_an_unmarked_child_under_a_nested_launch_exactly_once(
     assert not scene.survivors(timeout=1), scene.stderr
     # from the inner launch alone, which finds it below its command's job
     assert scene.signals() == [sig.name], scene.stderr
+
+
+# Run as pid 1 of a pid namespace of its own, where the test chooses the next pid: the
+# command ends and is reaped, and a stranger's process group then gets the command's pid.
+REUSED_GROUP_ID = """
+import os, signal, subprocess, sys, time
+import psutil
+from verirl import _supervise
+
+since = time.time() - 1
+command_process = subprocess.Popen(
+    [sys.executable, "-c", "import sys; sys.stdin.read()"],
+    stdin=subprocess.PIPE, start_new_session=True,
+)
+command = _supervise._Command(command_process, "no-marker", since)
+command.collect()
+command_process.stdin.close()
+command_process.wait(timeout=30)
+with open("/proc/sys/kernel/ns_last_pid", "w") as last:
+    last.write(str(command_process.pid - 1))
+stranger = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE,
+                            start_new_session=True)
+member = int(stranger.stdout.readline())
+assert stranger.pid == command_process.pid, (stranger.pid, command_process.pid)
+assert os.getpgid(member) == command_process.pid
+command.others[stranger.pid] = psutil.Process(stranger.pid).create_time()
+found = [process.pid for process in command.collect()]
+command.kill()
+try:
+    alive = psutil.Process(member).status() != psutil.STATUS_ZOMBIE
+except psutil.NoSuchProcess:  # killed, and reaped by its shell
+    alive = False
+print(member in found, alive, flush=True)
+"""
+
+
+UNSHARE = shutil.which("unshare") or "unshare"
+
+
+def test_a_group_id_reused_after_the_command_is_reaped_is_not_the_command_s(
+    tmp_path: Path,
+) -> None:
+    """Once the command is reaped and its group empty, the kernel may give its pid to a new
+    process, leader of a group of its own: launch neither finds nor kills that group's members
+    (it SIGKILLed the group by id). A pid namespace of the test's own lets it choose the pid."""
+    program = tmp_path / "reuse.py"
+    program.write_text(REUSED_GROUP_ID)
+    result = subprocess.run(
+        [UNSHARE, "--pid", "--fork", "--mount-proc", sys.executable, str(program)],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "True"]  # not found, still running

@@ -502,10 +502,20 @@ class _Command:
             psutil.wait_procs(adopted, timeout=_REAP_WAIT)
 
     def in_group(self, process: psutil.Process) -> bool:
+        """Whether ``process`` is in the command's process group.
+
+        The group's id is the command's pid, which the kernel may give to a
+        new process once the command is reaped and its group has emptied:
+        from then on only a process already found as the command's counts
+        (what it forks later is found as its descendant, or as an orphan
+        launch adopted).
+        """
         try:
-            return os.getpgid(process.pid) == self.child.pid
+            if os.getpgid(process.pid) != self.child.pid:
+                return False
         except OSError:
             return False
+        return self.child.returncode is None or self.seen.get(process.pid) == process
 
     def forward_queued(self) -> None:
         """Each signal of `TERMINATING` that arrived since (`_Forwarding`) passed on once.
@@ -667,11 +677,12 @@ class _Command:
         acts on the signal only once it runs: else it would save nothing and
         sit out the grace until SIGKILL. A vLLM server's teardown does the same.
         """
-        if self.child.returncode is None and hasattr(os, "killpg"):
+        grouped = self.child.returncode is None and hasattr(os, "killpg")
+        if grouped:
             with contextlib.suppress(OSError):
                 os.killpg(self.child.pid, signal.SIGCONT)
         for process in processes:
-            if not self.in_group(process):
+            if not (grouped and self.in_group(process)):
                 with contextlib.suppress(psutil.Error):
                     process.send_signal(signal.SIGCONT)
 
@@ -804,10 +815,10 @@ class _Command:
         gone, so after each round launch waits for what it killed to die (at
         most `_KILL_WAIT` s in all), looks again, and kills what is new.
         """
-        with contextlib.suppress(OSError):
-            os.killpg(self.child.pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            if self.child.returncode is None:
+        if self.child.returncode is None:  # once reaped, its group's id may name another group
+            with contextlib.suppress(OSError):
+                os.killpg(self.child.pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
                 self.child.kill()
         deadline = time.monotonic() + _KILL_WAIT
         killed: set[psutil.Process] = set()
