@@ -104,8 +104,8 @@ CASES = [
          (f"--vllm-command={NOWHERE!r}: cannot be started",)),
     # 4. resume: a path that does not exist, 'latest' with no source
     Case("resume-none", ["resume", "--resume", "none"], {}, 5,
-         (("no checkpoint for 'none': it is not 'latest', 'last-checkpoint', 'auto' or empty, so "
-          "it is a path, and {tmp}/none does not exist; searched: none"),),
+         (("no checkpoint for --resume='none': it is not 'latest', 'last-checkpoint', 'auto' or "
+          "empty, so it is a path, and {tmp}/none does not exist; searched: none"),),
          never=("complete checkpoint",)),
     Case("resume-missing-path", ["resume", "--resume", "/nonexistent/verirl-ckpt"], {}, 5,
          (("so it is a path, and /nonexistent/verirl-ckpt does not exist; "
@@ -114,12 +114,13 @@ CASES = [
          ("so it is a path, and {tmp}/file is not a directory",)),
     Case("resume-missing-path-from-variable", ["resume"],
          {"VERIRL_RESUME_FROM_CHECKPOINT": "/nonexistent/verirl-ckpt"}, 5,
-         ("/nonexistent/verirl-ckpt does not exist",)),
+         ("no checkpoint for VERIRL_RESUME_FROM_CHECKPOINT='/nonexistent/verirl-ckpt'",
+          "/nonexistent/verirl-ckpt does not exist")),
     Case("resume-latest-no-source", ["resume", "--resume", "latest"], {}, 5,
-         (("no complete checkpoint for 'latest'; searched: no sources configured; "
+         (("no complete checkpoint for --resume='latest'; searched: no sources configured; "
           f"configure one with {CONFIGURE_A_SOURCE}"),)),
     Case("resume-latest-empty-source", ["resume", "--resume", "latest", "--output-dir", "{tmp}"],
-         {}, 5, ("no complete checkpoint for 'latest'; searched: local:{tmp}",),
+         {}, 5, ("no complete checkpoint for --resume='latest'; searched: local:{tmp}",),
          never=("configure one",)),
     Case("launch-latest-no-source", ["launch", "--gpus", "1", "--resume", "latest", "--", "true"],
          {}, 5, (f"searched: no sources configured; configure one with {CONFIGURE_A_SOURCE}",)),
@@ -290,6 +291,37 @@ def test_verbosity_before_and_after_the_command_adds_up(options, debug, tmp_path
 def test_quiet_before_or_after_the_command(options, info, capsys, clean_env):
     assert run_cli([*options, "--resume", ""]) == 0
     assert ("starting fresh" in capsys.readouterr().err) is info  # an INFO line
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "port"),
+    [
+        (["plan", "--gpus", "2", "--vllm-port", "9000", "--vllm-port=9001"], "--vllm-port", 9001),
+        (["plan", "--gpus", "2", "--vllm-p", "9000", "--vllm-port", "9001"], "--vllm-port", 9001),
+        (["plan", "--gpus", "3", "--gpus=2", "--vllm-port", "9002"], "--gpus", 9002),
+    ],
+)
+def test_a_flag_given_twice_keeps_the_last_and_says_so(argv, flag, port, capsys, clean_env):
+    """argparse's rule (the last one counts: a wrapper's defaults, then the user's) stays; a
+    WARNING names the flag, once, in its long form, and stdout stays the one JSON document."""
+    assert run_cli(["--json", *argv]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["grpo_kwargs"]["vllm_server_port"] == port
+    warnings = [line for line in err.splitlines() if " WARNING " in line]
+    assert len(warnings) == 1, err
+    assert f"{flag} was given more than once" in warnings[0], err
+
+
+def test_a_repeated_vllm_args_warning_names_the_flag_never_its_values(capsys, clean_env):
+    """The values of a repeated flag may be secrets (``--api-key=…``): never shown."""
+    code = run_cli(["serve", "--gpus", "2", "--model", "m", "--vllm-command", "/no/such/vllm",
+                    "--vllm-args=--api-key=SECRETONE",
+                    "--vllm-args=--api-key=SECRETTWO"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 4, err  # the program is not there: nothing is started
+    assert "--vllm-args was given more than once" in err, err
+    assert "one --vllm-args=" in err, err
+    assert "SECRETONE" not in err, err
 
 
 @pytest.mark.parametrize("options", [["--json", "plan"], ["plan", "--json"]])

@@ -118,7 +118,7 @@ def test_latest_in_an_empty_output_dir_is_exit_5(capfd, colocate, monkeypatch, t
     monkeypatch.setenv("VERIRL_OUTPUT_DIR", str(out))
     monkeypatch.setenv(RESUME, request_)
     message = assert_doctor_says_what_launch_says(capfd, EXIT_CHECKPOINT)
-    assert message == f"no complete checkpoint for {request_!r}; searched: local:{out}"
+    assert message == f"no complete checkpoint for {RESUME}={request_!r}; searched: local:{out}"
 
 
 def test_latest_in_a_missing_output_dir_is_exit_5_and_creates_nothing(
@@ -199,7 +199,7 @@ def test_with_a_local_server_too(capfd, clean_env, monkeypatch, tmp_path):
     monkeypatch.setenv("VERIRL_OUTPUT_DIR", str(out))
     monkeypatch.setenv(RESUME, "latest")
     message = assert_doctor_says_what_launch_says(capfd, EXIT_CHECKPOINT)
-    assert message == f"no complete checkpoint for 'latest'; searched: local:{out}"
+    assert message == f"no complete checkpoint for {RESUME}='latest'; searched: local:{out}"
 
 
 def test_a_hub_source_is_not_asked(capfd, colocate, monkeypatch, tmp_path):

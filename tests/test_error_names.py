@@ -328,3 +328,29 @@ def test_a_link_to_nothing_in_the_hub_download_folder_s_place_is_a_config_error(
     assert "symlink to nothing" in message, err
     assert "under --output-dir=" in message, err
     assert not (tmp_path / "gone").exists()
+
+
+@pytest.mark.parametrize("command", ["resume", "launch"])
+@pytest.mark.parametrize("request_", ["latest", "/no/such/checkpoint"])
+@pytest.mark.parametrize("given", ["flag", "variable", "both"])
+def test_a_checkpoint_not_found_names_the_flag_or_variable_that_asked_for_it(  # noqa: PLR0917
+    clean, capsys, tmp_path, command, request_, given
+):
+    """``--resume`` wins over its variable; the message names the one that was used (exit 5)."""
+    argv = [command, "--output-dir", str(tmp_path)]
+    if command == "launch":
+        argv += ["--gpus", "1"]
+    if given in {"flag", "both"}:
+        argv += ["--resume", request_]
+    if given in {"variable", "both"}:
+        variable = "/the/variable/s" if given == "both" else request_
+        clean.setenv("VERIRL_RESUME_FROM_CHECKPOINT", variable)
+    if command == "launch":
+        argv += ["--", "true"]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 5, err
+    message = re.sub(r"^.*? ERROR verirl: ", "", err.strip().splitlines()[-1])
+    name = "VERIRL_RESUME_FROM_CHECKPOINT" if given == "variable" else "--resume"
+    assert f"checkpoint for {name}='{request_}'" in message, message
+    assert "/the/variable/s" not in message, message

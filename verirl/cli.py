@@ -1064,13 +1064,47 @@ _PARSE_OUTPUT: contextvars.ContextVar[list[tuple[str, str]] | None] = contextvar
 _EXPECTED_ONE = re.compile(r"argument (-\S+?)(?:/\S+)?: expected one argument")
 
 
+class _Store(argparse._StoreAction):  # noqa: SLF001 - argparse's own "store", with a record
+    """argparse's ``store`` that notes a flag given again (`_REPEATED`): the last one counts."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        given: dict[str, str] = namespace.__dict__.setdefault(_GIVEN, {})
+        if self.dest in given and option_string is not None:
+            repeated: list[str] = namespace.__dict__.setdefault(_REPEATED, [])
+            name = self.option_strings[-1]
+            if name not in repeated:
+                repeated.append(name)
+        given[self.dest] = option_string or self.dest
+        super().__call__(parser, namespace, values, option_string)
+
+
+_GIVEN = "given_flags"
+"""The namespace's record of the flags that stored a value: dest → the flag as typed."""
+
+_REPEATED = "repeated_flags"
+"""The namespace's list of the flags given more than once (each by its long name)."""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line usage error (exit 2): ``verirl plan: error: argument --gpus: …``.
 
     What it prints goes through the command line's channels (a closed or
     abandoned stdout/stderr fails nothing), or to `main`, which turns it into
-    the one JSON document with ``--json``.
+    the one JSON document with ``--json``. A flag given twice keeps argparse's
+    rule (the last one counts: a wrapper's defaults, then the user's), but is
+    noted for a warning (`_warn_repeated`).
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401 - argparse's own
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _Store)  # argument groups share this registry
+        self.register("action", "store", _Store)
 
     def error(self, message: str) -> NoReturn:
         # It quotes what was typed: --api-key=V, a URL's password, a name that is not UTF-8.
@@ -1383,9 +1417,23 @@ def _message(args: argparse.Namespace, exc: VeriRLError) -> str:
         message = source + message.removeprefix("command")  # the program could not be run
     if isinstance(exc, PortInUseError) and message.startswith(f"port={exc.port}"):
         message = _port_source(args, exc.port) + message.removeprefix(f"port={exc.port}")
-    if isinstance(exc, CheckpointNotFoundError) and not exc.searched:
-        message += f"; configure one with {_CONFIGURE_A_SOURCE}, or resume from a path"
+    if isinstance(exc, CheckpointNotFoundError):
+        asked = f"checkpoint for {quoted(exc.request)}"
+        source = _resume_source(args)
+        if source is not None and asked in message:
+            message = message.replace(asked, f"checkpoint for {source}={quoted(exc.request)}", 1)
+        if not exc.searched:
+            message += f"; configure one with {_CONFIGURE_A_SOURCE}, or resume from a path"
     return message
+
+
+def _resume_source(args: argparse.Namespace) -> str | None:
+    """Where the checkpoint asked for came from: ``--resume``, else its variable, else None."""
+    if getattr(args, "resume", None) is not None:
+        return "--resume"
+    if RESUME_ENV_VAR in os.environ:
+        return RESUME_ENV_VAR
+    return None
 
 
 def _port_source(args: argparse.Namespace, port: int) -> str:
@@ -1632,6 +1680,13 @@ def _subcommand_parser(
     return parser
 
 
+def _warn_repeated(args: argparse.Namespace) -> None:
+    """A WARNING for each flag given more than once (never its values: one may be a secret)."""
+    for flag in getattr(args, _REPEATED, ()):
+        hint = " (put every vLLM flag in one --vllm-args='...')" if flag == "--vllm-args" else ""
+        log.warning("%s was given more than once: only the last one counts%s", flag, hint)
+
+
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """``parser.parse_args(argv)``; help, version and usage errors printed, then `SystemExit`.
 
@@ -1793,6 +1848,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     decide_json(args.json)
     args.json_emitted = False
     restore_logging = _configure_logging(args.verbose - args.quiet)
+    _warn_repeated(args)
     in_user_words = _InUserWords(args)
     logging.getLogger("verirl.topology").addFilter(in_user_words)
     message = ""
