@@ -623,6 +623,8 @@ def test_a_shell_line_with_a_path_at_a_revision_is_shown_whole(line):
         ("git clone https://u:pw@h/x && ls", "git clone https://***@h/x && ls"),
         ("x=(u:pw@h) y", "x=(***@h) y"),
         ("see //:pw@h and mailto:user:pw@host", "see //***@h and mailto:***@host"),
+        ("git clone https://ghp_abc@github.com/o/r", "git clone https://***@github.com/o/r"),
+        ("push to //tok(en)@h then to org/repo@main", "push to //***@h then to org/repo@main"),
     ],
 )
 def test_a_url_password_in_a_message_is_hidden_wherever_it_stands(line, shown):
@@ -631,7 +633,8 @@ def test_a_url_password_in_a_message_is_hidden_wherever_it_stands(line, shown):
 
 # The rule as one regular expression (quadratic on long text: a reference for short text only).
 _USERINFO_RULE = re.compile(
-    r"(?:(?<![^\s/@'\"<>()\[\]])[^\s/@'\"<>()\[\]]+|(?<=//)):[^\s/@'\"<>]*@"  # "//:pw@" too
+    r"(?:(?:(?<![^\s/@'\"<>()\[\]])[^\s/@'\"<>()\[\]]+|(?<=//)):[^\s/@'\"<>]*"  # "//:pw@" too
+    r"|(?<=//)[^\s/@'\"<>]+)@"  # and "//user@": the user alone may be the token
 )
 
 
@@ -661,3 +664,44 @@ def test_a_url_s_user_and_password_are_found_as_the_rule_finds_them(text):
 def test_what_round_49_found_shown_stays_hidden(argv):
     assert LEAKY not in shown_line(argv)
     assert not any(LEAKY in word for word in redact_argv(argv))
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (["curl", "-u", f"me:{LEAKY}", "https://h"], ["curl", "-u", f"me:{HIDDEN}", "https://h"]),
+        (["curl", f"-ume:{LEAKY}"], ["curl", f"-ume:{HIDDEN}"]),
+        (["curl", f"--user=me:{LEAKY}"], ["curl", f"--user=me:{HIDDEN}"]),
+        (["curl", "--proxy-user", f"me:{LEAKY}"], ["curl", "--proxy-user", f"me:{HIDDEN}"]),
+        (["curl", "-u", "me", "https://h"], ["curl", "-u", "me", "https://h"]),  # curl asks
+        (["docker", "login", "-u", "me", "-p", LEAKY, "r"],
+         ["docker", "login", "-u", "me", "-p", HIDDEN, "r"]),
+        (["podman", "login", f"-p{LEAKY}"], ["podman", "login", f"-p{HIDDEN}"]),
+        (["docker", "run", "-p", "80:80", "img"], ["docker", "run", "-p", "80:80", "img"]),
+        (["sshpass", "-p", LEAKY, "ssh", "h"], ["sshpass", "-p", HIDDEN, "ssh", "h"]),
+        (["mysql", "-u", "root", f"-p{LEAKY}", "db"], ["mysql", "-u", "root", f"-p{HIDDEN}", "db"]),
+        (["mysql", "-p", "db"], ["mysql", "-p", "db"]),  # mysql asks; db is the database
+        (["wandb", "login", "--relogin", LEAKY], ["wandb", "login", "--relogin", HIDDEN]),
+        (["wandb", "sync", "runs"], ["wandb", "sync", "runs"]),
+        (["openssl", "enc", "-passin", f"pass:{LEAKY}", "-passout", "env:X"],
+         ["openssl", "enc", "-passin", f"pass:{HIDDEN}", "-passout", "env:X"]),
+        (["redis-cli", "-a", LEAKY], ["redis-cli", "-a", HIDDEN]),
+        (["/usr/bin/curl", "-u", f"a:{LEAKY}"], ["/usr/bin/curl", "-u", f"a:{HIDDEN}"]),
+    ],
+)  # fmt: skip
+def test_another_tool_s_secret_that_no_name_tells_is_hidden(argv, shown):
+    """Round 48: a password passed positionally or by another tool's short flag."""
+    assert redact_argv(argv) == shown
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        f"docker login -p {LEAKY} reg && docker run -p 80:80 img",
+        f"cd /x; curl -u me:{LEAKY} https://h | jq .",
+        f"sshpass -p{LEAKY} ssh host make",
+    ],
+)
+def test_another_tool_s_secret_in_a_shell_line_is_hidden(line):
+    assert LEAKY not in shown_line(["bash", "-c", line])
+    assert "80:80" in shown_line(["bash", "-c", line]) or "80:80" not in line

@@ -18,6 +18,7 @@ import re
 import shlex
 import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import NamedTuple
 from urllib.parse import quote, quote_plus, unquote
 
 from verirl._fs import escape_bytes, printable, quoted
@@ -758,7 +759,8 @@ def _flag_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
 # The user part starts where a run of its characters does (the leftmost match starts there
 # anyway): tried from every character of a long run, it took seconds (a 30 KB progress bar).
 # A URL's user:password@ in free text: a user (these characters, after one that is not) and a
-# colon, or a colon right after "//"; then a password (these) and the @.
+# colon, or a colon right after "//"; then a password (these) and the @. Right after "//", the
+# user alone too (//TOKEN@host).
 _USER_STOPS = frozenset(" \t\n\r\x0b\x0c/@'\"<>()[]")
 _PASSWORD_STOPS = frozenset(" \t\n\r\x0b\x0c/@'\"<>")
 
@@ -784,9 +786,13 @@ def _userinfo_spans(text: str) -> Iterator[tuple[int, int]]:
 
 
 def _user_start(text: str, low: int, at: int) -> int | None:
-    """The first start in ``text[low:at]`` (password characters) of a user and its colon."""
-    if text.startswith(":", low) and text[max(0, low - 2) : low] == "//":
-        return low  # "//:pw@": no user
+    """The first start in ``text[low:at]`` (password characters) of a user and its colon.
+
+    Right after ``//`` the whole is hidden, colon or not: a URL's user alone
+    may be its token (``https://TOKEN@github.com``, as git takes it).
+    """
+    if low < at and text[max(0, low - 2) : low] == "//":
+        return low  # "//user@", "//:pw@", "//user:pw@"
     start = low
     while start < at:
         end = start
@@ -803,7 +809,8 @@ def redact_message(text: str) -> str:
 
     What `redact_text` hides in a value: a secret key's, parameter's or
     header's value and a bearer token; and a URL's ``user:password@`` wherever
-    it stands (``***@``), its scheme and host kept. Unlike `redact_text`, the
+    it stands (``***@``), its scheme and host kept, and its user alone right
+    after ``//`` (``https://TOKEN@github.com``). Unlike `redact_text`, the
     rest of the text stays (an ``@`` without a colon before it, as in
     ``org/repo@revision``, is no credential).
     """
@@ -980,11 +987,99 @@ def _redact_shell_line(arg: str, secrets: Sequence[str]) -> str:
     return text if redacted == words else shlex.join(redacted)
 
 
+class _Tool(NamedTuple):
+    """Another program's secrets that no name tells: its flags' values, or its words.
+
+    ``flags``: flag → how its value is hidden (`_hide_tool_value`); ``after``:
+    the word (a subcommand) from which they count, ``""`` from the program on;
+    ``joined``: the short flags that hold a value only joined to it (``mysql
+    -pV``: a lone ``-p`` asks for the password, and the next word is the
+    database); ``words``: every word not a flag after ``after`` is secret
+    (``wandb login KEY``).
+    """
+
+    flags: Mapping[str, str]
+    after: str = ""
+    joined: frozenset[str] = frozenset()
+    words: bool = False
+
+
+_WHOLE, _AFTER_COLON, _AFTER_PASS = "whole", "after ':'", "after 'pass:'"
+_LOGIN = _Tool({"-p": _WHOLE}, after="login")  # docker login -p V: -p is a port elsewhere
+_MYSQL = _Tool({"-p": _WHOLE}, joined=frozenset({"-p"}))
+_TOOLS: Mapping[str, _Tool] = {
+    "curl": _Tool({"-u": _AFTER_COLON, "--user": _AFTER_COLON, "-U": _AFTER_COLON,
+                   "--proxy-user": _AFTER_COLON}),
+    "sshpass": _Tool({"-p": _WHOLE}),
+    "redis-cli": _Tool({"-a": _WHOLE}),
+    "openssl": _Tool({"-passin": _AFTER_PASS, "-passout": _AFTER_PASS, "-pass": _AFTER_PASS}),
+    "wandb": _Tool({}, after="login", words=True),
+    **dict.fromkeys(("docker", "podman", "nerdctl", "buildah", "skopeo", "helm", "oras"), _LOGIN),
+    **dict.fromkeys(("mysql", "mariadb", "mysqldump", "mysqladmin"), _MYSQL),
+}  # fmt: skip
+_COMMAND_ENDS = frozenset({"&&", "||", ";", "|", "&"})
+
+
+def _hide_tool_value(value: str, how: str) -> str:
+    """``value`` of a tool's secret flag, hidden as ``how`` says (a user name or a kind kept)."""
+    if how == _AFTER_COLON:  # curl -u user:password (no colon: curl asks for it)
+        user, colon, _ = value.partition(":")
+        return f"{user}:{HIDDEN}" if colon else value
+    if how == _AFTER_PASS:  # openssl -passin pass:V; env:NAME and file:PATH name no secret
+        return f"pass:{HIDDEN}" if value.startswith("pass:") else value
+    return HIDDEN
+
+
+class _ToolWords:
+    """Follows the words of a command line: which tool runs, and which of its words are secret."""
+
+    def __init__(self) -> None:
+        self.tool: _Tool | None = None
+        self.counting = False  # past the tool's ``after`` word
+        self.next_how: str | None = None  # the next word is a secret flag's value
+
+    def shown(self, arg: str) -> str | None:
+        """``arg`` as shown if it is a tool's secret (or its flag), else None; then follows it."""
+        if self.next_how is not None:
+            how, self.next_how = self.next_how, None
+            return _hide_tool_value(arg, how)
+        tool = self.tool
+        if arg in _COMMAND_ENDS:
+            self.tool = None
+        elif tool is not None and self.counting:
+            return self._in_tool(tool, arg)
+        elif tool is not None and arg == tool.after:
+            self.counting = True
+        elif not arg.startswith("-"):
+            found = _TOOLS.get(arg.rpartition("/")[2])
+            if found is not None:
+                self.tool, self.counting = found, not found.after
+        return None
+
+    def _in_tool(self, tool: _Tool, arg: str) -> str | None:
+        if tool.words and not arg.startswith("-"):
+            return HIDDEN
+        for flag, how in tool.flags.items():
+            if arg == flag and flag not in tool.joined:
+                self.next_how = how
+                return arg
+            if flag.startswith("--") and arg.startswith(f"{flag}="):
+                return f"{flag}={_hide_tool_value(arg[len(flag) + 1 :], how)}"
+            if not flag.startswith("--") and arg.startswith(flag) and len(arg) > len(flag):
+                return flag + _hide_tool_value(arg[len(flag) :], how)
+        return None
+
+
 def _redact_words(argv: Sequence[str], secrets: Sequence[str], *, shell: bool = True) -> list[str]:
     shown: list[str] = []
     hiding = False
     after_flag = False  # the word right after a secret flag is its value, whatever it looks like
+    tools = _ToolWords()
     for arg in argv:
+        tool_shown = tools.shown(arg)
+        if tool_shown is not None:
+            shown.append(tool_shown)
+            continue
         if hiding and (after_flag or not arg.startswith("-")):
             shown.append(HIDDEN)
             after_flag = False
