@@ -705,3 +705,48 @@ def test_another_tool_s_secret_that_no_name_tells_is_hidden(argv, shown):
 def test_another_tool_s_secret_in_a_shell_line_is_hidden(line):
     assert LEAKY not in shown_line(["bash", "-c", line])
     assert "80:80" in shown_line(["bash", "-c", line]) or "80:80" not in line
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "hidden"),
+    [
+        ("HF_TOKEN_BACKUP", "hfbackupvalue1", True),
+        ("OPENAI_API_KEY_PROD", "sk-prod-123456", True),
+        ("HF_TOKEN_PATH", "/some/where/token", False),
+        ("SSH_AUTH_SOCK", "/tmp/ssh-abc/agent.1", False),
+        ("API_KEY_NAME", "my-key-name-x", False),
+        ("DATABASE_URL", "postgres://me:Pa%40ssword9@db.example/app", True),
+        ("REDIS_URL", "redis://cache.example:6379/0", False),
+    ],
+)
+def test_a_secret_variable_with_a_qualifier_or_a_url_s_password_is_scrubbed(
+    monkeypatch, name, value, hidden
+):
+    """Round 48: the environment scan took only names ending in a secret word, and no URL's
+    password; a command line that expanded the variable showed it."""
+    monkeypatch.setenv(name, value)
+    password = value.partition("://")[2].partition("@")[0].partition(":")[2] or value
+    shown = shown_line(["psql", f"--note={value}", password, password.replace("%40", "@")])
+    assert (password not in shown) is hidden, shown
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bash", "-c", f"python x.py --api-key\xa0{LEAKY}"],  # a no-break space
+        ["x", f"--api-key\xa0{LEAKY}"],
+        ["bash", "-c", f"cat > c.yaml <<EOF\napi_key:\n  {LEAKY}\nEOF"],  # YAML: the next line
+        ["bash", "-c", f"cat > c.yaml <<EOF\napi_key:\r\n    {LEAKY}\r\nother: 1\nEOF"],
+        [sys.executable, "-c", f"token = \u201c{LEAKY} x\u201d"],  # pasted typographic quotes
+        ["x", "--config", f'{{"api_key": \u201c{LEAKY} x\u201d}}'],
+        ["x", "--config", f"password: \u00ab{LEAKY} x\u00bb"],
+    ],
+)
+def test_a_value_after_a_no_break_space_a_yaml_line_break_or_typographic_quotes_is_hidden(argv):
+    """Round 48's shapes: each showed the value."""
+    assert LEAKY not in shown_line(argv)
+    assert not any(LEAKY in word for word in redact_argv(argv))
+
+
+def test_a_yaml_key_with_its_value_on_no_line_below_keeps_the_next_key():
+    assert redact_message("api_key:\nnext: 1") == "api_key:\nnext: 1"

@@ -619,11 +619,25 @@ def _structured_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
     return None if value is None else value.span(2)
 
 
+_TYPOGRAPHIC = {"\u201c": "\u201d", "\u2018": "\u2019", "\u201e": "\u201c", "\u00ab": "\u00bb",
+                "\u201d": "\u201d"}  # fmt: skip
+"""A typographic opening quote → its closing one (Swedish ”V” opens and closes alike)."""
+
 _STRING_PREFIX = re.compile(r"[rbfuRBFU]{1,2}(?=\\*[\"'])")
 
 
 def _quoted_span(text: str, start: int) -> tuple[int, int] | None:
-    """The inside of a quoted string opening at ``start`` (its quotes stay), else None."""
+    """The inside of a quoted string opening at ``start`` (its quotes stay), else None.
+
+    Typographic quotes (``“V”``, ``‘V’``, ``«V»``: text pasted from a document)
+    count too, up to their closing one or the end of the line.
+    """
+    closing = _TYPOGRAPHIC.get(text[start : start + 1])
+    if closing is not None:
+        line_end = text.find("\n", start)
+        line_end = len(text) if line_end < 0 else line_end
+        end = text.find(closing, start + 1, line_end)
+        return start + 1, line_end if end < 0 else end
     quote = _OPEN_QUOTE.match(text, start)
     if quote is None:
         return None
@@ -719,11 +733,14 @@ _HUB_TOKEN = re.compile(
 _BLOCK = re.compile(r"[|>][-+0-9]{0,3}[ \t]*(?=\r?\n)")
 """A YAML block scalar's indicator (``key: |``): the value is on the lines below."""
 
+_LINE_END = re.compile(r"\r?\n")
+"""Nothing after ``key:`` on its line: in YAML, the value is on the lines below, indented."""
+
 
 def _header_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
-    """A header's credential (its scheme kept), or the lines of a YAML block scalar after it."""
+    """A header's credential (its scheme kept), or the lines of a YAML value below it."""
     start = found.end()
-    if _BLOCK.match(text, start) is None:
+    if _BLOCK.match(text, start) is None and _LINE_END.match(text, start) is None:
         return _regex_span(_HEADER_VALUE, 2)(text, found)
     line_start = text.rfind("\n", 0, found.start()) + 1
     indent = len(text[line_start:]) - len(text[line_start:].lstrip(" \t"))
@@ -740,7 +757,7 @@ def _header_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
 
 
 # A long flag in free text (a command line logged as one string): --api-key=V or --api-key V.
-_FLAG = re.compile(r"(?<![A-Za-z0-9_-])(--[A-Za-z][A-Za-z0-9_-]*)(?:=|[ \t]+)")
+_FLAG = re.compile(r"(?<![A-Za-z0-9_-])(--[A-Za-z][A-Za-z0-9_-]*)(?:=|[^\S\r\n]+)")
 
 
 def _flag_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
@@ -1140,16 +1157,47 @@ def secrets_in_environ(environ: Mapping[str, str]) -> list[str]:
     """
     found: list[str] = []
     for name, value in environ.items():
+        password = _url_password(value)  # as written, and decoded (%40 is @)
+        forms: list[str | None] = [] if password is None else [password, unquote(password)]
         if (
-            not _secret_name(name)
-            or name == "PWD"  # the shell's working directory, not a password
-            or value.strip().lower() in _NOT_SECRETS
+            (_secret_name(name) or _secret_then_qualifier(name))
+            and name != "PWD"  # the shell's working directory, not a password
+            and value.strip().lower() not in _NOT_SECRETS
         ):
-            continue
-        for form in (value, cleaned_token(value)):
+            forms += [value, cleaned_token(value)]
+        for form in forms:
             if form is not None and len(form) >= _MIN_ENVIRON_SECRET and form not in found:
                 found.append(form)
     return found
+
+
+def _secret_then_qualifier(name: str) -> bool:
+    """A secret's name and one word more that tells which (``HF_TOKEN_BACKUP``, ``API_KEY_PROD``).
+
+    Not a word that tells what it holds instead (``HF_TOKEN_PATH``, ``SSH_AUTH_SOCK``,
+    ``API_KEY_NAME``).
+    """
+    words = _words(name)
+    return len(words) > 1 and words[-1] not in _DESCRIBES and _ends_secret(words[:-1])
+
+
+_DESCRIBES = frozenset({"path", "file", "files", "dir", "directory", "folder", "url", "uri",
+                        "endpoint", "host", "port", "name", "type", "kind", "id", "length", "len",
+                        "size", "count", "header", "location", "source", "env", "var",
+                        "variable", "mode", "format", "prefix", "suffix", "timeout", "ttl",
+                        "expiry", "expires", "scope", "scopes", "audience", "issuer", "version",
+                        "enabled", "disabled", "required", "provider", "user", "username",
+                        "sock", "socket", "helper", "command", "cmd", "info", "limit",
+                        "level"})  # fmt: skip
+
+
+def _url_password(value: str) -> str | None:
+    """The password of a URL that is the value (``DATABASE_URL=postgres://u:PASSWORD@h/db``)."""
+    match = _URL_PASSWORD.match(value.strip())
+    return None if match is None else match["password"]
+
+
+_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:(?P<password>[^/@\s]+)@")
 
 
 def known_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
