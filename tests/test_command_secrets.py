@@ -748,5 +748,15 @@ def test_a_value_after_a_no_break_space_a_yaml_line_break_or_typographic_quotes_
     assert not any(LEAKY in word for word in redact_argv(argv))
 
 
+@pytest.mark.parametrize(
+    "text",
+    [f"python x.py --api-key \\\n  {LEAKY} --lr 1", f"run --token \\\r\n{LEAKY}",
+     f"export HF_TOKEN=\\\n{LEAKY}", f'{{"api_key": \\\n  "{LEAKY}"}}'],
+)  # fmt: skip
+def test_a_value_after_a_line_continuation_is_hidden_in_a_message(text):
+    """Round 48: the backslash was taken for the value, and the value on the next line shown."""
+    assert LEAKY not in redact_message(text)
+
+
 def test_a_yaml_key_with_its_value_on_no_line_below_keeps_the_next_key():
     assert redact_message("api_key:\nnext: 1") == "api_key:\nnext: 1"

@@ -600,7 +600,7 @@ def _structured_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
     `_PARAM_NAME`'s, a bare ``name: V`` a header's).
     """
     key_quote, separator, spaced = found.group(1), found.group(5), found.group(6)
-    start = _past_string_prefix(text, found.end())
+    start = _past_string_prefix(text, _past_continuation(text, found.end()))
     quoted = _quoted_span(text, start)
     if quoted is not None:
         return quoted
@@ -646,6 +646,15 @@ def _quoted_span(text: str, start: int) -> tuple[int, int] | None:
         return start + 1, _match_end(_QUOTED[mark], text, start + 1)
     end = text.find(mark, quote.end())  # \"…\": the same escaped quote ends it
     return quote.end(), len(text) if end < 0 else end
+
+
+def _past_continuation(text: str, start: int) -> int:
+    """``start``, or past a shell's line continuation there (a backslash, a line break)."""
+    continued = _CONTINUATION.match(text, start)
+    return start if continued is None else continued.end()
+
+
+_CONTINUATION = re.compile(r"\\\r?\n[^\S\r\n]*")
 
 
 def _past_string_prefix(text: str, start: int) -> int:
@@ -762,13 +771,13 @@ _FLAG = re.compile(r"(?<![A-Za-z0-9_-])(--[A-Za-z][A-Za-z0-9_-]*)(?:=|[^\S\r\n]+
 
 def _flag_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
     """The value after a secret flag: a quoted string's inside, else the word (not a next flag)."""
-    start = found.end()
+    start = _past_continuation(text, found.end())
     quote = text[start : start + 1]
     if quote in {"'", '"'}:
         return start + 1, _match_end(_QUOTED[quote], text, start + 1)
     if text.startswith("-", start):
         return None
-    return _regex_span(_BEARER_VALUE, 0)(text, found)
+    return start, _match_end(_BEARER_VALUE, text, start)
 
 
 # ``user:password@`` inside a longer text (a message naming a URL, a path made of one): the part
