@@ -242,6 +242,28 @@ def test_a_server_environment_too_long_to_start_blames_the_gpus_not_the_command(
     assert "CUDA_VISIBLE_DEVICES lists 29999 GPUs" in err
 
 
+@pytest.mark.parametrize("where", ["variable", "argument"])
+def test_a_server_environment_too_long_to_start_blames_its_longest_part(clean, capsys, where):
+    """E2BIG for another reason than the GPUs (round 45): the message named the GPUs all the
+    same. It names the longest part (a variable by name, an argument by place), never its value."""
+    from _support import unshared_port
+
+    value = "secretish" * 20000  # 180 KB: over the kernel's 128 KiB for one string
+    argv = ["serve", "--gpus", "2", "--model", "m", "--vllm-port", str(unshared_port()),
+            "--vllm-command", "/bin/true"]  # fmt: skip
+    if where == "variable":
+        clean.setenv("SOME_BIG_SETTING", value)
+    else:
+        argv += [f"--vllm-args=--x={value}"]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 4, err
+    assert "CUDA_VISIBLE_DEVICES" not in err, err
+    assert "secretish" not in err
+    named = "the variable SOME_BIG_SETTING" if where == "variable" else "argument"
+    assert f"the longest part is {named}" in err, err
+
+
 @pytest.mark.parametrize("given", ["argument", "variable"])
 def test_the_library_names_the_hub_download_folder_by_what_it_was_made_from(clean, tmp_path, given):
     """from_settings and resolver_from_settings named the field ``download_dir`` for the

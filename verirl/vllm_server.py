@@ -542,9 +542,7 @@ class VLLMServer:
                 if exc.errno == errno.E2BIG:  # the kernel's bound, whatever the program
                     msg = (
                         f"the vLLM server's command line and environment are too long to start "
-                        f"it ({why}): its CUDA_VISIBLE_DEVICES lists "
-                        f"{len(environ['CUDA_VISIBLE_DEVICES'].split(','))} GPUs; use fewer, or "
-                        "a shorter environment"
+                        f"it ({why}): {_longest_part(argv, environ)}"
                     )
                 elif plan.kind == "command":
                     program = redact_argv([argv[0]])[0]  # a NAME=secret word as the program
@@ -718,3 +716,21 @@ def _hide_secrets(text: str, argv: Sequence[str], env: Mapping[str, str]) -> str
     # A secret shorter than 4 characters would hide ordinary words.
     text = scrub_all(text, (s for s in secrets if len(s) >= 4), HIDDEN)  # noqa: PLR2004
     return "\n".join(redact_text(line) for line in text.split("\n"))
+
+
+def _longest_part(argv: Sequence[str], environ: Mapping[str, str]) -> str:
+    """What makes a command too long to start (E2BIG), named, never shown: a value may be secret.
+
+    The kernel refuses one string over 128 KiB, or all of them together over
+    its bound; the longest string is named, with the sizes.
+    """
+    parts = [(f"the variable {printable(name)}", len(os.fsencode(f"{name}={value}")) + 1)
+             for name, value in environ.items()]  # fmt: skip
+    parts += [(f"argument {index} of the command", len(os.fsencode(arg)) + 1)
+              for index, arg in enumerate(argv)]  # fmt: skip
+    name, size = max(parts, key=lambda part: part[1])
+    if name == "the variable CUDA_VISIBLE_DEVICES":
+        gpus = len(environ["CUDA_VISIBLE_DEVICES"].split(","))
+        return f"its CUDA_VISIBLE_DEVICES lists {gpus} GPUs; use fewer"
+    total = sum(part[1] for part in parts)
+    return f"the longest part is {name} ({size} bytes, of {total} in all); shorten it"
