@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import stat
@@ -683,8 +684,26 @@ def test_a_log_ending_in_more_blanks_than_are_read_says_so_reading_a_bounded_amo
     assert "empty or blank" in str(VLLMServerExited(1, " \n", str(path)))  # never just "empty"
 
 
+_UNSEEN = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]?")
+
 _BLANK_PIECE = st.lists(
-    st.sampled_from([b" ", b"\t", b"\r", b"\n", b"\r\n", b"\x0b", b"\x0c", b"\xc2\x85"]),
+    st.sampled_from(
+        [
+            b" ",
+            b"\t",
+            b"\r",
+            b"\n",
+            b"\r\n",
+            b"\x0b",
+            b"\x0c",
+            b"\xc2\x85",
+            b"\x1b[2K",
+            b"\x1b[A",
+            b"\x1b[0m",
+            b"\x1b[1;32m",
+            b"\x1b",
+        ]
+    ),
     min_size=1,
     max_size=8,
 ).filter(lambda piece: any(brk in b"".join(piece) for brk in (b"\r", b"\n", b"\x0b")))
@@ -708,7 +727,7 @@ def test_the_tail_is_the_last_lines_that_are_not_blank_however_many_blank_ones_f
     path.write_bytes(earlier + body)
     tail = read_log_tail(path, lines=lines, start=len(earlier))
     shown = body.decode("utf-8", errors="replace").splitlines()
-    while shown and not shown[-1].strip():
+    while shown and not _UNSEEN.sub("", shown[-1]).strip():  # terminal controls are unseen
         shown.pop()
     expected = shown[-lines:]
     assert tail == ("\n".join(expected) + "\n" if expected else "")
@@ -950,3 +969,17 @@ def test_doctor_judges_a_log_path_under_many_missing_folders_as_start_makes_them
     with pytest.raises(ConfigError, match="its folder cannot be made"):
         _server_log.check_server_log(path, port=8001)
     assert not (tmp_path / "a").is_dir()
+
+
+@pytest.mark.parametrize("shift", range(8))
+def test_a_control_sequence_cut_by_a_piece_read_backwards_is_still_blank(tmp_path, shift):
+    """The tail is looked for backwards, 64 KiB at a time: an erase sequence a piece's start cut
+    in two (``\\x1b[12;`` below, ``34H`` above) was taken for text, and the tail came out empty."""
+    path = tmp_path / "x.log"
+    blob = bytearray(b"REAL LAST LINE\n" + b"\r\n" * 300_000)
+    sequence = b"\x1b[12;34H\r\n"
+    for piece in range(1, 6):
+        at = len(blob) - piece * _server_log._BLANK_CHUNK - shift
+        blob[at : at + len(sequence)] = sequence
+    path.write_bytes(bytes(blob))
+    assert read_log_tail(path, lines=1) == "REAL LAST LINE\n"

@@ -699,8 +699,9 @@ def read_log_tail(
 
     ``path`` may be a `KeptLog`: the file the server writes to, wherever its name went.
 
-    Blank lines (nothing but whitespace: spaces, tabs, a progress bar's
-    carriage returns) at the end are no part of the tail, however many: they
+    Blank lines (nothing but whitespace and terminal control sequences:
+    spaces, tabs, a progress bar's carriage returns and its erase-line) at
+    the end are no part of the tail, however many: they
     are read past, backwards, up to `_BLANK_LIMIT` bytes; a log whose last
     `_BLANK_LIMIT` bytes are all blank (with more of the run before them) has
     a tail that says so. Of what ends with the last line that is not blank,
@@ -729,7 +730,7 @@ def read_log_tail(
     cut = bool(before) and read[1][:1] != b"\n"
     text = read[1][before:].decode("utf-8", errors="replace")
     kept = text.splitlines()
-    while kept and not kept[-1].strip():  # trailing blank lines say nothing of why it died
+    while kept and not _visible_rstrip(kept[-1]):  # trailing blank lines say nothing of why
         kept.pop()
     if cut and kept:  # the first line was cut by the byte window
         # Dropped only when a line with something in it follows; else it is the tail, cut.
@@ -737,7 +738,48 @@ def read_log_tail(
     return "\n".join(kept[-lines:]) + ("\n" if kept else "")
 
 
+def _visible_rstrip(text: str) -> str:
+    """``text`` without what ends it unseen: whitespace and terminal control sequences.
+
+    A progress bar's erase-line or cursor-up sequence alone on a line is as
+    blank as a carriage return. Read back from the end once (a pattern
+    anchored at the end is tried at every character: quadratic on a log).
+    """
+    text = text.rstrip()
+    end = len(text)
+    while end:
+        char = text[end - 1]
+        if char.isspace() or char == "\x1b":
+            end -= 1
+        elif char in _CSI_FINAL and (begin := _csi_start(text, end - 1)) is not None:
+            end = begin
+        elif char in _FE and text[end - 2 : end - 1] == "\x1b":
+            end -= 2
+        else:
+            break
+    return text[:end]
+
+
+def _csi_start(text: str, final: int) -> int | None:
+    """Where the CSI sequence (ESC [ parameters intermediates final) ending at ``final`` starts."""
+    at = final
+    while at and text[at - 1] in _CSI_INTERMEDIATE:
+        at -= 1
+    while at and text[at - 1] in _CSI_PARAMETER:
+        at -= 1
+    return at - 2 if text[max(0, at - 2) : at] == "\x1b[" else None
+
+
+_CSI_FINAL = frozenset(map(chr, range(0x40, 0x7F)))
+_CSI_INTERMEDIATE = frozenset(map(chr, range(0x20, 0x30)))
+_CSI_PARAMETER = frozenset(map(chr, range(0x30, 0x40)))
+_FE = _CSI_FINAL.intersection(map(chr, range(0x40, 0x60))) - {"["}
+"""A two-character escape's second (ESC then one of these; ``[`` begins a CSI instead)."""
+
 _MIB = 1024 * 1024
+
+_CUT_SEQUENCE = 32
+"""Characters at a piece's start, none a line break, that may end a control sequence begun below."""
 
 _BLANK_LIMIT = 4 * _MIB
 """Bytes of blank lines at a log's end read past for its tail, at most: a log that ends in
@@ -788,15 +830,18 @@ def _content_end(path: Path | str | KeptLog, start: int, size: int) -> int | Non
         carry, data = data[:split], data[split:]  # read with the piece below
         top = low + split + len(data)
         text = data.decode("utf-8", errors="replace")
-        shown = text.rstrip()
-        if shown:
-            rest = text[len(shown) :]  # whitespace: encoded again, exactly the bytes read
+        shown = _visible_rstrip(text)
+        rest = text[len(shown) :]  # whitespace and controls: encoded again, the bytes read
+        whole = low == floor or len(shown) > _CUT_SEQUENCE or _first_break(shown) is not None
+        if shown and whole:
             content_end = top - len(rest.encode())
             at = _first_break(rest)
             end = line_end if at is None else top - len(rest[at:].encode())
             return end if end - content_end < _LOG_TAIL_BYTES else content_end
-        at = _first_break(text)
+        if shown:  # maybe the end of a control sequence the piece's start cut: read it whole
+            carry += data[: len(data) - len(rest.encode())]
+        at = _first_break(rest)
         if at is not None:
-            line_end = low + split + len(text[:at].encode())
+            line_end = top - len(rest[at:].encode())
         high = low
     return start if floor == start else None
