@@ -983,3 +983,34 @@ def test_a_control_sequence_cut_by_a_piece_read_backwards_is_still_blank(tmp_pat
         blob[at : at + len(sequence)] = sequence
     path.write_bytes(bytes(blob))
     assert read_log_tail(path, lines=1) == "REAL LAST LINE\n"
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["text", "json"])
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_launch_refuses_a_server_log_that_is_its_own_output_with_json_too(
+    tmp_path, stream, json_flag
+):
+    """Round 50: ``launch --json`` sends its command's output to stderr by moving descriptor 1, so
+    a log linked to the real stdout file was compared with stderr and accepted: the server's lines
+    followed the JSON document. Refused either way, and named as the stream it is."""
+    port = unshared_port()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    output = tmp_path / "output"
+    (logs / f"vllm-serve-{port}.log").symlink_to(output)
+    argv = [sys.executable, "-m", "verirl", *json_flag, "launch", "--gpus", "2", "--model", "m",
+            "--vllm-port", str(port), "--vllm-command", f"{sys.executable} -c pass",
+            "--log-dir", str(logs), "--", "true"]  # fmt: skip
+    other = "stderr" if stream == "stdout" else "stdout"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    with output.open("w") as sink:
+        result = subprocess.run(
+            argv, text=True, timeout=120, check=False, env=env,
+            **{stream: sink, other: subprocess.PIPE},
+        )  # fmt: skip
+    assert result.returncode == 2
+    said = (result.stdout if other == "stdout" else result.stderr) + output.read_text()
+    assert f"must be a file of its own: it is this program's {stream}" in said, said
+    if json_flag and stream == "stdout":
+        document = json.loads(output.read_text())  # the one document, nothing after it
+        assert document["exit_code"] == 2, document

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import TextIO
 
+from verirl._fs import stdout_kept_in
 from verirl._signals import program_exit_arrived, raise_if_lost, sigterm_lost
 
 __all__ = [
@@ -718,7 +719,8 @@ def stdout_to_stderr() -> Iterator[None]:
         yield
         return
     try:
-        yield
+        with stdout_kept_in(saved):  # a server log there is still this program's stdout
+            yield
     finally:
         STDOUT.flush()
         with contextlib.suppress(OSError):

@@ -34,6 +34,7 @@ __all__ = [
     "flock_with_deadline",
     "lstat_kind",
     "make_owned_dir",
+    "own_outputs",
     "printable",
     "quoted",
     "read_capped",
@@ -41,6 +42,7 @@ __all__ = [
     "remove_tree",
     "same_file",
     "shortened",
+    "stdout_kept_in",
 ]
 
 OWNER_MARKER = ".verirl-owner.json"
@@ -385,3 +387,22 @@ def _remove_empty(path: Path, parent: _Identity | None) -> None:
         return
     with _opened_folder(path.parent, parent) as fd:
         os.rmdir(path.name, dir_fd=fd)
+
+
+_KEPT_STDOUT: list[int] = []
+"""The descriptors that hold the program's real stdout while descriptor 1 points elsewhere."""
+
+
+def own_outputs() -> list[tuple[str, int]]:
+    """This program's stdout and stderr: ``(name, descriptor)``, the real stdout while moved."""
+    return [("stdout", _KEPT_STDOUT[-1] if _KEPT_STDOUT else 1), ("stderr", 2)]
+
+
+@contextlib.contextmanager
+def stdout_kept_in(fd: int) -> Iterator[None]:
+    """Inside the block, ``fd`` holds the program's stdout (``launch --json`` moved 1 to 2)."""
+    _KEPT_STDOUT.append(fd)
+    try:
+        yield
+    finally:
+        _KEPT_STDOUT.remove(fd)

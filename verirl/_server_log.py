@@ -30,7 +30,7 @@ from typing import BinaryIO
 
 import attrs
 
-from verirl._fs import printable
+from verirl._fs import own_outputs, printable
 from verirl._secrets import shown_line
 from verirl.errors import ConfigError
 
@@ -332,7 +332,7 @@ def _own_output(fd: int) -> str | None:
         info = os.fstat(fd)
     except OSError:
         return None
-    for name, std in (("stdout", 1), ("stderr", 2)):
+    for name, std in own_outputs():
         if std == fd:  # the program's was closed: the log took its number, it is no output
             continue
         try:
