@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -760,3 +761,57 @@ def test_a_value_after_a_line_continuation_is_hidden_in_a_message(text):
 
 def test_a_yaml_key_with_its_value_on_no_line_below_keeps_the_next_key():
     assert redact_message("api_key:\nnext: 1") == "api_key:\nnext: 1"
+
+
+BASH = shutil.which("bash") or "/bin/bash"
+
+
+def _printf_q(*words: str) -> str:
+    """What bash's ``printf '%q '`` makes of ``words``: a wrapper's way to build a shell line."""
+    done = subprocess.run([BASH, "-c", 'printf "%q " "$@"', "bash", *words],
+                          capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    return done.stdout
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        shlex.join(["python3", "-c", f"from huggingface_hub import login; login(token='{LEAKY}')"])
+        + "; exit 3",
+        shlex.join(["python", "-c", f"import os; os.environ['HF_TOKEN']='{LEAKY}'"]),
+        shlex.join(["python", "-c", f"import os; os.environ.update(HF_TOKEN='{LEAKY}')"]),
+        shlex.join(["python", "-c", f"login(token = '{LEAKY}')"]),
+        shlex.join(["sh", "-c", shlex.join(["python", "-c", f"login(token='{LEAKY}')"])]),
+        "PRINTF_Q",
+    ],
+)
+def test_a_secret_in_a_line_a_quoting_wrapper_built_is_hidden(line):
+    """Round 50: quoted by ``shlex.join`` or ``printf %q``, the whole pass hid a wrong span
+    (``'"'``) and the line then split into words that no longer looked like a secret's."""
+    if line == "PRINTF_Q":
+        line = _printf_q("python3", "t.py", "--config", f'{{"api_key": "{LEAKY}"}}') + "; exit 3"
+    assert LEAKY not in shown_line(["sh", "-c", line])
+    assert not any(LEAKY in word for word in redact_argv(["sh", "-c", line]))
+
+
+def test_a_name_ending_in_pass_is_a_secret_s_as_in_a_key_or_a_query(monkeypatch):
+    """Round 50: ``--db-pass V`` and ``$DB_PASS`` were shown; ``{"db_pass": V}``, ``?db_pass=V``
+    and ``env DB_PASS=V`` were hidden. ``--passes`` (a compiler's) and ``--bypass`` stay shown."""
+    monkeypatch.setenv("DB_PASS", LEAKY)
+    shown = shown_line(["x", "--db-pass", "V4lue-one", "--db", LEAKY, "--passes", "instcombine",
+                        "--bypass", "proxy"])  # fmt: skip
+    assert "V4lue-one" not in shown
+    assert LEAKY not in shown
+    assert "--passes instcombine --bypass proxy" in shown
+
+
+def test_a_usage_error_ends_with_its_hint_after_a_secret_flag_without_its_value(
+    capsys, no_settings
+):
+    """Round 50: ``launch --api-key V -- true`` is "unrecognized arguments: --api-key" (V went to
+    the command): the hint after it was taken for the key and hidden ("verirl --help)")."""
+    with pytest.raises(SystemExit):
+        main(["launch", "--gpus", "1", "--api-key", SECRET, "--", "true"])
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith("(see verirl --help)"), err
+    assert SECRET not in err

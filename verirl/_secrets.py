@@ -865,7 +865,7 @@ def redact_url(url: str) -> str:
 
 
 # pat: a personal access token (--github-pat)
-_SECRET_WORDS = frozenset({"token", "key", "secret", "password", "passwd", "apikey",
+_SECRET_WORDS = frozenset({"token", "key", "secret", "password", "passwd", "pass", "apikey",
                            "credential", "credentials", "auth", "passphrase", "pat", "pwd", "jwt",
                            "cookie", "sessionid", "bearer", "signature"})  # fmt: skip
 _SECRET_ENDINGS = ("password", "passwd", "apikey", "passphrase")
@@ -1006,11 +1006,51 @@ def _redact_shell_line(arg: str, secrets: Sequence[str]) -> str:
     try:
         words = shlex.split(text)
     except ValueError:
-        return _redact_split_line(arg, secrets)
-    if words == [text]:  # one word, nothing to unquote: nothing more to split
-        return text
+        shown = _redact_split_line(arg, secrets)
+    else:
+        if words == [text]:  # one word, nothing to unquote: nothing more to split
+            return text
+        redacted = _redact_words(words, secrets)
+        shown = text if redacted == words else shlex.join(redacted)
+    return _split_first_if_shown(arg, shown, secrets)
+
+
+def _split_first_if_shown(arg: str, shown: str, secrets: Sequence[str]) -> str:
+    r"""``shown``, unless ``arg``'s own words, judged each, hide what ``shown`` still shows.
+
+    The whole pass runs on the quoted line, where a quoting wrapper's escapes
+    (``shlex.join``'s ``'"'"'``, ``printf %q``'s ``\"``) can make it hide the
+    wrong span; the line then splits into words that no longer look like a
+    secret's (round 50). Then the words of ``arg`` itself are redacted and
+    joined (a JSON value's quotes may go: showing less beats a leak).
+    """
+    try:
+        words = shlex.split(arg)
+    except ValueError:
+        return shown
     redacted = _redact_words(words, secrets)
-    return text if redacted == words else shlex.join(redacted)
+    for word, hidden in zip(words, redacted, strict=True):
+        if word != hidden and _still_shown(word, hidden, shown):
+            return _redact_params(shlex.join(redacted))
+    return shown
+
+
+def _common_start(one: str, other: str) -> int:
+    """How many characters ``one`` and ``other`` share at their start."""
+    for at, (a, b) in enumerate(zip(one, other, strict=False)):
+        if a != b:
+            return at
+    return min(len(one), len(other))
+
+
+def _still_shown(word: str, hidden: str, shown: str) -> bool:
+    """Whether what redacting ``word`` into ``hidden`` took out is still in ``shown``."""
+    head = _common_start(word, hidden)
+    tail = _common_start(word[head:][::-1], hidden[head:][::-1])
+    taken = word[head : len(word) - tail]
+    return bool(taken) and any(
+        form in shown for form in (taken, taken.replace("'", "'\"'\"'"), *_forms(taken))
+    )
 
 
 class _Tool(NamedTuple):

@@ -1791,6 +1791,10 @@ def _quotable_tails(text: str, letters: set[str]) -> list[str]:
     return [text[start:] for start in sorted(starts) if 0 <= start < len(text)]
 
 
+_SEE_HELP = re.compile(r" \(see verirl(?: [a-z-]+)? --help\)\n\Z")
+"""The hint `_Parser.error` ends a usage error with."""
+
+
 def _print_parse_output(
     captured: list[tuple[str, str]],
     code: int,
@@ -1801,7 +1805,9 @@ def _print_parse_output(
 ) -> None:
     _read_run_secrets()
     _RUN_SECRETS.extend(word for word in hidden if word.strip() and word != "--")
-    errors = _hidden("".join(text for text, channel in captured if channel == "stderr"))
+    errors = "".join(text for text, channel in captured if channel == "stderr")
+    hint = _SEE_HELP.search(errors)  # ours: no value of a flag the message ends with
+    errors = _hidden(errors[: hint.start()]) + hint[0] if hint else _hidden(errors)
     if errors:
         STDERR.write(errors)
     out = _for_stdout("".join(text for text, channel in captured if channel != "stderr"))
