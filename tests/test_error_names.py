@@ -376,3 +376,17 @@ def test_a_checkpoint_not_found_names_the_flag_or_variable_that_asked_for_it(  #
     name = "VERIRL_RESUME_FROM_CHECKPOINT" if given == "variable" else "--resume"
     assert f"checkpoint for {name}='{request_}'" in message, message
     assert "/the/variable/s" not in message, message
+
+
+@pytest.mark.parametrize("given", ["flag", "variable"])
+def test_a_master_port_clash_says_which_setting_moves_the_server(clean, capsys, given):
+    """Round 50 (low): the advice named "the server's port", a library word."""
+    clean.setenv("MASTER_PORT", "29517")
+    argv = ["launch", "--gpus", "2", "--model", "m", "--vllm-command", "/bin/true"]
+    if given == "flag":
+        argv += ["--vllm-port", "29517"]
+    else:
+        clean.setenv("VERIRL_VLLM_PORT", "29517")
+    assert main([*argv, "--", "true"]) == 2
+    name = "--vllm-port" if given == "flag" else "VERIRL_VLLM_PORT"
+    assert f"set MASTER_PORT or {name} to another" in capsys.readouterr().err

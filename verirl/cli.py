@@ -1415,6 +1415,11 @@ def _message(args: argparse.Namespace, exc: VeriRLError) -> str:
         source = "--vllm-command" if getattr(args, "vllm_command", None) is not None else None
         source = source or Settings.variable("vllm_command")
         message = source + message.removeprefix("command")  # the program could not be run
+    if message.endswith("set MASTER_PORT or the server's port to another"):
+        variable = Settings.variable("vllm_port")
+        given = getattr(args, "vllm_port", None) is None and os.environ.get(variable, "").strip()
+        port = variable if given else "--vllm-port"
+        message = message.removesuffix("the server's port to another") + f"{port} to another"
     if isinstance(exc, PortInUseError) and message.startswith(f"port={exc.port}"):
         message = _port_source(args, exc.port) + message.removeprefix(f"port={exc.port}")
     if isinstance(exc, CheckpointNotFoundError):
