@@ -219,3 +219,28 @@ def test_a_hub_source_is_not_asked(capfd, colocate, monkeypatch, tmp_path):
     assert message is not None
     assert f"{tmp_path}/gone does not exist" in message
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "variables",
+    [
+        {"VERIRL_GPU_COUNT": "0"},
+        {"VERIRL_GPU_COUNT": "abc", "VERIRL_VLLM_PORT": "abc"},
+        {"VERIRL_VLLM_MODE": "both"},
+    ],
+)
+def test_a_variable_launch_refuses_is_one_problem_of_the_table_not_its_end(
+    capfd, clean_env, monkeypatch, variables
+):
+    """Round 51: doctor ended at the first bad variable (exit 2, the error alone): an env server
+    that is down (exit 3 decides) was never checked. Now each refused variable is a problem of
+    the whole table, in launch's words."""
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    url = f"http://127.0.0.1:{unshared_port()}"
+    code, document = run(capfd, "doctor", "--env-url", url)
+    assert code == 3, document
+    assert document[f"env server {url}"] == "NOT reachable/healthy"
+    message = str(document["error"]["message"])  # type: ignore[index]
+    for name in variables:
+        assert f"{name}=" in message, message

@@ -999,6 +999,24 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return code
 
 
+_DOCTOR_ORDER = (EXIT_ENV_SERVER, EXIT_VLLM, EXIT_CONFIG, EXIT_CHECKPOINT, EXIT_ERROR)
+"""Which of doctor's problems decides its exit code: the first in this order (`examine`'s)."""
+
+
+def _settings_but_refused() -> tuple[Settings, list[ConfigError]]:
+    """The settings of the variables, those refused left out; and the refusals, in order."""
+    environ = dict(os.environ)
+    refused: list[ConfigError] = []
+    while True:
+        try:
+            return Settings.from_environ(environ), refused
+        except ConfigError as exc:  # noqa: PERF203 - one variable at a time, each named
+            if exc.field not in environ:
+                raise
+            refused.append(exc)
+            del environ[exc.field]
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     """A table of what this machine has for a GRPO job; non-zero when something is not usable.
 
@@ -1007,8 +1025,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     the settings; else 5: launch would find no checkpoint (``latest`` with no
     source); else 1 (torch fails to load, the Hub token cannot be looked up).
     """
-    # Inputs first, so that a bad one is the only line printed.
-    settings = Settings.from_environ()
+    # A variable launch would refuse is a problem of the table (launch's exit 2), not the end of
+    # it: the env server and the rest are still checked, the table read without that variable.
+    settings, refused = _settings_but_refused()
     vllm_port = settings.vllm_port or 8001
     if args.vllm_port is not None:
         vllm_port = check_port("--vllm-port", args.vllm_port)
@@ -1041,6 +1060,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             **({"env_url": env_url} if from_flag else {}),
         },
     )
+    for refusal in refused:
+        what = _in_cli_words(as_launch, refusal)
+        if not any(what in known for _, known in problems):
+            problems.append((EXIT_CONFIG, what))
+    problems.sort(key=lambda problem: _DOCTOR_ORDER.index(problem[0]))
     width = max(len(name) for name, _ in rows)
     text = "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
     data: dict[str, object] = dict(rows)
