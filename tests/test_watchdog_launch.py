@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import psutil
 import pytest
 
 from _support import nothing_listens, unshared_port
-from verirl._watchdog import EXIT_POLL, HEALTH_INTERVAL
+from verirl._watchdog import EXIT_POLL
 
 DEADLINE = 5.0
 """The issue's bound: launch exits within this many seconds of the death, plus the save."""
@@ -179,10 +180,13 @@ def test_a_server_that_stops_answering_counts_as_dead_after_the_bound(
     took = time.monotonic() - frozen_at
     stderr = job.stderr
     assert code == 4, stderr
-    # The bound runs from the last healthy answer, which came up to one health interval
-    # before the freeze.
-    assert bound - HEALTH_INTERVAL <= took < bound + DEADLINE, (took, stderr)
-    assert "did not answer /health for" in stderr
+    # The bound runs from the last healthy answer, which came up to one health interval before
+    # the freeze, or earlier if launch was not scheduled then (a loaded machine): no lower bound
+    # on the test's clock. The watchdog's own clock says it waited the bound out.
+    assert took < bound + DEADLINE, (took, stderr)
+    waited = re.search(r"did not answer /health for ([0-9.]+)s", stderr)
+    assert waited is not None, stderr
+    assert float(waited[1]) >= bound, stderr
     assert (job.out / "checkpoint-7" / "trainer_state.json").exists()
     _, alive = psutil.wait_procs(processes, timeout=10)  # the frozen server too (SIGCONT)
     assert not alive, alive
