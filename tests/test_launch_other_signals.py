@@ -350,7 +350,7 @@ def test_serve_takes_the_signal_for_a_sigterm_and_stops_its_server(
 def test_any_other_command_takes_the_signal_for_a_sigterm(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: signal.Signals
 ) -> None:
-    """wait-env: 143 and the SIGTERM document at once, not a death by the signal."""
+    """wait-env: 143 and the SIGTERM document at once (naming the signal), not a death by it."""
     _clear_env(monkeypatch, tmp_path)
     err, port = tmp_path / "wait-env.err", unshared_port()
     argv = [
@@ -372,8 +372,8 @@ def test_any_other_command_takes_the_signal_for_a_sigterm(
             proc.kill()
             proc.wait()
     assert code == 143, err.read_text()
-    assert json.loads((tmp_path / "out").read_text()) == {
-        "error": {"code": 143, "message": "terminated (SIGTERM)"}
+    assert json.loads((tmp_path / "out").read_text()) == {  # the signal named as it came
+        "error": {"code": 143, "message": f"terminated ({sig.name}, taken for a SIGTERM)"}
     }
 
 

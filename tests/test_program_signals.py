@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -52,14 +53,22 @@ def _run(tmp_path: Path, script: str, *args: str) -> tuple[subprocess.CompletedP
     return result, time.monotonic() - begun
 
 
-def _assert_ended_by(result: subprocess.CompletedProcess[str], signum: int) -> None:
-    """Exit ``128 + signum``, stdout exactly one document (the signal's), no traceback."""
+def _assert_ended_by(
+    result: subprocess.CompletedProcess[str], signum: int, sent: int | None = None
+) -> None:
+    """Exit ``128 + signum``, stdout exactly one document (the signal's), no traceback.
+
+    ``sent``: the signal taken for ``signum`` (a SIGTERM), which the message names.
+    """
     detail = (result.returncode, result.stdout, result.stderr[-3000:])
     assert result.returncode == 128 + signum, detail
     assert "Traceback" not in result.stderr, detail
-    assert json.loads(result.stdout) == {
-        "error": {"code": 128 + signum, "message": MESSAGE[signum]}
-    }, detail
+    message = MESSAGE[signum]
+    if sent is not None and sent != signum:
+        message = f"terminated ({signal.Signals(sent).name}, taken for a SIGTERM)"
+    assert json.loads(result.stdout) == {"error": {"code": 128 + signum, "message": message}}, (
+        detail
+    )
 
 
 def _command(name: str, tmp_path: Path) -> list[str]:
@@ -158,7 +167,7 @@ def test_a_signal_before_run_takes_over_gives_its_code_and_one_document(
     imported its modules (35-40 ms, where the README says 5-20: review round 28, A-F5)."""
     result, took = _run(tmp_path, START_UP, where, str(int(signum)), how)
     as_itself = signum in (signal.SIGINT, signal.SIGTERM)  # the others count as a SIGTERM
-    _assert_ended_by(result, signum if as_itself else signal.SIGTERM)
+    _assert_ended_by(result, signum if as_itself else signal.SIGTERM, sent=signum)
     assert took < BOUND, took
 
 
@@ -169,6 +178,7 @@ def test_the_signals_noted_from_the_first_statements_are_those_that_count_as_a_s
     own: the import sets the program's handlers."""
     script = """
 import signal
+import socket
 import verirl.__main__ as program
 from verirl._signals import _REAL_TIME, TERMINATING
 
@@ -204,6 +214,7 @@ def test_importing_the_module_leaves_ctrl_c_and_sigterm_raising(tmp_path):
     """Only run keeps signals noted: a program that merely imports the module gets them raised."""
     script = """
 import signal
+import socket
 import verirl.__main__
 from verirl._signals import program_handler
 assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
@@ -350,3 +361,43 @@ sys.exit(program.run())
     assert result.returncode == 143, result.stderr
     assert took < BOUND, took
     assert "still running 1.5s after the main thread ended on a signal" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("sent", "named"),
+    [
+        (signal.SIGHUP, "terminated (SIGHUP, taken for a SIGTERM)"),
+        (signal.SIGUSR1, "terminated (SIGUSR1, taken for a SIGTERM)"),
+        (signal.SIGTERM, "terminated (SIGTERM)"),
+        (signal.SIGINT, "interrupted (SIGINT)"),
+    ],
+    ids=["SIGHUP", "SIGUSR1", "SIGTERM", "SIGINT"],
+)
+def test_the_signal_that_ended_a_command_is_named_as_sent_on_stderr_and_in_the_document(
+    tmp_path, sent, named
+):
+    """Round 51: a hang-up ended wait-env with "terminated (SIGTERM)" in its document, and
+    nothing at all on stderr (the README: the document's message is the one logged there)."""
+    with contextlib.closing(socket.socket()) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)  # accepts, never answers: wait-env waits
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "verirl", "wait-env", "--json", url, "--timeout",
+             str(WAIT_ENV_TIMEOUT)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environ(tmp_path),
+            cwd=ROOT,
+        )  # fmt: skip
+        try:
+            assert process.stderr is not None
+            line = process.stderr.readline()  # "waiting up to 30s ...": it is in its wait
+            assert "waiting up to" in line, line
+            process.send_signal(sent)
+            out, err = process.communicate(timeout=BOUND)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    assert process.returncode == 128 + (signal.SIGINT if sent == signal.SIGINT else signal.SIGTERM)
+    assert json.loads(out)["error"]["message"] == named
+    assert [line for line in err.splitlines() if " ERROR " in line][-1].endswith(f": {named}")

@@ -84,6 +84,7 @@ from verirl._signals import (  # noqa: E402
     program_received,
     raise_if_dropped,
     sigterm_pending,
+    taken_for_sigterm,
 )
 
 __all__ = ["run"]
@@ -194,8 +195,10 @@ def _take_over() -> None:
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, program_interrupt)
     came, _NOTED[:] = _NOTED[:], []
-    if any(signum != signal.SIGINT for signum in came):  # SIGTERM, or one that counts as it
-        program_handler(signal.SIGTERM, None)
+    first = next((signum for signum in came if signum != signal.SIGINT), None)
+    if first is not None:  # SIGTERM, or one that counts as it (named as it came)
+        with taken_for_sigterm(first):
+            program_handler(signal.SIGTERM, None)
     if came:
         raise KeyboardInterrupt
 

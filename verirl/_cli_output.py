@@ -31,7 +31,7 @@ from types import FrameType
 from typing import TextIO
 
 from verirl._fs import stdout_kept_in
-from verirl._signals import program_exit_arrived, raise_if_lost, sigterm_lost
+from verirl._signals import ending_signal_name, program_exit_arrived, raise_if_lost, sigterm_lost
 
 __all__ = [
     "STDERR",
@@ -44,6 +44,7 @@ __all__ = [
     "json_text",
     "reserve_standard_fds",
     "signal_document",
+    "signal_message",
     "stdout_to_stderr",
     "wants_json",
     "write_document",
@@ -567,6 +568,14 @@ SIGNAL_MESSAGES = {
 }
 
 
+def signal_message(code: int) -> str:
+    """What ended a run with exit ``code``: ``terminated (SIGHUP, taken for a SIGTERM)``, ...."""
+    if code not in SIGNAL_MESSAGES:
+        return f"exit code {code}"
+    verb = "interrupted" if code == 128 + signal.SIGINT else "terminated"
+    return f"{verb} ({ending_signal_name(code)})"
+
+
 _DECIDED: list[bool] = []
 
 
@@ -591,9 +600,7 @@ def signal_document(argv: Sequence[str], code: int) -> None:
     left = whole_write_left()
     if document_written() or not wanted or (left is not None and left[1]):
         return  # written, not wanted, or stdout's reader took nothing within the bound
-    document: dict[str, object] = {
-        "error": {"code": code, "message": SIGNAL_MESSAGES.get(code, f"exit code {code}")}
-    }
+    document: dict[str, object] = {"error": {"code": code, "message": signal_message(code)}}
     if command_word(argv) == "launch":
         document["exit_code"] = code
     write_document(document)

@@ -55,6 +55,7 @@ __all__ = [
     "SigtermPolicy",
     "arm_exit_deadline",
     "as_sigterm",
+    "ending_signal_name",
     "exit_on_sigterm",
     "in_a_spot_that_must_not_raise",
     "interruptions",
@@ -71,8 +72,10 @@ __all__ = [
     "raise_if_dropped",
     "raise_if_lost",
     "raise_interruption_behind",
+    "signal_name",
     "sigterm_lost",
     "sigterm_pending",
+    "taken_for_sigterm",
 ]
 
 log = logging.getLogger("verirl.signals")
@@ -194,7 +197,45 @@ def as_sigterm(_signum: int, _frame: types.FrameType | None) -> None:
     lock this one may have landed in (`in_tracers_lock`): that is looked at
     before, by `outside_tracers_lock`.
     """
-    signal.raise_signal(signal.SIGTERM)
+    with taken_for_sigterm(_signum):
+        signal.raise_signal(signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def taken_for_sigterm(signum: int) -> Iterator[None]:
+    """Inside the block a SIGTERM handled is ``signum`` taken for one (`signal_name` says so)."""
+    _TAKEN_FOR_SIGTERM.append(signum)
+    try:
+        yield
+    finally:
+        _TAKEN_FOR_SIGTERM.pop()
+
+
+_TAKEN_FOR_SIGTERM: list[int] = []
+"""While `as_sigterm` raises its SIGTERM: the signal that was taken for it (SIGHUP, ...)."""
+
+_FIRST_NAMES: list[str] = []
+"""How the first signal that ended the run is named (`signal_name`), once it was handled."""
+
+
+def signal_name(signum: int) -> str:
+    """How to name ``signum``, being handled now: ``SIGHUP, taken for a SIGTERM`` from `as_sigterm`.
+
+    The first one named is what `ending_signal_name` tells later.
+    """
+    name = signal.Signals(signum).name
+    if signum == signal.SIGTERM and _TAKEN_FOR_SIGTERM and _TAKEN_FOR_SIGTERM[-1] != signum:
+        name = f"{signal.Signals(_TAKEN_FOR_SIGTERM[-1]).name}, taken for a SIGTERM"
+    if not _FIRST_NAMES:
+        _FIRST_NAMES.append(name)
+    return name
+
+
+def ending_signal_name(code: int) -> str:
+    """How the signal that ended the run with exit ``code`` (130, 143) is named."""
+    if code == 128 + signal.SIGTERM and _FIRST_NAMES and "SIGTERM" in _FIRST_NAMES[0]:
+        return _FIRST_NAMES[0]
+    return signal.Signals(code - 128).name
 
 
 class SigtermPolicy:
@@ -250,7 +291,9 @@ class SigtermPolicy:
             log.warning("SIGTERM received again while tearing down; ignored")
             return
         self._fired = True
-        log.warning("SIGTERM received: exiting so that the vLLM server is stopped first")
+        name, _, taken = signal_name(signum).partition(", ")
+        log.warning("%s received%s: exiting so that the vLLM server is stopped first",
+                    name, f" ({taken})" if taken else "")  # fmt: skip
         raise SystemExit(128 + signum)
 
     def take_interrupt(self) -> tuple[bool, BaseException | None]:
@@ -444,6 +487,7 @@ def program_handler(signum: int, _frame: types.FrameType | None) -> None:
     thread's next wait raises it again (`raise_if_dropped`).
     """
     _PROGRAM_RECEIVED.append(signum)
+    signal_name(signum)
     _UNARRIVED[:] = [signum]
     raise SystemExit(128 + signum)
 

@@ -63,12 +63,12 @@ from typing import Any, NoReturn
 from verirl import __version__
 from verirl._child_env import map_visible_devices
 from verirl._cli_output import (
-    SIGNAL_MESSAGES,
     STDERR,
     STDOUT,
     abandoned_pipes_to_devnull,
     command_word,
     decide_json,
+    signal_message,
     stdout_to_stderr,
     wants_json,
     write_document,
@@ -1861,8 +1861,24 @@ def _final_document(args: argparse.Namespace, code: int, message: str) -> None:
     if code == EXIT_OK:
         _emit_json(args, {"exit_code": code})
         return
-    document = _error_document(code, message or SIGNAL_MESSAGES.get(code, f"exit code {code}"))
+    document = _error_document(code, message or signal_message(code))
     _emit_json(args, {"exit_code": code, **document} if args.cmd == "launch" else document)
+
+
+SIGNALLED = (128 + signal.SIGINT, 128 + signal.SIGTERM)
+"""The exit codes of a run a signal ended."""
+
+
+def _signal_said(args: argparse.Namespace, code: int) -> str:
+    """The line a signal that ended the run is said in on stderr ("" if none: not one).
+
+    serve and launch said what they got and did about it, as they went.
+    """
+    if code not in SIGNALLED or args.cmd in {"serve", "launch"}:
+        return ""
+    message = signal_message(code)
+    log.error("%s", message)
+    return message
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1909,6 +1925,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.json:  # a bug: its traceback follows on stderr, the document comes first
                 _emit_json(args, _error_document(EXIT_ERROR, f"unexpected {type(exc).__name__}"))
             raise
+        message = message or _signal_said(args, code)
         if args.json:
             _final_document(args, code, message or getattr(args, "final_message", ""))
     finally:
