@@ -390,3 +390,19 @@ def test_a_master_port_clash_says_which_setting_moves_the_server(clean, capsys, 
     assert main([*argv, "--", "true"]) == 2
     name = "--vllm-port" if given == "flag" else "VERIRL_VLLM_PORT"
     assert f"set MASTER_PORT or {name} to another" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given", ["flag", "variable"])
+def test_a_dedicated_node_s_idle_gpus_warning_names_serve_s_flags(clean, capsys, given):
+    """Round 51 (low): the advice named "a tensor-parallel and a data-parallel size" and "the
+    vLLM GPU count", the library's words, to a user of ``serve``."""
+    argv = ["serve", "--dedicated", "--gpus", "2", "--model", "m", "--vllm-command", "/no/such"]
+    if given == "flag":
+        argv += ["--vllm-gpus", "1"]
+    else:
+        clean.setenv("VERIRL_VLLM_GPUS", "1")
+    main(argv)
+    warning = next(line for line in capsys.readouterr().err.splitlines() if "stay idle" in line)
+    assert "choose --tensor-parallel-size and --data-parallel-size" in warning, warning
+    name = "--vllm-gpus" if given == "flag" else "VERIRL_VLLM_GPUS"
+    assert f"leave {name} unset" in warning, warning

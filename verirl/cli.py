@@ -434,10 +434,22 @@ class _InUserWords(logging.Filter):
             self.source = "--max-model-len"
         else:
             self.source = Settings.variable("max_model_len")
+        gpus = "--vllm-gpus" if getattr(args, "vllm_gpus", None) is not None else None
+        self.words = {
+            "max_model_len=%d": f"{self.source}=%d",
+            # a dedicated node's idle GPUs: serve's flags (it is the only command with them)
+            "choose a tensor-parallel and a data-parallel size whose product": (
+                "choose --tensor-parallel-size and --data-parallel-size so that their product"
+            ),
+            "leave the vLLM GPU count unset": (
+                f"leave {gpus or Settings.variable('vllm_gpus')} unset"
+            ),
+        }
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, str) and "max_model_len=%d" in record.msg:
-            record.msg = record.msg.replace("max_model_len=%d", f"{self.source}=%d")
+        if isinstance(record.msg, str):
+            for library, user in self.words.items():
+                record.msg = record.msg.replace(library, user)
         return True
 
 
