@@ -776,6 +776,7 @@ _ENTRIES: dict[str, tuple[bool | None, tuple[tuple[str, ...], ...]]] = {
         False,
         (("chmod", "place", "600"), ("link", "LOG", "{place}/made.log")),
     ),
+    "full file system, nothing there": (False, ()),
     "read-only mount, nothing there": (False, ()),
     "read-only mount, a file": (False, (("write", "LOG"),)),
     "another user's file in a sticky folder": (  # fs.protected_regular decides
@@ -837,8 +838,8 @@ def test_doctor_says_of_whatever_is_at_the_log_s_path_what_launch_does(tmp_path,
     """doctor passed a dangling link that launch refused ("cannot be opened ... (No such file or
     directory)"): its look followed the link and read "missing" as "launch makes it". Each kind
     of entry, through the real commands: doctor's exit code and words are launch's."""
-    if entry.startswith("read-only mount") and not (_AS_ROOT and shutil.which("unshare")):
-        pytest.skip("a read-only mount needs root and unshare")
+    if entry.startswith(("read-only mount", "full")) and not (_AS_ROOT and shutil.which("unshare")):
+        pytest.skip("a mount of the test's own needs root and unshare")
     if entry.startswith("another user's") and not _AS_ROOT:
         pytest.skip("a file of another user's needs root to make")
     port = str(unshared_port())
@@ -858,6 +859,12 @@ def test_doctor_says_of_whatever_is_at_the_log_s_path_what_launch_does(tmp_path,
     if entry.startswith("read-only mount"):  # in a mount namespace of its own: gone with it
         remount = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
         wrap = ["unshare", "-m", "sh", "-c", remount, str(logs)]
+    if entry.startswith("full"):  # a 64 KiB file system, filled (round 51: doctor passed it)
+        fill = (
+            'mount -t tmpfs -o size=64k tmpfs "$0" && '
+            '{ dd if=/dev/zero of="$0/fill" bs=4k 2>/dev/null; exec "$@"; }'
+        )
+        wrap = ["unshare", "-m", "sh", "-c", fill, str(logs)]
     if _AS_ROOT:  # root without DAC override stands for a user whom permissions bind
         wrap += ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
 

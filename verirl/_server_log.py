@@ -355,7 +355,8 @@ def check_server_log(requested: Path | None, *, port: int, field: str = "log_pat
     one that is missing or no folder; a folder that start would make and
     cannot (see `_mkdirs_refusal`: a file or a dangling link in its place, no
     permission). The default folder is looked into when it is there and
-    ours (else a fresh one is made at start). Not checked: a full disk.
+    ours (else a fresh one is made at start). A file system with no block
+    left, where launch's first line would fail (`_check_space`), is refused too.
     """
     name = log_file_name(port)
     if requested is None:
@@ -363,6 +364,7 @@ def check_server_log(requested: Path | None, *, port: int, field: str = "log_pat
         if default is not None:
             try:
                 _check_in_folder(default[0] / name, default[1], field)
+                _check_space(default[0] / name, default[1], field)
             finally:
                 os.close(default[1])
         return
@@ -387,8 +389,29 @@ def check_server_log(requested: Path | None, *, port: int, field: str = "log_pat
             raise _refusal(path, field, exc, None) from None
     try:
         _check_in_folder(path, folder, field)
+        _check_space(path, folder, field)
     finally:
         os.close(folder)
+
+
+def _check_space(path: Path, folder: int, field: str) -> None:
+    """A full file system where the log is: launch's first line there fails (``ENOSPC``).
+
+    Only when no block is left (root's reserve counts for root) and the line
+    would need a new one: the file is missing, or it ends on a block boundary.
+    """
+    try:
+        info = os.statvfs(path)  # through a link: where the lines go
+        size = path.stat().st_size
+    except OSError:
+        try:
+            info, size = os.fstatvfs(folder), 0
+        except OSError:
+            return
+    free = info.f_bfree if os.geteuid() == 0 else info.f_bavail
+    if free == 0 and size % max(info.f_bsize, 1) == 0:
+        why = f"cannot be written ({os.strerror(errno.ENOSPC)})"
+        raise ConfigError.invalid(field, printable(path), why)
 
 
 def _check_in_folder(path: Path, folder: int, field: str) -> None:
