@@ -28,6 +28,7 @@ from verirl._secrets import (
     redact_argv,
     redact_message,
     redact_text,
+    secrets_in_environ,
     shown_command,
     shown_line,
 )
@@ -815,3 +816,92 @@ def test_a_usage_error_ends_with_its_hint_after_a_secret_flag_without_its_value(
     err = capsys.readouterr().err
     assert err.rstrip().endswith("(see verirl --help)"), err
     assert SECRET not in err
+
+
+# Round 51A: what a review of the round-48 and round-50 redaction found.
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bash", "-lc", f"x=$(sshpass -p {LEAKY} ssh h)"],
+        ["bash", "-c", f"(curl -u u:{LEAKY})"],
+        ["bash", "-c", f"`curl -u u:{LEAKY}`"],
+        ["bash", "-c", f"true $(sshpass -p {LEAKY} ssh h); exit 3"],
+        ["curl", "-sSu", f"user:{LEAKY}", "https://h"],
+        ["curl", f"-sSuuser:{LEAKY}"],
+        ["skopeo", "copy", "--src-creds", f"u:{LEAKY}", "a", "b"],
+        ["bash", "-c", f"python t.py --password=correct\\ {LEAKY}\\ battery --port 8000"],
+    ],
+)
+def test_a_tool_s_secret_in_a_substitution_a_flag_cluster_or_after_an_escaped_space_is_hidden(
+    argv,
+):
+    assert LEAKY not in shown_line(argv)
+    assert not any(LEAKY in word for word in redact_argv(argv))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [f"python t.py --password=correct\\ {LEAKY}\\ battery --port 8000",
+     f"HF_TOKEN=abc\\ {LEAKY}\\ ghi next"],
+)  # fmt: skip
+def test_a_value_with_escaped_spaces_is_hidden_whole_in_a_message(text):
+    assert LEAKY not in redact_message(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Could not read the Hub token:\n  /home/u/.cache/huggingface/token: no\nnext line",
+        "Invalid API key:\n    check https://platform.example.com/account/api-keys\n",
+    ],
+)
+def test_prose_ending_in_a_secret_word_keeps_the_lines_below(text):
+    """Only a YAML key alone on its line has its value on the lines below."""
+    assert text.splitlines()[1].strip().split(":")[0] in redact_message(text)
+
+
+def test_the_environment_scan_takes_only_a_word_that_tells_which_after_a_secret_s_name():
+    found = secrets_in_environ({
+        "SECRETS_MOUNT": "/var/run/secrets", "SORT_KEY_ORDER": "ascending",
+        "AUTH_METHOD": "password", "AUTH_BACKEND": "kerberos5", "KEY_STORE": "/etc/ssl/keystore",
+        "HF_TOKEN_EXPIRATION": "2026-12-31", "HF_TOKEN_BACKUP": "backupvalue1",
+        "REDIS_URL": "redis://:p@ssword99@cache:6379/0",
+    })  # fmt: skip
+    assert found == ["backupvalue1", "p@ssword99"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["plan", "--gpus", "2", "curl", "-u", f"u:{SECRET}"],
+     ["plan", "--gpus", "2", "sshpass", "-p", SECRET, "ssh"]],
+)  # fmt: skip
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["text", "json"])
+def test_a_usage_error_never_shows_another_tool_s_secret(capsys, no_settings, argv, json_flag):
+    with pytest.raises(SystemExit):
+        main([*json_flag, *argv])
+    out, err = capsys.readouterr()
+    assert SECRET not in out + err
+    assert "unrecognized arguments" in out + err
+
+
+def test_a_long_shell_line_is_never_split_by_shlex(monkeypatch):
+    """Round 51 (high): the word-by-word check split the whole argument with shlex (quadratic on
+    one long token: 150 s for 1 MB). Lines over the bound are split on white space."""
+    from verirl import _secrets
+
+    lengths: list[int] = []
+    real = shlex.split
+
+    def split(text: str, *args: object, **kwargs: object) -> list[str]:
+        lengths.append(len(text))
+        return real(text, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_secrets.shlex, "split", split)
+    for line in [
+        "a b api_key: \u201c" + "x" * 200_000,
+        "curl -H 'Authorization: Bearer " + "x" * 200_000 + "'",
+    ]:
+        assert "x" * 100 not in shown_line(["sh", "-c", line])
+    assert max(lengths, default=0) <= _secrets._MAX_SHELL_LINE

@@ -260,8 +260,23 @@ def test_a_server_environment_too_long_to_start_blames_its_longest_part(clean, c
     assert code == 4, err
     assert "CUDA_VISIBLE_DEVICES" not in err, err
     assert "secretish" not in err
-    named = "the variable SOME_BIG_SETTING" if where == "variable" else "argument"
-    assert f"the longest part is {named}" in err, err
+    named = "the variable SOME_BIG_SETTING is" if where == "variable" else "of the command is"
+    assert named in err, err
+    assert "over the 131072 one may be" in err, err
+
+
+def test_a_command_of_many_small_arguments_too_long_to_start_says_so(clean, capsys):
+    """Round 51: 260,000 small arguments, each far under the kernel's bound for one, were
+    blamed on the longest variable (PATH, 180 bytes): the kernel counts a pointer each too."""
+    from _support import unshared_port
+
+    code = main(["serve", "--gpus", "2", "--model", "m", "--vllm-port", str(unshared_port()),
+                 "--vllm-command", "/bin/true", "--vllm-args=" + "-x " * 260_000])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 4, err[-2000:]
+    line = next(line for line in err.splitlines() if "too long to start" in line)
+    assert "arguments and" in line, line
+    assert "shorten the command line or the environment" in line, line
 
 
 @pytest.mark.parametrize("given", ["argument", "variable"])
@@ -406,3 +421,33 @@ def test_a_dedicated_node_s_idle_gpus_warning_names_serve_s_flags(clean, capsys,
     assert "choose --tensor-parallel-size and --data-parallel-size" in warning, warning
     name = "--vllm-gpus" if given == "flag" else "VERIRL_VLLM_GPUS"
     assert f"leave {name} unset" in warning, warning
+
+
+def test_a_master_port_clash_with_trl_s_group_port_advises_moving_master_port(clean, capsys):
+    """Round 51 (low): the advice named --vllm-port, which does not move TRL's group port."""
+    clean.setenv("MASTER_PORT", "51216")
+    argv = ["launch", "--gpus", "2", "--model", "m", "--vllm-command", "/bin/true", "--", "true"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "is TRL's weight-sync group port" in err, err
+    assert err.rstrip().endswith("set MASTER_PORT to another"), err
+
+
+@pytest.mark.parametrize(
+    ("request_", "shown"),
+    [("latest", "'latest'"), ("https://u:S3cretv4lue@h/x", "'https://***@h/x'")],
+)
+def test_a_checkpoint_error_names_the_flag_also_for_a_source_error_and_a_hidden_request(
+    clean, capsys, request_, shown
+):
+    """Round 51 (low): a Hub source that could not be read (CheckpointSourceError) and a request
+    quoted with its password hidden were not named as --resume's."""
+    from _support import unshared_port
+
+    argv = ["resume", "--resume", request_]
+    if request_ == "latest":
+        argv += ["--hub-repo", "o/r", "--hub-endpoint", f"http://127.0.0.1:{unshared_port()}"]
+    assert main(argv) == 5
+    err = capsys.readouterr().err
+    assert f"checkpoint for --resume={shown}" in err, err
+    assert "S3cretv4lue" not in err

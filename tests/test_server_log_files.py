@@ -1021,3 +1021,18 @@ def test_launch_refuses_a_server_log_that_is_its_own_output_with_json_too(
     if json_flag and stream == "stdout":
         document = json.loads(output.read_text())  # the one document, nothing after it
         assert document["exit_code"] == 2, document
+
+
+def test_a_long_control_sequence_cut_by_a_piece_is_still_blank(tmp_path):
+    """Round 51: a colour sequence of 40 characters, cut by a 64 KiB piece, was taken for text."""
+    path = tmp_path / "x.log"
+    sequence = b"\x1b[0;1;4;38;2;255;128;0;48;2;10;20;30m"
+    path.write_bytes(b"REAL ERROR LINE\n" + sequence * 5000 + b"\n" * 26)
+    assert read_log_tail(path, lines=3) == "REAL ERROR LINE\n"
+
+
+def test_a_control_sequence_cut_where_the_blank_lines_read_end_is_still_blank(tmp_path):
+    """Round 51: the 4 MiB looked at began inside an erase sequence; its end was shown."""
+    path = tmp_path / "x.log"
+    path.write_bytes(b"E\n" + b"\x1b[2K\r" * (8 * 1024 * 1024 // 5))
+    assert read_log_tail(path, lines=3) == "\u2026 (the last 4 MiB of the server log are blank)\n"

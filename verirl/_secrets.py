@@ -48,6 +48,7 @@ __all__ = [
     "secrets_in_environ",
     "shown_command",
     "shown_line",
+    "taken_out",
     "token_variable",
 ]
 
@@ -587,7 +588,7 @@ _JSON_SCALAR = re.compile(r"[^\s,}\]]*")
 # or a JSON delimiter); a quote inside it (pass=ab"cd) is taken in. An auth scheme stays.
 _BARE_VALUE = re.compile(
     r"((?:bearer|basic|token|digest|negotiate|apikey|dpop|hoba|mutual|ntlm)\b[ \t]*)?"
-    r"((?:[^\s'\"]|['\"](?=[^\s'\",;)}\]]))*)",
+    r"((?:\\[^\r\n]|[^\s'\"]|['\"](?=[^\s'\",;)}\]]))*)",  # \ : a space kept in (printf %q)
     re.IGNORECASE,
 )
 
@@ -745,13 +746,19 @@ _BLOCK = re.compile(r"[|>][-+0-9]{0,3}[ \t]*(?=\r?\n)")
 _LINE_END = re.compile(r"\r?\n")
 """Nothing after ``key:`` on its line: in YAML, the value is on the lines below, indented."""
 
+_YAML_INDENT = re.compile(r"[ \t]*(?:-[ \t]+)*")
+"""What may stand before a YAML key on its line (prose before ``token:`` is no YAML)."""
+
 
 def _header_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
     """A header's credential (its scheme kept), or the lines of a YAML value below it."""
     start = found.end()
-    if _BLOCK.match(text, start) is None and _LINE_END.match(text, start) is None:
-        return _regex_span(_HEADER_VALUE, 2)(text, found)
     line_start = text.rfind("\n", 0, found.start()) + 1
+    below = _LINE_END.match(text, start) is not None and bool(  # a YAML key alone on its line
+        _YAML_INDENT.fullmatch(text, line_start, found.start())
+    )
+    if _BLOCK.match(text, start) is None and not below:
+        return _regex_span(_HEADER_VALUE, 2)(text, found)
     indent = len(text[line_start:]) - len(text[line_start:].lstrip(" \t"))
     end = text.index("\n", start)
     while end < len(text):  # the block: the lines after it indented deeper, and blank ones
@@ -777,7 +784,11 @@ def _flag_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
         return start + 1, _match_end(_QUOTED[quote], text, start + 1)
     if text.startswith("-", start):
         return None
-    return start, _match_end(_BEARER_VALUE, text, start)
+    return start, _match_end(_ESCAPED_WORD, text, start)
+
+
+_ESCAPED_WORD = re.compile(r"(?:\\[^\r\n]|[^\s'\"\\])+")
+"""A word of a shell line, its escaped characters in it (``correct\\ horse``: printf %q's)."""
 
 
 # ``user:password@`` inside a longer text (a message naming a URL, a path made of one): the part
@@ -1024,11 +1035,18 @@ def _split_first_if_shown(arg: str, shown: str, secrets: Sequence[str]) -> str:
     secret's (round 50). Then the words of ``arg`` itself are redacted and
     joined (a JSON value's quotes may go: showing less beats a leak).
     """
-    try:
-        words = shlex.split(arg)
-    except ValueError:
-        return shown
-    redacted = _redact_words(words, secrets)
+    shell = len(arg) <= _MAX_SHELL_LINE  # shlex takes quadratic time on one long token
+    words: list[str] = []
+    if shell:
+        try:
+            words = shlex.split(arg)
+        except ValueError:
+            shell = False
+    if not shell:  # on white space, each word judged as it is, never split again
+        words = arg.split()
+    if words == [arg]:
+        return shown  # one word: judged whole already
+    redacted = _redact_words(words, secrets, shell=shell)
     for word, hidden in zip(words, redacted, strict=True):
         if word != hidden and _still_shown(word, hidden, shown):
             return _redact_params(shlex.join(redacted))
@@ -1043,14 +1061,28 @@ def _common_start(one: str, other: str) -> int:
     return min(len(one), len(other))
 
 
-def _still_shown(word: str, hidden: str, shown: str) -> bool:
-    """Whether what redacting ``word`` into ``hidden`` took out is still in ``shown``."""
+def taken_out(word: str, hidden: str) -> str:
+    """What redacting ``word`` into ``hidden`` took out: the part between what both share.
+
+    With several parts taken, everything from the first to the last (more
+    than the secrets: for hiding, not for showing).
+    """
     head = _common_start(word, hidden)
     tail = _common_start(word[head:][::-1], hidden[head:][::-1])
-    taken = word[head : len(word) - tail]
-    return bool(taken) and any(
-        form in shown for form in (taken, taken.replace("'", "'\"'\"'"), *_forms(taken))
-    )
+    return word[head : len(word) - tail]
+
+
+def _still_shown(word: str, hidden: str, shown: str) -> bool:
+    """Whether what redacting ``word`` into ``hidden`` took out is still in ``shown``.
+
+    Whole or in a quoted form; not in pieces: a word's redaction may take more
+    than the secret (``{key:V,region:us}`` split loses its quotes), and what
+    the whole pass rightly shows of the rest would count.
+    """
+    taken = taken_out(word, hidden)
+    if not taken:
+        return False
+    return any(form in shown for form in (taken, taken.replace("'", "'\"'\"'"), *_forms(taken)))
 
 
 class _Tool(NamedTuple):
@@ -1061,13 +1093,15 @@ class _Tool(NamedTuple):
     ``joined``: the short flags that hold a value only joined to it (``mysql
     -pV``: a lone ``-p`` asks for the password, and the next word is the
     database); ``words``: every word not a flag after ``after`` is secret
-    (``wandb login KEY``).
+    (``wandb login KEY``); ``clusters``: its short flags may be written
+    together (``curl -sSu user:pw``).
     """
 
     flags: Mapping[str, str]
     after: str = ""
     joined: frozenset[str] = frozenset()
     words: bool = False
+    clusters: bool = False
 
 
 _WHOLE, _AFTER_COLON, _AFTER_PASS = "whole", "after ':'", "after 'pass:'"
@@ -1075,12 +1109,14 @@ _LOGIN = _Tool({"-p": _WHOLE}, after="login")  # docker login -p V: -p is a port
 _MYSQL = _Tool({"-p": _WHOLE}, joined=frozenset({"-p"}))
 _TOOLS: Mapping[str, _Tool] = {
     "curl": _Tool({"-u": _AFTER_COLON, "--user": _AFTER_COLON, "-U": _AFTER_COLON,
-                   "--proxy-user": _AFTER_COLON}),
+                   "--proxy-user": _AFTER_COLON}, clusters=True),
     "sshpass": _Tool({"-p": _WHOLE}),
     "redis-cli": _Tool({"-a": _WHOLE}),
     "openssl": _Tool({"-passin": _AFTER_PASS, "-passout": _AFTER_PASS, "-pass": _AFTER_PASS}),
+    "skopeo": _Tool({"--creds": _AFTER_COLON, "--src-creds": _AFTER_COLON,
+                     "--dest-creds": _AFTER_COLON, "-p": _WHOLE}),
     "wandb": _Tool({}, after="login", words=True),
-    **dict.fromkeys(("docker", "podman", "nerdctl", "buildah", "skopeo", "helm", "oras"), _LOGIN),
+    **dict.fromkeys(("docker", "podman", "nerdctl", "buildah", "helm", "oras"), _LOGIN),
     **dict.fromkeys(("mysql", "mariadb", "mysqldump", "mysqladmin"), _MYSQL),
 }  # fmt: skip
 _COMMAND_ENDS = frozenset({"&&", "||", ";", "|", "&"})
@@ -1106,6 +1142,12 @@ class _ToolWords:
 
     def shown(self, arg: str) -> str | None:
         """``arg`` as shown if it is a tool's secret (or its flag), else None; then follows it."""
+        shown = self._shown(arg)
+        if arg.endswith(_WORD_ENDS_COMMAND):  # "h)", "x;", "y`": the tool's words end here
+            self.tool, self.next_how = None, None
+        return shown
+
+    def _shown(self, arg: str) -> str | None:
         if self.next_how is not None:
             how, self.next_how = self.next_how, None
             return _hide_tool_value(arg, how)
@@ -1117,7 +1159,8 @@ class _ToolWords:
         elif tool is not None and arg == tool.after:
             self.counting = True
         elif not arg.startswith("-"):
-            found = _TOOLS.get(arg.rpartition("/")[2])
+            # its program: after "$(", "(", "`", "x=" (a subshell, a substitution), out of a path
+            found = _TOOLS.get(_COMMAND_STARTS.split(arg)[-1].rpartition("/")[2])
             if found is not None:
                 self.tool, self.counting = found, not found.after
         return None
@@ -1133,7 +1176,31 @@ class _ToolWords:
                 return f"{flag}={_hide_tool_value(arg[len(flag) + 1 :], how)}"
             if not flag.startswith("--") and arg.startswith(flag) and len(arg) > len(flag):
                 return flag + _hide_tool_value(arg[len(flag) :], how)
+        return self._in_cluster(tool, arg) if tool.clusters else None
+
+    def _in_cluster(self, tool: _Tool, arg: str) -> str | None:
+        """``curl -sSu user:pw``: a secret's short flag last of several, its value after it."""
+        cluster = _CLUSTER.fullmatch(arg)
+        if cluster is None:
+            return None
+        letters = cluster["letters"]
+        for flag, how in tool.flags.items():
+            if not _SHORT_FLAG.fullmatch(flag) or flag[1] not in letters:
+                continue
+            at = letters.index(flag[1]) + 1
+            value = letters[at:] + cluster["rest"]
+            if not value:
+                self.next_how = how
+                return arg
+            return f"-{letters[:at]}{_hide_tool_value(value, how)}"
         return None
+
+
+_COMMAND_STARTS = re.compile(r"[$(`{=!;|&]")
+_WORD_ENDS_COMMAND = (";", ")", "`", "&", "|", "}")
+_CLUSTER = re.compile(r"-(?P<letters>[A-Za-z]+)(?P<rest>.*)", re.DOTALL)
+_SHORT_FLAG = re.compile(r"-[A-Za-z]")
+"""Short flags together (``-sSu``), what follows the last letter of them the value's start."""
 
 
 def _redact_words(argv: Sequence[str], secrets: Sequence[str], *, shell: bool = True) -> list[str]:
@@ -1223,30 +1290,39 @@ def secrets_in_environ(environ: Mapping[str, str]) -> list[str]:
 def _secret_then_qualifier(name: str) -> bool:
     """A secret's name and one word more that tells which (``HF_TOKEN_BACKUP``, ``API_KEY_PROD``).
 
-    Not a word that tells what it holds instead (``HF_TOKEN_PATH``, ``SSH_AUTH_SOCK``,
-    ``API_KEY_NAME``).
+    Only words that tell which of several (`_WHICH`): another word may tell
+    what the value is instead (``HF_TOKEN_PATH``, ``SORT_KEY_ORDER``,
+    ``AUTH_METHOD``, ``KEY_STORE``), and such a value, scrubbed wherever it
+    appears, would hide a user's paths and words.
     """
     words = _words(name)
-    return len(words) > 1 and words[-1] not in _DESCRIBES and _ends_secret(words[:-1])
+    return len(words) > 1 and words[-1] in _WHICH and _ends_secret(words[:-1])
 
 
-_DESCRIBES = frozenset({"path", "file", "files", "dir", "directory", "folder", "url", "uri",
-                        "endpoint", "host", "port", "name", "type", "kind", "id", "length", "len",
-                        "size", "count", "header", "location", "source", "env", "var",
-                        "variable", "mode", "format", "prefix", "suffix", "timeout", "ttl",
-                        "expiry", "expires", "scope", "scopes", "audience", "issuer", "version",
-                        "enabled", "disabled", "required", "provider", "user", "username",
-                        "sock", "socket", "helper", "command", "cmd", "info", "limit",
-                        "level"})  # fmt: skip
+_WHICH = frozenset({"backup", "old", "new", "prev", "previous", "next", "current", "prod",
+                    "production", "dev", "development", "staging", "stage", "test", "testing",
+                    "ci", "local", "primary", "secondary", "main", "alt", "alternate", "write",
+                    "read", "rw", "ro", "admin", "root", "internal", "external", "public",
+                    "private", "personal", "org", "team", "bot", "service", "legacy", "default",
+                    "fallback", "override", "value", "raw", "b64", "base64", "encoded",
+                    "plain", "secret", "live", "sandbox"})  # fmt: skip
 
 
 def _url_password(value: str) -> str | None:
-    """The password of a URL that is the value (``DATABASE_URL=postgres://u:PASSWORD@h/db``)."""
-    match = _URL_PASSWORD.match(value.strip())
-    return None if match is None else match["password"]
+    """The password of a URL that is the value (``DATABASE_URL=postgres://u:PASSWORD@h/db``).
 
-
-_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:(?P<password>[^/@\s]+)@")
+    The authority runs to the first ``/`` after ``//``; the user information
+    to its last ``@`` (a password may hold a raw ``@``: ``redis://:p@ss@h``).
+    """
+    scheme = _SCHEME.match(value.strip())
+    if scheme is None:
+        return None
+    authority = value.strip()[scheme.end() :].split("/", 1)[0]
+    userinfo, at, _ = authority.rpartition("@")
+    _, colon, password = userinfo.partition(":")
+    return (
+        password if at and colon and password and not any(c.isspace() for c in password) else None
+    )
 
 
 def known_secrets(environ: Mapping[str, str] | None = None) -> list[str]:

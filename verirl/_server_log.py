@@ -21,6 +21,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import stat
 import tempfile
 import time
@@ -801,8 +802,11 @@ _FE = _CSI_FINAL.intersection(map(chr, range(0x40, 0x60))) - {"["}
 
 _MIB = 1024 * 1024
 
-_CUT_SEQUENCE = 32
+_CUT_SEQUENCE = 256
 """Characters at a piece's start, none a line break, that may end a control sequence begun below."""
+
+_CUT_TAIL = re.compile(r"\[?[0-?]*[ -/]*[@-~]")
+"""The end of a control sequence whose start lies below what is read (past the 4 MiB looked at)."""
 
 _BLANK_LIMIT = 4 * _MIB
 """Bytes of blank lines at a log's end read past for its tail, at most: a log that ends in
@@ -855,7 +859,8 @@ def _content_end(path: Path | str | KeptLog, start: int, size: int) -> int | Non
         text = data.decode("utf-8", errors="replace")
         shown = _visible_rstrip(text)
         rest = text[len(shown) :]  # whitespace and controls: encoded again, the bytes read
-        whole = low == floor or len(shown) > _CUT_SEQUENCE or _first_break(shown) is not None
+        below = low > floor or (floor > start and _CUT_TAIL.fullmatch(shown) is not None)
+        whole = not below or len(shown) > _CUT_SEQUENCE or _first_break(shown) is not None
         if shown and whole:
             content_end = top - len(rest.encode())
             at = _first_break(rest)

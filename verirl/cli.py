@@ -89,6 +89,7 @@ from verirl._secrets import (
     secrets_in_environ,
     shown_command,
     shown_line,
+    taken_out,
 )
 from verirl._serve_args import own_flag, own_flag_reason
 from verirl._settings import Settings, split_args, split_command
@@ -1455,17 +1456,23 @@ def _message(args: argparse.Namespace, exc: VeriRLError) -> str:
         variable = Settings.variable("vllm_port")
         given = getattr(args, "vllm_port", None) is None and os.environ.get(variable, "").strip()
         port = variable if given else "--vllm-port"
-        message = message.removesuffix("the server's port to another") + f"{port} to another"
+        advice = f"or {port} to another"
+        if "is TRL's" in message:  # the group port: no setting of verirl's moves it
+            advice = "to another"
+        message = message.removesuffix("or the server's port to another") + advice
     if isinstance(exc, PortInUseError) and message.startswith(f"port={exc.port}"):
         message = _port_source(args, exc.port) + message.removeprefix(f"port={exc.port}")
-    if isinstance(exc, CheckpointNotFoundError):
-        asked = f"checkpoint for {quoted(exc.request)}"
-        source = _resume_source(args)
-        if source is not None and asked in message:
-            message = message.replace(asked, f"checkpoint for {source}={quoted(exc.request)}", 1)
-        if not exc.searched:
-            message += f"; configure one with {_CONFIGURE_A_SOURCE}, or resume from a path"
+    if isinstance(exc, (CheckpointNotFoundError, CheckpointSourceError)):
+        source = _resume_source(args)  # the request is quoted as shown (a URL's password hidden)
+        if source is not None:
+            message = _ASKED.sub(f"checkpoint for {source}=", message, count=1)
+    if isinstance(exc, CheckpointNotFoundError) and not exc.searched:
+        message += f"; configure one with {_CONFIGURE_A_SOURCE}, or resume from a path"
     return message
+
+
+_ASKED = re.compile(r"(?<=^no )checkpoint for (?=['\"])|(?<=^no complete )checkpoint for (?=['\"])")
+"""Where a checkpoint error quotes the request (`CheckpointNotFoundError`, the sources' errors)."""
 
 
 def _resume_source(args: argparse.Namespace) -> str | None:
@@ -1757,7 +1764,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
             code,
             json_wanted=json_wanted,
             launch=launch,
-            hidden=_after_secret_flags(parser, argv),
+            hidden=[*_after_secret_flags(parser, argv), *_taken_by_redaction(argv)],
         )
         raise SystemExit(code) from None
     finally:
@@ -1779,6 +1786,16 @@ def _option(target: argparse.ArgumentParser, option: str) -> argparse.Action | N
         matches = {id(a): a for name, a in options.items() if name.startswith(option)}
         found = next(iter(matches.values())) if len(matches) == 1 else None
     return found
+
+
+def _taken_by_redaction(argv: Sequence[str]) -> list[str]:
+    """What `redact_argv` hides of ``argv``'s words (``curl -u u:KEY``), for a usage error.
+
+    argparse quotes the words it refused as they are; the message's own rules
+    see no tool there (``verirl plan curl -u u:KEY``: "unrecognized arguments").
+    """
+    return [taken_out(word, shown) for word, shown in zip(argv, redact_argv(argv), strict=True)
+            if word != shown]  # fmt: skip
 
 
 def _after_secret_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:

@@ -58,7 +58,7 @@ from verirl._child_env import (
     map_visible_devices,
     vllm_child_environ,
 )
-from verirl._fs import printable, quoted
+from verirl._fs import printable, quoted, shortened
 from verirl._launch import (
     COMMAND_HINT,
     INSTALL_HINT,
@@ -721,16 +721,35 @@ def _hide_secrets(text: str, argv: Sequence[str], env: Mapping[str, str]) -> str
 def _longest_part(argv: Sequence[str], environ: Mapping[str, str]) -> str:
     """What makes a command too long to start (E2BIG), named, never shown: a value may be secret.
 
-    The kernel refuses one string over 128 KiB, or all of them together over
-    its bound; the longest string is named, with the sizes.
+    The kernel refuses one string over 128 KiB (`_MAX_STRING`), or all of
+    them together, with a pointer each, over its bound: the string over the
+    first is named; else the counts and the total.
     """
-    parts = [(f"the variable {printable(name)}", len(os.fsencode(f"{name}={value}")) + 1)
-             for name, value in environ.items()]  # fmt: skip
-    parts += [(f"argument {index} of the command", len(os.fsencode(arg)) + 1)
-              for index, arg in enumerate(argv)]  # fmt: skip
-    name, size = max(parts, key=lambda part: part[1])
-    if name == "the variable CUDA_VISIBLE_DEVICES":
+    sizes = [(name, len(os.fsencode(f"{name}={value}")) + 1) for name, value in environ.items()]
+    args = [len(os.fsencode(arg)) + 1 for arg in argv]
+    total = sum(size for _, size in sizes) + sum(args) + _POINTER * (len(sizes) + len(args))
+    name, size = max(sizes, key=lambda part: part[1], default=("", 0))
+    place = max(range(len(args)), key=args.__getitem__, default=0)
+    if name == "CUDA_VISIBLE_DEVICES" and size > _MAX_STRING:
         gpus = len(environ["CUDA_VISIBLE_DEVICES"].split(","))
         return f"its CUDA_VISIBLE_DEVICES lists {gpus} GPUs; use fewer"
-    total = sum(part[1] for part in parts)
-    return f"the longest part is {name} ({size} bytes, of {total} in all); shorten it"
+    if size > _MAX_STRING and size >= max(args, default=0):
+        shown = shortened(printable(name), 80)
+        why = f"over the {_MAX_STRING} one may be; shorten it"
+        return f"the variable {shown} is {size} bytes, {why}"
+    if args and args[place] > _MAX_STRING:
+        return (
+            f"argument {place} of the command is {args[place]} bytes, over the {_MAX_STRING} "
+            "one may be; shorten it"
+        )
+    return (
+        f"{len(args)} arguments and {len(sizes)} variables, {total} bytes in all with the "
+        "kernel's pointers; shorten the command line or the environment"
+    )
+
+
+_MAX_STRING = 32 * 4096
+"""The longest string the kernel takes in a command line or an environment (``MAX_ARG_STRLEN``)."""
+
+_POINTER = 8
+"""Bytes the kernel counts for each string besides its own (a pointer to it)."""
