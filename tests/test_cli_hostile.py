@@ -121,7 +121,8 @@ def test_values_from_variables_name_the_variable(variable, value, argv, capsys, 
     monkeypatch.setenv(variable, value)
     assert run_cli(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0, err
+    if argv[0] != "doctor":  # doctor's table goes on: the variable is one problem of it
+        assert err.count("\n") == 0, err
     assert f"{variable}={value!r}" in err
 
 

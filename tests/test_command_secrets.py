@@ -905,3 +905,47 @@ def test_a_long_shell_line_is_never_split_by_shlex(monkeypatch):
     ]:
         assert "x" * 100 not in shown_line(["sh", "-c", line])
     assert max(lengths, default=0) <= _secrets._MAX_SHELL_LINE
+
+
+# Round 52: what a review of round 51's fixes found.
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["curl", "-d", '{"a":1}', "-u", f"user:{LEAKY}", "http://h"],
+        ["mysql", "-e", "select 1;", f"-p{LEAKY}"],
+        ["sshpass", "-e", "foo)", "-p", LEAKY],
+        ["bash", "-c", f"curl -H 'Accept: text/html;' -u user:{LEAKY} h"],
+    ],
+)
+def test_a_tool_s_secret_after_a_value_ending_in_a_bracket_or_semicolon_is_hidden(argv):
+    """Round 52 (high, a round-51 regression): any word ending in ; ) } | & ended the tool."""
+    assert LEAKY not in shown_line(argv)
+
+
+def test_secret_names_with_a_provider_or_base_after_them_are_scrubbed():
+    """Round 52: the which-one allowlist let SECRET_KEY_BASE, API_KEY_OPENAI through."""
+    found = secrets_in_environ({"SECRET_KEY_BASE": "s3cr3t-value-xyz",
+                                "API_KEY_OPENAI": "sk-abcdefgh1",
+                                "DB_URL": "mongodb://u:SECRETPASS@h?appName=me@host"})  # fmt: skip
+    assert found == ["s3cr3t-value-xyz", "sk-abcdefgh1", "SECRETPASS"]
+
+
+def test_escaped_json_after_a_secret_key_keeps_the_rest():
+    """Round 52: an escape in a bare value took in everything up to the next space."""
+    text = '{\\"env\\":\\"API_KEY=abc123\\",\\"model\\":\\"meta-llama/Llama-3\\"}'
+    shown = redact_message(text)
+    assert "abc123" not in shown
+    assert "meta-llama/Llama-3" in shown
+
+
+def test_a_usage_error_hides_only_the_secrets_of_a_refused_line(capsys, no_settings):
+    """Round 52: all from the first hidden part to the last was hidden, its words everywhere."""
+    line = "--api-key K1234567 --model meta-llama/Llama-3 --hf-token T1234567"
+    with pytest.raises(SystemExit):
+        main(["plan", "--bogus", line])
+    err = capsys.readouterr().err
+    assert "--model meta-llama/Llama-3" in err, err
+    assert "K1234567" not in err
+    assert "T1234567" not in err

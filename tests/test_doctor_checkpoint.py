@@ -244,3 +244,16 @@ def test_a_variable_launch_refuses_is_one_problem_of_the_table_not_its_end(
     message = str(document["error"]["message"])  # type: ignore[index]
     for name in variables:
         assert f"{name}=" in message, message
+
+
+def test_an_env_server_url_launch_refuses_is_one_problem_of_the_table(
+    capfd, clean_env, monkeypatch
+):
+    """Round 52: VERIRL_ENV_SERVER_URL='ftp://x' (refused by the probe, not by the settings)
+    ended doctor with the error alone."""
+    monkeypatch.setenv("VERIRL_GPU_COUNT", "1")
+    monkeypatch.setenv("VERIRL_ENV_SERVER_URL", "ftp://x")
+    code, document = run(capfd, "doctor")
+    assert code == 2, document
+    assert "python" in document  # the table
+    assert "VERIRL_ENV_SERVER_URL='ftp://x'" in str(document["error"]["message"])  # type: ignore[index]

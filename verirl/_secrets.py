@@ -588,7 +588,7 @@ _JSON_SCALAR = re.compile(r"[^\s,}\]]*")
 # or a JSON delimiter); a quote inside it (pass=ab"cd) is taken in. An auth scheme stays.
 _BARE_VALUE = re.compile(
     r"((?:bearer|basic|token|digest|negotiate|apikey|dpop|hoba|mutual|ntlm)\b[ \t]*)?"
-    r"((?:\\[^\r\n]|[^\s'\"]|['\"](?=[^\s'\",;)}\]]))*)",  # \ : a space kept in (printf %q)
+    r"((?:\\[ \t]|[^\s'\"]|['\"](?=[^\s'\",;)}\]]))*)",  # "\ ": a space kept in (printf %q)
     re.IGNORECASE,
 )
 
@@ -787,7 +787,7 @@ def _flag_span(text: str, found: re.Match[str]) -> tuple[int, int] | None:
     return start, _match_end(_ESCAPED_WORD, text, start)
 
 
-_ESCAPED_WORD = re.compile(r"(?:\\[^\r\n]|[^\s'\"\\])+")
+_ESCAPED_WORD = re.compile(r"(?:\\[ \t]|[^\s'\"])+")
 """A word of a shell line, its escaped characters in it (``correct\\ horse``: printf %q's)."""
 
 
@@ -1141,13 +1141,12 @@ class _ToolWords:
         self.next_how: str | None = None  # the next word is a secret flag's value
 
     def shown(self, arg: str) -> str | None:
-        """``arg`` as shown if it is a tool's secret (or its flag), else None; then follows it."""
-        shown = self._shown(arg)
-        if arg.endswith(_WORD_ENDS_COMMAND):  # "h)", "x;", "y`": the tool's words end here
-            self.tool, self.next_how = None, None
-        return shown
+        """``arg`` as shown if it is a tool's secret (or its flag), else None; then follows it.
 
-    def _shown(self, arg: str) -> str | None:
+        A tool's words end at a word that is a shell operator alone (``&&``,
+        ``;``, ``|``); not at one that ends in ``)`` or ``;``: a quoted value
+        may (``curl -d '{"a":1}' -u user:pw``), and then a secret would show.
+        """
         if self.next_how is not None:
             how, self.next_how = self.next_how, None
             return _hide_tool_value(arg, how)
@@ -1197,7 +1196,6 @@ class _ToolWords:
 
 
 _COMMAND_STARTS = re.compile(r"[$(`{=!;|&]")
-_WORD_ENDS_COMMAND = (";", ")", "`", "&", "|", "}")
 _CLUSTER = re.compile(r"-(?P<letters>[A-Za-z]+)(?P<rest>.*)", re.DOTALL)
 _SHORT_FLAG = re.compile(r"-[A-Za-z]")
 """Short flags together (``-sSu``), what follows the last letter of them the value's start."""
@@ -1288,24 +1286,29 @@ def secrets_in_environ(environ: Mapping[str, str]) -> list[str]:
 
 
 def _secret_then_qualifier(name: str) -> bool:
-    """A secret's name and one word more that tells which (``HF_TOKEN_BACKUP``, ``API_KEY_PROD``).
+    """A secret's name and one word more that tells which (``HF_TOKEN_BACKUP``, ``API_KEY_OPENAI``).
 
-    Only words that tell which of several (`_WHICH`): another word may tell
-    what the value is instead (``HF_TOKEN_PATH``, ``SORT_KEY_ORDER``,
-    ``AUTH_METHOD``, ``KEY_STORE``), and such a value, scrubbed wherever it
-    appears, would hide a user's paths and words.
+    Not a word that tells what the value is instead (`_DESCRIBES`:
+    ``HF_TOKEN_PATH``, ``SORT_KEY_ORDER``, ``AUTH_METHOD``, ``KEY_STORE``):
+    such a value, scrubbed wherever it appears, would hide a user's paths and
+    words. Any other word counts: a leak is worse than a word hidden.
     """
     words = _words(name)
-    return len(words) > 1 and words[-1] in _WHICH and _ends_secret(words[:-1])
+    return len(words) > 1 and words[-1] not in _DESCRIBES and _ends_secret(words[:-1])
 
 
-_WHICH = frozenset({"backup", "old", "new", "prev", "previous", "next", "current", "prod",
-                    "production", "dev", "development", "staging", "stage", "test", "testing",
-                    "ci", "local", "primary", "secondary", "main", "alt", "alternate", "write",
-                    "read", "rw", "ro", "admin", "root", "internal", "external", "public",
-                    "private", "personal", "org", "team", "bot", "service", "legacy", "default",
-                    "fallback", "override", "value", "raw", "b64", "base64", "encoded",
-                    "plain", "secret", "live", "sandbox"})  # fmt: skip
+_DESCRIBES = frozenset({"path", "file", "files", "dir", "directory", "folder", "url", "uri",
+                        "endpoint", "host", "port", "name", "type", "kind", "id", "length", "len",
+                        "size", "count", "header", "location", "source", "env", "var",
+                        "variable", "mode", "format", "prefix", "suffix", "timeout", "ttl",
+                        "expiry", "expires", "expiration", "scope", "scopes", "audience",
+                        "issuer", "version", "enabled", "disabled", "required", "provider",
+                        "user", "username", "sock", "socket", "helper", "command", "cmd", "info",
+                        "limit", "level", "order", "method", "methods", "backend", "store",
+                        "mount", "field", "algorithm", "algo", "policy", "rotation", "style",
+                        "strategy", "manager", "service", "server", "client", "flag", "option",
+                        "options", "config", "setting", "settings", "support",
+                        "check"})  # fmt: skip
 
 
 def _url_password(value: str) -> str | None:
@@ -1317,7 +1320,7 @@ def _url_password(value: str) -> str | None:
     scheme = _SCHEME.match(value.strip())
     if scheme is None:
         return None
-    authority = value.strip()[scheme.end() :].split("/", 1)[0]
+    authority = re.split(r"[/?#]", value.strip()[scheme.end() :], maxsplit=1)[0]
     userinfo, at, _ = authority.rpartition("@")
     _, colon, password = userinfo.partition(":")
     return (

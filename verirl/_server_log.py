@@ -401,12 +401,12 @@ def _check_space(path: Path, folder: int, field: str) -> None:
     Only when no block is left (root's reserve counts for root) and the line
     would need a new one: the file is missing, or it ends on a block boundary.
     """
+    target = Path(os.path.realpath(path))  # through links: where the lines go
     try:
-        info = os.statvfs(path)  # through a link: where the lines go
-        size = path.stat().st_size
+        info, size = os.statvfs(target), target.stat().st_size
     except OSError:
-        try:
-            info, size = os.fstatvfs(folder), 0
+        try:  # to be made: in the folder the last link points into
+            info, size = (os.statvfs(target.parent) if target != path else os.fstatvfs(folder)), 0
         except OSError:
             return
     free = info.f_bfree if os.geteuid() == 0 else info.f_bavail

@@ -597,6 +597,7 @@ def program_note(signum: int, _frame: types.FrameType | None) -> None:
     short the last teardown and print a traceback from an exit hook.
     """
     _PROGRAM_RECEIVED.append(signum)
+    signal_name(signum)  # a hang-up now is named as one in what the exit says
 
 
 def program_received() -> int | None:

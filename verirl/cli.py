@@ -1051,7 +1051,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         try:
             probe = HttpEnvServerProbe(env_url, request_timeout=2.0)
         except ConfigError as exc:
-            raise exc.renamed("--env-url" if from_flag else Settings.variable("env_url")) from exc
+            if from_flag:  # the flag is doctor's own input: a usage error
+                raise exc.renamed("--env-url") from exc
+            refused.append(exc.renamed(Settings.variable("env_url")))  # launch's, one problem
     from verirl._doctor import examine  # noqa: PLC0415 - loads what it reports on
 
     # launch with no flags but the ones doctor shares with it (its checks, its words)
@@ -1794,8 +1796,32 @@ def _taken_by_redaction(argv: Sequence[str]) -> list[str]:
     argparse quotes the words it refused as they are; the message's own rules
     see no tool there (``verirl plan curl -u u:KEY``: "unrecognized arguments").
     """
-    return [taken_out(word, shown) for word, shown in zip(argv, redact_argv(argv), strict=True)
-            if word != shown]  # fmt: skip
+    taken: list[str] = []
+    for word, shown in zip(argv, redact_argv(argv), strict=True):
+        if word != shown:  # each part hidden on its own: what lies between them stays readable
+            taken += _hidden_parts(word, shown) or [taken_out(word, shown)]
+    return taken
+
+
+def _hidden_parts(word: str, shown: str) -> list[str]:
+    """The parts of ``word`` that `HIDDEN` replaced in ``shown``; [] when they cannot be told.
+
+    What lies between the markers is found again in ``word``, in order (a line
+    that redaction quoted anew may not be: then [] and the caller hides more).
+    """
+    segments = shown.split(HIDDEN)
+    if not word.startswith(segments[0]) or not word.endswith(segments[-1]):
+        return []
+    parts: list[str] = []
+    at, end = len(segments[0]), len(word) - len(segments[-1])
+    for segment in segments[1:-1]:
+        found = word.find(segment, at, end) if segment else at
+        if found < 0:
+            return []
+        parts.append(word[at:found])
+        at = found + len(segment)
+    parts.append(word[at:end])
+    return [part for part in parts if part]
 
 
 def _after_secret_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
