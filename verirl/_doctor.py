@@ -263,6 +263,22 @@ def _token(hub_token: str | None) -> tuple[str, list[tuple[int, str]]]:
     return row, [] if usable else [(EXIT_ERROR, f"Hub token lookup: {row}")]
 
 
+def _unsaid(
+    refusals: Sequence[VeriRLError],
+    problems: Sequence[tuple[int, str]],
+    explain: Callable[[VeriRLError], str],
+) -> list[tuple[int, str]]:
+    """The variables launch refuses (exit 2), read around by the caller, that no problem says."""
+    said = [what for _, what in problems]
+    found: list[tuple[int, str]] = []
+    for refusal in refusals:
+        what = explain(refusal)
+        if not any(what in known for known in said):
+            found.append((EXIT_CONFIG, what))
+            said.append(what)
+    return found
+
+
 def examine(
     *,
     vllm_port: int,
@@ -273,6 +289,7 @@ def examine(
     explain: Callable[[VeriRLError], str] = str,
     precheck: Callable[[], object] | None = None,
     given: Mapping[str, Any] | None = None,
+    refusals: Sequence[VeriRLError] = (),
 ) -> tuple[list[tuple[str, str]], list[tuple[int, str]]]:
     """The doctor's rows, (label, value), in the order printed; and the problems found.
 
@@ -328,6 +345,7 @@ def examine(
     rows.append(
         ("launcher", "none" if "RANK" in dist.defaulted else f"rank {dist.rank}/{dist.world_size}")
     )
+    problems += _unsaid(refusals, problems, explain)
     problems.sort(key=lambda problem: _PRIORITY.index(problem[0]))
     return rows, problems
 

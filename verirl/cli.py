@@ -1012,10 +1012,6 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return code
 
 
-_DOCTOR_ORDER = (EXIT_ENV_SERVER, EXIT_VLLM, EXIT_CONFIG, EXIT_CHECKPOINT, EXIT_ERROR)
-"""Which of doctor's problems decides its exit code: the first in this order (`examine`'s)."""
-
-
 def _settings_but_refused() -> tuple[Settings, list[ConfigError]]:
     """The settings of the variables, those refused left out; and the refusals, in order."""
     environ = dict(os.environ)
@@ -1074,12 +1070,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             **({} if args.vllm_port is None else {"vllm_port": vllm_port}),
             **({"env_url": env_url} if from_flag else {}),
         },
+        refusals=refused,
     )
-    for refusal in refused:
-        what = _in_cli_words(as_launch, refusal)
-        if not any(what in known for _, known in problems):
-            problems.append((EXIT_CONFIG, what))
-    problems.sort(key=lambda problem: _DOCTOR_ORDER.index(problem[0]))
     width = max(len(name) for name, _ in rows)
     text = "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
     data: dict[str, object] = dict(rows)
@@ -1113,18 +1105,18 @@ class _Store(argparse._StoreAction):  # noqa: SLF001 - argparse's own "store", w
         values: str | Sequence[Any] | None,
         option_string: str | None = None,
     ) -> None:
-        given: dict[str, str] = namespace.__dict__.setdefault(_GIVEN, {})
+        given: set[str] = namespace.__dict__.setdefault(_GIVEN, set())
         if self.dest in given and option_string is not None:
             repeated: list[str] = namespace.__dict__.setdefault(_REPEATED, [])
             name = self.option_strings[-1]
             if name not in repeated:
                 repeated.append(name)
-        given[self.dest] = option_string or self.dest
+        given.add(self.dest)
         super().__call__(parser, namespace, values, option_string)
 
 
 _GIVEN = "given_flags"
-"""The namespace's record of the flags that stored a value: dest → the flag as typed."""
+"""The namespace's record of the flags that stored a value, by dest."""
 
 _REPEATED = "repeated_flags"
 """The namespace's list of the flags given more than once (each by its long name)."""
