@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -198,6 +199,7 @@ def test_an_at_fork_hook_that_waits_in_the_child_does_not_stop_a_start(which):
 
 OPEN_FDS = """
 import os
+import shutil
 import signal
 def is_open(fd):
     try:
@@ -393,3 +395,50 @@ def test_a_ctrl_c_at_any_point_of_spawn_never_leaves_a_child_starting_after_it(
         for child in children:
             child.kill()
             child.wait(10)
+
+
+# pid 1 of a pid namespace of its own, where the test chooses the next pid: the server is
+# stopped and reaped, then a stranger's process group gets the server's pid.
+_REUSED_SERVER_GROUP = """
+import os, signal, subprocess, sys, time
+import psutil
+from verirl._process import ProcessTree, popen_in_session, spawn
+
+with open(os.devnull, "wb") as log:
+    popen = spawn(lambda: popen_in_session([sys.executable, "-c", "pass"], os.environ, log))
+tree = ProcessTree(popen, "no-marker")
+assert tree.shutdown(5.0)
+assert popen.returncode is not None  # reaped
+with open("/proc/sys/kernel/ns_last_pid", "w") as last:
+    last.write(str(popen.pid - 1))
+stranger = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE,
+                            start_new_session=True)
+member = int(stranger.stdout.readline())
+assert stranger.pid == popen.pid, (stranger.pid, popen.pid)
+tree.shutdown(5.0)  # a second stop (the exit hook after the with block's)
+def alive():
+    try:
+        return psutil.Process(member).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+deadline = time.monotonic() + 3  # a signal sent takes effect within it
+while alive() and time.monotonic() < deadline:
+    time.sleep(0.02)
+print(alive(), flush=True)
+"""
+
+
+@linux_only
+def test_a_second_stop_never_signals_a_group_that_took_the_reaped_server_s_pid(tmp_path):
+    """A stop reaps the server; a later stop sent SIGTERM and SIGKILL to the server's pid as a
+    group id, which the kernel may have given to a stranger's group meanwhile."""
+    program = tmp_path / "reuse.py"
+    program.write_text(_REUSED_SERVER_GROUP)
+    unshare = shutil.which("unshare") or "unshare"
+    result = subprocess.run(
+        [unshare, "--pid", "--fork", "--mount-proc", sys.executable, str(program)],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True"]  # the stranger's member still runs

@@ -668,11 +668,18 @@ class ProcessTree:
         return False if owners and None not in owners else None
 
     def signal_all(self, sig: int) -> None:
-        """``sig`` to the group, and to each remembered descendant outside it."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
+        """``sig`` to the group, and to each remembered descendant outside it.
+
+        Once the server is reaped (`gone` reaps; a stop after a stop) its pid,
+        the group's id, may name another group: then each remembered process
+        gets it on its own, never the id.
+        """
+        grouped = self.popen.returncode is None
+        if grouped:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, sig)
         for process in self.seen.values():
-            if sig == signal.SIGTERM:
+            if grouped and sig == signal.SIGTERM:
                 with contextlib.suppress(OSError):
                     if os.getpgid(process.pid) == self.pid:
                         continue  # the group signal reached it
