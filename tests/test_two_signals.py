@@ -199,3 +199,129 @@ def test_launch_given_two_signals_at_once_sigkills_its_command_without_the_grace
     got = record.read_text().split() if record.exists() else []
     assert len(got) == len(set(got)) <= 1, got  # the first at most, once; never the second
     assert _gone(command), text
+
+
+NESTED = """
+import dis, io, json, logging, signal, sys, threading
+from verirl import _signals
+from verirl._signals import SIGTERM_POLICY, as_sigterm, interruptions, program_handler
+from verirl._signals import program_interrupt
+from verirl._supervise import _Forwarding, _noting
+from verirl.__main__ import _hang_up
+
+logging.basicConfig(stream=io.StringIO(), level=logging.INFO)  # the handlers log, as they do
+outer_name, inner_name = sys.argv[1:3]
+outer, inner = signal.Signals[outer_name], signal.Signals[inner_name]
+forwarding = _Forwarding()
+handlers = {
+    "policy": SIGTERM_POLICY.handle, "program": program_handler, "interrupt": program_interrupt,
+    "as_sigterm": as_sigterm, "forwarding": forwarding._handle, "hang_up": _hang_up,
+}
+noted = threading.Event()  # launch's grace: each handler wrapped to note what it raises
+handlers["noting_policy"] = _noting(noted, SIGTERM_POLICY.handle, absorb=False)
+handlers["noting_interrupt"] = _noting(noted, program_interrupt, absorb=False)
+signal.signal(signal.SIGTERM, handlers[sys.argv[3]])
+signal.signal(signal.SIGINT, handlers[sys.argv[4]])
+if outer not in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(outer, handlers[sys.argv[5]])
+OUTER = signal.getsignal(outer).__code__  # from the handler's first point to its last
+
+def returns(frame, names={}):
+    code = frame.f_code
+    if code not in names:
+        names[code] = {i.offset: i.opname for i in dis.get_instructions(code)}
+    return names[code].get(frame.f_lasti, "").startswith("RETURN")
+
+def once(point):
+    '''The outer signal; the inner one sent at its handler's ``point``-th point. Points seen.'''
+    seen, depth, sent = [0], [0], [False]
+    def profile(frame, event, _arg):
+        if frame.f_code is OUTER and event in ("call", "return"):
+            depth[0] += 1 if event == "call" else -1
+        if event == "return" and not returns(frame):
+            return  # an exception unwinds it: no instruction runs, no handler with it
+        if depth[0] and event in ("call", "c_return", "return") and not sent[0]:
+            seen[0] += 1
+            if seen[0] == point:  # the inner handler, called as Python calls it there
+                sent[0] = True
+                landed = frame.f_back if event == "return" else frame
+                signal.getsignal(inner)(inner, landed)
+    came = []
+    with SIGTERM_POLICY.held():
+        sys.setprofile(profile)
+        try:  # as Python calls a handler (3.10 profiles none it calls itself)
+            signal.getsignal(outer)(outer, sys._getframe())
+        except BaseException as exc:
+            came = [signal.Signals(s).name for s in interruptions(exc)]
+        finally:
+            sys.setprofile(None)
+    queued = [signal.Signals(s).name for s in forwarding.take()]
+    left = getattr(_signals, "_WAITING", []) + getattr(_signals, "_HANDLING", [])
+    assert not left, (point, left)
+    return seen[0], came, queued, sent[0]
+
+once(None)  # the first time takes more steps (caches filled, logging's first record)
+points = once(None)[0]
+results = [once(point)[1:] + (point,) for point in range(1, points + 1)]
+print(json.dumps({"points": points, "results": results}))
+"""
+
+NESTING = [  # outer, inner, SIGTERM's handler, SIGINT's, the outer's own; what comes out
+    ("SIGTERM", "SIGINT", "policy", "interrupt", None, ["SIGTERM", "SIGINT"], []),
+    ("SIGINT", "SIGTERM", "policy", "interrupt", None, ["SIGINT", "SIGTERM"], []),
+    ("SIGTERM", "SIGINT", "program", "interrupt", None, ["SIGTERM", "SIGINT"], []),
+    ("SIGINT", "SIGTERM", "program", "interrupt", None, ["SIGINT", "SIGTERM"], []),
+    ("SIGHUP", "SIGINT", "policy", "interrupt", "as_sigterm", ["SIGTERM", "SIGINT"], []),
+    ("SIGUSR1", "SIGTERM", "policy", "interrupt", "forwarding", ["SIGTERM"], ["SIGUSR1"]),
+    ("SIGHUP", "SIGINT", "program", "interrupt", "hang_up", ["SIGTERM", "SIGINT"], []),
+    ("SIGTERM", "SIGINT", "noting_policy", "noting_interrupt", None, ["SIGTERM", "SIGINT"], []),
+    ("SIGINT", "SIGTERM", "noting_policy", "noting_interrupt", None, ["SIGINT", "SIGTERM"], []),
+]
+
+
+@pytest.mark.parametrize("case", NESTING, ids=[f"{c[0]}-{c[1]}-{c[4] or c[2]}" for c in NESTING])
+def test_a_signal_that_comes_inside_another_s_handler_loses_neither(tmp_path, case):
+    """Seen: SIGTERM then Ctrl-C, the Ctrl-C's handler run by Python inside the SIGTERM's as it
+    logged, before it raised: launch saw the Ctrl-C alone and waited out the grace. The second
+    signal is sent here at each point of the first one's handler, in a real program."""
+    outer, inner, term, interrupt, own, chain, queued = case
+    argv = [sys.executable, "-c", NESTED, outer, inner, term, interrupt, own or ""]
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=120, env=clean_environ(tmp_path), check=False
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["points"] > 10, report  # the handler's log, at least
+    wrong = [result for result in report["results"] if result[:3] != [chain, queued, True]]
+    assert not wrong, (len(wrong), report["points"], wrong[:5])
+
+
+FORKED = """
+import os, signal, sys
+from verirl._signals import program_interrupt, outside_tracers_lock
+
+@outside_tracers_lock
+def forking(signum, frame):
+    pid = os.fork()  # a child made while a handler runs (another thread's fork, as it were)
+    if pid == 0:
+        try:
+            signal.raise_signal(signal.SIGINT)  # no handler runs in the child: this one does now
+        except KeyboardInterrupt:
+            os._exit(7)
+        os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status))
+
+signal.signal(signal.SIGINT, program_interrupt)
+signal.signal(signal.SIGUSR1, forking)
+signal.raise_signal(signal.SIGUSR1)
+"""
+
+
+def test_a_child_forked_while_a_handler_ran_handles_its_signals_at_once(tmp_path):
+    """The running handler is the parent's: the child's own Ctrl-C is not held back for it."""
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=60,
+        env=clean_environ(tmp_path), check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout.strip()) == (0, "7"), done.stderr

@@ -77,6 +77,7 @@ from verirl._signals import (  # noqa: E402
     as_sigterm,
     note_dropped,
     noted,
+    outside_tracers_lock,
     program_exit_arrived,
     program_handler,
     program_interrupt,
@@ -254,12 +255,14 @@ def _prepare() -> None:
     sys.unraisablehook = _unraisable(sys.unraisablehook)
 
 
+@outside_tracers_lock
 def _hang_up(signum: int, frame: FrameType | None) -> None:
     """A hang-up (a closed terminal, a dropped ssh) is a SIGTERM: the same teardown, code 143.
 
     By default it killed the program on the spot: no teardown, and what the
-    command started outside its process group ran on. As `as_sigterm`, it
-    looks itself for the tracer's lock the SIGTERM's handler would not see.
+    command started outside its process group ran on. Made as each raising
+    handler is (`outside_tracers_lock`): a Ctrl-C that comes inside it waits
+    for the SIGTERM it raises.
     """
     as_sigterm(signum, frame)
 

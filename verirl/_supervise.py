@@ -1134,6 +1134,7 @@ _Handler = Callable[[int, FrameType | None], object]
 def _noting(noted: threading.Event, previous: _Handler, *, absorb: bool) -> _Handler:
     """A handler that runs ``previous``, noting (or, ``absorb``, logging) what it raises."""
 
+    @outside_tracers_lock  # a signal inside it waits its turn, as inside the one it wraps
     def noting(signum: int, frame: FrameType | None) -> None:
         try:
             previous(signum, frame)
