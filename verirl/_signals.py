@@ -27,9 +27,9 @@ the CLI:
   real SIGTERM afterwards is ignored like any second one. Only while our
   handler is the one installed: verirl never takes over a program's handler.
 - **One handler at a time.** A signal whose handler Python would run inside
-  another verirl handler (it came as that one logged, before it raised)
-  runs once that one is done, its exception raised during the first one's:
-  two signals sent together are both seen (`interruptions`), in order.
+  another verirl handler (it came as that one logged, before it raised) is
+  handled a moment later, once that one is done: two signals sent together
+  both take effect, in order (`outside_tracers_lock`).
 - **One owner at a time, no swallowing.** A handler that takes SIGTERM over
   from the policy for a while (`verirl.preemption.PreemptionCallback`, which
   waits for a step end) registers with `SigtermPolicy.cooperate`: an
@@ -48,6 +48,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import types
 from collections.abc import Callable, Iterator
 from typing import TypeVar, cast
@@ -118,97 +119,60 @@ def outside_tracers_lock(handler: _Raising) -> _Raising:
     that did (``as_sigterm``) hung ``serve`` under coverage. There the signal
     is sent again a moment later (`handle_later`) and nothing runs now.
 
-    A second signal whose handler Python runs inside this one's (it came as
-    this one logged, before it raised) waits until this one is done
-    (`_waits_its_turn`): its exception would otherwise be raised in place of
-    this one's, and the first signal be lost (a SIGTERM and a Ctrl-C sent
-    together made ``verirl launch`` wait out the whole grace).
+    A signal whose handler Python would run inside another verirl handler
+    (it came as that one logged, before it raised) is sent again a moment
+    later in the same way, for at most `HOLD_LIMIT` s (`_waits_its_turn`):
+    its exception would otherwise be raised in place of the first one's, and
+    the first signal be lost (a SIGTERM and a Ctrl-C sent together made
+    ``verirl launch`` wait out the whole grace). Whether a handler runs is
+    read from the stack itself, so no record of it can be left stale.
     """
 
     @functools.wraps(handler)
     def guarded(*args: object) -> None:
-        _HANDLING.append(args[-1])  # first: a signal that came before waits all the same
-        entered = True  # noqa: F841 - read from outside (`_ENTERED`)
-        if _waits_its_turn(guarded, args):
-            _HANDLING.pop()
-            return
         signum, frame = cast("int", args[-2]), cast("types.FrameType | None", args[-1])
-        try:
-            if in_tracers_lock(frame) or in_a_spot_that_must_not_raise(frame):
-                handle_later(signum)
-                return
-            handler(*args)
-        finally:
-            try:
-                if len(_HANDLING) == 1:
-                    _run_waiting(frame)
-            finally:
-                _HANDLING.pop()
-                if not _HANDLING:  # one that came as the last one ended
-                    _run_waiting(frame)
+        if (
+            _waits_its_turn(signum, frame)
+            or in_tracers_lock(frame)
+            or in_a_spot_that_must_not_raise(frame)
+        ):
+            handle_later(signum)
+            return
+        handler(*args)
 
     _GUARDS.add(cast("types.FunctionType", guarded).__code__)
     return cast("_Raising", guarded)
 
 
-_ENTERED = "entered"
-"""The local a handler's wrapper sets once it has noted itself running (`_HANDLING`)."""
-
 _GUARDS: set[types.CodeType] = set()
 """The code of `outside_tracers_lock`'s wrapper (one for all the handlers made with it)."""
 
+HOLD_LIMIT = 1.0
+"""Seconds a signal waits for the handler it came inside (a program's own, passed a signal
+by verirl's, may run long: a save): past them it is handled where it lands."""
 
-_HANDLING: list[object] = []
-"""Where the verirl handlers running now landed, the outermost first (main thread only)."""
-
-_WAITING: list[tuple[Callable[..., None], tuple[object, ...]]] = []
-"""Handlers of signals that came while another handler ran, with their arguments, oldest first."""
-
-_NESTED_NOW: list[int] = []
-"""Signals whose handler runs inside the one running now (`as_sigterm`'s own SIGTERM)."""
+_HELD_SINCE: dict[int, float] = {}
+"""Each signal put off by `_waits_its_turn`, with when it first was, until it is handled."""
 
 
-def _waits_its_turn(guarded: Callable[..., None], args: tuple[object, ...]) -> bool:
-    """Whether the signal of ``args`` came inside a running handler: then it waits its turn.
+def _waits_its_turn(signum: int, frame: types.FrameType | None) -> bool:
+    """Whether ``signum``, landed in ``frame``, came inside a running verirl handler.
 
-    Called by the wrapper once it has noted itself in `_HANDLING`. A handler
-    called by another one (as the one it replaced, the same frame given on)
-    runs at once, and so do those that waited, in their turn, and the
-    SIGTERM `as_sigterm` sends itself.
+    The frames from ``frame`` up are those running now: a handler's wrapper
+    among them is a handler not done yet (or one just entered). A handler
+    called by another one is given the frame the first one landed in, below
+    both: it runs at once.
     """
-    frame = cast("types.FrameType | None", args[-1])
-    if _NESTED_NOW and args[-2] == _NESTED_NOW[-1]:
-        return False
-    inside = len(_HANDLING) > 1 and frame is not _HANDLING[-2]
-    if not inside and not _at_a_handlers_start(frame):
-        return False
-    _WAITING.append((guarded, args[:-1]))
-    return True
-
-
-def _at_a_handlers_start(frame: types.FrameType | None) -> bool:
-    """Whether ``frame`` is a handler's wrapper that has not noted itself running yet.
-
-    The signal came as Python entered another handler, before its first
-    statement: that one runs first, then this one (not so once it ended).
-    """
-    return frame is not None and frame.f_code in _GUARDS and _ENTERED not in frame.f_locals
-
-
-def _run_waiting(frame: types.FrameType | None) -> None:
-    """The handlers that waited (`_waits_its_turn`), in turn, as landed in ``frame``.
-
-    Called as the first handler ends: raised or not, its exception is the
-    context of theirs (`interruptions` sees both, in order), and each one's
-    is that of the next.
-    """
-    if not _WAITING:
-        return
-    call, args = _WAITING.pop(0)
-    try:
-        call(*args, frame)
-    finally:
-        _run_waiting(frame)
+    now = time.monotonic()
+    while frame is not None:
+        if frame.f_code in _GUARDS:
+            since = _HELD_SINCE.setdefault(signum, now)
+            if now - since <= HOLD_LIMIT:
+                return True
+            break
+        frame = frame.f_back
+    _HELD_SINCE.pop(signum, None)
+    return False
 
 
 _MUST_NOT_RAISE: set[types.CodeType] = {
@@ -275,18 +239,19 @@ def as_sigterm(_signum: int, _frame: types.FrameType | None) -> None:
     The CLI's handler for each of `TERMINATING` (SIGQUIT, SIGUSR1, ...): by
     default such a signal killed verirl on the spot, with no teardown, and
     left its vLLM server to the death signal and a launch's command to run on.
-    Sent with ``raise_signal`` so that whatever handles SIGTERM now (the
-    program's handler, the policy's, a noting one during teardown) handles it.
-    That handler runs inside this one and sees this frame, not the tracer's
-    lock this one may have landed in (`in_tracers_lock`): that is looked at
-    before, by `outside_tracers_lock`.
+    Whatever handles SIGTERM now (the program's handler, the policy's, a
+    noting one during teardown) is called as Python calls a handler, given
+    the frame this one landed in: it looks there itself for the tracer's
+    lock (`in_tracers_lock`), and runs at once (a signal sent instead would
+    come inside this handler, and wait for it: `outside_tracers_lock`). At
+    SIGTERM's default, the process ends of a SIGTERM.
     """
+    handler = signal.getsignal(signal.SIGTERM)
     with taken_for_sigterm(_signum):
-        _NESTED_NOW.append(signal.SIGTERM)
-        try:
+        if callable(handler):  # as Python calls it, where this one landed
+            handler(signal.SIGTERM, _frame)
+        elif handler != signal.SIG_IGN:  # the default: the process ends of it
             signal.raise_signal(signal.SIGTERM)
-        finally:
-            _NESTED_NOW.pop()
 
 
 @contextlib.contextmanager
@@ -897,15 +862,7 @@ def arm_exit_deadline(error: BaseException | int, *, grace: float = EXIT_GRACE) 
         _EXIT_DEADLINE.arm(code=error, grace=grace)
 
 
-def _no_handler_running() -> None:
-    """In a forked child: no handler runs there, none waits (the fork's thread may be another)."""
-    _HANDLING.clear()
-    _WAITING.clear()
-    _NESTED_NOW.clear()
-
-
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_no_handler_running)
     os.register_at_fork(after_in_child=SIGTERM_POLICY.reset_after_fork)
     os.register_at_fork(after_in_child=_EXIT_DEADLINE.reset_after_fork)
 
