@@ -48,7 +48,6 @@ import os
 import signal
 import sys
 import threading
-import time
 import types
 from collections.abc import Callable, Iterator
 from typing import TypeVar, cast
@@ -119,26 +118,29 @@ def outside_tracers_lock(handler: _Raising) -> _Raising:
     that did (``as_sigterm``) hung ``serve`` under coverage. There the signal
     is sent again a moment later (`handle_later`) and nothing runs now.
 
-    A signal whose handler Python would run inside another verirl handler
-    (it came as that one logged, before it raised) is sent again a moment
-    later in the same way, for at most `HOLD_LIMIT` s (`_waits_its_turn`):
-    its exception would otherwise be raised in place of the first one's, and
-    the first signal be lost (a SIGTERM and a Ctrl-C sent together made
-    ``verirl launch`` wait out the whole grace). Whether a handler runs is
-    read from the stack itself, so no record of it can be left stale.
+    A signal whose handler Python runs inside another verirl handler's own
+    code (it came as that one logged, before it raised) is held by that one
+    and handled as it ends, its exception raised during the first one's
+    (`_held_by_a_running_handler`): it would otherwise be raised in place of
+    the first one's, and the first signal be lost (a SIGTERM and a Ctrl-C
+    sent together made ``verirl launch`` wait out the whole grace). What is
+    held is a local of the holding frame: it cannot outlive it.
     """
 
     @functools.wraps(handler)
     def guarded(*args: object) -> None:
+        held: list[int] | None = []  # signals that came inside this handler (`_HELD`)
         signum, frame = cast("int", args[-2]), cast("types.FrameType | None", args[-1])
-        if (
-            _waits_its_turn(signum, frame)
-            or in_tracers_lock(frame)
-            or in_a_spot_that_must_not_raise(frame)
-        ):
-            handle_later(signum)
-            return
-        handler(*args)
+        try:
+            if _held_by_a_running_handler(signum, frame):
+                return
+            if in_tracers_lock(frame) or in_a_spot_that_must_not_raise(frame):
+                handle_later(signum)
+                return
+            handler(*args)
+        finally:
+            came, held = held, None  # from here on one that comes is sent again later
+            _run_held(came, frame)
 
     _GUARDS.add(cast("types.FunctionType", guarded).__code__)
     return cast("_Raising", guarded)
@@ -147,32 +149,58 @@ def outside_tracers_lock(handler: _Raising) -> _Raising:
 _GUARDS: set[types.CodeType] = set()
 """The code of `outside_tracers_lock`'s wrapper (one for all the handlers made with it)."""
 
-HOLD_LIMIT = 1.0
-"""Seconds a signal waits for the handler it came inside (a program's own, passed a signal
-by verirl's, may run long: a save): past them it is handled where it lands."""
+_HELD = "held"
+"""The wrapper's local that holds the signals which came inside its handler, while it takes them."""
 
-_HELD_SINCE: dict[int, float] = {}
-"""Each signal put off by `_waits_its_turn`, with when it first was, until it is handled."""
+_OUR_CODE = (
+    os.path.dirname(__file__) + os.sep,  # noqa: PTH120 - a prefix of file names
+    os.path.dirname(os.__file__) + os.sep,  # noqa: PTH120 - the standard library's
+    "<frozen ",
+)
+"""Where verirl's code and the standard library's come from (their frames' file names)."""
 
 
-def _waits_its_turn(signum: int, frame: types.FrameType | None) -> bool:
-    """Whether ``signum``, landed in ``frame``, came inside a running verirl handler.
+def _held_by_a_running_handler(signum: int, frame: types.FrameType | None) -> bool:
+    """Whether ``signum``, landed in ``frame``, came inside a verirl handler: then it is held.
 
-    The frames from ``frame`` up are those running now: a handler's wrapper
-    among them is a handler not done yet (or one just entered). A handler
-    called by another one is given the frame the first one landed in, below
-    both: it runs at once.
+    The frames from ``frame`` up are those running now: a wrapper among them
+    is a handler not done yet, which takes the signal in (or, as it begins
+    or ends, has it sent again a moment later: `handle_later`). Not so past a
+    program's own code (a handler of the program's that verirl passed a
+    signal to: a save may run long), nor for a handler called by another one,
+    given the frame that one landed in, below both: those run at once.
     """
-    now = time.monotonic()
     while frame is not None:
         if frame.f_code in _GUARDS:
-            since = _HELD_SINCE.setdefault(signum, now)
-            if now - since <= HOLD_LIMIT:
-                return True
-            break
+            held = frame.f_locals.get(_HELD)
+            if isinstance(held, list):
+                held.append(signum)
+            else:
+                handle_later(signum)
+            return True
+        if not frame.f_code.co_filename.startswith(_OUR_CODE):
+            return False
         frame = frame.f_back
-    _HELD_SINCE.pop(signum, None)
     return False
+
+
+def _run_held(came: list[int] | None, frame: types.FrameType | None) -> None:
+    """The handlers of the signals ``came`` (held), in turn, as Python calls them, in ``frame``.
+
+    Called as the holding handler ends: raised or not, its exception is the
+    context of theirs (`interruptions` sees both, in order), and each one's
+    is that of the next. A signal whose handler is no longer a function is
+    passed over, as Python passes it over.
+    """
+    if not came:
+        return
+    signum = came.pop(0)
+    try:
+        handler = signal.getsignal(signum)
+        if callable(handler):
+            handler(signum, frame)
+    finally:
+        _run_held(came, frame)
 
 
 _MUST_NOT_RAISE: set[types.CodeType] = {
@@ -583,15 +611,28 @@ _COLLECTOR = os.path.join("coverage", "collector.py")  # noqa: PTH118 - a suffix
 
 
 HANDLE_LATER_AFTER = 0.01
-"""Seconds after which a signal that landed in a tracer's lock is sent again (`handle_later`)."""
+"""Seconds after which a signal that could not be handled where it landed is sent again."""
 
 
 def handle_later(signum: int) -> None:
-    """Send ``signum`` to this process again in `HANDLE_LATER_AFTER` s, from a daemon thread."""
-    timer = threading.Timer(HANDLE_LATER_AFTER, os.kill, args=(os.getpid(), signum))
+    """Send ``signum`` to this process again in `HANDLE_LATER_AFTER` s, from a daemon thread.
+
+    Only if its handler then is the one now: one put back meanwhile (the
+    default, as a ``with`` block ended) or a program's own must not get it.
+    """
+    timer = threading.Timer(
+        HANDLE_LATER_AFTER, _send_again, args=(signum, signal.getsignal(signum))
+    )
     timer.daemon = True
     with contextlib.suppress(RuntimeError):  # the exit began (3.12+: no thread starts): it ends
         timer.start()
+
+
+def _send_again(signum: int, handler: object) -> None:
+    if signal.getsignal(signum) != handler:
+        log.debug("%s's handler changed before it could be handled: not sent again", signum)
+        return
+    os.kill(os.getpid(), signum)
 
 
 _UNARRIVED: list[int] = []
