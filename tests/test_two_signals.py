@@ -395,12 +395,17 @@ def test_a_second_sigterm_inside_the_first_s_handler_is_ignored_not_sent_on(tmp_
 
 
 SAVING = """
-import signal, sys
+import os, signal, sys
 from verirl._signals import as_sigterm, program_interrupt
 
+SAVE = '''
 def save(signum, frame):  # the program's own SIGTERM handler, which saves for long
     signal.getsignal(signal.SIGINT)(signal.SIGINT, sys._getframe())  # a Ctrl-C as it saves
     print("saved")
+'''
+where = {"program": "<string>",  # an installed package, where site-packages is in the stdlib's
+         "package": os.path.join(os.path.dirname(os.__file__), "site-packages", "saver.py")}
+exec(compile(SAVE, where[sys.argv[1]], "exec"))
 
 signal.signal(signal.SIGINT, program_interrupt)
 signal.signal(signal.SIGTERM, save)
@@ -411,11 +416,91 @@ except KeyboardInterrupt:
 """
 
 
-def test_a_ctrl_c_inside_a_program_s_handler_that_verirl_called_is_not_held(tmp_path):
+@pytest.mark.parametrize("where", ["program", "package"])
+def test_a_ctrl_c_inside_a_program_s_handler_that_verirl_called_is_not_held(tmp_path, where):
     """Only verirl's own handler code holds a signal back: a program's handler that verirl
-    passes a signal to (a save) is interrupted by a Ctrl-C as Python interrupts it."""
+    passes a signal to (a save) is interrupted by a Ctrl-C as Python interrupts it, wherever
+    its code lies (a conda or system Python keeps site-packages inside the stdlib's folder)."""
     done = subprocess.run(
-        [sys.executable, "-c", SAVING], capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", SAVING, where], capture_output=True, text=True, timeout=60,
         env=clean_environ(tmp_path), check=False,
     )  # fmt: skip
     assert (done.returncode, done.stdout.split()) == (0, ["interrupted"]), done.stderr
+
+
+TRACED = """
+import io, logging, os, signal, sys, sysconfig, types
+from verirl._signals import SIGTERM_POLICY, interruptions, program_interrupt
+
+logging.basicConfig(stream=io.StringIO(), level=logging.INFO)
+TRACER = '''
+def tracer(frame, event, arg):  # a Python tracer (coverage's PyTracer) in site-packages
+    if event == "call" and frame.f_code.co_name == "getMessage" and not sent:
+        sent.append(1)  # the Ctrl-C comes as the tracer runs, inside the SIGTERM's log
+        signal.getsignal(signal.SIGINT)(signal.SIGINT, sys._getframe())
+    return None
+'''
+sent = []
+place = os.path.join(sysconfig.get_paths()["purelib"], "coverage", "pytracer.py")
+exec(compile(TRACER, place, "exec"))
+signal.signal(signal.SIGINT, program_interrupt)
+with SIGTERM_POLICY.held():
+    sys.settrace(tracer)
+    try:
+        SIGTERM_POLICY.handle(signal.SIGTERM, sys._getframe())
+    except BaseException as exc:
+        print([signal.Signals(s).name for s in interruptions(exc)])
+    finally:
+        sys.settrace(None)
+"""
+
+
+def test_a_ctrl_c_that_lands_in_a_tracer_inside_a_handler_is_held_all_the_same(tmp_path):
+    """A tracer's frame (coverage's, a debugger's) between the handler and where the Ctrl-C
+    landed is not a program's handler: the SIGTERM's exit is not lost to it."""
+    done = subprocess.run(
+        [sys.executable, "-c", TRACED], capture_output=True, text=True, timeout=60,
+        env=clean_environ(tmp_path), check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout.strip()) == (0, "['SIGTERM', 'SIGINT']"), done.stderr
+
+
+SWAPPED = """
+import signal, sys, threading, time, types
+from verirl._signals import _GUARDS, program_handler, program_interrupt
+from verirl._supervise import _grace_signals
+
+signal.signal(signal.SIGINT, program_interrupt)
+signal.signal(signal.SIGTERM, program_handler)
+def profile(frame, event, _arg):  # the Ctrl-C lands as the SIGTERM's handler is entered
+    if event == "call" and frame.f_code in _GUARDS and not sent:
+        sent.append(1)
+        signal.getsignal(signal.SIGINT)(signal.SIGINT, frame)
+sent = []
+sys.setprofile(profile)
+try:
+    signal.getsignal(signal.SIGTERM)(signal.SIGTERM, sys._getframe())
+except SystemExit as exc:
+    sys.setprofile(None)
+    print("first", exc.code)
+command = types.SimpleNamespace(interrupted=None)
+start = time.monotonic()
+try:
+    with _grace_signals(command):  # launch's grace: its own handlers in place of those
+        threading.Event().wait(30)
+    print("grace waited out")
+except KeyboardInterrupt:
+    print("the Ctrl-C ended the grace", time.monotonic() - start < 20)
+"""
+
+
+def test_a_signal_sent_again_reaches_launch_s_grace_handlers(tmp_path):
+    """A Ctrl-C put off as a handler began is sent again; launch's grace had put its own
+    handlers in place meanwhile, and the Ctrl-C must still end the grace (review of f4ad54b)."""
+    done = subprocess.run(
+        [sys.executable, "-c", SWAPPED], capture_output=True, text=True, timeout=120,
+        env=clean_environ(tmp_path), check=False,
+    )  # fmt: skip
+    assert done.stdout.splitlines() == ["first 143", "the Ctrl-C ended the grace True"], (
+        done.stdout + done.stderr
+    )

@@ -61,6 +61,7 @@ __all__ = [
     "as_sigterm",
     "ending_signal_name",
     "exit_on_sigterm",
+    "hand_on",
     "in_a_spot_that_must_not_raise",
     "interruptions",
     "mark_noted",
@@ -152,12 +153,27 @@ _GUARDS: set[types.CodeType] = set()
 _HELD = "held"
 """The wrapper's local that holds the signals which came inside its handler, while it takes them."""
 
-_OUR_CODE = (
-    os.path.dirname(__file__) + os.sep,  # noqa: PTH120 - a prefix of file names
-    os.path.dirname(os.__file__) + os.sep,  # noqa: PTH120 - the standard library's
-    "<frozen ",
-)
-"""Where verirl's code and the standard library's come from (their frames' file names)."""
+
+def hand_on(
+    handler: Callable[[int, types.FrameType | None], object],
+    signum: int,
+    frame: types.FrameType | None,
+) -> None:
+    """Call ``handler`` (a program's, maybe) for ``signum`` from a verirl handler, as Python would.
+
+    While it runs, a signal landing inside it (a program's save) is handled
+    where it lands, as Python handles it, not held for the verirl handler
+    around it (`_held_by_a_running_handler`).
+    """
+    handing_on = True
+    try:
+        handler(signum, frame)
+    finally:
+        handing_on = False  # noqa: F841 - read from outside (`_HANDING_ON`)
+
+
+_HANDING_ON = "handing_on"
+"""`hand_on`'s local, true while the handler it was given runs."""
 
 
 def _held_by_a_running_handler(signum: int, frame: types.FrameType | None) -> bool:
@@ -165,20 +181,21 @@ def _held_by_a_running_handler(signum: int, frame: types.FrameType | None) -> bo
 
     The frames from ``frame`` up are those running now: a wrapper among them
     is a handler not done yet, which takes the signal in (or, as it begins
-    or ends, has it sent again a moment later: `handle_later`). Not so past a
-    program's own code (a handler of the program's that verirl passed a
-    signal to: a save may run long), nor for a handler called by another one,
-    given the frame that one landed in, below both: those run at once.
+    or ends, has it sent again a moment later: `handle_later`). Not so inside
+    a handler that verirl's passed a signal to (`hand_on`), nor for a
+    handler called by another one, given the frame that one landed in,
+    below both: those run at once.
     """
     while frame is not None:
-        if frame.f_code in _GUARDS:
+        code = frame.f_code
+        if code in _GUARDS:
             held = frame.f_locals.get(_HELD)
             if isinstance(held, list):
                 held.append(signum)
             else:
                 handle_later(signum)
             return True
-        if not frame.f_code.co_filename.startswith(_OUR_CODE):
+        if code is hand_on.__code__ and frame.f_locals.get(_HANDING_ON) is True:
             return False
         frame = frame.f_back
     return False
@@ -198,7 +215,7 @@ def _run_held(came: list[int] | None, frame: types.FrameType | None) -> None:
     try:
         handler = signal.getsignal(signum)
         if callable(handler):
-            handler(signum, frame)
+            hand_on(handler, signum, frame)
     finally:
         _run_held(came, frame)
 
@@ -277,7 +294,7 @@ def as_sigterm(_signum: int, _frame: types.FrameType | None) -> None:
     handler = signal.getsignal(signal.SIGTERM)
     with taken_for_sigterm(_signum):
         if callable(handler):  # as Python calls it, where this one landed
-            handler(signal.SIGTERM, _frame)
+            hand_on(handler, signal.SIGTERM, _frame)
         elif handler != signal.SIG_IGN:  # the default: the process ends of it
             signal.raise_signal(signal.SIGTERM)
 
@@ -617,8 +634,9 @@ HANDLE_LATER_AFTER = 0.01
 def handle_later(signum: int) -> None:
     """Send ``signum`` to this process again in `HANDLE_LATER_AFTER` s, from a daemon thread.
 
-    Only if its handler then is the one now: one put back meanwhile (the
-    default, as a ``with`` block ended) or a program's own must not get it.
+    Only if its handler then is the one now or another of verirl's (launch's
+    grace swaps them): one put back meanwhile (the default, as a ``with``
+    block ended) or a program's own must not get it.
     """
     timer = threading.Timer(
         HANDLE_LATER_AFTER, _send_again, args=(signum, signal.getsignal(signum))
@@ -629,10 +647,17 @@ def handle_later(signum: int) -> None:
 
 
 def _send_again(signum: int, handler: object) -> None:
-    if signal.getsignal(signum) != handler:
-        log.debug("%s's handler changed before it could be handled: not sent again", signum)
+    now = signal.getsignal(signum)
+    if now != handler and not _is_guard(now):  # the default back, or a program's own
+        log.debug("signal %d's handler changed before it was handled: not sent again", signum)
         return
     os.kill(os.getpid(), signum)
+
+
+def _is_guard(handler: object) -> bool:
+    """Whether ``handler`` is a verirl handler (`outside_tracers_lock`'s), a method or not."""
+    function = getattr(handler, "__func__", handler)
+    return getattr(function, "__code__", None) in _GUARDS
 
 
 _UNARRIVED: list[int] = []

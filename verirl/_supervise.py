@@ -136,6 +136,7 @@ from verirl._secrets import redact_argv, secrets_in_environ, shown_line
 from verirl._signals import (
     TERMINATING,
     as_sigterm,
+    hand_on,
     interruptions,
     mark_noted,
     outside_tracers_lock,
@@ -1137,7 +1138,7 @@ def _noting(noted: threading.Event, previous: _Handler, *, absorb: bool) -> _Han
     @outside_tracers_lock  # a signal inside it waits its turn, as inside the one it wraps
     def noting(signum: int, frame: FrameType | None) -> None:
         try:
-            previous(signum, frame)
+            hand_on(previous, signum, frame)
         except (KeyboardInterrupt, SystemExit) as exc:
             if absorb and isinstance(exc, SystemExit):
                 mark_noted(exc)

@@ -71,7 +71,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from verirl._checkpoint import INCOMPLETE_MARKER, read_trainer_state
 from verirl._fs import printable, quoted, write_new_file
-from verirl._signals import SIGTERM_POLICY, outside_tracers_lock
+from verirl._signals import SIGTERM_POLICY, hand_on, outside_tracers_lock
 from verirl._stop import STOP_REQUESTS
 from verirl._validate import check_int
 from verirl.errors import CheckpointSourceError, ConfigError
@@ -453,7 +453,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         previous = self._give_back({signum})[signum]
         log.info("%s: this PreemptionCallback was closed; passed on to %r", _name(signum), previous)
         if callable(previous):
-            previous(signum, frame)
+            hand_on(previous, signum, frame)  # a program's own: interrupted as Python does
         elif previous == signal.SIG_DFL:
             os.kill(os.getpid(), signum)  # the default action, now that it is set again
 
