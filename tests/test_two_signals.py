@@ -21,6 +21,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -42,6 +43,14 @@ def _both(pid: int, pair: tuple[signal.Signals, signal.Signals]) -> None:
     """The two signals back to back, as a platform's agent sends them."""
     for sig in pair:
         os.kill(pid, sig)
+
+
+def _program(tmp_path: Path, program: str, *args: str, timeout: float = 60) -> Any:
+    """``program`` run by this Python with ``args``; its completed process (text)."""
+    return subprocess.run(
+        [sys.executable, "-c", program, *args], capture_output=True, text=True,
+        timeout=timeout, env=clean_environ(tmp_path), check=False,
+    )  # fmt: skip
 
 
 def _gone(processes: list[psutil.Process]) -> bool:
@@ -305,11 +314,8 @@ def test_a_signal_that_comes_inside_another_s_handler_loses_neither(tmp_path, ca
     effect, in order, the second a moment later."""
     outer, inner, term, interrupt, own, chain, queued = case
     chains = chain if isinstance(chain, tuple) else (chain,)  # those it may come out as
-    argv = [sys.executable, "-c", NESTED, outer, inner, term, interrupt, own or "",
-            ",".join(chains[0])]  # fmt: skip
-    done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=120, env=clean_environ(tmp_path), check=False
-    )
+    given = [outer, inner, term, interrupt, own or "", ",".join(chains[0])]
+    done = _program(tmp_path, NESTED, *given, timeout=120)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["points"] > 10, report  # the handler's log, at least
@@ -347,10 +353,7 @@ signal.raise_signal(signal.SIGUSR1)
 
 def test_a_child_forked_while_a_handler_ran_handles_its_signals_at_once(tmp_path):
     """The running handler is the parent's: the child's own Ctrl-C is not held back for it."""
-    done = subprocess.run(
-        [sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=60,
-        env=clean_environ(tmp_path), check=False,
-    )  # fmt: skip
+    done = _program(tmp_path, FORKED)
     assert (done.returncode, done.stdout.strip()) == (0, "7"), done.stderr
 
 
@@ -386,10 +389,7 @@ def test_a_second_sigterm_inside_the_first_s_handler_is_ignored_not_sent_on(tmp_
     """Fire once: a second SIGTERM during the first one's teardown is ignored. Held back and
     sent again once the block had put the default back, it killed a program that had caught
     the first one's exit and gone on (review of 603bcd2)."""
-    done = subprocess.run(
-        [sys.executable, "-c", AGAIN_AS_IT_LOGS, str(unshared_port()), after],
-        capture_output=True, text=True, timeout=120, env=clean_environ(tmp_path), check=False,
-    )  # fmt: skip
+    done = _program(tmp_path, AGAIN_AS_IT_LOGS, str(unshared_port()), after, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["caught 143", "done []"], done.stderr
 
@@ -421,10 +421,7 @@ def test_a_ctrl_c_inside_a_program_s_handler_that_verirl_called_is_not_held(tmp_
     """Only verirl's own handler code holds a signal back: a program's handler that verirl
     passes a signal to (a save) is interrupted by a Ctrl-C as Python interrupts it, wherever
     its code lies (a conda or system Python keeps site-packages inside the stdlib's folder)."""
-    done = subprocess.run(
-        [sys.executable, "-c", SAVING, where], capture_output=True, text=True, timeout=60,
-        env=clean_environ(tmp_path), check=False,
-    )  # fmt: skip
+    done = _program(tmp_path, SAVING, where)
     assert (done.returncode, done.stdout.split()) == (0, ["interrupted"]), done.stderr
 
 
@@ -458,10 +455,7 @@ with SIGTERM_POLICY.held():
 def test_a_ctrl_c_that_lands_in_a_tracer_inside_a_handler_is_held_all_the_same(tmp_path):
     """A tracer's frame (coverage's, a debugger's) between the handler and where the Ctrl-C
     landed is not a program's handler: the SIGTERM's exit is not lost to it."""
-    done = subprocess.run(
-        [sys.executable, "-c", TRACED], capture_output=True, text=True, timeout=60,
-        env=clean_environ(tmp_path), check=False,
-    )  # fmt: skip
+    done = _program(tmp_path, TRACED)
     assert (done.returncode, done.stdout.strip()) == (0, "['SIGTERM', 'SIGINT']"), done.stderr
 
 
@@ -497,10 +491,7 @@ except KeyboardInterrupt:
 def test_a_signal_sent_again_reaches_launch_s_grace_handlers(tmp_path):
     """A Ctrl-C put off as a handler began is sent again; launch's grace had put its own
     handlers in place meanwhile, and the Ctrl-C must still end the grace (review of f4ad54b)."""
-    done = subprocess.run(
-        [sys.executable, "-c", SWAPPED], capture_output=True, text=True, timeout=120,
-        env=clean_environ(tmp_path), check=False,
-    )  # fmt: skip
+    done = _program(tmp_path, SWAPPED, timeout=120)
     assert done.stdout.splitlines() == ["first 143", "the Ctrl-C ended the grace True"], (
         done.stdout + done.stderr
     )
