@@ -359,6 +359,7 @@ def test_a_child_forked_while_a_handler_ran_handles_its_signals_at_once(tmp_path
 
 AGAIN_AS_IT_LOGS = """
 import logging, os, signal, sys, threading
+signal.signal(signal.SIGTERM, signal.SIG_DFL)  # coverage's handler aside: the policy is tested
 from verirl import DistributedEnv, TrainingRuntime, VLLMTopology
 
 class Again(logging.Handler):  # the second SIGTERM comes as the first one's handler logs
@@ -493,5 +494,41 @@ def test_a_signal_sent_again_reaches_launch_s_grace_handlers(tmp_path):
     handlers in place meanwhile, and the Ctrl-C must still end the grace (review of f4ad54b)."""
     done = _program(tmp_path, SWAPPED, timeout=120)
     assert done.stdout.splitlines() == ["first 143", "the Ctrl-C ended the grace True"], (
+        done.stdout + done.stderr
+    )
+
+
+AT_HAND_ON = """
+import signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_DFL)  # coverage's handler aside: the policy's is tested
+from verirl._signals import SIGTERM_POLICY, as_sigterm, hand_on, interruptions, program_interrupt
+
+signal.signal(signal.SIGINT, program_interrupt)
+signal.signal(signal.SIGHUP, as_sigterm)
+def tracer(frame, event, arg):  # a Ctrl-C as hand_on is about to call SIGTERM's handler
+    if frame.f_code is hand_on.__code__:
+        if event == "line" and frame.f_locals.get("handing_on") is True and not sent:
+            sent.append(1)
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, sys._getframe())
+        return tracer
+    return tracer if event == "call" else None
+sent = []
+with SIGTERM_POLICY.held():
+    sys.settrace(tracer)
+    try:
+        signal.getsignal(signal.SIGHUP)(signal.SIGHUP, sys._getframe())
+    except BaseException as exc:
+        print([signal.Signals(s).name for s in interruptions(exc)], SIGTERM_POLICY.fired)
+    finally:
+        sys.settrace(None)
+"""
+
+
+def test_a_ctrl_c_as_verirl_hands_a_signal_on_is_held_for_that_signal(tmp_path):
+    """Only inside the handler handed the signal does a Ctrl-C run at once: landing in
+    hand_on itself (or a tracer on its lines) before the SIGTERM's handler ran, it lost the
+    SIGTERM (review of afb755c)."""
+    done = _program(tmp_path, AT_HAND_ON)
+    assert (done.returncode, done.stdout.strip()) == (0, "['SIGTERM', 'SIGINT'] True"), (
         done.stdout + done.stderr
     )

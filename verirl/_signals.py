@@ -180,25 +180,45 @@ def _held_by_a_running_handler(signum: int, frame: types.FrameType | None) -> bo
     """Whether ``signum``, landed in ``frame``, came inside a verirl handler: then it is held.
 
     The frames from ``frame`` up are those running now: a wrapper among them
-    is a handler not done yet, which takes the signal in (or, as it begins
-    or ends, has it sent again a moment later: `handle_later`). Not so inside
-    a handler that verirl's passed a signal to (`hand_on`), nor for a
-    handler called by another one, given the frame that one landed in,
-    below both: those run at once.
+    is a handler not done yet, and the nearest that takes signals in holds
+    it; one only beginning or ending has it sent again a moment later
+    (`handle_later`). Not so inside a handler of the program's that verirl
+    passed a signal to (`hand_on`: a save), nor for a handler called by
+    another one, given the frame that one landed in, below both: those run
+    at once.
     """
+    passed = False  # a wrapper only beginning or ending
+    below: types.FrameType | None = None
     while frame is not None:
         code = frame.f_code
         if code in _GUARDS:
             held = frame.f_locals.get(_HELD)
             if isinstance(held, list):
                 held.append(signum)
-            else:
-                handle_later(signum)
-            return True
-        if code is hand_on.__code__ and frame.f_locals.get(_HANDING_ON) is True:
-            return False
-        frame = frame.f_back
-    return False
+                return True
+            passed = True
+        elif code is hand_on.__code__ and _in_a_programs_handler(frame, below):
+            break
+        below, frame = frame, frame.f_back
+    if passed:
+        handle_later(signum)
+    return passed
+
+
+def _in_a_programs_handler(frame: types.FrameType, below: types.FrameType | None) -> bool:
+    """Whether ``below`` is a handler of the program's that `hand_on`'s ``frame`` runs.
+
+    Not `hand_on` itself, nor a tracer called on its lines, nor a verirl
+    handler it runs (that one holds what comes inside it).
+    """
+    local = frame.f_locals
+    if below is None or local.get(_HANDING_ON) is not True:
+        return False
+    handler = local.get("handler")
+    if _is_guard(handler):
+        return False
+    code = getattr(getattr(handler, "__func__", handler), "__code__", None)
+    return code is None or below.f_code is code  # not a function: taken for the program's
 
 
 def _run_held(came: list[int] | None, frame: types.FrameType | None) -> None:
