@@ -28,8 +28,8 @@ the CLI:
   handler is the one installed: verirl never takes over a program's handler.
 - **One handler at a time.** A signal whose handler Python would run inside
   another verirl handler (it came as that one logged, before it raised) is
-  handled a moment later, once that one is done: two signals sent together
-  both take effect, in order (`outside_tracers_lock`).
+  held by that one and handled as it ends: two signals sent together both
+  take effect, in order (`outside_tracers_lock`).
 - **One owner at a time, no swallowing.** A handler that takes SIGTERM over
   from the policy for a while (`verirl.preemption.PreemptionCallback`, which
   waits for a step end) registers with `SigtermPolicy.cooperate`: an
@@ -217,7 +217,7 @@ def _in_a_programs_handler(frame: types.FrameType, below: types.FrameType | None
     handler = local.get("handler")
     if _is_guard(handler):
         return False
-    code = getattr(getattr(handler, "__func__", handler), "__code__", None)
+    code = _code_of(handler)
     return code is None or below.f_code is code  # not a function: taken for the program's
 
 
@@ -676,8 +676,12 @@ def _send_again(signum: int, handler: object) -> None:
 
 def _is_guard(handler: object) -> bool:
     """Whether ``handler`` is a verirl handler (`outside_tracers_lock`'s), a method or not."""
-    function = getattr(handler, "__func__", handler)
-    return getattr(function, "__code__", None) in _GUARDS
+    return _code_of(handler) in _GUARDS
+
+
+def _code_of(handler: object) -> types.CodeType | None:
+    """The code a handler (a function or a method) runs; ``None`` for another callable."""
+    return getattr(getattr(handler, "__func__", handler), "__code__", None)
 
 
 _UNARRIVED: list[int] = []
