@@ -15,8 +15,9 @@ For unit tests of code that starts a vLLM server (an adapter, the runtime)::
 
 It stands beside `VLLMServer`, as httpx's ``MockTransport`` stands beside
 ``BaseTransport``: its own class implementing the same `verirl.ServerHandle`
-(``base_url``, ``start``, ``stop``) plus what callers read of a server
-(``running``, ``pid``, ``log_path``, ``log_tail()``, the settings). It takes
+(``base_url``, ``start``, ``stop``, ``running``, ``pid``, ``returncode``,
+``log_path``, ``log_tail()``, ``check_log()``, ``cut_stop_short()``) plus the
+settings. It takes
 `VLLMServer`'s arguments and checks them by building the `VLLMServer` they
 describe, which spawns nothing until started (and this one never is): so the
 same `ConfigError`, the same ``serve_args``, the same ``from_topology``.
@@ -295,9 +296,18 @@ class FakeVLLMServer:
         return self._state == _RUNNING
 
     @property
+    def returncode(self) -> int | None:
+        """Always ``None``: the fake has no process to exit."""
+        return None
+
+    @property
     def log_path(self) -> Path | None:
         """The requested ``log_path`` (the fake makes no temp files)."""
         return self._spec.log_path
+
+    def check_log(self) -> None:
+        """What `VLLMServer.check_log` would refuse about the log (doctor's preflight)."""
+        self._spec.check_log()
 
     def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
         """The last ``lines`` lines of what this fake logged ("" before a start)."""
@@ -368,6 +378,9 @@ class FakeVLLMServer:
             self.stops += 1
             self.stopped_at = self.clock()
             self._note("stop")
+
+    def cut_stop_short(self) -> None:
+        """Nothing to cut short: the fake's `stop` has no grace."""
 
     def __enter__(self) -> Self:
         self.start()

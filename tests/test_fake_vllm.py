@@ -1713,6 +1713,33 @@ def test_fake_server_stands_beside_the_real_one_not_inside_it():
     assert "FakeVLLMServer(model='m'" in repr(fake)
 
 
+@pytest.mark.parametrize("kind", ["missing folder", "folder as file"])
+def test_fake_check_log_refuses_what_the_real_one_refuses(tmp_path, kind):
+    """``verirl doctor``'s preflight, through the fake, in the real server's words."""
+    if kind == "missing folder":
+        where = {"log_dir": str(tmp_path / "no-such-folder")}
+    else:
+        (tmp_path / "a-file").write_text("x")
+        where = {"log_path": tmp_path / "a-file" / "server.log"}
+    errors = []
+    for server in (FakeVLLMServer("m", port=9, **where), VLLMServer("m", port=9, **where)):
+        with pytest.raises(ConfigError) as info:
+            server.check_log()
+        errors.append((info.value.field, str(info.value)))
+    assert errors[0] == errors[1]
+    fine = {"log_path": tmp_path / "server.log"}
+    FakeVLLMServer("m", **fine).check_log()
+    assert not (tmp_path / "server.log").exists()  # looked at, not written
+
+
+def test_fake_server_has_no_process_and_no_grace():
+    fake = FakeVLLMServer("m")
+    with fake:
+        assert (fake.pid, fake.returncode) == (None, None)
+        fake.cut_stop_short()  # nothing to cut: stop still ends it, once
+    assert (fake.running, fake.stops) == (False, 1)
+
+
 def test_fake_server_refuses_an_unknown_argument():
     with pytest.raises(TypeError, match="no_such_argument"):
         FakeVLLMServer("m", no_such_argument=1)

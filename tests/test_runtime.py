@@ -15,6 +15,7 @@ from verirl import (
     ConfigError,
     DistributedEnv,
     EnvServerUnavailable,
+    ServerHandle,
     TrainingRuntime,
     VLLMServerError,
     VLLMServerExited,
@@ -121,6 +122,42 @@ def test_phase_failing_while_server_still_starts_waits_for_it_and_stops_it():
     assert server.starts == 1
     assert not server.running  # its start finished and it was stopped afterwards
     assert server.stops == 1
+
+
+class _ThreeMembers:
+    """A server handle of a user's own, with only what ServerHandle once declared."""
+
+    base_url = "http://127.0.0.1:1"
+
+    def __init__(self) -> None:
+        self.started = False
+
+    def start(self) -> None:
+        self.started = True
+
+    def stop(self) -> None:
+        pass
+
+
+def test_a_server_handle_lacking_members_is_refused_before_it_starts():
+    """One without ``running`` could never be seen to die: refused, naming what it lacks."""
+    built: list[_ThreeMembers] = []
+
+    def factory(topology: VLLMTopology) -> ServerHandle:
+        built.append(_ThreeMembers())
+        return built[-1]  # type: ignore[return-value]
+
+    rt = runtime(server_factory=factory, env_probe=FakeEnvServerProbe())
+    with pytest.raises(ConfigError) as info:
+        rt.start()
+    assert info.value.field == "server_factory"
+    assert str(info.value).startswith(
+        "server_factory built a _ThreeMembers, which lacks pid, running, returncode, "
+        "log_path, log_tail, cut_stop_short, check_log; a ServerHandle has all of "
+    )
+    (handle,) = built
+    assert not handle.started
+    assert rt.session is None
 
 
 def test_server_failure_is_raised_as_is(caplog):

@@ -132,9 +132,7 @@ def _layout(
     try:
         if runtime.starts_server and runtime.server_factory is not None:
             server = runtime.server_factory(runtime.topology)  # built, not started: no model is 2
-            check_log = getattr(server, "check_log", None)
-            if check_log is not None:  # the log launch would open, looked at, not written
-                check_log()
+            server.check_log()  # the log launch would open, looked at, not written
     except ConfigError as exc:
         return local, [(EXIT_CONFIG, f"vLLM server: {explain(exc)}")]
     except Exception:  # noqa: BLE001 - the launch row below says what is wrong

@@ -40,6 +40,8 @@ from verirl.errors import VLLMServerError, VLLMServerExited, VLLMServerUnrespons
 if TYPE_CHECKING:
     import requests
 
+    from verirl.runtime import ServerHandle
+
 __all__ = [
     "EXIT_POLL",
     "HEALTH_INTERVAL",
@@ -108,14 +110,12 @@ def interrupt_main(error: BaseException, *, held: bool) -> bool:
     return False
 
 
-def _tail_of(server: object | None) -> tuple[str, str | None]:
-    """The server's log tail and log path, when it has them (a remote one has neither)."""
+def _tail_of(server: ServerHandle | None) -> tuple[str, str | None]:
+    """The server's log tail and log path (a remote one, ``None``, has neither)."""
     if server is None:
         return "", None
-    tail = getattr(server, "log_tail", None)
-    text = tail() if callable(tail) else ""
-    path = getattr(server, "log_path", None)
-    return (text if isinstance(text, str) else ""), (None if path is None else str(path))
+    path = server.log_path
+    return server.log_tail(), (None if path is None else str(path))
 
 
 @attrs.define
@@ -165,7 +165,7 @@ class ServerWatchdog:
     what unwinds the main thread (`interrupt_main` in the runtime).
     """
 
-    server: object | None
+    server: ServerHandle | None
     health_url: str | None
     unresponsive_timeout: float = UNRESPONSIVE_TIMEOUT
     save_grace: float = SAVE_GRACE
@@ -220,10 +220,9 @@ class ServerWatchdog:
     def _exit_status(self) -> tuple[bool, int | None]:
         """Whether our server process exited, and its exit status when known."""
         server = self.server
-        if server is None or getattr(server, "running", True):
+        if server is None or server.running:
             return False, None
-        code = getattr(server, "returncode", None)
-        return True, code if isinstance(code, int) else None
+        return True, server.returncode
 
     def _exited_error(self, code: int | None) -> VLLMServerExited:
         tail, path = _tail_of(self.server)
@@ -279,8 +278,8 @@ class ServerWatchdog:
             if self._stopped:
                 return
             self._failure = error  # under the lock: stop() then sees it, or it is not set
-        pid = getattr(self.server, "pid", None)
-        where = f" (pid {pid})" if isinstance(pid, int) else ""
+        pid = None if self.server is None else self.server.pid
+        where = "" if pid is None else f" (pid {pid})"
         log.error("the vLLM server%s failed while training ran: %s", where, error)
         if STOP_REQUESTS.request(error):
             log.warning(

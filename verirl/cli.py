@@ -842,10 +842,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _announce_ready(args, runtime, session.server_url, public)
         # Ends only by the server dying: SIGTERM raises SystemExit(143) from the one policy
         # and Ctrl-C KeyboardInterrupt, both unwinding the runtime, which stops the server.
-        _wait_while(lambda: bool(getattr(server, "running", True)) and not sigterm_pending())
+        _wait_while(lambda: server is not None and server.running and not sigterm_pending())
         _exit_if_sigterm_was_lost()
-        log_tail = getattr(server, "log_tail", None)
-        tail = log_tail() if callable(log_tail) else ""
+        tail = "" if server is None else server.log_tail()
         log.error("the vLLM server exited on its own\n%s", tail.rstrip())
         return EXIT_VLLM
 
