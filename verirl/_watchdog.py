@@ -40,7 +40,7 @@ from verirl.errors import VLLMServerError, VLLMServerExited, VLLMServerUnrespons
 if TYPE_CHECKING:
     import requests
 
-    from verirl.runtime import ServerHandle
+    from verirl.server.handle import ServerHandle
 
 __all__ = [
     "EXIT_POLL",

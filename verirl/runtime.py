@@ -19,9 +19,8 @@ import time
 import types
 import urllib.parse
 import warnings
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 import attrs
 
@@ -72,6 +71,7 @@ from verirl.errors import (
     VLLMServerError,
     VLLMServerUnavailable,
 )
+from verirl.server.handle import ServerFactory, ServerHandle, checked_handle
 from verirl.topology import (
     MODES,
     TRL_GROUP_PORT,
@@ -115,89 +115,6 @@ which includes that server's own start.
 """
 LAUNCHER_DEATH_SIGNAL = 9  # SIGKILL: a rank blocked in a collective never runs a Python handler
 """What a rank gets when its torchrun agent dies (`TrainingRuntime.die_with_launcher`)."""
-
-
-@runtime_checkable
-class ServerHandle(Protocol):
-    """What the runtime, its watchdog and the CLI read of a vLLM server.
-
-    `verirl.VLLMServer` and `fakes.FakeVLLMServer` are the two. A server
-    factory's handle must have every member: one without ``running`` could
-    never be seen to die, so `TrainingRuntime` refuses it at start with a
-    `ConfigError` naming what it lacks (see `_missing_members`).
-    """
-
-    @property
-    def base_url(self) -> str:
-        """``http://host:port`` of the running server."""
-        ...
-
-    @property
-    def pid(self) -> int | None:
-        """The server process id while started, else ``None`` (a fake has none)."""
-        ...
-
-    @property
-    def running(self) -> bool:
-        """Started, and not exited: the watchdog and ``verirl serve`` watch it."""
-        ...
-
-    @property
-    def returncode(self) -> int | None:
-        """The exit status once the server exited on its own, else ``None``."""
-        ...
-
-    @property
-    def log_path(self) -> Path | None:
-        """The server's log file, if it has one."""
-        ...
-
-    def log_tail(self, lines: int = ...) -> str:
-        """The last ``lines`` lines of the log: what an error about the server shows."""
-        ...
-
-    def start(self) -> None:
-        """Launch and block until healthy; raise on failure, leaving nothing behind."""
-        ...
-
-    def stop(self) -> None:
-        """Tear down; idempotent, and safe to call while `start` runs in another thread."""
-        ...
-
-    def cut_stop_short(self) -> None:
-        """End the grace of a `stop` under way or about to be (a second interruption)."""
-        ...
-
-    def check_log(self) -> None:
-        """What `start` would refuse about the log, as a `ConfigError`, found without writing."""
-        ...
-
-
-_HANDLE_MEMBERS = ("base_url", "pid", "running", "returncode", "log_path", "log_tail",
-                   "start", "stop", "cut_stop_short", "check_log")  # fmt: skip
-
-
-def _missing_members(handle: object) -> tuple[str, ...]:
-    """The `ServerHandle` members ``handle`` lacks, in the protocol's order."""
-    return tuple(name for name in _HANDLE_MEMBERS if not hasattr(handle, name))
-
-
-def _checked_handle(handle: object, source: str = "server_factory") -> ServerHandle:
-    """``handle`` if it has every `ServerHandle` member, else a `ConfigError` naming ``source``."""
-    missing = _missing_members(handle)
-    if missing:
-        kind = type(handle).__qualname__
-        reason = (
-            f"lacks {', '.join(missing)}; a ServerHandle has all of {', '.join(_HANDLE_MEMBERS)}"
-        )
-        raise ConfigError(
-            f"{source} built a {kind}, which {reason}", field=source, value=kind, reason=reason
-        )
-    return handle  # type: ignore[return-value]
-
-
-ServerFactory = Callable[[VLLMTopology], ServerHandle]
-"""Builds the server for a local server-mode topology."""
 
 
 @attrs.frozen
@@ -1061,7 +978,7 @@ class TrainingRuntime:
         if not self.starts_server:
             return None
         factory = self.server_factory or _default_server_factory(self.model)
-        server = _checked_handle(factory(self.topology))
+        server = checked_handle(factory(self.topology))
         log.info("starting vLLM server: %s", self.topology.describe())
         return server
 

@@ -1,0 +1,1 @@
+"""The vLLM server subsystem: `verirl.server.handle` (what verirl reads of a server)."""
