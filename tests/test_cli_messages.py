@@ -480,7 +480,7 @@ def test_a_sigterm_whose_exit_was_lost_still_exits_143(tmp_path, command, clean_
 
 LATE = """
 import os, signal, sys
-from verirl import _process
+from verirl.server import process as _process
 class Server:
     def stop(self):
         os.kill(os.getpid(), signal.SIGTERM)  # arrives while the last teardown runs

@@ -545,7 +545,7 @@ def test_launch_json_keeps_the_commands_stdout_off_the_document(tmp_path):
 # signal's code and, with ``--json``, exactly one document.
 SIGNAL_RUN = """
 import os, signal, sys
-import verirl.cli, verirl.__main__ as program, verirl._process as process
+import verirl.cli, verirl.__main__ as program, verirl.server.process as process
 sys.argv = ["verirl", "plan", "--json", "--gpus", "2"]
 where, signum = {where!r}, {signum}
 def send():

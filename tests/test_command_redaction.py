@@ -18,9 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verirl import _launch, _secrets
+from verirl import _secrets
 from verirl._secrets import HIDDEN, redact_argv
 from verirl.cli import main
+from verirl.server import launch as _launch
 
 secret = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_characters="@"),
                  min_size=12, max_size=30).map(lambda s: "S3cr" + s)  # fmt: skip

@@ -68,7 +68,7 @@ def test_fakes_import_only_public_names(path):
     ("source", "problem"),
     [
         ("from verirl._validate import check_number", "verirl._validate.check_number: a private"),
-        ("import verirl._process", "verirl._process: a private module"),
+        ("import verirl._procfs", "verirl._procfs: a private module"),
         ("from verirl import _version", "verirl._version: a private name"),
         ("from verirl.envserver import _url", "verirl.envserver._url: a private name"),
         ("from verirl.vllm_server import ProcessTree", "not in verirl.vllm_server.__all__"),

@@ -1,4 +1,4 @@
-"""Which program `VLLMServer` runs (`verirl._launch.plan_launch`), for each kind of installation.
+"""Which program `VLLMServer` runs (`verirl.server.launch.plan_launch`), per installation.
 
 The installation is described to `plan_launch` (what `import_trl_serve` and
 `vllm_distribution` would return); tests/compat checks the same against the
@@ -20,7 +20,7 @@ import pytest
 
 from _support import unshared_port
 from verirl import ConfigError, VLLMServer, VLLMServerError
-from verirl._launch import (
+from verirl.server.launch import (
     DEV_MODE_VAR,
     INSTALL_HINT,
     TrlParseError,

@@ -517,10 +517,10 @@ def test_a_ctrl_c_at_any_point_of_the_forwarding_s_set_up_or_end_drops_no_later_
     acts as the default), the next forwarding takes over and gives the default back, and no
     descriptor is left open."""
     from _support import codes_of, interrupted_at_point
-    from verirl import _process
-    from verirl._process import child_subreaper
     from verirl._signals import TERMINATING
     from verirl._supervise import _Forwarding, run_command
+    from verirl.server import process as _process
+    from verirl.server.process import child_subreaper
 
     # The subreaper's own helpers too: a Ctrl-C in the one that puts it back, before its
     # system call, left it on (review round 38, R-F4).

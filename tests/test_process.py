@@ -1,4 +1,4 @@
-"""verirl._process: the death signal and the exit status read without reaping (Linux)."""
+"""verirl.server.process: the death signal and the exit status read without reaping (Linux)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import psutil
 import pytest
 
 from _support import ZL_PROGRAM, ZlProcess, alive, still_alive
-from verirl import _process
-from verirl._process import (
+from verirl.server import process as _process
+from verirl.server.process import (
     MARKER_VAR,
     ProcessTree,
     _marked_processes,
@@ -31,7 +31,7 @@ linux_only = pytest.mark.skipif(
 
 CHILD_OF_A_DYING_PARENT = """
 import os, sys, time
-from verirl._process import death_signal_preexec, popen_in_session
+from verirl.server.process import death_signal_preexec, popen_in_session
 child = popen_in_session(
     [sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ), sys.stdout.buffer
 )
@@ -163,7 +163,7 @@ def test_an_orphaned_worker_whose_main_thread_ended_is_taken_down(tmp_path):
 A_LIBRARY_S_AT_FORK_HOOK_WAITS = """
 import os, sys, threading
 from verirl import _supervise
-from verirl._process import popen_in_session, spawn
+from verirl.server.process import popen_in_session, spawn
 
 held = threading.Lock()
 held.acquire()
@@ -256,7 +256,7 @@ def test_a_command_that_cannot_be_exec_d_raises_as_subprocess_does_and_leaves_no
 
 CLOSED_STDIO = """
 import os, sys
-from verirl._process import popen_in_session, spawn
+from verirl.server.process import popen_in_session, spawn
 
 result = open(sys.argv[1], "w")
 log = open(sys.argv[2], "wb")
@@ -359,8 +359,8 @@ def test_a_ctrl_c_at_any_point_of_spawn_never_leaves_a_child_starting_after_it(
     import threading
 
     from _support import codes_of, interrupted_at_point
-    from verirl import _process
-    from verirl._process import _Spawner, _wait_through, spawn
+    from verirl.server import process as _process
+    from verirl.server.process import _Spawner, _wait_through, spawn
 
     codes = codes_of(spawn, _Spawner.submit, _wait_through)
     children: list[subprocess.Popen[bytes]] = []
@@ -402,7 +402,7 @@ def test_a_ctrl_c_at_any_point_of_spawn_never_leaves_a_child_starting_after_it(
 _REUSED_SERVER_GROUP = """
 import os, signal, subprocess, sys, time
 import psutil
-from verirl._process import ProcessTree, popen_in_session, spawn
+from verirl.server.process import ProcessTree, popen_in_session, spawn
 
 with open(os.devnull, "wb") as log:
     popen = spawn(lambda: popen_in_session([sys.executable, "-c", "pass"], os.environ, log))

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from _support import unshared_port
-from verirl._readiness import FAST_BACKOFF, READY_LOG_LINES, LogWatch, Nap
 from verirl.errors import VLLMStartupTimeout
+from verirl.server.readiness import FAST_BACKOFF, READY_LOG_LINES, LogWatch, Nap
 from verirl.vllm_server import VLLMServer
 
 FAKE = (sys.executable, "-m", "fakes.vllm_serve")

@@ -38,8 +38,8 @@ from fakes.envserver import FakeEnvServer
 from verirl import DistributedEnv, HttpEnvServerProbe, TrainingRuntime, VLLMServer, VLLMTopology
 from verirl._net import find_free_port
 from verirl._signals import SIGTERM_POLICY
-from verirl._watchdog import ServerWatchdog
 from verirl.errors import VeriRLError
+from verirl.server.watchdog import ServerWatchdog
 
 FAKE = (sys.executable, "-m", "fakes.vllm_serve")
 BOUND = 15.0  # far below the 120 s env wait below: a start that is not cut short overruns it
@@ -155,7 +155,7 @@ def test_only_one_of_several_racing_starts_wins(tmp_path):
 
 def test_a_runtime_in_a_thread_never_interrupts_the_main_thread(tmp_path, default_sigterm, caplog):
     """The main thread holds the policy (its own server, say); a thread's server dies."""
-    caplog.set_level(logging.ERROR, logger="verirl._watchdog")
+    caplog.set_level(logging.ERROR, logger="verirl.server.watchdog")
     rt = _runtime(tmp_path, vllm_failure_grace=0.0)
     with SIGTERM_POLICY.held():
         thread, outcome = _in_thread(rt.start)
@@ -205,7 +205,7 @@ class SignalWhileHeld:
 
 if sys.argv[2] == "spawn":  # the SIGTERM lands while the child is being spawned
     import time
-    import verirl.vllm_server as module
+    import verirl.server.server as module
     real = module.popen_in_session
     def slow_spawn(*args, **kwargs):
         signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
@@ -461,7 +461,7 @@ def test_a_ctrl_c_as_a_server_takes_the_sigterm_policy_leaves_it_released(
     it: the handler stayed for good, and after one caught SIGTERM a later server's SIGTERM was
     "received again" and ignored (review round 28, B-F2). At every point of the hold: the
     start ends, nothing runs, the policy is released, and the server starts again."""
-    from verirl._process import Run
+    from verirl.server.process import Run
 
     codes = codes_of(SIGTERM_POLICY.acquire, Run.hold_sigterm)
 
@@ -513,7 +513,7 @@ def test_a_ctrl_c_at_any_point_of_stop_into_a_real_server_leaves_it_to_the_next_
     as before the stop or torn down, never half (round 31, J-F3), its watchdog stopped with
     it (round 32, K-F1: it reported the stop as the server's death)."""
     from verirl import runtime
-    from verirl._process import ProcessTree
+    from verirl.server.process import ProcessTree
 
     tr = TrainingRuntime
     codes = codes_of(tr.stop, tr._stop_once, tr._tear_down, tr._release, runtime._wait_for,

@@ -37,11 +37,11 @@ from hypothesis import strategies as st
 
 from _checkpoint_support import log_lines, unencodable
 from _support import clean_environ, unshared_port, while_the_group_port_is_free
-from verirl import _server_log
-from verirl._readiness import LogWatch
 from verirl.cli import main
 from verirl.errors import ConfigError, VLLMServerExited
 from verirl.runtime import TrainingRuntime
+from verirl.server import log as _server_log
+from verirl.server.readiness import LogWatch
 from verirl.vllm_server import VLLMServer, read_log_tail
 
 FAKE = (sys.executable, "-m", "fakes.vllm_serve")
@@ -545,8 +545,8 @@ def test_the_quoted_log_tail_never_drives_the_terminal_nor_forges_a_line(tmp_pat
 DROP_BOX = """
 import sys
 from pathlib import Path
-from verirl._server_fields import KeptFolder
-from verirl._server_log import open_server_log
+from verirl.server.fields import KeptFolder
+from verirl.server.log import open_server_log
 
 folder = KeptFolder(sys.argv[1])
 opened = open_server_log(folder, port=8001, argv=["vllm", "serve"], field="log_dir")
@@ -606,7 +606,7 @@ def test_a_log_that_took_a_closed_stdout_s_number_is_no_output_of_the_program(tm
     then refused as "this program's stdout" (compared with itself)."""
     script = (
         "import sys\n"
-        "from verirl._server_log import open_server_log\n"
+        "from verirl.server.log import open_server_log\n"
         "opened = open_server_log(__import__('pathlib').Path(sys.argv[1]), port=1, argv=['x'])\n"
         "sys.stderr.write(f'fd {opened.handle.fileno()}\\n')\n"
     )
@@ -905,7 +905,7 @@ def test_doctor_says_of_whatever_is_at_the_log_s_path_what_launch_does(tmp_path,
 _JUDGE_BOTH = """
 import json, sys
 from pathlib import Path
-from verirl._server_log import check_server_log, open_server_log
+from verirl.server.log import check_server_log, open_server_log
 from verirl.errors import ConfigError
 
 said = []

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verirl import ConfigError, TrainingRuntime, VLLMTopology
-from verirl._child_env import map_visible_devices, parse_visible_devices
+from verirl.server.child_env import map_visible_devices, parse_visible_devices
 from verirl.topology import detect_gpu_count
 
 

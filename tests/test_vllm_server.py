@@ -28,9 +28,6 @@ from _support import alive, codes_of, interrupted_at_point, unshared_port
 from fakes.envserver import FakeEnvServer
 from verirl._fs import quoted
 from verirl._http import deadline_session
-from verirl._launch import COMMAND_HINT
-from verirl._readiness import health_check
-from verirl._serve_args import vllm_serve_args
 from verirl.errors import (
     ConfigError,
     PortInUseError,
@@ -38,6 +35,9 @@ from verirl.errors import (
     VLLMServerExited,
     VLLMStartupTimeout,
 )
+from verirl.server.args import vllm_serve_args
+from verirl.server.launch import COMMAND_HINT
+from verirl.server.readiness import health_check
 from verirl.topology import VLLMTopology
 from verirl.vllm_server import (
     INSTALL_HINT,

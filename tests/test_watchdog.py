@@ -32,7 +32,7 @@ from verirl import (
 )
 from verirl._signals import SIGTERM_POLICY, exit_on_sigterm
 from verirl._stop import STOP_REQUESTS
-from verirl._watchdog import ServerWatchdog
+from verirl.server.watchdog import ServerWatchdog
 
 FAKE = (sys.executable, "-m", "fakes.vllm_serve")
 

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from _support import nothing_listens, unshared_port
-from verirl._watchdog import EXIT_POLL
+from verirl.server.watchdog import EXIT_POLL
 
 DEADLINE = 5.0
 """The issue's bound: launch exits within this many seconds of the death, plus the save."""

@@ -18,7 +18,6 @@ from verirl._version import __version__
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
 if TYPE_CHECKING:
-    from verirl._launch import LaunchPlan
     from verirl._poll import Backoff
     from verirl._settings import Settings
     from verirl.checkpoints import (
@@ -54,6 +53,7 @@ if TYPE_CHECKING:
         resolver_from_settings,
         topology_from_settings,
     )
+    from verirl.server.launch import LaunchPlan
     from verirl.topology import ServerTopology, VLLMTopology, detect_gpu_count
     from verirl.vllm_server import VLLMServer
 
@@ -99,7 +99,7 @@ __all__ = [
 # The module each lazy name comes from: the same as the TYPE_CHECKING block above
 # (tests/test_api.py holds the two together).
 _SUBMODULES: dict[str, tuple[str, ...]] = {
-    "verirl._launch": ("LaunchPlan",),
+    "verirl.server.launch": ("LaunchPlan",),
     "verirl._poll": ("Backoff",),
     "verirl._settings": ("Settings",),
     "verirl.checkpoints": (

@@ -160,7 +160,7 @@ def run() -> int:
     except (KeyboardInterrupt, SystemExit) as error:  # as the command returned, before the note
         code = _signal_code(error)
         _note_signals()
-    process = sys.modules.get("verirl._process")
+    process = sys.modules.get("verirl.server.process")
     if process is not None:  # what the exit hook would stop, stopped while signals are noted
         process.stop_all_servers()
     received = program_received()  # its SystemExit may have been swallowed (see the handler)

@@ -35,7 +35,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from verirl._fs import printable
-from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT, vllm_distribution
 from verirl._net import port_is_free
 from verirl._secrets import (
     TOKEN_SOURCES,
@@ -53,6 +52,7 @@ from verirl._version import __version__
 from verirl.distenv import DistributedEnv
 from verirl.envserver import HttpEnvServerProbe
 from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError, VeriRLError
+from verirl.server.launch import CLI_COMMAND_HINT, COMMAND_HINT, vllm_distribution
 from verirl.topology import TRL_GROUP_PORT, detect_gpu_count
 from verirl.vllm_server import VLLMServer
 

@@ -95,7 +95,7 @@ than leave it to the grace's SIGKILL. Reading its group right before the
 and the ``killpg`` then missed it (9 of 60 runs of a pool forking every 2 ms,
 exit 137), where sending it again gave a duplicate in about 1 of 20.
 
-The server watchdog (`verirl._watchdog`) reaches the main thread here the
+The server watchdog (`verirl.server.watchdog`) reaches the main thread here the
 same way a SIGTERM does, as the policy's interrupt: its `VLLMServerError`
 arrives in the wait for the command, which then gets SIGTERM and the grace
 like on a preemption (so a trainer with a save-on-SIGTERM callback writes
@@ -125,13 +125,6 @@ import psutil
 from verirl import _procfs
 from verirl._fs import printable
 from verirl._phases import SIGNAL_CHECK
-from verirl._process import (
-    MARKER_VAR,
-    child_subreaper,
-    set_child_subreaper,
-    spawn,
-    start_child,
-)
 from verirl._secrets import redact_argv, secrets_in_environ, shown_line
 from verirl._signals import (
     TERMINATING,
@@ -143,6 +136,13 @@ from verirl._signals import (
     raise_if_dropped,
 )
 from verirl.errors import VLLMServerError
+from verirl.server.process import (
+    MARKER_VAR,
+    child_subreaper,
+    set_child_subreaper,
+    spawn,
+    start_child,
+)
 
 __all__ = ["LAUNCH_MARKER_VAR", "mark_this_launch", "run_command"]
 

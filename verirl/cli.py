@@ -61,7 +61,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 from verirl import __version__
-from verirl._child_env import map_visible_devices
 from verirl._cli_output import (
     STDERR,
     STDOUT,
@@ -74,7 +73,6 @@ from verirl._cli_output import (
     write_document,
 )
 from verirl._fs import escape_bytes, printable, quoted
-from verirl._launch import CLI_COMMAND_HINT, COMMAND_HINT
 from verirl._net import url_host
 from verirl._secrets import (
     HIDDEN,
@@ -91,7 +89,6 @@ from verirl._secrets import (
     shown_line,
     taken_out,
 )
-from verirl._serve_args import own_flag, own_flag_reason
 from verirl._settings import Settings, split_args, split_command
 from verirl._signals import SIGTERM_POLICY, exit_on_sigterm, sigterm_pending
 from verirl._validate import check_port, check_seconds, parse_int, parse_seconds
@@ -107,6 +104,9 @@ from verirl.errors import (
     VLLMServerError,
 )
 from verirl.runtime import TrainingRuntime, resolver_from_settings, topology_from_settings
+from verirl.server.args import own_flag, own_flag_reason
+from verirl.server.child_env import map_visible_devices
+from verirl.server.launch import CLI_COMMAND_HINT, COMMAND_HINT
 from verirl.topology import MODES, VLLMTopology
 
 __all__ = ["EXIT_CODES", "GRPO_KWARGS_VARIABLE", "build_parser", "main"]
@@ -905,7 +905,7 @@ def _training_environment(
     started is, to the command, a remote one (``VERIRL_VLLM_HOST``): a
     ``TrainingRuntime.from_settings()`` there plans the same run.
     """
-    from verirl._process import MARKER_VAR  # noqa: PLC0415 - psutil only once launch runs
+    from verirl.server.process import MARKER_VAR  # noqa: PLC0415 - psutil only once launch runs
 
     env = {**os.environ, **(flags or {})}
     env.pop(MARKER_VAR, None)  # a server's mark: on the command, launch would never signal it

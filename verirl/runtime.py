@@ -35,7 +35,6 @@ from verirl._node_share import (
 )
 from verirl._phases import Phases, PhaseTiming
 from verirl._secrets import HIDDEN, implicit_hub_token, redact_text, shown_command
-from verirl._server_fields import to_extra_args
 from verirl._settings import Read, Settings
 from verirl._signals import SIGTERM_POLICY, must_not_raise, raise_interruption_behind
 from verirl._validate import (
@@ -46,12 +45,6 @@ from verirl._validate import (
     check_seconds,
     check_text,
     host_address,
-)
-from verirl._watchdog import (
-    SAVE_GRACE,
-    UNRESPONSIVE_TIMEOUT,
-    ServerWatchdog,
-    interrupt_main,
 )
 from verirl.checkpoints import (
     AUTO,
@@ -71,7 +64,14 @@ from verirl.errors import (
     VLLMServerError,
     VLLMServerUnavailable,
 )
+from verirl.server.fields import to_extra_args
 from verirl.server.handle import ServerFactory, ServerHandle, checked_handle
+from verirl.server.watchdog import (
+    SAVE_GRACE,
+    UNRESPONSIVE_TIMEOUT,
+    ServerWatchdog,
+    interrupt_main,
+)
 from verirl.topology import (
     MODES,
     TRL_GROUP_PORT,
@@ -507,7 +507,7 @@ def _download_dir(resolver: object) -> tuple[Path, FolderName] | None:
 
 def _die_with_parent() -> None:
     """Have the kernel SIGKILL this process when its parent (the launcher's agent) dies."""
-    from verirl._process import set_death_signal  # noqa: PLC0415 - psutil, only under torchrun
+    from verirl.server.process import set_death_signal  # noqa: PLC0415 - psutil, only under torchrun
 
     if set_death_signal(LAUNCHER_DEATH_SIGNAL):
         log.debug("this rank dies with its launcher (pid %d)", os.getppid())
@@ -591,7 +591,7 @@ class TrainingRuntime:
     a handler the program installed (a save-on-preemption callback) or
     ``SIG_IGN`` is kept and is what runs.
 
-    While the session runs, a watchdog (`verirl._watchdog`) watches the vLLM
+    While the session runs, a watchdog (`verirl.server.watchdog`) watches the vLLM
     server: its exit (when this process started it) and its ``/health``,
     which must answer within ``vllm_unresponsive_timeout`` seconds (0: exit
     only); other ranks and remote topologies watch the health the same way.

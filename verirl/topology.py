@@ -17,10 +17,8 @@ from typing import Literal, Protocol
 
 import attrs
 
-from verirl._child_env import VISIBLE_DEVICES_VAR, parse_visible_devices
 from verirl._fs import quoted
 from verirl._net import connect_host, url_host
-from verirl._serve_args import vllm_serve_args
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
@@ -34,6 +32,8 @@ from verirl._validate import (
     has_control_chars,
 )
 from verirl.errors import ConfigError
+from verirl.server.args import vllm_serve_args
+from verirl.server.child_env import VISIBLE_DEVICES_VAR, parse_visible_devices
 
 __all__ = [
     "COLOCATE_MAX_MODEL_LEN",
@@ -589,7 +589,7 @@ def detect_gpu_count(
     Uses ``torch.cuda.device_count()`` (imported only here, lazily), which
     honours ``CUDA_VISIBLE_DEVICES``. Without torch, counts the GPUs
     ``CUDA_VISIBLE_DEVICES`` makes visible when it is set, read as torch reads
-    it (`verirl._child_env.parse_visible_devices`: empty, ``-1`` or a repeated
+    it (`verirl.server.child_env.parse_visible_devices`: empty, ``-1`` or a repeated
     entry hide every GPU, an invalid entry ends the list), else returns 0
     with a log line.
     ``cuda_device_count`` replaces torch's counter (tests, other backends).

@@ -9,7 +9,7 @@ import trl
 from trl.scripts.vllm_serve import ScriptArguments
 
 from verirl import VLLMServer, VLLMTopology
-from verirl._serve_args import vllm_serve_args
+from verirl.server.args import vllm_serve_args
 
 # trl's own GRPOConfig sets a deprecated transformers field; not something verirl passes.
 pytestmark = pytest.mark.filterwarnings(
@@ -92,7 +92,7 @@ def test_vllm_server_argv_parses_with_trls_own_parser():
 def test_the_default_launch_is_what_trls_build_command_builds():
     from trl.scripts.vllm_serve import build_command
 
-    from verirl._launch import VLLMInstall, import_trl_serve, plan_launch
+    from verirl.server.launch import VLLMInstall, import_trl_serve, plan_launch
 
     server = VLLMServer(
         "Qwen/Qwen3-0.6B",
@@ -127,7 +127,7 @@ def test_the_default_launch_is_what_trls_build_command_builds():
 
 def test_the_default_launch_without_vllm_says_how_to_install_it():
     from verirl import VLLMServerError
-    from verirl._launch import INSTALL_HINT
+    from verirl.server.launch import INSTALL_HINT
 
     with pytest.raises(VLLMServerError, match="vllm is not installed") as caught:
         VLLMServer("m").launch_plan()
@@ -140,7 +140,7 @@ def _plan(server: VLLMServer, extra: tuple[str, ...] | list[str] = ()):
     ``extra`` bypasses `VLLMServer`'s own check of ``extra_args`` (which refuses
     verirl's own flags first): what TRL's parser makes of them is checked too.
     """
-    from verirl._launch import VLLMInstall, import_trl_serve, plan_launch
+    from verirl.server.launch import VLLMInstall, import_trl_serve, plan_launch
 
     return plan_launch(
         [*server.serve_args, *extra],

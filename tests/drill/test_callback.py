@@ -489,7 +489,7 @@ def test_a_handler_left_by_a_takeover_in_a_thread_still_takes_the_watchdogs_inte
     done = _run_script(
         tmp_path,
         "import threading\n"
-        "from verirl._watchdog import interrupt_main\n"
+        "from verirl.server.watchdog import interrupt_main\n"
         "with SIGTERM_POLICY.held():\n"
         "    older = PreemptionCallback()\n"
         "    older.on_train_begin(args, state, control)\n"

@@ -22,9 +22,9 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from verirl._signals import SIGTERM_POLICY
 from verirl._stop import STOP_REQUESTS
-from verirl._watchdog import ServerWatchdog, interrupt_main
 from verirl.errors import VLLMServerExited
 from verirl.preemption import PreemptionCallback
+from verirl.server.watchdog import ServerWatchdog, interrupt_main
 
 GRACE = 0.3
 BOUND = 5.0  # the interrupt itself takes milliseconds; room for a loaded machine

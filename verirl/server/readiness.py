@@ -28,8 +28,8 @@ import requests
 
 from verirl._http import deadline_session, request_health
 from verirl._poll import Backoff, PollResult, poll
-from verirl._process import ProcessTree
-from verirl._server_log import KeptLog, read_regular
+from verirl.server.log import KeptLog, read_regular
+from verirl.server.process import ProcessTree
 
 __all__ = [
     "BACKOFF",
@@ -116,6 +116,7 @@ class Nap:
     fast: Iterator[float] | None = None
 
     def __call__(self, seconds: float) -> None:
+        """Sleep ``seconds``, less once the log says ready; wake at once on `stop`."""
         if self.fast is not None:
             self.stopping.wait(min(seconds, next(self.fast)))
             return
@@ -162,6 +163,7 @@ class ReadinessProbe:
     foreign_seen: bool = False
 
     def __call__(self, time_left: float) -> str | None:
+        """One attempt within ``time_left`` seconds: ``None`` when ours answers, else why not."""
         if self.tree.stopping.is_set():
             raise StartCancelledError
         if self.tree.exited():

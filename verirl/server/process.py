@@ -589,6 +589,7 @@ class ProcessTree:
 
     @property
     def pid(self) -> int:
+        """The server process's id."""
         return self.popen.pid
 
     def exited(self) -> bool:
@@ -687,6 +688,7 @@ class ProcessTree:
                 process.send_signal(sig)  # psutil refuses a pid that was reused
 
     def survivors(self) -> list[psutil.Process]:
+        """The processes of the tree seen so far that are still alive."""
         return [process for process in self.seen.values() if _alive(process)]
 
     def wait_gone(self, deadline: float, *, grace: bool = False) -> bool:

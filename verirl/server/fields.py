@@ -18,7 +18,6 @@ from typing import Any
 import attrs
 
 from verirl._secrets import redact_argv, shown_command
-from verirl._serve_args import PLAN_FLAGS, own_flag
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
@@ -31,6 +30,7 @@ from verirl._validate import (
     has_control_chars,
 )
 from verirl.errors import ConfigError
+from verirl.server.args import PLAN_FLAGS, own_flag
 
 __all__ = [
     "FolderPath",
@@ -64,6 +64,7 @@ def _unportable(text: str) -> str | None:
 
 
 def to_devices(value: Iterable[int]) -> tuple[int, ...]:
+    """``devices`` as a tuple of distinct GPU indices; anything else is a `ConfigError`."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise ConfigError.invalid("devices", value, "must be a sequence of GPU indices, e.g. (1,)")
     items: tuple[object, ...] = tuple(value)
@@ -129,6 +130,7 @@ def to_extra_args(value: Iterable[str]) -> tuple[str, ...]:
 
 
 def to_command(value: Iterable[str] | None) -> tuple[str, ...] | None:
+    """``command`` as a tuple of non-empty strings (shown redacted when refused), or ``None``."""
     if value is None:
         return None
     command = _to_strings("command", value)
@@ -140,6 +142,7 @@ def to_command(value: Iterable[str] | None) -> tuple[str, ...] | None:
 
 
 def to_env(value: Mapping[str, str] | None) -> Mapping[str, str]:
+    """``env`` as a read-only mapping; an error names a variable, never shows its value."""
     if value is None:
         return types.MappingProxyType({})
     if not isinstance(value, Mapping):
@@ -163,6 +166,7 @@ def to_env(value: Mapping[str, str] | None) -> Mapping[str, str]:
 
 
 def to_log_path(value: str | os.PathLike[str] | None) -> Path | None:
+    """``log_path`` as a `Path` (a folder given is kept as one), or ``None``."""
     if value is None:
         return None
     raw: object = value
@@ -226,6 +230,7 @@ def _field_name(attribute: attrs.Attribute[Any]) -> str:
 
 
 def v_model(_: object, attribute: attrs.Attribute[str], value: object) -> None:
+    """A model name: text, not blank, printable, encodable for a command line."""
     field = _field_name(attribute)
     text = check_text(field, value)
     if not text.strip():
@@ -238,30 +243,37 @@ def v_model(_: object, attribute: attrs.Attribute[str], value: object) -> None:
 
 
 def v_host(_: object, attribute: attrs.Attribute[str], value: object) -> None:
+    """A host to bind or reach (see `check_host`)."""
     check_host(_field_name(attribute), value)
 
 
 def v_port(_: object, attribute: attrs.Attribute[int], value: object) -> None:
+    """A TCP port, 1 to 65535."""
     check_port(_field_name(attribute), value)
 
 
 def v_count(_: object, attribute: attrs.Attribute[int], value: object) -> None:
+    """A GPU count (tensor or data parallel size): 1 to `MAX_GPUS`."""
     check_int(_field_name(attribute), value, 1, MAX_GPUS)
 
 
 def v_max_model_len(_: object, attribute: attrs.Attribute[int | None], value: object) -> None:
+    """A context length, 1 to `MAX_LENGTH`, or ``None`` (vLLM's own)."""
     if value is not None:
         check_int(_field_name(attribute), value, 1, MAX_LENGTH)
 
 
 def v_fraction(_: object, attribute: attrs.Attribute[float], value: object) -> None:
+    """A fraction of GPU memory: above 0, at most 1."""
     check_number(_field_name(attribute), value, positive=True, at_most=1.0)
 
 
 def v_seconds(_: object, attribute: attrs.Attribute[float], value: object) -> None:
+    """A positive, finite number of seconds."""
     check_seconds(_field_name(attribute), value, positive=True)
 
 
 def v_bool(_: object, attribute: attrs.Attribute[bool], value: object) -> None:
+    """``True`` or ``False``, nothing that merely tests true."""
     if not isinstance(value, bool):
         raise ConfigError.invalid(_field_name(attribute), value, "must be True or False")
