@@ -46,7 +46,7 @@ from verirl import (
     VLLMTopology,
     find_free_port,
 )
-from verirl._node_share import NodeSharedResolver, attempt_key
+from verirl.checkpoints.node_share import NodeSharedResolver, attempt_key
 from verirl.cli import main
 
 KEYWORDS = ["latest", "last-checkpoint", "auto"]

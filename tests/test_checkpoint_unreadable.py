@@ -29,8 +29,8 @@ from types import ModuleType
 
 import pytest
 
-import verirl._download_dir
 import verirl._fs
+import verirl.checkpoints.download_dir
 from _checkpoint_support import (
     REPO,
     isolated_hub,
@@ -45,7 +45,7 @@ from verirl import (
     HubCheckpointSource,
     LocalCheckpointSource,
 )
-from verirl._node_share import NodeSharedResolver
+from verirl.checkpoints.node_share import NodeSharedResolver
 from verirl.cli import main
 
 
@@ -303,7 +303,7 @@ def test_a_download_with_a_folder_that_cannot_be_listed_is_never_replaced(
     (folder / "notes").mkdir()
     (folder / "notes" / "mine.txt").write_text("the user's")
     hub.add_file(REPO, "checkpoint-20/model.safetensors", b"a newer commit")
-    monkeypatch.setattr(verirl._download_dir, "os", UnlistableWalk("notes"))
+    monkeypatch.setattr(verirl.checkpoints.download_dir, "os", UnlistableWalk("notes"))
     fresh = HubCheckpointSource(REPO, download_dir=tmp_path / "dl", endpoint=hub.endpoint)
     with pytest.raises(CheckpointSourceError, match="notes"):
         CheckpointResolver([fresh]).resolve("latest")

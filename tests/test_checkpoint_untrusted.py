@@ -47,10 +47,10 @@ from verirl import (
     LocalCheckpointSource,
     VeriRLError,
 )
-from verirl._checkpoint import checkpoint_step
-from verirl._download_dir import FileEntry, RemoteFolder, fetch_folder
 from verirl._fs import flock_with_deadline
-from verirl._node_share import NodeSharedResolver
+from verirl.checkpoints.download_dir import FileEntry, RemoteFolder, fetch_folder
+from verirl.checkpoints.model import checkpoint_step
+from verirl.checkpoints.node_share import NodeSharedResolver
 from verirl.cli import main
 
 MAX_STEP = 2**63 - 1  # Trainer counts steps in a 64-bit integer
@@ -561,7 +561,7 @@ def test_a_flock_error_is_never_taken_for_a_free_lock(tmp_path, monkeypatch):
                 raise OSError(errno.EIO, os.strerror(errno.EIO))
             fcntl.flock(fd, operation)
 
-    import verirl._node_share
+    import verirl.checkpoints.node_share
 
     slow = Slow(None)
     leader = NodeSharedResolver(slow, tmp_path, "k", leader=True, timeout=30)
@@ -569,7 +569,7 @@ def test_a_flock_error_is_never_taken_for_a_free_lock(tmp_path, monkeypatch):
     lead.start()
     try:
         assert slow.started.wait(10)
-        monkeypatch.setattr(verirl._node_share, "fcntl", Failing("fcntl"))
+        monkeypatch.setattr(verirl.checkpoints.node_share, "fcntl", Failing("fcntl"))
         follower = NodeSharedResolver(slow, tmp_path, "k", leader=False, timeout=30)
         with pytest.raises(CheckpointSourceError, match="lock"):
             follower.resolve("latest")
@@ -838,7 +838,7 @@ finally:  # coverage writes its data at exit
 _FIREWALLED = """
 import errno, os, socket, sys
 from verirl import CheckpointResolver, HubCheckpointSource, LocalCheckpointSource
-import verirl._hub_source as module
+import verirl.checkpoints.hub as module
 
 out, dl, endpoint, repo = sys.argv[1:5]
 real_connect, blocked = socket.socket.connect, []
@@ -922,7 +922,7 @@ def test_a_download_folder_made_meanwhile_is_never_a_thing_in_the_way(tmp_path):
     Made at any point of the check (call, return: where a switch can come), it is no error."""
     import sys
 
-    from verirl._download_dir import FolderName
+    from verirl.checkpoints.download_dir import FolderName
 
     code = FolderName.check.__code__
     for point in range(1, 20):

@@ -30,7 +30,7 @@ from verirl import (
     VLLMTopology,
     find_free_port,
 )
-from verirl._node_share import NodeSharedResolver, attempt_key
+from verirl.checkpoints.node_share import NodeSharedResolver, attempt_key
 
 REPO = "org/run"
 
@@ -303,7 +303,8 @@ def test_each_resolution_in_a_process_gets_a_new_key(tmp_path):
 
 def test_the_key_differs_between_launchers(tmp_path):
     code = (
-        "import sys; from pathlib import Path; from verirl._node_share import attempt_key;"
+        "import sys; from pathlib import Path;"
+        "from verirl.checkpoints.node_share import attempt_key;"
         "print(attempt_key({}, folder=Path(sys.argv[1])))"
     )
 
@@ -322,7 +323,7 @@ def test_the_key_differs_between_launchers(tmp_path):
 SPAWN_RANK = """
 import json, os, sys
 from pathlib import Path
-from verirl._node_share import NodeSharedResolver, attempt_key
+from verirl.checkpoints.node_share import NodeSharedResolver, attempt_key
 
 class Answer:
     def resolve(self, request):
@@ -396,7 +397,7 @@ def test_a_retry_by_the_same_parent_never_reads_the_previous_attempts_answer(tmp
 STEP_RANK = """
 import os, sys, time
 from pathlib import Path
-from verirl._node_share import attempt_key
+from verirl.checkpoints.node_share import attempt_key
 
 here, local_rank, ranks = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 (here / f"started-{local_rank}").touch()
@@ -477,7 +478,7 @@ def test_the_ranks_a_parent_starts_share_a_key_whatever_their_numbered_arguments
 ZL_STEP_RANK = """
 import ctypes, os, sys, threading, time
 from pathlib import Path
-from verirl._node_share import attempt_key
+from verirl.checkpoints.node_share import attempt_key
 
 # STEP_RANK's work in a thread; in the ranks ZL_RANKS names, the main thread ends first (the
 # rank shows as Zl)
@@ -643,7 +644,7 @@ def test_a_node_s_folder_errors_name_the_hub_download_folder_as_its_source_does(
 def test_a_follower_s_timeout_names_the_setting_the_folder_came_from(tmp_path):
     """Its hint asked "is it running, with the same download_dir?" where the user gave only
     output_dir (review round 29, F4)."""
-    from verirl._download_dir import FolderName
+    from verirl.checkpoints.download_dir import FolderName
     from verirl.errors import CheckpointSourceError
 
     name = FolderName("the Hub download folder", "the folder is verirl's, under output_dir='o'",
@@ -660,8 +661,8 @@ def test_a_path_holding_the_word_download_dir_is_kept_as_it_is(tmp_path):
     """The hint's word was replaced everywhere in the message, paths included: an output
     folder named my_download_dir_runs was shown as my_output_dir_runs, a folder that does not
     exist (review round 30, G-F3). Only the hint changes."""
-    from verirl._download_dir import FolderName
     from verirl._fs import printable
+    from verirl.checkpoints.download_dir import FolderName
     from verirl.errors import CheckpointSourceError
 
     out = tmp_path / "my_download_dir_runs"
@@ -779,7 +780,7 @@ def test_a_lock_refused_to_this_process_alone_or_after_an_answer_writes_nothing(
     over the other leader's answer (review round 34, M-F4). Nothing is written then."""
     import contextlib
 
-    from verirl import _node_share
+    from verirl.checkpoints import node_share as _node_share
 
     chosen = str(tmp_path / "checkpoint-3")
     (tmp_path / "checkpoint-3").mkdir()
@@ -820,7 +821,7 @@ def test_a_lock_no_process_can_take_is_recorded_one_refused_to_this_one_alone_is
     whose key it is not this leader's to write."""
     import contextlib
 
-    from verirl import _node_share
+    from verirl.checkpoints import node_share as _node_share
 
     @contextlib.contextmanager
     def refused(_path: object, _timeout: float) -> Iterator[None]:

@@ -181,8 +181,8 @@ def _resolve_locally(resolver: object, request: str | None) -> None:
     is asked here: the Hub is not contacted by doctor. Raises what launch
     would end on; ``auto`` with nothing found is a fresh start, no error.
     """
-    from verirl._checkpoint import RESUME_KEYWORDS  # noqa: PLC0415 - loaded when used
     from verirl.checkpoints import CheckpointResolver, LocalCheckpointSource  # noqa: PLC0415
+    from verirl.checkpoints.model import RESUME_KEYWORDS  # noqa: PLC0415 - loaded when used
 
     if request is None or not request.strip():
         return  # a fresh start: launch resolves nothing

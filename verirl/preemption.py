@@ -69,11 +69,11 @@ from typing import Any, Final
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from verirl._checkpoint import INCOMPLETE_MARKER, read_trainer_state
 from verirl._fs import printable, quoted, write_new_file
 from verirl._signals import SIGTERM_POLICY, hand_on, outside_tracers_lock
 from verirl._stop import STOP_REQUESTS
 from verirl._validate import check_int
+from verirl.checkpoints.model import INCOMPLETE_MARKER, read_trainer_state
 from verirl.errors import CheckpointSourceError, ConfigError
 
 __all__ = ["BY_SIGNAL", "PREEMPTION_EXIT_CODE", "PREEMPTION_SIGNALS", "PreemptionCallback"]

@@ -24,15 +24,7 @@ from pathlib import Path
 
 import attrs
 
-from verirl._checkpoint import RESUME_KEYWORDS, resume_request
-from verirl._download_dir import FolderName
 from verirl._fs import quoted
-from verirl._node_share import (
-    NODE_WAIT_TIMEOUT,
-    CheckpointResolving,
-    NodeSharedResolver,
-    attempt_key,
-)
 from verirl._phases import Phases, PhaseTiming
 from verirl._secrets import HIDDEN, implicit_hub_token, redact_text, shown_command
 from verirl._settings import Read, Settings
@@ -48,12 +40,20 @@ from verirl._validate import (
 )
 from verirl.checkpoints import (
     AUTO,
-    NO_SOURCE_FOR_AUTO,
     CheckpointResolver,
     CheckpointSource,
     HubCheckpointSource,
     LocalCheckpointSource,
 )
+from verirl.checkpoints.download_dir import FolderName
+from verirl.checkpoints.model import RESUME_KEYWORDS, resume_request
+from verirl.checkpoints.node_share import (
+    NODE_WAIT_TIMEOUT,
+    CheckpointResolving,
+    NodeSharedResolver,
+    attempt_key,
+)
+from verirl.checkpoints.resolver import NO_SOURCE_FOR_AUTO
 from verirl.distenv import DistributedEnv, avoided_ports
 from verirl.envserver import EnvServerProbe, HttpEnvServerProbe
 from verirl.errors import (
@@ -577,7 +577,7 @@ class TrainingRuntime:
     the env server (the others meet it at the trainer's first collective), and
     with a Hub source it alone resolves and downloads the checkpoint, while
     the other local ranks wait (up to ``checkpoint_wait_timeout`` seconds) for
-    its choice and get the same path (`verirl._node_share`). Every rank that
+    its choice and get the same path (`verirl.checkpoints.node_share`). Every rank that
     does not own the server waits for its health itself. Under torchrun
     (``TORCHELASTIC_RUN_ID`` set) each rank also asks the kernel to SIGKILL it
     when its agent dies (``die_with_launcher``), since torchrun starts ranks in

@@ -1,18 +1,10 @@
-"""Pick the checkpoint to resume from after a preemption, locally or on the Hub.
+"""`CheckpointResolver`: which checkpoint to resume from, over every source, fetching one.
 
-`CheckpointResolver` turns a resume request (``None``, ``"latest"``, a path)
-into a local directory: it asks each `CheckpointSource` for its newest
-*complete* checkpoint (one whose ``trainer_state.json`` Trainer finished
-writing), picks the newest over all of them, and fetches only that one. This
-module is the component's public face: the value and the protocol live in
-`verirl._checkpoint`, the sources in `verirl._local_source` and
-`verirl._hub_source`, and all of them are importable from here::
-
-    resolver = CheckpointResolver([
-        LocalCheckpointSource("/x/out"),
-        HubCheckpointSource("org/run", download_dir="/x/hub-download", token=token),
-    ])
-    resume_from = resolver.resolve_from_env()  # None, or a local directory
+It turns a resume request (``None``, ``"latest"``, ``"auto"``, a path) into a
+local directory: it asks each `CheckpointSource` for its newest *complete*
+checkpoint (one whose ``trainer_state.json`` Trainer finished writing), picks
+the newest over all of them, and fetches only that one. The package
+`verirl.checkpoints` re-exports it with the value, the protocol and the sources.
 """
 
 from __future__ import annotations
@@ -24,40 +16,22 @@ from pathlib import Path
 
 import attrs
 
-from verirl._checkpoint import (
+from verirl._fs import expand_user, printable, quoted
+from verirl.checkpoints.hub import HubCheckpointSource
+from verirl.checkpoints.local import LocalCheckpointSource
+from verirl.checkpoints.model import (
     AUTO,
-    INCOMPLETE_MARKER,
-    LAST_CHECKPOINT,
-    MAX_TRAINER_STATE_BYTES,
     RESUME_KEYWORDS,
-    TRAINER_STATE,
     Checkpoint,
     CheckpointSource,
     path_request,
     read_trainer_state,
 )
-from verirl._fs import expand_user, printable, quoted
-from verirl._hub_source import HubCheckpointSource
-from verirl._local_source import LocalCheckpointSource
 from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError
 
-__all__ = [
-    "AUTO",
-    "INCOMPLETE_MARKER",
-    "LAST_CHECKPOINT",
-    "MAX_TRAINER_STATE_BYTES",
-    "RESUME_ENV_VAR",
-    "TRAINER_STATE",
-    "Checkpoint",
-    "CheckpointResolver",
-    "CheckpointSource",
-    "HubCheckpointSource",
-    "LocalCheckpointSource",
-    "describe_source",
-    "read_trainer_state",
-]
+__all__ = ["NO_SOURCE_FOR_AUTO", "RESUME_ENV_VAR", "CheckpointResolver", "describe_source"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("verirl.checkpoints")  # the component's logger, which users filter on
 
 RESUME_ENV_VAR = "VERIRL_RESUME_FROM_CHECKPOINT"
 """The environment variable `CheckpointResolver.resolve_from_env` reads."""

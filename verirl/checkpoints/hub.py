@@ -4,7 +4,7 @@ The repo is listed once, pinned to one commit, and only the chosen folder is
 downloaded (the old helper's ``snapshot_download(allow_patterns=...)`` fetched
 every checkpoint's weights and optimizer state to use one). This module speaks
 to the Hub through huggingface_hub, imported lazily so that ``import verirl``
-stays light; what happens in ``download_dir`` is `verirl._download_dir`'s.
+stays light; what happens in ``download_dir`` is `verirl.checkpoints.download_dir`'s.
 The token never appears in a repr, log line or error message. Exported from
 `verirl.checkpoints` and `verirl`.
 """
@@ -31,29 +31,6 @@ from urllib.parse import quote, urlsplit
 
 import attrs
 
-from verirl._checkpoint import (
-    INCOMPLETE_MARKER,
-    LAST_CHECKPOINT,
-    MAX_TRAINER_STATE_BYTES,
-    TRAINER_STATE,
-    Checkpoint,
-    absurd_step_reason,
-    check_origin,
-    checkpoint_step,
-    global_step,
-    incomplete_marker_reason,
-    read_trainer_state,
-    shorten,
-    user_directory,
-)
-from verirl._download_dir import (
-    MARKER,
-    FileEntry,
-    FolderName,
-    RemoteFolder,
-    fetch_folder,
-    human_size,
-)
 from verirl._fs import quoted, shortened
 from verirl._phases import DaemonExecutor
 from verirl._secrets import (
@@ -70,6 +47,29 @@ from verirl._secrets import (
 )
 from verirl._validate import check_int, check_number, check_seconds
 from verirl._version import __version__
+from verirl.checkpoints.download_dir import (
+    MARKER,
+    FileEntry,
+    FolderName,
+    RemoteFolder,
+    fetch_folder,
+    human_size,
+)
+from verirl.checkpoints.model import (
+    INCOMPLETE_MARKER,
+    LAST_CHECKPOINT,
+    MAX_TRAINER_STATE_BYTES,
+    TRAINER_STATE,
+    Checkpoint,
+    absurd_step_reason,
+    check_origin,
+    checkpoint_step,
+    global_step,
+    incomplete_marker_reason,
+    read_trainer_state,
+    shorten,
+    user_directory,
+)
 from verirl.errors import CheckpointSourceError, ConfigError
 
 if TYPE_CHECKING:

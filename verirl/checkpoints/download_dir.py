@@ -26,7 +26,6 @@ from pathlib import Path
 
 import attrs
 
-from verirl._checkpoint import read_trainer_state, unreadable
 from verirl._fs import (
     OWNER_MARKER,
     FileRefusedError,
@@ -40,6 +39,7 @@ from verirl._fs import (
     remove_tree,
     write_new_file,
 )
+from verirl.checkpoints.model import read_trainer_state, unreadable
 from verirl.errors import CheckpointSourceError, ConfigError, VeriRLError
 
 __all__ = ["MARKER", "FileEntry", "FolderName", "RemoteFolder", "fetch_folder", "human_size"]

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import attrs
 
-from verirl._checkpoint import (
+from verirl._fs import printable
+from verirl.checkpoints.model import (
     Checkpoint,
     absurd_step_reason,
     check_origin,
@@ -26,7 +27,6 @@ from verirl._checkpoint import (
     unreadable,
     user_directory,
 )
-from verirl._fs import printable
 from verirl.errors import CheckpointSourceError, ConfigError
 
 __all__ = ["LocalCheckpointSource"]
@@ -44,7 +44,7 @@ class LocalCheckpointSource:
 
     Names must match ``checkpoint-<digits>`` exactly: files, ``tmp-checkpoint-*``
     (Trainer's staging folders) and anything else are ignored, and so are
-    steps beyond `verirl._checkpoint.MAX_STEP` (with a warning). A missing
+    steps beyond `verirl.checkpoints.model.MAX_STEP` (with a warning). A missing
     ``root`` holds no checkpoints (a first run); a ``root`` that is a file is a
     `ConfigError`. Incomplete checkpoints are skipped with a warning and are
     never modified or deleted. What cannot be read (the root, a ``checkpoint-N``

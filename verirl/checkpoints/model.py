@@ -10,7 +10,7 @@ FIFO in its place, a broken symlink) is no interrupted save: it is an error,
 never a reason to skip the folder, since skipping the newest checkpoint under
 ``auto`` turns a resumable job into a fresh start that overwrites it.
 `read_trainer_state` is the one test of completeness every source uses; the
-sources (`verirl._local_source`, `verirl._hub_source`) and the resolver
+sources (`verirl.checkpoints.local`, `verirl.checkpoints.hub`) and the resolver
 (`verirl.checkpoints`) build on this module and on nothing of each other's.
 """
 

@@ -38,8 +38,6 @@ from typing import Protocol
 import attrs
 
 from verirl import _procfs
-from verirl._checkpoint import shorten
-from verirl._download_dir import SAME_FOLDER_HINT, FolderName
 from verirl._fs import (
     FileRefusedError,
     flock_with_deadline,
@@ -48,6 +46,8 @@ from verirl._fs import (
     read_capped,
     write_new_file,
 )
+from verirl.checkpoints.download_dir import SAME_FOLDER_HINT, FolderName
+from verirl.checkpoints.model import shorten
 from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError
 
 __all__ = ["NODE_WAIT_TIMEOUT", "CheckpointResolving", "NodeSharedResolver", "attempt_key"]
