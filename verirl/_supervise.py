@@ -120,6 +120,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from types import FrameType
 
+import attrs
 import psutil
 
 from verirl import _procfs
@@ -165,6 +166,22 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+@attrs.define(eq=False)
+class _Arrival:
+    """One arrival of a signal to pass on, and how far passing it on got.
+
+    Kept in the queue until passed on to every process: an interruption
+    (SIGTERM's exception) in the middle of passing it on leaves it at the
+    head with what it reached, and the next wait goes on from there, so no
+    process misses it and none gets it twice.
+    """
+
+    signum: int
+    grouped: bool | None = None  # the group's ``killpg``: None before it was tried
+    reached: set[int] = attrs.field(factory=set)  # pids it was sent to one by one
+    command: bool = False  # sent to the command itself (when not by its group)
+
+
 class _Forwarding:
     """While installed, each of `TERMINATING` that arrives is queued to be passed on.
 
@@ -177,7 +194,7 @@ class _Forwarding:
     """
 
     def __init__(self) -> None:
-        self.queue: list[int] = []
+        self.queue: list[_Arrival] = []
         self.installed: dict[int, object] = {}
         self.closed = False
         wake = os.pipe()  # not inherited by the command (PEP 446)
@@ -220,20 +237,24 @@ class _Forwarding:
             else:
                 signal.raise_signal(signum)  # the default: as if this handler had never been
             return
-        self.queue.append(signum)
+        self.queue.append(_Arrival(signum))
         if self.wake_write >= 0:
             with contextlib.suppress(OSError):
                 os.write(self.wake_write, b"\0")
 
-    def take(self) -> list[int]:
-        """The signals queued since the last call, in the order their handler ran; pipe drained."""
+    def drain(self) -> None:
+        """Empty the wake pipe (the queue says what came)."""
         if self.wake_read >= 0:
             with contextlib.suppress(OSError):
                 while os.read(self.wake_read, 4096):
                     pass
+
+    def take(self) -> list[int]:
+        """The signals queued since the last call, in the order their handler ran; pipe drained."""
+        self.drain()
         taken = []
         while self.queue:
-            taken.append(self.queue.pop(0))
+            taken.append(self.queue.pop(0).signum)
         return taken
 
     def close(self) -> None:
@@ -529,31 +550,48 @@ class _Command:
         inner launch's, which passes these on too; a torchrun rank for SIGQUIT
         alone, the only one of them torchrun's agent passes on), and a vLLM
         server's processes (their owner decides: ``verirl serve`` stops it).
+
+        An arrival leaves the queue only once passed on to all (`_Arrival`):
+        an interruption meanwhile (SIGTERM's exception landing in the look at
+        the process table) leaves it first in the queue, with what it reached,
+        for the next wait to finish.
         """
-        if self.forwarding is None:
+        forwarding = self.forwarding
+        if forwarding is None:
             return
-        for signum in self.forwarding.take():
-            processes = self.collect()
-            grouped = self.signal_group(signum)
-            for process in processes:
-                if self.in_group(process):
-                    if grouped:
-                        continue
-                elif self.forwarded_by_parent(
-                    process, torchrun=signum == getattr(signal, "SIGQUIT", None)
-                ):
+        forwarding.drain()
+        while forwarding.queue:
+            self._pass_on(forwarding.queue[0], self.collect())
+            forwarding.queue.pop(0)
+
+    def _pass_on(self, arrival: _Arrival, processes: list[psutil.Process]) -> None:
+        """`forward_queued`'s one arrival, to ``processes`` and the command, each once."""
+        signum = arrival.signum
+        if arrival.grouped is None:
+            arrival.grouped = self.signal_group(signum)
+        for process in processes:
+            if process.pid in arrival.reached:
+                continue
+            if self.in_group(process):
+                if arrival.grouped:
                     continue
-                if _ending(process) or _server_marker(process):
-                    continue
-                with contextlib.suppress(psutil.Error):
-                    process.send_signal(signum)  # psutil refuses a pid that was reused
-            if not grouped:
-                self._signal_command(signum, note=False)
-            log.warning(
-                "passed %s on to the training command (pid %d) and its processes",
-                _signal_name(signum),
-                self.child.pid,
-            )
+            elif self.forwarded_by_parent(
+                process, torchrun=signum == getattr(signal, "SIGQUIT", None)
+            ):
+                continue
+            if _ending(process) or _server_marker(process):
+                continue
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signum)  # psutil refuses a pid that was reused
+            arrival.reached.add(process.pid)
+        if not arrival.grouped and not arrival.command:
+            self._signal_command(signum, note=False)
+            arrival.command = True
+        log.warning(
+            "passed %s on to the training command (pid %d) and its processes",
+            _signal_name(signum),
+            self.child.pid,
+        )
 
     def forwarded_by_parent(self, process: psutil.Process, *, torchrun: bool = True) -> bool:
         """Whether a live process of the command passes signals on to ``process``.
@@ -1076,6 +1114,7 @@ def _pass_and_wait(
     _call_ending(ending)
     if tracked.exited() and not tracked.collect():  # it ended as the signal came
         return True
+    tracked.forward_queued()  # a SIGUSR1 that came just before: passed on first, in order
     deadline = time.monotonic() + grace
     processes = tracked.signal_once(signum)
     log.warning(
