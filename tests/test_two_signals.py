@@ -532,3 +532,57 @@ def test_a_ctrl_c_as_verirl_hands_a_signal_on_is_held_for_that_signal(tmp_path):
     assert (done.returncode, done.stdout.strip()) == (0, "['SIGTERM', 'SIGINT'] True"), (
         done.stdout + done.stderr
     )
+
+
+WRITE_HELD = """
+import os, signal, sys, threading, time
+import verirl._cli_output as out
+from verirl._signals import interruptions
+
+def raising(exc):
+    def handler(signum, frame):
+        raise exc
+    return handler
+
+signal.signal(signal.SIGTERM, raising(SystemExit(143)))
+signal.signal(signal.SIGINT, raising(KeyboardInterrupt()))
+read, write = os.pipe()
+os.set_blocking(write, False)
+while True:  # the reader is behind: the pipe is full
+    try:
+        os.write(write, b"x" * 4096)
+    except BlockingIOError:
+        break
+
+def later():
+    time.sleep(0.2)  # the whole write waits for room
+    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)
+    os.set_blocking(read, False)
+    while True:
+        try:
+            if not os.read(read, 65536):
+                break
+        except BlockingIOError:
+            time.sleep(0.01)
+
+threading.Thread(target=later, daemon=True).start()
+try:
+    out._write_all(write, b'{"doc": 1}\\n', whole=True, within=None)
+except BaseException as exc:
+    print(sorted(signal.Signals(s).name for s in interruptions(exc)))
+print(signal.getsignal(signal.SIGTERM).__name__, signal.getsignal(signal.SIGINT).__name__)
+"""
+
+
+def test_signals_held_during_a_whole_write_are_all_handled_after_it(tmp_path):
+    """Each held signal's handler runs, even when the one before raised (review of 07089a3).
+
+    SIGTERM and a Ctrl-C that came while ``serve --json`` waited to write its
+    document were replayed in a plain loop: the first handler's exception
+    ended it, and the Ctrl-C (which skips the server's grace) was lost.
+    """
+    done = _program(tmp_path, WRITE_HELD)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["['SIGINT', 'SIGTERM']", "handler handler"], done.stderr

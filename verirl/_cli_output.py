@@ -31,7 +31,13 @@ from types import FrameType
 from typing import TextIO
 
 from verirl._fs import stdout_kept_in
-from verirl._signals import ending_signal_name, program_exit_arrived, raise_if_lost, sigterm_lost
+from verirl._signals import (
+    ending_signal_name,
+    handle_in_turn,
+    program_exit_arrived,
+    raise_if_lost,
+    sigterm_lost,
+)
 
 __all__ = [
     "STDERR",
@@ -399,10 +405,21 @@ def _signals_held() -> Iterator[list[int]]:
                 signal.signal(signum, lambda number, _frame: held.append(number))
         yield held
     finally:
-        for number, handler in saved.items():
-            signal.signal(number, handler)
-        for number in held:
-            saved[number](number, None)  # its exception (SystemExit, KeyboardInterrupt) goes on
+        try:
+            _put_back(list(saved.items()))
+        finally:
+            handle_in_turn(held, None)  # their exceptions (SystemExit, KeyboardInterrupt) go on
+
+
+def _put_back(handlers: list[tuple[int, Callable[[int, FrameType | None], object]]]) -> None:
+    """Each signal's handler back, whatever a signal coming meanwhile raises (in its own)."""
+    if not handlers:
+        return
+    number, handler = handlers.pop(0)
+    try:
+        signal.signal(number, handler)
+    finally:
+        _put_back(handlers)
 
 
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

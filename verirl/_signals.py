@@ -62,6 +62,7 @@ __all__ = [
     "ending_signal_name",
     "exit_on_sigterm",
     "hand_on",
+    "handle_in_turn",
     "in_a_spot_that_must_not_raise",
     "interruptions",
     "mark_noted",
@@ -141,7 +142,7 @@ def outside_tracers_lock(handler: _Raising) -> _Raising:
             handler(*args)
         finally:
             came, held = held, None  # from here on one that comes is sent again later
-            _run_held(came, frame)
+            handle_in_turn(came, frame)
 
     _GUARDS.add(cast("types.FunctionType", guarded).__code__)
     return cast("_Raising", guarded)
@@ -221,13 +222,14 @@ def _in_a_programs_handler(frame: types.FrameType, below: types.FrameType | None
     return code is None or below.f_code is code  # not a function: taken for the program's
 
 
-def _run_held(came: list[int] | None, frame: types.FrameType | None) -> None:
+def handle_in_turn(came: list[int] | None, frame: types.FrameType | None) -> None:
     """The handlers of the signals ``came`` (held), in turn, as Python calls them, in ``frame``.
 
-    Called as the holding handler ends: raised or not, its exception is the
+    Called as the holding code ends: raised or not, its exception is the
     context of theirs (`interruptions` sees both, in order), and each one's
-    is that of the next. A signal whose handler is no longer a function is
-    passed over, as Python passes it over.
+    is that of the next: one that raises never keeps the others from
+    running. A signal whose handler is no longer a function is passed over,
+    as Python passes it over.
     """
     if not came:
         return
@@ -237,7 +239,7 @@ def _run_held(came: list[int] | None, frame: types.FrameType | None) -> None:
         if callable(handler):
             hand_on(handler, signum, frame)
     finally:
-        _run_held(came, frame)
+        handle_in_turn(came, frame)
 
 
 _MUST_NOT_RAISE: set[types.CodeType] = {
