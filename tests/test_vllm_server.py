@@ -1528,3 +1528,53 @@ def test_the_servers_log_quoted_in_an_error_never_shows_a_secret(tmp_path, monke
     for text in shown:
         for secret in secrets:
             assert secret not in text, (secret, text)
+
+
+def _leave_on(how: str) -> None:
+    """Leave a ``with`` block as two signals at once do, or as a program's exit after one."""
+    if how == "two signals":
+        try:
+            raise SystemExit(128 + signal.SIGTERM)  # the SIGTERM policy's
+        finally:
+            raise KeyboardInterrupt  # a Ctrl-C whose handler ran as the first unwound
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        sys.exit(1)  # the program's own exit: one signal, then a plain exit
+
+
+@pytest.mark.parametrize("how", ["two signals", "one, then sys.exit"])
+@pytest.mark.parametrize("holder", ["server", "runtime"])
+def test_a_block_left_on_two_signals_at_once_skips_the_server_s_grace(make_server, holder, how):
+    """Two at once ask for what a second Ctrl-C asks for: SIGKILL now (review of 07089a3).
+
+    The server ignores SIGTERM, so its grace is waited out in full unless it
+    is skipped; a program's ``sys.exit`` after one Ctrl-C is no second signal.
+    """
+    from verirl import DistributedEnv, TrainingRuntime
+
+    grace = 30.0 if how == "two signals" else 2.0
+    server = make_server(shutdown_timeout=grace, env={"FAKE_VLLM_IGNORE_SIGTERM": "1"})
+    if holder == "server":
+        block: contextlib.AbstractContextManager[object] = server
+    else:
+        topology = VLLMTopology.plan(2, max_model_len=64, port=server.port)
+        block = TrainingRuntime(
+            topology,
+            environ={},
+            dist_env=DistributedEnv.single_node(environ={}, master_port=unshared_port()),
+            server_factory=lambda _topology: server,
+        )
+    expected = KeyboardInterrupt if how == "two signals" else SystemExit
+    started = None
+    with pytest.raises(expected):
+        with block:
+            procs = tree(server)
+            started = time.monotonic()
+            _leave_on(how)
+    took = time.monotonic() - started
+    assert not survivors(procs)
+    if how == "two signals":
+        assert took < grace / 2, took  # SIGKILLed at once, not after the 30 s grace
+    else:
+        assert took >= grace, took  # the grace, waited out as for one signal

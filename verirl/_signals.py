@@ -64,6 +64,7 @@ __all__ = [
     "hand_on",
     "handle_in_turn",
     "in_a_spot_that_must_not_raise",
+    "interrupted_twice",
     "interruptions",
     "mark_noted",
     "must_not_raise",
@@ -997,3 +998,24 @@ def interruptions(error: BaseException) -> list[int]:
             found.append(signal.SIGTERM)
         current = current.__context__
     return found[::-1]
+
+
+def interrupted_twice(error: BaseException | None) -> bool:
+    """Whether ``error`` stands for two interruptions that came together (see `interruptions`).
+
+    Only a signal's own exceptions count: ``KeyboardInterrupt`` and
+    ``SystemExit(143)``; a program's ``sys.exit(1)`` in its ``except
+    KeyboardInterrupt`` is an exit, not a second signal. A block left on two
+    at once tears down without the grace, as on a second Ctrl-C.
+    """
+    count = 0
+    seen: set[int] = set()
+    current = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, KeyboardInterrupt) or (
+            isinstance(current, SystemExit) and current.code == 128 + signal.SIGTERM
+        ):
+            count += 1
+        current = current.__context__
+    return count > 1

@@ -28,7 +28,12 @@ from verirl._fs import quoted
 from verirl._phases import Phases, PhaseTiming
 from verirl._secrets import HIDDEN, implicit_hub_token, redact_text, shown_command
 from verirl._settings import Read, Settings
-from verirl._signals import SIGTERM_POLICY, must_not_raise, raise_interruption_behind
+from verirl._signals import (
+    SIGTERM_POLICY,
+    interrupted_twice,
+    must_not_raise,
+    raise_interruption_behind,
+)
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
@@ -1165,7 +1170,7 @@ class TrainingRuntime:
         return self.start()
 
     @must_not_raise
-    def __exit__(self, exc_type: object, *_: object) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, *_: object) -> None:
         """`stop`; then the server's death, if the block ended normally after it.
 
         The watchdog interrupts the block once; code that catches every
@@ -1176,7 +1181,10 @@ class TrainingRuntime:
         """
         watchdog = self._watchdog
         try:
-            self.stop()
+            if interrupted_twice(exc):  # two signals at once: the server goes without its grace
+                self._stop_at_once()
+            else:
+                self.stop()
         except BaseException:
             self._stop_at_once()
             raise

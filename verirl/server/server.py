@@ -62,7 +62,7 @@ from verirl._secrets import (
     scrub_all,
     secrets_in_environ,
 )
-from verirl._signals import must_not_raise, raise_interruption_behind
+from verirl._signals import interrupted_twice, must_not_raise, raise_interruption_behind
 from verirl.errors import (
     ConfigError,
     VLLMServerError,
@@ -478,6 +478,8 @@ class VLLMServer:
         tb: types.TracebackType | None,
     ) -> None:
         try:
+            if interrupted_twice(exc):  # two signals at once: what a second one asks for, now
+                self.cut_stop_short()
             self.stop()
         except BaseException:
             # A signal cut the stop short (a second one, or two at once): what it asks for is
