@@ -715,3 +715,48 @@ def test_a_stopped_command_is_woken_to_act_on_the_signal_within_the_grace(
     assert record.read_text().split() == [sig.name], stderr
     assert "outlived" not in stderr, stderr
     assert code in (0, 128 + sig), stderr
+
+
+TWO_IN_DEL = """
+import signal, sys, time
+from verirl.__main__ import _unraisable
+from verirl._signals import SIGTERM_POLICY, raise_if_dropped
+sys.unraisablehook = _unraisable(sys.unraisablehook)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)  # coverage's own handler out of the way
+
+
+class DroppedWhenCollected:
+    def __del__(self):
+        try:
+            SIGTERM_POLICY.handle(signal.SIGTERM, sys._getframe())  # SystemExit(143), fired
+        finally:
+            raise KeyboardInterrupt  # a Ctrl-C whose handler ran as that exit unwound
+
+
+came = []
+with SIGTERM_POLICY.held():
+    DroppedWhenCollected()
+    deadline = time.monotonic() + 5
+    while len(came) < 2 and time.monotonic() < deadline:
+        try:
+            time.sleep(0.01)
+            raise_if_dropped()
+        except BaseException as exc:
+            came.append(type(exc).__name__)
+print(came)
+"""
+
+
+def test_two_signals_dropped_together_in_a_finalizer_are_both_raised_again() -> None:
+    """The unraisable hook reads the whole chain (review of 07089a3, finding 4).
+
+    It saw only the Ctrl-C and sent it again; the SIGTERM's exit under it was
+    lost with the policy already fired, and launch passed on SIGINT alone.
+    """
+    result = subprocess.run(
+        [sys.executable, "-c", TWO_IN_DEL], capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert result.stdout.split("\n")[0] == "['SystemExit', 'KeyboardInterrupt']", result.stderr
+    assert "Exception ignored" not in result.stderr

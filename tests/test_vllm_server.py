@@ -1530,17 +1530,35 @@ def test_the_servers_log_quoted_in_an_error_never_shows_a_secret(tmp_path, monke
             assert secret not in text, (secret, text)
 
 
+def _interrupt() -> None:
+    raise KeyboardInterrupt
+
+
 def _leave_on(how: str) -> None:
     """Leave a ``with`` block as two signals at once do, or as a program's exit after one."""
     if how == "two signals":
         try:
-            raise SystemExit(128 + signal.SIGTERM)  # the SIGTERM policy's
+            sys.exit(128 + signal.SIGTERM)  # the SIGTERM policy's
         finally:
-            raise KeyboardInterrupt  # a Ctrl-C whose handler ran as the first unwound
+            _interrupt()  # a Ctrl-C whose handler ran as the first unwound
     try:
-        raise KeyboardInterrupt
+        _interrupt()
     except KeyboardInterrupt:
         sys.exit(1)  # the program's own exit: one signal, then a plain exit
+
+
+def _timed_block(block: contextlib.AbstractContextManager[object], server, how: str):
+    """Enter ``block``, leave it as ``how`` says; the exception, server processes, teardown time."""
+    procs: list[psutil.Process] = []
+    started = math.inf
+    try:
+        with block:
+            procs = tree(server)
+            started = time.monotonic()
+            _leave_on(how)
+    except (KeyboardInterrupt, SystemExit) as exc:
+        return exc, procs, time.monotonic() - started
+    raise AssertionError("the block was left without an exception")
 
 
 @pytest.mark.parametrize("how", ["two signals", "one, then sys.exit"])
@@ -1566,13 +1584,8 @@ def test_a_block_left_on_two_signals_at_once_skips_the_server_s_grace(make_serve
             server_factory=lambda _topology: server,
         )
     expected = KeyboardInterrupt if how == "two signals" else SystemExit
-    started = None
-    with pytest.raises(expected):
-        with block:
-            procs = tree(server)
-            started = time.monotonic()
-            _leave_on(how)
-    took = time.monotonic() - started
+    exc, procs, took = _timed_block(block, server, how)
+    assert type(exc) is expected
     assert not survivors(procs)
     if how == "two signals":
         assert took < grace / 2, took  # SIGKILLed at once, not after the 30 s grace

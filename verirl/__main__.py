@@ -102,19 +102,35 @@ def _unraisable(default: Callable[[Any], object]) -> Callable[[Any], object]:
     and the main thread's next wait raises it: nothing to print. A lost Ctrl-C is
     sent again, to land where it can be raised: from another thread, since a
     signal sent here would be handled, and dropped, in this very hook.
-    Anything else: ``default``.
+    Two that came at once are one chain (a Ctrl-C raised as SIGTERM's
+    exit unwound): each of them is kept or sent again. Anything else:
+    ``default``.
     """
 
     def hook(unraisable: Any) -> object:  # noqa: ANN401 - sys.UnraisableHookArgs
         error = unraisable.exc_value
-        if isinstance(error, (KeyboardInterrupt, SystemExit)) and noted(error):
-            return None  # a wait watching for the signal has it already (launch's grace)
-        if isinstance(error, SystemExit) and sigterm_pending():
-            note_dropped(error)  # the next wait raises it
-            return None
-        if isinstance(error, KeyboardInterrupt):
+        if not isinstance(error, (KeyboardInterrupt, SystemExit)):
+            return default(unraisable)
+        chain: list[BaseException] = []
+        current: BaseException | None = error
+        while current is not None and all(current is not seen for seen in chain):
+            chain.append(current)
+            current = current.__context__
+        ctrl_c = False
+        kept = False
+        for exc in reversed(chain):  # oldest first
+            if not isinstance(exc, (KeyboardInterrupt, SystemExit)) or noted(exc):
+                continue  # noted: a wait watching for the signal has it already (launch's grace)
+            if isinstance(exc, SystemExit) and sigterm_pending():
+                note_dropped(exc)  # the next wait raises it
+                kept = True
+            elif isinstance(exc, KeyboardInterrupt):
+                ctrl_c = True
+        if ctrl_c:
             threading.Thread(target=_ctrl_c_again, name="verirl-ctrl-c-again", daemon=True).start()
             return None  # returns long before the thread's SIGINT comes (_CTRL_C_AGAIN)
+        if kept or noted(error):
+            return None
         return default(unraisable)
 
     return hook
