@@ -77,7 +77,9 @@ def test_serve_given_two_signals_at_once_exits_by_the_first_with_its_server_gone
             if proc.poll() is None:
                 proc.kill()
     text = err.decode(errors="replace")
-    assert proc.returncode in (130, 143), text  # the first signal's code (SIGHUP counts as TERM)
+    # the code of the handler that ran first, not always the signal sent first: Python runs
+    # pending handlers by signal number (SIGHUP counts as TERM)
+    assert proc.returncode in (130, 143), text
     assert not [word for word in BAD_OUTPUT if word in text], text
     assert server
     assert _gone(server), text

@@ -29,7 +29,11 @@ the CLI:
 - **One handler at a time.** A signal whose handler Python would run inside
   another verirl handler (it came as that one logged, before it raised) is
   held by that one and handled as it ends: two signals sent together both
-  take effect, in order (`outside_tracers_lock`).
+  take effect, in the order their handlers ran (`outside_tracers_lock`).
+  That is not always the order they were sent in: CPython runs the handlers
+  of signals pending at one moment in signal-number order (SIGINT's before
+  SIGTERM's), and the kernel may hand each to another thread. So which of
+  two at once gives the exit code is not promised; that both act is.
 - **One owner at a time, no swallowing.** A handler that takes SIGTERM over
   from the policy for a while (`verirl.preemption.PreemptionCallback`, which
   waits for a step end) registers with `SigtermPolicy.cooperate`: an

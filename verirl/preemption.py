@@ -495,13 +495,16 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         name = _name(signum)
         if self._signalled is not None:
             if signum == signal.SIGINT:
+                first = self._signalled
                 log.warning(
-                    "SIGINT again while stopping: stopping now, without waiting for the "
+                    "SIGINT %s while stopping: stopping now, without waiting for the "
                     "checkpoint (a save cut short stays marked %s)",
+                    "again" if first == signal.SIGINT else f"after {_name(first)}",
                     INCOMPLETE_MARKER,
                 )
                 self._active = False
                 self._uninstall(set())
+                SIGTERM_POLICY.note_fired()  # as at the train's end: a later SIGTERM is ignored
                 raise KeyboardInterrupt
             log.warning("%s again while stopping: ignored, so that the save completes", name)
             return

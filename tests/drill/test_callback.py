@@ -270,6 +270,26 @@ def test_a_second_sigint_while_stopping_raises_at_once_and_gives_the_handlers_ba
     assert LocalCheckpointSource(args.output_dir).latest() is None
 
 
+def test_a_sigterm_after_the_out_now_ctrl_c_is_ignored_as_after_any_stop(trainer_objects, caplog):
+    """SIGTERM, then Ctrl-C while saving: out now; a later SIGTERM (torchrun's) fires nothing.
+
+    The out-now branch gave the runtime's policy back unfired, so that SIGTERM
+    raised SystemExit(143) in the teardown (review of 07089a3, finding 5).
+    """
+    args, state, control = trainer_objects
+    with SIGTERM_POLICY.held():
+        callback = PreemptionCallback()
+        callback.on_train_begin(args, state, control)
+        os.kill(os.getpid(), signal.SIGTERM)
+        _step(callback, args, state, control)  # the stop: the save is about to begin
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGTERM) == SIGTERM_POLICY.handle
+        os.kill(os.getpid(), signal.SIGTERM)  # during the teardown: ignored, fire once
+    assert "SIGINT after SIGTERM while stopping: stopping now" in caplog.text
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
 @pytest.mark.parametrize(("first", "second"), [(signal.SIGINT, signal.SIGTERM),
                                                (signal.SIGTERM, signal.SIGTERM)])  # fmt: skip
 def test_a_second_sigterm_while_stopping_is_ignored(trainer_objects, caplog, first, second):
