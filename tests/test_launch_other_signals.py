@@ -472,3 +472,65 @@ def test_reaping_a_command_the_kernel_holds_ends_at_its_deadline(caplog):
         stuck.wait()
     done = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     assert _reap(done, timeout=30) == 3
+
+
+SENT_AS_IT_RETURNS = """
+import os, signal, subprocess, sys, time
+from verirl._signals import SIGTERM_POLICY, as_sigterm
+from verirl._supervise import _Command, _Forwarding
+
+record = sys.argv[1]
+child = subprocess.Popen(
+    [sys.executable, "-c", sys.argv[2], record], preexec_fn=os.setpgrp  # leads a group
+)
+deadline = time.monotonic() + 30
+while not os.path.exists(record + ".ready") and time.monotonic() < deadline:
+    time.sleep(0.01)
+os.setpgid(0, child.pid)  # this process joins it: the group's killpg lands here too
+signal.signal(signal.SIGTERM, signal.SIG_DFL)  # coverage's own handler out of the way
+signal.signal(signal.SIGUSR1, as_sigterm)  # here, the USR1 is an interruption, as it returns
+forwarding = _Forwarding()
+command = _Command(child, "no-marker", time.time())
+command.forwarding = forwarding
+came = []
+try:
+    with SIGTERM_POLICY.held():
+        forwarding._handle(signal.SIGUSR1, None)
+        for _ in range(2):
+            try:
+                command.forward_queued()
+                until = time.monotonic() + 1  # a handler put off lands in this wait
+                while time.monotonic() < until:
+                    time.sleep(0.01)
+            except SystemExit as exc:
+                came.append(exc.code)
+finally:
+    forwarding.close()
+    time.sleep(0.2)
+    child.kill()
+    child.wait()
+print(came, open(record).read().split())
+"""
+
+RECORDS_USR1 = """
+import signal, sys, time
+record = sys.argv[1]
+signal.signal(signal.SIGUSR1, lambda *_: open(record, "a").write("USR1\\n"))
+open(record, "a").close()
+open(record + ".ready", "w").close()
+time.sleep(60)
+"""
+
+
+def test_an_interruption_as_a_send_returns_never_has_it_sent_twice(tmp_path):
+    """The send and its record are one step (review of f27dfa5): none gets the signal twice.
+
+    Here the group's ``killpg`` reaches this process too, whose handler makes
+    the USR1 an interruption: it lands the moment the send returns, before the
+    send was noted, and the next wait sent it to the group again.
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", SENT_AS_IT_RETURNS, str(tmp_path / "record"), RECORDS_USR1],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.stdout.strip() == "[143] ['USR1']", done.stderr

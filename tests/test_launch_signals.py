@@ -760,3 +760,64 @@ def test_two_signals_dropped_together_in_a_finalizer_are_both_raised_again() -> 
     )  # fmt: skip
     assert result.stdout.split("\n")[0] == "['SystemExit', 'KeyboardInterrupt']", result.stderr
     assert "Exception ignored" not in result.stderr
+
+
+DROPPED_WHILE_HANDLING = """
+import os, signal, sys, time
+from verirl import _signals
+from verirl.__main__ import _unraisable
+from verirl._signals import raise_if_dropped
+sys.unraisablehook = _unraisable(sys.unraisablehook)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)  # coverage's own handler out of the way
+ctrl_c = []
+signal.signal(signal.SIGINT, lambda *_: ctrl_c.append("SIGINT"))
+_signals._PROGRAM_RECEIVED.append(signal.SIGTERM)  # a SIGTERM came: its exit may be lost
+
+
+class Raises:
+    def __init__(self, error):
+        self.error = error
+
+    def __del__(self):
+        raise self.error
+
+
+again = []
+try:
+    raise KeyboardInterrupt  # the Ctrl-C the program handles
+except KeyboardInterrupt:
+    Raises(SystemExit(143))  # dropped: its context is the live Ctrl-C, not a dropped one
+    until = time.monotonic() + 0.5
+    while time.monotonic() < until:
+        time.sleep(0.01)
+try:
+    raise SystemExit(143)
+except SystemExit as live:
+    Raises(KeyboardInterrupt())
+    try:
+        raise_if_dropped()  # the first finalizer's SystemExit, kept
+    except SystemExit as exc:
+        again.append(exc is live)
+    try:
+        raise_if_dropped()  # nothing more: the live one was never dropped
+    except SystemExit as exc:
+        again.append(exc is live)
+    until = time.monotonic() + 0.5
+    while time.monotonic() < until:
+        time.sleep(0.01)
+print(ctrl_c, again)
+"""
+
+
+def test_the_exception_a_program_handles_is_not_taken_for_a_dropped_one() -> None:
+    """The hook's walk stops at the live exception (review of 137b3de).
+
+    A finalizer's exception has the exception being handled as its context:
+    walking into it sent a ghost Ctrl-C, and raised the live SIGTERM again.
+    """
+    result = subprocess.run(
+        [sys.executable, "-c", DROPPED_WHILE_HANDLING], capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    # one Ctrl-C: the second finalizer's own, sent again; the live exit is not raised again
+    assert result.stdout.split("\n")[0] == "['SIGINT'] [False]", result.stderr

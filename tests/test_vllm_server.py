@@ -1541,6 +1541,16 @@ def _leave_on(how: str) -> None:
             sys.exit(128 + signal.SIGTERM)  # the SIGTERM policy's
         finally:
             _interrupt()  # a Ctrl-C whose handler ran as the first unwound
+    if how == "one, re-raised as its own":
+        try:
+            sys.exit(128 + signal.SIGTERM)
+        except SystemExit as exc:
+            sys.exit(exc.code)  # the program's own re-raise: one signal
+    if how == "one, re-raised from None":
+        try:
+            _interrupt()
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt("training interrupted by user") from None
     try:
         _interrupt()
     except KeyboardInterrupt:
@@ -1561,7 +1571,10 @@ def _timed_block(block: contextlib.AbstractContextManager[object], server, how: 
     raise AssertionError("the block was left without an exception")
 
 
-@pytest.mark.parametrize("how", ["two signals", "one, then sys.exit"])
+@pytest.mark.parametrize(
+    "how",
+    ["two signals", "one, then sys.exit", "one, re-raised as its own", "one, re-raised from None"],
+)
 @pytest.mark.parametrize("holder", ["server", "runtime"])
 def test_a_block_left_on_two_signals_at_once_skips_the_server_s_grace(make_server, holder, how):
     """Two at once ask for what a second Ctrl-C asks for: SIGKILL now (review of 07089a3).
@@ -1583,7 +1596,9 @@ def test_a_block_left_on_two_signals_at_once_skips_the_server_s_grace(make_serve
             dist_env=DistributedEnv.single_node(environ={}, master_port=unshared_port()),
             server_factory=lambda _topology: server,
         )
-    expected = KeyboardInterrupt if how == "two signals" else SystemExit
+    expected = (
+        KeyboardInterrupt if how in ("two signals", "one, re-raised from None") else SystemExit
+    )
     exc, procs, took = _timed_block(block, server, how)
     assert type(exc) is expected
     assert not survivors(procs)

@@ -103,7 +103,8 @@ def _unraisable(default: Callable[[Any], object]) -> Callable[[Any], object]:
     sent again, to land where it can be raised: from another thread, since a
     signal sent here would be handled, and dropped, in this very hook.
     Two that came at once are one chain (a Ctrl-C raised as SIGTERM's
-    exit unwound): each of them is kept or sent again. Anything else:
+    exit unwound): each of them is kept or sent again, down to the exception
+    the program was handling, which was not dropped. Anything else:
     ``default``.
     """
 
@@ -113,7 +114,8 @@ def _unraisable(default: Callable[[Any], object]) -> Callable[[Any], object]:
             return default(unraisable)
         chain: list[BaseException] = []
         current: BaseException | None = error
-        while current is not None and all(current is not seen for seen in chain):
+        live = sys.exc_info()[1]  # what the program handles now: the context, never dropped
+        while current is not None and current is not live and all(c is not current for c in chain):
             chain.append(current)
             current = current.__context__
         ctrl_c = False

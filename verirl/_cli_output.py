@@ -34,6 +34,7 @@ from verirl._fs import stdout_kept_in
 from verirl._signals import (
     ending_signal_name,
     handle_in_turn,
+    must_not_raise,
     program_exit_arrived,
     raise_if_lost,
     sigterm_lost,
@@ -411,15 +412,15 @@ def _signals_held() -> Iterator[list[int]]:
             handle_in_turn(held, None)  # their exceptions (SystemExit, KeyboardInterrupt) go on
 
 
+@must_not_raise
 def _put_back(handlers: list[tuple[int, Callable[[int, FrameType | None], object]]]) -> None:
-    """Each signal's handler back, whatever a signal coming meanwhile raises (in its own)."""
-    if not handlers:
-        return
-    number, handler = handlers.pop(0)
-    try:
+    """Each signal's handler back, in one step: a signal coming meanwhile is handled after.
+
+    (`must_not_raise`: its exception raised in the middle would leave the
+    holding handler of the others installed for good.)
+    """
+    for number, handler in handlers:
         signal.signal(number, handler)
-    finally:
-        _put_back(handlers)
 
 
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

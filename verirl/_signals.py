@@ -1005,21 +1005,25 @@ def interruptions(error: BaseException) -> list[int]:
 
 
 def interrupted_twice(error: BaseException | None) -> bool:
-    """Whether ``error`` stands for two interruptions that came together (see `interruptions`).
+    """Whether ``error`` stands for a Ctrl-C and a SIGTERM that came together.
 
-    Only a signal's own exceptions count: ``KeyboardInterrupt`` and
-    ``SystemExit(143)``; a program's ``sys.exit(1)`` in its ``except
-    KeyboardInterrupt`` is an exit, not a second signal. A block left on two
-    at once tears down without the grace, as on a second Ctrl-C.
+    A block left on both tears down without the grace, as on a second
+    Ctrl-C. Only a signal's own exceptions count, each kind once:
+    ``KeyboardInterrupt`` and ``SystemExit(143)``. A program's own re-raise
+    is no second signal: ``sys.exit(1)`` in its ``except KeyboardInterrupt``,
+    ``sys.exit(e.code)`` in its ``except SystemExit``, ``raise
+    KeyboardInterrupt(...) from None`` (whose context the program set aside).
     """
-    count = 0
+    kinds: set[type[BaseException]] = set()
     seen: set[int] = set()
     current = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, KeyboardInterrupt) or (
-            isinstance(current, SystemExit) and current.code == 128 + signal.SIGTERM
-        ):
-            count += 1
+        if isinstance(current, KeyboardInterrupt):
+            kinds.add(KeyboardInterrupt)
+        elif isinstance(current, SystemExit) and current.code == 128 + signal.SIGTERM:
+            kinds.add(SystemExit)
+        if current.__suppress_context__:
+            break
         current = current.__context__
-    return count > 1
+    return len(kinds) > 1

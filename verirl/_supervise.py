@@ -133,6 +133,7 @@ from verirl._signals import (
     hand_on,
     interruptions,
     mark_noted,
+    must_not_raise,
     outside_tracers_lock,
     raise_if_dropped,
 )
@@ -166,20 +167,41 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+@must_not_raise
+def _kill_noted(pid: int, signum: int, reached: set[int]) -> None:
+    """``os.kill`` and ``pid`` noted in ``reached``, one step: a handler landing here waits.
+
+    (`verirl._signals.must_not_raise`: its exception is raised a moment later,
+    once the record is made.)
+    """
+    try:
+        os.kill(pid, signum)
+    finally:
+        reached.add(pid)
+
+
+@must_not_raise
+def _killpg_noted(pgid: int, signum: int, arrival: _Arrival) -> None:
+    """``os.killpg`` and its outcome noted in ``arrival``, one step (see `_kill_noted`)."""
+    arrival.grouped = False
+    os.killpg(pgid, signum)
+    arrival.grouped = True
+
+
 @attrs.define(eq=False)
 class _Arrival:
     """One arrival of a signal to pass on, and how far passing it on got.
 
     Kept in the queue until passed on to every process: an interruption
     (SIGTERM's exception) in the middle of passing it on leaves it at the
-    head with what it reached, and the next wait goes on from there, so no
-    process misses it and none gets it twice.
+    head with what it reached (the command itself among ``reached``), and
+    the next wait goes on from there, so no process misses it and none gets
+    it twice.
     """
 
     signum: int
     grouped: bool | None = None  # the group's ``killpg``: None before it was tried
     reached: set[int] = attrs.field(factory=set)  # pids it was sent to one by one
-    command: bool = False  # sent to the command itself (when not by its group)
 
 
 class _Forwarding:
@@ -565,10 +587,15 @@ class _Command:
             forwarding.queue.pop(0)
 
     def _pass_on(self, arrival: _Arrival, processes: list[psutil.Process]) -> None:
-        """`forward_queued`'s one arrival, to ``processes`` and the command, each once."""
+        """`forward_queued`'s one arrival, to ``processes`` and the command, each once.
+
+        Each send and its record in ``arrival`` are one step no handler splits
+        (`_kill_noted`, `_killpg_noted`): an interruption right after a send
+        would otherwise leave it unrecorded, and the next wait send it again.
+        """
         signum = arrival.signum
         if arrival.grouped is None:
-            arrival.grouped = self.signal_group(signum)
+            self._group_once(arrival)
         for process in processes:
             if process.pid in arrival.reached:
                 continue
@@ -579,19 +606,30 @@ class _Command:
                 process, torchrun=signum == getattr(signal, "SIGQUIT", None)
             ):
                 continue
-            if _ending(process) or _server_marker(process):
-                continue
-            with contextlib.suppress(psutil.Error):
-                process.send_signal(signum)  # psutil refuses a pid that was reused
-            arrival.reached.add(process.pid)
-        if not arrival.grouped and not arrival.command:
-            self._signal_command(signum, note=False)
-            arrival.command = True
+            if _ending(process) or _server_marker(process) or not _alive(process):
+                continue  # _alive: psutil's check that the pid was not reused
+            with contextlib.suppress(OSError):
+                _kill_noted(process.pid, signum, arrival.reached)
+        if not arrival.grouped and self.child.pid not in arrival.reached and not self.exited():
+            with contextlib.suppress(OSError):  # not reaped: its pid is not reused
+                _kill_noted(self.child.pid, signum, arrival.reached)
         log.warning(
             "passed %s on to the training command (pid %d) and its processes",
             _signal_name(signum),
             self.child.pid,
         )
+
+    def _group_once(self, arrival: _Arrival) -> None:
+        """`signal_group` for an arrival, the outcome noted with the send (`_killpg_noted`)."""
+        if self.child.returncode is not None or not hasattr(os, "killpg"):
+            arrival.grouped = False  # reaped: its pid may name another group now
+            return
+        try:
+            _killpg_noted(self.child.pid, arrival.signum, arrival)
+        except ProcessLookupError:
+            pass
+        except OSError as exc:
+            log.warning("cannot signal the training command's group %d: %s", self.child.pid, exc)
 
     def forwarded_by_parent(self, process: psutil.Process, *, torchrun: bool = True) -> bool:
         """Whether a live process of the command passes signals on to ``process``.
@@ -1150,22 +1188,32 @@ def _grace_signals(command: _Command, *, absorb_sigterm: bool = False) -> Iterat
         return
     noted = threading.Event()
     installed: dict[int, tuple[_Handler, _Handler]] = {}
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        previous = signal.getsignal(signum)
-        if not callable(previous):  # SIG_IGN stays ignored, SIG_DFL ends the process anyway
-            continue
-        absorb = absorb_sigterm and signum == signal.SIGTERM
-        wrapped = _noting(noted, previous, absorb=absorb)
-        signal.signal(signum, wrapped)
-        installed[signum] = (previous, wrapped)
     command.interrupted = noted
     try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(signum)
+            if not callable(previous):  # SIG_IGN stays ignored, SIG_DFL ends the process anyway
+                continue
+            absorb = absorb_sigterm and signum == signal.SIGTERM
+            wrapped = _noting(noted, previous, absorb=absorb)
+            installed[signum] = (previous, wrapped)  # first: a signal after it finds it put back
+            signal.signal(signum, wrapped)
         yield
     finally:
         command.interrupted = None
-        for number, (previous, wrapped) in installed.items():
-            if signal.getsignal(number) is wrapped:  # not if someone replaced it meanwhile
-                signal.signal(number, previous)
+        _put_back(installed)
+
+
+@must_not_raise
+def _put_back(installed: dict[int, tuple[_Handler, _Handler]]) -> None:
+    """Each handler ours replaced back, where ours is still the one: no handler raises here.
+
+    A signal coming meanwhile is handled a moment later (`must_not_raise`):
+    its exception raised in the middle would leave ours installed for good.
+    """
+    for number, (previous, wrapped) in list(installed.items()):
+        if signal.getsignal(number) is wrapped:  # not if someone replaced it meanwhile
+            signal.signal(number, previous)
 
 
 _Handler = Callable[[int, FrameType | None], object]
