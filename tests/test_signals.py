@@ -450,3 +450,108 @@ def test_coverage_s_lock_is_recognised_whatever_its_tracer(tmp_path):
     tracer.lock_data()
     assert in_tracers_lock(frames[0], tracer._trace)
     assert not in_tracers_lock(sys._getframe(), tracer._trace)
+
+
+def _chain(body: Callable[[], object]) -> BaseException:
+    try:
+        body()
+    except BaseException as exc:  # noqa: BLE001 - the chain is what is looked at
+        return exc
+    raise AssertionError("nothing raised")
+
+
+def _ctrl_c() -> None:
+    raise KeyboardInterrupt  # as Python's SIGINT handler raises it: no arguments
+
+
+def _sigterm() -> None:
+    sys.exit(128 + signal.SIGTERM)  # the SIGTERM policy's
+
+
+def _then(first: Callable[[], object], second: Callable[[], object]) -> Callable[[], None]:
+    def body() -> None:
+        try:
+            first()
+        except BaseException:  # noqa: BLE001 - the second comes while the first is handled
+            second()
+
+    return body
+
+
+class _Aborted(Exception):
+    pass
+
+
+def _wrapped(first: Callable[[], object], how: str) -> Callable[[], None]:
+    def body() -> None:
+        try:
+            first()
+        except BaseException as exc:
+            if how == "from e":
+                raise _Aborted from exc
+            raise _Aborted from None
+
+    return body
+
+
+@pytest.mark.parametrize(
+    ("body", "twice"),
+    [
+        (_then(_sigterm, _ctrl_c), True),  # two at once: the Ctrl-C raised as the exit unwound
+        (_then(_ctrl_c, _sigterm), True),
+        (_then(_ctrl_c, _ctrl_c), True),  # a second Ctrl-C during the program's own save
+        (_then(_wrapped(_ctrl_c, "from e"), _sigterm), True),  # followed through ``from e``
+        (_ctrl_c, False),
+        (_sigterm, False),
+        (_then(_ctrl_c, lambda: sys.exit(1)), False),  # the program's exit after one
+        (_then(_sigterm, _sigterm), False),  # sys.exit(e.code): a second SIGTERM raises nothing
+        (_then(_ctrl_c, lambda: _raise(KeyboardInterrupt("by user"))), False),  # its own
+        (_then(_wrapped(_ctrl_c, "from None"), _ctrl_c), False),  # set aside, then one
+    ],
+    ids=[
+        "term-int",
+        "int-term",
+        "int-int",
+        "from-e-term",
+        "int",
+        "term",
+        "int-exit1",
+        "term-term",
+        "int-own",
+        "from-none-int",
+    ],
+)
+def test_two_interruptions_are_told_from_a_program_s_own_re_raise(body, twice):
+    """What skips a server's grace as a block is left (review of 3c697a9)."""
+    from verirl._signals import interrupted_twice
+
+    assert interrupted_twice(_chain(body)) is twice
+
+
+def _raise(error: BaseException) -> None:
+    raise error
+
+
+PUT_OFF_THEN_NOTED = """
+import os, signal, sys, time
+from verirl._signals import program_handler, program_note, program_received
+from verirl._supervise import _kill_noted
+signal.signal(signal.SIGTERM, program_handler)
+_kill_noted(os.getpid(), signal.SIGTERM, set())  # lands where no handler raises: put off
+signal.signal(signal.SIGTERM, program_note)  # what the CLI sets once its command returned
+deadline = time.monotonic() + 5
+while program_received() is None and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(program_received())
+"""
+
+
+def test_a_signal_put_off_is_noted_by_the_handler_that_only_notes(tmp_path):
+    """Sent again to `program_note`, which took over meanwhile: noted, not dropped (3c697a9)."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", PUT_OFF_THEN_NOTED], capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert done.stdout.strip() == str(int(signal.SIGTERM)), done.stderr

@@ -35,6 +35,7 @@ from verirl._signals import (
     ending_signal_name,
     handle_in_turn,
     must_not_raise,
+    notes_only,
     program_exit_arrived,
     raise_if_lost,
     sigterm_lost,
@@ -403,13 +404,23 @@ def _signals_held() -> Iterator[list[int]]:
             previous = signal.getsignal(signum)
             if callable(previous):  # SIG_DFL and SIG_IGN stay as they are
                 saved[signum] = previous
-                signal.signal(signum, lambda number, _frame: held.append(number))
+                signal.signal(signum, _holding(held))
         yield held
     finally:
         try:
             _put_back(list(saved.items()))
         finally:
             handle_in_turn(held, None)  # their exceptions (SystemExit, KeyboardInterrupt) go on
+
+
+def _holding(held: list[int]) -> Callable[[int, FrameType | None], None]:
+    """The handler that holds each signal in ``held``, raising nothing (`notes_only`)."""
+
+    @notes_only
+    def hold(number: int, _frame: FrameType | None) -> None:
+        held.append(number)
+
+    return hold
 
 
 @must_not_raise

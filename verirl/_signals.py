@@ -74,6 +74,7 @@ __all__ = [
     "must_not_raise",
     "note_dropped",
     "noted",
+    "notes_only",
     "outside_tracers_lock",
     "program_exit_arrived",
     "program_handler",
@@ -675,10 +676,27 @@ def handle_later(signum: int) -> None:
 
 def _send_again(signum: int, handler: object) -> None:
     now = signal.getsignal(signum)
-    if now != handler and not _is_guard(now):  # the default back, or a program's own
+    if now != handler and not _is_guard(now) and _code_of(now) not in _QUIET:
+        # the default back, or a program's own
         log.debug("signal %d's handler changed before it was handled: not sent again", signum)
         return
     os.kill(os.getpid(), signum)
+
+
+_QUIET: set[types.CodeType] = set()
+"""The code of verirl's handlers that only note a signal (`notes_only`): a signal put off
+(`handle_later`) is sent again to them too, to be noted, never dropped."""
+
+
+def notes_only(handler: _Raising) -> _Raising:
+    """Mark ``handler`` as one of verirl's that notes its signal and raises nothing.
+
+    A signal put off for a moment (`handle_later`) is sent again when such a
+    handler has taken over meanwhile (the CLI's once its command returned, a
+    whole write's holding one): it is noted there, not lost.
+    """
+    _QUIET.add(cast("types.FunctionType", handler).__code__)
+    return handler
 
 
 def _is_guard(handler: object) -> bool:
@@ -740,6 +758,7 @@ def raise_if_lost() -> None:
         raise SystemExit(code)
 
 
+@notes_only
 def program_note(signum: int, _frame: types.FrameType | None) -> None:
     """`program_handler` once the command has returned: note the signal, raise nothing.
 
@@ -1005,25 +1024,31 @@ def interruptions(error: BaseException) -> list[int]:
 
 
 def interrupted_twice(error: BaseException | None) -> bool:
-    """Whether ``error`` stands for a Ctrl-C and a SIGTERM that came together.
+    """Whether ``error`` stands for two interruptions: two Ctrl-Cs, or a Ctrl-C and a SIGTERM.
 
-    A block left on both tears down without the grace, as on a second
-    Ctrl-C. Only a signal's own exceptions count, each kind once:
-    ``KeyboardInterrupt`` and ``SystemExit(143)``. A program's own re-raise
-    is no second signal: ``sys.exit(1)`` in its ``except KeyboardInterrupt``,
+    A block left on them tears down without the grace, as on a second
+    Ctrl-C. Only a signal's own exceptions count: a ``KeyboardInterrupt()``
+    without arguments (Python's handler raises it so) each, a
+    ``SystemExit(143)`` once (a second SIGTERM raises nothing). A program's
+    own is no signal: ``sys.exit(1)`` in its ``except KeyboardInterrupt``,
     ``sys.exit(e.code)`` in its ``except SystemExit``, ``raise
-    KeyboardInterrupt(...) from None`` (whose context the program set aside).
+    KeyboardInterrupt("...")``; nor is what ``raise ... from None`` set
+    aside. ``raise Aborted(...) from e`` is followed to ``e``.
     """
-    kinds: set[type[BaseException]] = set()
+    count = 0
+    exits = 0
     seen: set[int] = set()
     current = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, KeyboardInterrupt):
-            kinds.add(KeyboardInterrupt)
+        if isinstance(current, KeyboardInterrupt) and not current.args:
+            count += 1
         elif isinstance(current, SystemExit) and current.code == 128 + signal.SIGTERM:
-            kinds.add(SystemExit)
-        if current.__suppress_context__:
+            exits = 1
+        if current.__cause__ is not None:
+            current = current.__cause__
+        elif current.__suppress_context__:
             break
-        current = current.__context__
-    return len(kinds) > 1
+        else:
+            current = current.__context__
+    return count + exits > 1

@@ -359,12 +359,13 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
                     signum.name,
                 )
                 continue
+            self._previous[signum] = current  # first: a signal once ours is in finds it noted
             try:
                 signal.signal(signum, self._on_signal)
             except ValueError:  # not the main interpreter
+                del self._previous[signum]
                 log.warning("cannot install a %s handler here; left as it is", signum.name)
                 continue
-            self._previous[signum] = current
             if signum == signal.SIGTERM:
                 # The watchdog's interrupt (after vllm_failure_grace) comes to this handler now.
                 self._stop_cooperating()
