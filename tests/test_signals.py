@@ -555,3 +555,43 @@ def test_a_signal_put_off_is_noted_by_the_handler_that_only_notes(tmp_path):
         check=False,
     )  # fmt: skip
     assert done.stdout.strip() == str(int(signal.SIGTERM)), done.stderr
+
+
+def test_handlers_are_put_back_without_a_python_frame_a_handler_could_land_in():
+    """Only `_put_back`'s own frame, where a handler is put off (review of 3420485).
+
+    ``signal.signal`` and ``getsignal`` are Python wrappers over C, through
+    `enum`: a handler landing in one of their frames raised in the middle of
+    putting the handlers back, and left one of verirl's installed for good.
+    """
+    from verirl import _cli_output, _supervise
+
+    def ours(_signum: int, _frame: object) -> None:
+        pass
+
+    def python_calls(put_back: Callable[[Any], None], handlers: Any) -> list[str]:
+        calls: list[str] = []
+
+        def profile(frame: types.FrameType, event: str, _arg: object) -> None:
+            if event == "call" and frame.f_code.co_name != "_put_back":
+                calls.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+
+        before = signal.getsignal(signal.SIGUSR2)
+        signal.signal(signal.SIGUSR2, ours)
+        try:
+            sys.setprofile(profile)
+            try:
+                put_back(handlers)
+            finally:
+                sys.setprofile(None)
+            assert signal.getsignal(signal.SIGUSR2) is previous
+        finally:
+            signal.signal(signal.SIGUSR2, before)
+        return calls
+
+    def previous(_signum: int, _frame: object) -> None:  # only a function is ever replaced
+        pass
+
+    installed = {signal.SIGUSR2: (previous, ours)}
+    assert python_calls(_supervise._put_back, installed) == []
+    assert python_calls(_cli_output._put_back, [(signal.SIGUSR2, previous)]) == []

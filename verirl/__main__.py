@@ -75,6 +75,7 @@ from verirl._signals import (  # noqa: E402
     TERMINATING,
     arm_exit_deadline,
     as_sigterm,
+    is_verirl_handler,
     note_dropped,
     noted,
     outside_tracers_lock,
@@ -350,10 +351,11 @@ def _note_signals() -> None:
     """
     if _OURS[0]:
         signal.signal(signal.SIGTERM, program_note)
-    if signal.getsignal(signal.SIGINT) in (
-        signal.default_int_handler,
-        _note_start_up,
-        program_interrupt,
+    handler = signal.getsignal(signal.SIGINT)
+    # A verirl handler left by a teardown a signal cut short (3.10 can skip a with's cleanup)
+    # is no program's: it goes too.
+    if handler in (signal.default_int_handler, _note_start_up, program_interrupt) or (
+        is_verirl_handler(handler)
     ):
         signal.signal(signal.SIGINT, program_note)
     program_exit_arrived()

@@ -12,6 +12,7 @@ print "Exception ignored … BrokenPipeError" and turn the exit code into 120).
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal's C half (see _put_back)
 import atexit
 import contextlib
 import errno
@@ -428,10 +429,12 @@ def _put_back(handlers: list[tuple[int, Callable[[int, FrameType | None], object
     """Each signal's handler back, in one step: a signal coming meanwhile is handled after.
 
     (`must_not_raise`: its exception raised in the middle would leave the
-    holding handler of the others installed for good.)
+    holding handler of the others installed for good.) `signal`'s C function,
+    not its Python wrapper: a handler landing in the wrapper's frame, or in
+    `enum`'s, would not be put off.
     """
     for number, handler in handlers:
-        signal.signal(number, handler)
+        _signal.signal(number, handler)  # a function: only those are held
 
 
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -70,6 +70,7 @@ __all__ = [
     "in_a_spot_that_must_not_raise",
     "interrupted_twice",
     "interruptions",
+    "is_verirl_handler",
     "mark_noted",
     "must_not_raise",
     "note_dropped",
@@ -702,6 +703,11 @@ def notes_only(handler: _Raising) -> _Raising:
 def _is_guard(handler: object) -> bool:
     """Whether ``handler`` is a verirl handler (`outside_tracers_lock`'s), a method or not."""
     return _code_of(handler) in _GUARDS
+
+
+def is_verirl_handler(handler: object) -> bool:
+    """Whether ``handler`` is one of verirl's own (`outside_tracers_lock`'s), never a program's."""
+    return _is_guard(handler)
 
 
 def _code_of(handler: object) -> types.CodeType | None:

@@ -106,6 +106,7 @@ command has exited or a signal is being passed on, the watchdog is stopped
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal's C half (see _put_back)
 import contextlib
 import functools
 import itertools
@@ -1210,10 +1211,12 @@ def _put_back(installed: dict[int, tuple[_Handler, _Handler]]) -> None:
 
     A signal coming meanwhile is handled a moment later (`must_not_raise`):
     its exception raised in the middle would leave ours installed for good.
+    `signal`'s C functions, not its Python wrappers: a handler landing in a
+    wrapper's frame (or in `enum`'s) would not be put off.
     """
     for number, (previous, wrapped) in list(installed.items()):
-        if signal.getsignal(number) is wrapped:  # not if someone replaced it meanwhile
-            signal.signal(number, previous)
+        if _signal.getsignal(number) is wrapped:  # not if someone replaced it meanwhile
+            _signal.signal(number, previous)  # a function: only those are replaced
 
 
 _Handler = Callable[[int, FrameType | None], object]
