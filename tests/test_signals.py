@@ -558,40 +558,85 @@ def test_a_signal_put_off_is_noted_by_the_handler_that_only_notes(tmp_path):
 
 
 def test_handlers_are_put_back_without_a_python_frame_a_handler_could_land_in():
-    """Only `_put_back`'s own frame, where a handler is put off (review of 3420485).
+    """Only frames below `put_back`'s own, which holds what lands (review of 3420485).
 
     ``signal.signal`` and ``getsignal`` are Python wrappers over C, through
     `enum`: a handler landing in one of their frames raised in the middle of
     putting the handlers back, and left one of verirl's installed for good.
+    Launch's grace and a whole write put theirs back through it.
     """
-    from verirl import _cli_output, _supervise
+    from verirl._signals import put_back, replacing
 
     def ours(_signum: int, _frame: object) -> None:
         pass
 
-    def python_calls(put_back: Callable[[Any], None], handlers: Any) -> list[str]:
-        calls: list[str] = []
-
-        def profile(frame: types.FrameType, event: str, _arg: object) -> None:
-            if event == "call" and frame.f_code.co_name != "_put_back":
-                calls.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
-
-        before = signal.getsignal(signal.SIGUSR2)
-        signal.signal(signal.SIGUSR2, ours)
-        try:
-            sys.setprofile(profile)
-            try:
-                put_back(handlers)
-            finally:
-                sys.setprofile(None)
-            assert signal.getsignal(signal.SIGUSR2) is previous
-        finally:
-            signal.signal(signal.SIGUSR2, before)
-        return calls
-
     def previous(_signum: int, _frame: object) -> None:  # only a function is ever replaced
         pass
 
-    installed = {signal.SIGUSR2: (previous, ours)}
-    assert python_calls(_supervise._put_back, installed) == []
-    assert python_calls(_cli_output._put_back, [(signal.SIGUSR2, previous)]) == []
+    calls: list[str] = []
+
+    def profile(frame: types.FrameType, event: str, _arg: object) -> None:
+        if event == "call":
+            above = frame
+            while above is not None and above.f_code is not put_back.__code__:
+                above = above.f_back
+            if above is not frame:  # put_back itself, or what it calls
+                calls.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+
+    before = signal.getsignal(signal.SIGUSR2)
+    signal.signal(signal.SIGUSR2, ours)
+    try:
+        sys.setprofile(profile)
+        try:
+            put_back([(signal.SIGUSR2, previous, replacing(ours))])
+        finally:
+            sys.setprofile(None)
+        assert signal.getsignal(signal.SIGUSR2) is previous
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+    wrappers = [call for call in calls if call.split(":")[0].endswith(("signal.py", "enum.py"))]
+    assert wrappers == []
+    assert calls, "the profile saw put_back's own calls (the check of what is in place)"
+
+
+def test_an_interruption_behind_the_lock_error_keeps_what_it_was_raised_during():
+    """3.10's lock error stands for a Ctrl-C that came as a SIGTERM's exit unwound: the
+    Ctrl-C raised in its place keeps the exit as its context (review of 3d89f08)."""
+    from verirl._signals import interruptions, raise_interruption_behind
+
+    def unwinding() -> None:
+        try:
+            try:
+                raise SystemExit(143)
+            finally:
+                try:
+                    raise KeyboardInterrupt
+                finally:
+                    raise RuntimeError("release unlocked lock")  # as CPython raises it
+        except RuntimeError as error:
+            raise_interruption_behind(error)
+            raise
+
+    with pytest.raises(KeyboardInterrupt) as caught:
+        unwinding()
+    assert [signal.Signals(s).name for s in interruptions(caught.value)] == ["SIGTERM", "SIGINT"]
+
+
+@pytest.mark.parametrize(
+    ("body", "came"),
+    [
+        (_then(_sigterm, _ctrl_c), ["SIGTERM", "SIGINT"]),
+        (_then(_ctrl_c, lambda: sys.exit(1)), ["SIGINT"]),  # the program's own exit after one
+        (_then(_ctrl_c, lambda: _raise(KeyboardInterrupt("by user"))), ["SIGINT"]),
+        (_then(_wrapped(_ctrl_c, "from e"), _sigterm), ["SIGINT", "SIGTERM"]),
+        (_then(_wrapped(_ctrl_c, "from None"), _sigterm), ["SIGTERM"]),
+        (lambda: sys.exit(128 + signal.SIGHUP), ["SIGTERM"]),  # a hang-up made a SIGTERM
+    ],
+    ids=["term-int", "int-exit1", "int-own", "from-e", "from-none", "hup"],
+)
+def test_the_signals_an_exception_stands_for_are_read_as_a_traceback_shows_them(body, came):
+    """`interruptions` (launch's reading of what came) walks the chain as `interrupted_twice`
+    does: a program's own exit is no SIGTERM, ``from e`` is followed (review of 3d89f08)."""
+    from verirl._signals import interruptions
+
+    assert [signal.Signals(s).name for s in interruptions(_chain(body))] == came

@@ -588,3 +588,40 @@ def test_signals_held_during_a_whole_write_are_all_handled_after_it(tmp_path):
     done = _program(tmp_path, WRITE_HELD)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["['SIGINT', 'SIGTERM']", "handler handler"], done.stderr
+
+
+HELD_THEN_CTRL_C = """
+import signal, sys
+import verirl._cli_output as out
+from verirl._signals import handle_in_turn, interruptions, program_handler, program_interrupt
+
+signal.signal(signal.SIGTERM, program_handler)
+signal.signal(signal.SIGINT, program_interrupt)
+def tracer(frame, event, arg):  # the Ctrl-C as the held SIGTERM was taken off, not yet handled
+    if frame.f_code is handle_in_turn.__code__:
+        local = frame.f_locals
+        taken = [v for k, v in local.items() if k in ("held", "came") and isinstance(v, list)]
+        if event == "line" and "signum" in local and taken == [[]] and not sent:
+            sent.append(1)
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, sys._getframe())
+        return tracer
+    return tracer if event == "call" else None
+sent = []
+try:
+    with out._signals_held():
+        signal.raise_signal(signal.SIGTERM)  # held for the end of the write
+        sys.settrace(tracer)
+except BaseException as exc:
+    sys.settrace(None)
+    print(sent, [signal.Signals(s).name for s in interruptions(exc)])
+"""
+
+
+def test_a_ctrl_c_as_a_held_signal_is_handled_loses_neither(tmp_path):
+    """A Ctrl-C landing as the signals held during a whole write are handled in turn, the
+    SIGTERM taken off the list and its handler not called yet, lost the SIGTERM (review of
+    3d89f08): the frame that handles them holds too."""
+    done = _program(tmp_path, HELD_THEN_CTRL_C)
+    assert (done.returncode, done.stdout.strip()) == (0, "[1] ['SIGTERM', 'SIGINT']"), (
+        done.stdout + done.stderr
+    )

@@ -75,6 +75,7 @@ from verirl._signals import (  # noqa: E402
     TERMINATING,
     arm_exit_deadline,
     as_sigterm,
+    exception_chain,
     is_verirl_handler,
     note_dropped,
     noted,
@@ -84,7 +85,10 @@ from verirl._signals import (  # noqa: E402
     program_interrupt,
     program_note,
     program_received,
+    put_back,
     raise_if_dropped,
+    replacing,
+    signal_of,
     sigterm_pending,
     taken_for_sigterm,
 )
@@ -113,21 +117,17 @@ def _unraisable(default: Callable[[Any], object]) -> Callable[[Any], object]:
         error = unraisable.exc_value
         if not isinstance(error, (KeyboardInterrupt, SystemExit)):
             return default(unraisable)
-        chain: list[BaseException] = []
-        current: BaseException | None = error
         live = sys.exc_info()[1]  # what the program handles now: the context, never dropped
-        while current is not None and current is not live and all(c is not current for c in chain):
-            chain.append(current)
-            current = current.__context__
         ctrl_c = False
         kept = False
-        for exc in reversed(chain):  # oldest first
-            if not isinstance(exc, (KeyboardInterrupt, SystemExit)) or noted(exc):
+        for exc in reversed(list(exception_chain(error, until=live))):  # oldest first
+            came = signal_of(exc)
+            if came is None or noted(exc):
                 continue  # noted: a wait watching for the signal has it already (launch's grace)
             if isinstance(exc, SystemExit) and sigterm_pending():
                 note_dropped(exc)  # the next wait raises it
                 kept = True
-            elif isinstance(exc, KeyboardInterrupt):
+            elif came == signal.SIGINT:
                 ctrl_c = True
         if ctrl_c:
             threading.Thread(target=_ctrl_c_again, name="verirl-ctrl-c-again", daemon=True).start()
@@ -212,8 +212,7 @@ def _take_over() -> None:
     """
     _raising_handlers(as_sigterm)
     with contextlib.suppress(ValueError):  # off the main thread: nothing was installed
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            signal.signal(signal.SIGINT, program_interrupt)
+        put_back([(signal.SIGINT, program_interrupt, replacing(signal.default_int_handler))])
     came, _NOTED[:] = _NOTED[:], []
     first = next((signum for signum in came if signum != signal.SIGINT), None)
     if first is not None:  # SIGTERM, or one that counts as it (named as it came)
@@ -229,19 +228,19 @@ def _raising_handlers(early: Callable[[int, FrameType | None], None] | None = No
     ``early``: the handler of `_EARLY`'s signals in `run` (`as_sigterm`); after
     a mere import (``None``) they get their default back.
     """
+    noting = replacing(_note_start_up)
+    changes: list[tuple[int, Callable[[int, FrameType | None], object] | int, Any]] = [
+        (signal.SIGINT, signal.default_int_handler, noting),
+        (signal.SIGTERM, program_handler, noting),
+    ]
+    if _SIGHUP is not None:
+        changes.append((_SIGHUP, _hang_up, noting))
+    # ``early``, in run: a SIGTERM; after a mere import, the default. In run, one whose
+    # default the script's import put back gets it too: `_prepare`'s rule.
+    over = noting if early is None or not _OURS[0] else replacing(_note_start_up, signal.SIG_DFL)
+    changes += [(signum, signal.SIG_DFL if early is None else early, over) for signum in _EARLY]
     with contextlib.suppress(ValueError):  # off the main thread: nothing was installed
-        if signal.getsignal(signal.SIGINT) is _note_start_up:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-        if signal.getsignal(signal.SIGTERM) is _note_start_up:
-            signal.signal(signal.SIGTERM, program_handler)
-        if _SIGHUP is not None and signal.getsignal(_SIGHUP) is _note_start_up:
-            signal.signal(_SIGHUP, _hang_up)
-        for signum in _EARLY:  # ``early``, in run: a SIGTERM; after a mere import, the default
-            current = signal.getsignal(signum)
-            if current is _note_start_up:
-                signal.signal(signum, signal.SIG_DFL if early is None else early)
-            elif early is not None and current == signal.SIG_DFL and _OURS[0]:  # the script's
-                signal.signal(signum, early)  # import put the default back: `_prepare`'s rule
+        put_back(changes)
 
 
 def _prepare() -> None:
@@ -264,12 +263,15 @@ def _prepare() -> None:
     # this interpreter's own start-up (coverage's patch, say): the program sets it aside.
     ours = previous == signal.SIG_DFL or callable(previous)
     if ours:
-        signal.signal(signal.SIGTERM, program_handler)
-        if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:
-            signal.signal(signal.SIGHUP, _hang_up)  # not under nohup (SIG_IGN)
-        for signum in TERMINATING:  # SIGQUIT, SIGUSR1, ...: a SIGTERM (launch passes them on)
-            if signal.getsignal(signum) == signal.SIG_DFL:  # an inherited SIG_IGN stays
-                signal.signal(signum, as_sigterm)
+        default = replacing(signal.SIG_DFL)  # an inherited SIG_IGN stays (nohup's SIGHUP)
+        put_back(
+            [
+                (signal.SIGTERM, program_handler, None),
+                *(() if _SIGHUP is None else ((_SIGHUP, _hang_up, default),)),
+                # SIGQUIT, SIGUSR1, ...: a SIGTERM (launch passes them on)
+                *((signum, as_sigterm, default) for signum in TERMINATING),
+            ]
+        )
     _OURS[:] = [ours]
     sys.unraisablehook = _unraisable(sys.unraisablehook)
 
@@ -349,15 +351,15 @@ def _note_signals() -> None:
     SIGINT (``nohup``) stays ignored. A SIGTERM's exit that never arrived is
     past raising: the exit code says it.
     """
-    if _OURS[0]:
-        signal.signal(signal.SIGTERM, program_note)
-    handler = signal.getsignal(signal.SIGINT)
-    # A verirl handler left by a teardown a signal cut short (3.10 can skip a with's cleanup)
-    # is no program's: it goes too.
-    if handler in (signal.default_int_handler, _note_start_up, program_interrupt) or (
-        is_verirl_handler(handler)
-    ):
-        signal.signal(signal.SIGINT, program_note)
+    # A verirl handler left on SIGINT by a teardown a signal cut short (3.10 can skip a with's
+    # cleanup) is no program's: it goes too.
+    sigint_ours = replacing(signal.default_int_handler, _note_start_up, program_interrupt)
+    put_back(
+        [
+            *(((signal.SIGTERM, program_note, None),) if _OURS[0] else ()),
+            (signal.SIGINT, program_note, lambda now: sigint_ours(now) or is_verirl_handler(now)),
+        ]
+    )
     program_exit_arrived()
 
 

@@ -12,7 +12,6 @@ print "Exception ignored … BrokenPipeError" and turn the exit code into 120).
 
 from __future__ import annotations
 
-import _signal  # type: ignore[import-not-found]  # signal's C half (see _put_back)
 import atexit
 import contextlib
 import errno
@@ -34,11 +33,11 @@ from typing import TextIO
 from verirl._fs import stdout_kept_in
 from verirl._signals import (
     ending_signal_name,
-    handle_in_turn,
-    must_not_raise,
     notes_only,
     program_exit_arrived,
+    put_back,
     raise_if_lost,
+    replacing,
     sigterm_lost,
 )
 
@@ -400,18 +399,17 @@ def _signals_held() -> Iterator[list[int]]:
         yield held
         return
     saved: dict[int, Callable[[int, FrameType | None], object]] = {}
+    hold = _holding(held)
     try:
         for signum in _STOPPING:
             previous = signal.getsignal(signum)
             if callable(previous):  # SIG_DFL and SIG_IGN stay as they are
                 saved[signum] = previous
-                signal.signal(signum, _holding(held))
+                signal.signal(signum, hold)
         yield held
     finally:
-        try:
-            _put_back(list(saved.items()))
-        finally:
-            handle_in_turn(held, None)  # their exceptions (SystemExit, KeyboardInterrupt) go on
+        # their exceptions (SystemExit, KeyboardInterrupt) go on
+        put_back([(number, handler, replacing(hold)) for number, handler in saved.items()], held)
 
 
 def _holding(held: list[int]) -> Callable[[int, FrameType | None], None]:
@@ -422,19 +420,6 @@ def _holding(held: list[int]) -> Callable[[int, FrameType | None], None]:
         held.append(number)
 
     return hold
-
-
-@must_not_raise
-def _put_back(handlers: list[tuple[int, Callable[[int, FrameType | None], object]]]) -> None:
-    """Each signal's handler back, in one step: a signal coming meanwhile is handled after.
-
-    (`must_not_raise`: its exception raised in the middle would leave the
-    holding handler of the others installed for good.) `signal`'s C function,
-    not its Python wrapper: a handler landing in the wrapper's frame, or in
-    `enum`'s, would not be put off.
-    """
-    for number, handler in handlers:
-        _signal.signal(number, handler)  # a function: only those are held
 
 
 _STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -45,6 +45,7 @@ the CLI:
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal's C half (see put_back)
 import contextlib
 import functools
 import logging
@@ -53,7 +54,7 @@ import signal
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar, cast
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "arm_exit_deadline",
     "as_sigterm",
     "ending_signal_name",
+    "exception_chain",
     "exit_on_sigterm",
     "hand_on",
     "handle_in_turn",
@@ -82,10 +84,13 @@ __all__ = [
     "program_interrupt",
     "program_note",
     "program_received",
+    "put_back",
     "raise_if_dropped",
     "raise_if_lost",
     "raise_interruption_behind",
+    "replacing",
     "signal_name",
+    "signal_of",
     "sigterm_lost",
     "sigterm_pending",
     "taken_for_sigterm",
@@ -112,6 +117,12 @@ disposition is the default, and ``verirl launch`` passes each on to its
 command while it runs (`verirl._supervise`). SIGXFSZ is ignored by Python
 from its start, so it stays ignored.
 """
+
+
+_EXITING = frozenset(
+    (signal.SIGTERM, *TERMINATING, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()))
+)
+"""The signals whose exception is ``SystemExit(128 + N)`` (`signal_of`): SIGTERM, those made it."""
 
 
 _Raising = TypeVar("_Raising", bound=Callable[..., None])
@@ -152,14 +163,24 @@ def outside_tracers_lock(handler: _Raising) -> _Raising:
             handle_in_turn(came, frame)
 
     _GUARDS.add(cast("types.FunctionType", guarded).__code__)
+    _HOLDERS.add(cast("types.FunctionType", guarded).__code__)
     return cast("_Raising", guarded)
 
 
 _GUARDS: set[types.CodeType] = set()
 """The code of `outside_tracers_lock`'s wrapper (one for all the handlers made with it)."""
 
+_HOLDERS: set[types.CodeType] = set()
+"""The code of the frames whose `_HELD` local, while a list, takes a signal landing inside them.
+
+The wrapper of verirl's handlers, `handle_in_turn` and `put_back`: a verirl
+handler whose signal lands in one (or below it) appends its signal there
+instead of raising, and the frame handles it as it ends; once its local is
+``None`` (it is ending), the signal is sent again a moment later.
+"""
+
 _HELD = "held"
-"""The wrapper's local that holds the signals which came inside its handler, while it takes them."""
+"""A holding frame's local (`_HOLDERS`) that takes the signals which came inside it."""
 
 
 def hand_on(
@@ -199,7 +220,7 @@ def _held_by_a_running_handler(signum: int, frame: types.FrameType | None) -> bo
     below: types.FrameType | None = None
     while frame is not None:
         code = frame.f_code
-        if code in _GUARDS:
+        if code in _HOLDERS:
             held = frame.f_locals.get(_HELD)
             if isinstance(held, list):
                 held.append(signum)
@@ -223,30 +244,70 @@ def _in_a_programs_handler(frame: types.FrameType, below: types.FrameType | None
     if below is None or local.get(_HANDING_ON) is not True:
         return False
     handler = local.get("handler")
-    if _is_guard(handler):
+    if is_verirl_handler(handler):
         return False
     code = _code_of(handler)
     return code is None or below.f_code is code  # not a function: taken for the program's
 
 
-def handle_in_turn(came: list[int] | None, frame: types.FrameType | None) -> None:
-    """The handlers of the signals ``came`` (held), in turn, as Python calls them, in ``frame``.
+def handle_in_turn(held: list[int] | None, frame: types.FrameType | None) -> None:
+    """The handlers of the signals ``held``, in turn, as Python calls them, in ``frame``.
 
     Called as the holding code ends: raised or not, its exception is the
     context of theirs (`interruptions` sees both, in order), and each one's
     is that of the next: one that raises never keeps the others from
     running. A signal whose handler is no longer a function is passed over,
-    as Python passes it over.
+    as Python passes it over. This frame holds too (`_HOLDERS`): a signal
+    landing in it, between two of them, joins ``held`` and waits its turn;
+    one is taken off the list only as its handler is called.
     """
-    if not came:
-        return
-    signum = came.pop(0)
     try:
-        handler = signal.getsignal(signum)
-        if callable(handler):
-            hand_on(handler, signum, frame)
+        if held:
+            signum = held[0]
+            handler = _signal.getsignal(signum)
+            del held[0]
+            if callable(handler):
+                hand_on(handler, signum, frame)
     finally:
-        handle_in_turn(came, frame)
+        came, held = held, None  # from here on one that comes is sent again later
+        if came:
+            handle_in_turn(came, frame)
+
+
+_HOLDERS.add(handle_in_turn.__code__)
+
+_Handler = Callable[[int, "types.FrameType | None"], object]
+
+
+def put_back(
+    changes: Iterable[tuple[int, _Handler | int, Callable[[object], bool] | None]],
+    held: list[int] | None = None,
+) -> None:
+    """Set each signal's handler in one step, then handle the signals ``held`` in turn.
+
+    ``changes``: (signal, handler, ``over``); with ``over``, the handler is set
+    only where ``over(current handler)`` is true (ours still the one, say).
+    A verirl handler whose signal lands in this step is held (with ``held``:
+    a whole write's signals, handled after, `handle_in_turn`) or sent again a
+    moment later, never raised in the middle: that would leave some
+    handlers unset for good. `signal`'s C functions, not its Python wrappers,
+    whose frames (and `enum`'s) would hold nothing.
+    """
+    try:
+        for number, handler, over in changes:
+            if over is None or over(_signal.getsignal(number)):
+                _signal.signal(number, int(handler) if isinstance(handler, int) else handler)
+    finally:
+        came, held = held, None  # from here on one that comes is sent again later
+        handle_in_turn(came, None)
+
+
+_HOLDERS.add(put_back.__code__)
+
+
+def replacing(*handlers: object) -> Callable[[object], bool]:
+    """`put_back`'s ``over``: whether the current handler is one of ``handlers``."""
+    return lambda current: any(current == handler for handler in handlers)
 
 
 _MUST_NOT_RAISE: set[types.CodeType] = {
@@ -677,7 +738,7 @@ def handle_later(signum: int) -> None:
 
 def _send_again(signum: int, handler: object) -> None:
     now = signal.getsignal(signum)
-    if now != handler and not _is_guard(now) and _code_of(now) not in _QUIET:
+    if now != handler and not is_verirl_handler(now) and _code_of(now) not in _QUIET:
         # the default back, or a program's own
         log.debug("signal %d's handler changed before it was handled: not sent again", signum)
         return
@@ -700,14 +761,12 @@ def notes_only(handler: _Raising) -> _Raising:
     return handler
 
 
-def _is_guard(handler: object) -> bool:
-    """Whether ``handler`` is a verirl handler (`outside_tracers_lock`'s), a method or not."""
-    return _code_of(handler) in _GUARDS
-
-
 def is_verirl_handler(handler: object) -> bool:
-    """Whether ``handler`` is one of verirl's own (`outside_tracers_lock`'s), never a program's."""
-    return _is_guard(handler)
+    """Whether ``handler`` is one of verirl's own (`outside_tracers_lock`'s), never a program's.
+
+    A function or a method.
+    """
+    return _code_of(handler) in _GUARDS
 
 
 def _code_of(handler: object) -> types.CodeType | None:
@@ -746,14 +805,10 @@ def sigterm_lost() -> int | None:
 
 def _unwinding(code: int) -> bool:
     """Whether a ``SystemExit(code)`` is being handled in this thread, or caused the one that is."""
-    error: BaseException | None = sys.exc_info()[1]
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, SystemExit) and error.code == code:
-            return True
-        seen.add(id(error))
-        error = error.__context__
-    return False
+    return any(
+        isinstance(error, SystemExit) and error.code == code
+        for error in exception_chain(sys.exc_info()[1])
+    )
 
 
 def raise_if_lost() -> None:
@@ -997,7 +1052,8 @@ def raise_interruption_behind(error: BaseException) -> None:
     Python ``_acquire_restore`` (``Thread.start``, ``Event.wait``) leaves the
     lock released; the ``with`` around it then raises ``RuntimeError('release
     unlocked lock')`` in the interruption's place, and the program exits 1
-    with a traceback instead of 143 or Ctrl-C's code. Otherwise: nothing.
+    with a traceback instead of 143 or Ctrl-C's code. Otherwise: nothing. The
+    interruption keeps what it was raised during (a first signal's exit).
     """
     interruption = error.__context__
     if (
@@ -1005,56 +1061,75 @@ def raise_interruption_behind(error: BaseException) -> None:
         and str(error) == "release unlocked lock"
         and isinstance(interruption, (KeyboardInterrupt, SystemExit))
     ):
-        raise interruption
+        context = interruption.__context__
+        try:
+            raise interruption
+        finally:
+            interruption.__context__ = context  # raised in ``error``'s handling: it took that
+
+
+def exception_chain(
+    error: BaseException | None, *, until: BaseException | None = None
+) -> Iterator[BaseException]:
+    """``error`` and the exceptions it was raised during or from, newest first.
+
+    As a traceback shows them: ``raise ... from e`` leads to ``e``; what
+    ``raise ... from None`` set aside is not followed. Each once (a cycle
+    ends the walk), and the walk stops before ``until`` (the exception the
+    program is handling, say). Every walk of a signal's exceptions goes so.
+    """
+    seen: set[int] = set()
+    while error is not None and error is not until and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        if error.__cause__ is not None:
+            error = error.__cause__
+        elif error.__suppress_context__:
+            return
+        else:
+            error = error.__context__
+
+
+def signal_of(error: BaseException) -> int | None:
+    """The signal ``error`` is the exception of: SIGINT, SIGTERM (or one made one), or None.
+
+    A ``KeyboardInterrupt()`` without arguments is a Ctrl-C (Python's
+    handler raises it so); a ``SystemExit(128 + N)`` for a signal N that
+    verirl makes exit so is SIGTERM (the policy's, the CLI's for a hang-up
+    or `TERMINATING`). A program's own is no signal: ``sys.exit(1)``,
+    ``raise KeyboardInterrupt("...")``.
+    """
+    if isinstance(error, KeyboardInterrupt):
+        return None if error.args else signal.SIGINT
+    code = error.code if isinstance(error, SystemExit) else None
+    return signal.SIGTERM if isinstance(code, int) and code - 128 in _EXITING else None
 
 
 def interruptions(error: BaseException) -> list[int]:
     """The signals ``error`` and the interruptions it was raised during stand for, oldest first.
 
-    ``KeyboardInterrupt`` is SIGINT; ``SystemExit`` SIGTERM (the policy's, or
-    a signal the CLI makes one). Two signals that come together leave two
-    here: the second one's handler raised as the first one's exception
-    unwound, and a wait that sees only the newest would take the pair for one.
+    Each of `exception_chain` that is a signal's (`signal_of`). Two signals
+    that come together leave two here: the second one's handler raised as
+    the first one's exception unwound, and a wait that sees only the newest
+    would take the pair for one.
     """
-    found: list[int] = []
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, KeyboardInterrupt):
-            found.append(signal.SIGINT)
-        elif isinstance(current, SystemExit):
-            found.append(signal.SIGTERM)
-        current = current.__context__
-    return found[::-1]
+    found = [signal_of(current) for current in exception_chain(error)]
+    return [signum for signum in found[::-1] if signum is not None]
 
 
 def interrupted_twice(error: BaseException | None) -> bool:
     """Whether ``error`` stands for two interruptions: two Ctrl-Cs, or a Ctrl-C and a SIGTERM.
 
     A block left on them tears down without the grace, as on a second
-    Ctrl-C. Only a signal's own exceptions count: a ``KeyboardInterrupt()``
-    without arguments (Python's handler raises it so) each, a
-    ``SystemExit(143)`` once (a second SIGTERM raises nothing). A program's
-    own is no signal: ``sys.exit(1)`` in its ``except KeyboardInterrupt``,
-    ``sys.exit(e.code)`` in its ``except SystemExit``, ``raise
-    KeyboardInterrupt("...")``; nor is what ``raise ... from None`` set
-    aside. ``raise Aborted(...) from e`` is followed to ``e``.
+    Ctrl-C. Counted as `interruptions` finds them, each Ctrl-C, and the
+    exits of SIGTERM once (a second SIGTERM raises nothing). A program's own
+    exception is no signal: ``sys.exit(1)`` in its ``except
+    KeyboardInterrupt``, ``sys.exit(e.code)`` in its ``except SystemExit``
+    (the same exit twice), ``raise KeyboardInterrupt("...")``; nor is what
+    ``raise ... from None`` set aside. ``raise Aborted(...) from e`` is
+    followed to ``e``.
     """
-    count = 0
-    exits = 0
-    seen: set[int] = set()
-    current = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, KeyboardInterrupt) and not current.args:
-            count += 1
-        elif isinstance(current, SystemExit) and current.code == 128 + signal.SIGTERM:
-            exits = 1
-        if current.__cause__ is not None:
-            current = current.__cause__
-        elif current.__suppress_context__:
-            break
-        else:
-            current = current.__context__
-    return count + exits > 1
+    if error is None:
+        return False
+    came = interruptions(error)
+    return came.count(signal.SIGINT) + (signal.SIGTERM in came) > 1

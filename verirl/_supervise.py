@@ -106,7 +106,6 @@ command has exited or a signal is being passed on, the watchdog is stopped
 
 from __future__ import annotations
 
-import _signal  # type: ignore[import-not-found]  # signal's C half (see _put_back)
 import contextlib
 import functools
 import itertools
@@ -136,11 +135,14 @@ from verirl._signals import (
     mark_noted,
     must_not_raise,
     outside_tracers_lock,
+    put_back,
     raise_if_dropped,
+    replacing,
 )
 from verirl.errors import VLLMServerError
 from verirl.server.process import (
     MARKER_VAR,
+    alive,
     child_subreaper,
     set_child_subreaper,
     spawn,
@@ -408,9 +410,9 @@ class _Command:
         self._add_adopted_now(found, me)
         for process in found.values():
             known = self.seen.get(process.pid)
-            if known is None or not _alive(known):
+            if known is None or not alive(known):
                 self.seen[process.pid] = process
-        return [process for process in self.seen.values() if _alive(process)]
+        return [process for process in self.seen.values() if alive(process)]
 
     def _add_descendants(
         self,
@@ -607,8 +609,8 @@ class _Command:
                 process, torchrun=signum == getattr(signal, "SIGQUIT", None)
             ):
                 continue
-            if _ending(process) or _server_marker(process) or not _alive(process):
-                continue  # _alive: psutil's check that the pid was not reused
+            if _ending(process) or _server_marker(process) or not alive(process):
+                continue  # alive: psutil's check that the pid was not reused
             with contextlib.suppress(OSError):
                 _kill_noted(process.pid, signum, arrival.reached)
         if not arrival.grouped and self.child.pid not in arrival.reached and not self.exited():
@@ -715,9 +717,9 @@ class _Command:
     def _running(self, pid: int) -> bool:
         """Whether ``pid`` is a live process of the command: the command itself, or one found."""
         if pid == self.child.pid:
-            return self.child.returncode is None and (self.leader is None or _alive(self.leader))
+            return self.child.returncode is None and (self.leader is None or alive(self.leader))
         known = self.seen.get(pid)
-        return known is not None and _alive(known)
+        return known is not None and alive(known)
 
     def signal_once(self, signum: int) -> list[psutil.Process]:
         """``signum`` to each process of the command exactly once; what was found then.
@@ -771,16 +773,9 @@ class _Command:
         id names its group. Once reaped (or on a platform without process
         groups), launch signals each member on its own.
         """
-        if self.child.returncode is not None or not hasattr(os, "killpg"):
-            return False
-        try:
-            os.killpg(self.child.pid, signum)
-        except ProcessLookupError:
-            return False
-        except OSError as exc:
-            log.warning("cannot signal the training command's group %d: %s", self.child.pid, exc)
-            return False
-        return True
+        arrival = _Arrival(signum)
+        self._group_once(arrival)
+        return bool(arrival.grouped)
 
     def catch_up(self) -> list[psutil.Process]:
         """The signal, now, to each process that missed it since it was passed on; those found.
@@ -919,7 +914,7 @@ class _Command:
         command is left unreaped (`_reap` reads its exit status).
         """
         while True:
-            alive = [process for process in killed if _alive(process)]
+            alive = [process for process in killed if alive(process)]
             if not alive and self.exited():
                 return True
             left = deadline - time.monotonic()
@@ -982,7 +977,7 @@ class _Command:
         processes = list(processes)
         gap = _FIRST_CATCH_UP
         look = time.monotonic() + gap
-        while not self.exited() or any(_alive(process) for process in processes):
+        while not self.exited() or any(alive(process) for process in processes):
             if self.interrupted is not None and self.interrupted.is_set():
                 raise KeyboardInterrupt  # its handler's own exception was lost
             self.pass_to_orphans()
@@ -1016,14 +1011,14 @@ class _Command:
 
 def _ending(process: psutil.Process) -> bool:
     """Whether ``process`` has ended or is ending (a zombie, or its memory already released)."""
-    if not _alive(process):
+    if not alive(process):
         return True
     if _procfs.threads_run(process.pid):  # its main thread ended, others run
         return False
     try:
         return not _procfs.read(process.pid, "cmdline")
     except OSError:
-        return not _alive(process)
+        return not alive(process)
 
 
 _FIRST_CATCH_UP = 0.02
@@ -1083,20 +1078,6 @@ def _started_by_torchrun_inside(environ: Mapping[str, str]) -> bool:
     if error_file:  # blank when the agent logs to /dev/null
         return error_file != os.environ.get("TORCHELASTIC_ERROR_FILE")
     return environ["TORCHELASTIC_RUN_ID"] != os.environ.get("TORCHELASTIC_RUN_ID")
-
-
-def _alive(process: psutil.Process) -> bool:
-    """Running and not a zombie (an orphan's zombie may never be reaped in a container).
-
-    A process whose main thread has ended shows as a zombie while its other
-    threads run: it is alive (`verirl._procfs.running`).
-    """
-    try:
-        return process.is_running() and _procfs.running(process.pid)
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.Error:
-        return True
 
 
 def _tracker(child: subprocess.Popen[bytes]) -> _Command:
@@ -1202,21 +1183,8 @@ def _grace_signals(command: _Command, *, absorb_sigterm: bool = False) -> Iterat
         yield
     finally:
         command.interrupted = None
-        _put_back(installed)
-
-
-@must_not_raise
-def _put_back(installed: dict[int, tuple[_Handler, _Handler]]) -> None:
-    """Each handler ours replaced back, where ours is still the one: no handler raises here.
-
-    A signal coming meanwhile is handled a moment later (`must_not_raise`):
-    its exception raised in the middle would leave ours installed for good.
-    `signal`'s C functions, not its Python wrappers: a handler landing in a
-    wrapper's frame (or in `enum`'s) would not be put off.
-    """
-    for number, (previous, wrapped) in list(installed.items()):
-        if _signal.getsignal(number) is wrapped:  # not if someone replaced it meanwhile
-            _signal.signal(number, previous)  # a function: only those are replaced
+        # each handler ours replaced back, where ours is still the one
+        put_back((n, previous, replacing(ours)) for n, (previous, ours) in installed.items())
 
 
 _Handler = Callable[[int, FrameType | None], object]
@@ -1502,7 +1470,10 @@ def _run(
         except (SystemExit, KeyboardInterrupt) as exc:
             if not started:
                 raise  # it never ran
-            came = interruptions(exc)  # two at once: the second's handler raised over the first
+            # two at once: the second's handler raised over the first
+            came = interruptions(exc) or [
+                signal.SIGTERM if isinstance(exc, SystemExit) else signal.SIGINT
+            ]
             code = _stop_command(started[0], came[0], grace, known(), ending, again=len(came) > 1)
     except BaseException:
         if started and (started[0].returncode is None or tracked):

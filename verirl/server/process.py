@@ -58,6 +58,7 @@ __all__ = [
     "ProcessTree",
     "Run",
     "Stoppable",
+    "alive",
     "death_signal_preexec",
     "forget_at_exit",
     "popen_in_session",
@@ -520,8 +521,8 @@ if hasattr(os, "register_at_fork"):
 # ---------------------------------------------------------------- the process tree
 
 
-def _alive(process: psutil.Process) -> bool:
-    """Running and not a zombie (an orphan's zombie may never be reaped in a container).
+def alive(process: psutil.Process) -> bool:
+    """Whether ``process`` runs and is no zombie (an orphan's zombie may never be reaped).
 
     A process whose main thread has ended while others run (Zl) reads as a
     zombie to psutil, yet it is alive and may hold a GPU: `verirl._procfs` tells.
@@ -625,7 +626,7 @@ class ProcessTree:
         found += [p for p in _marked_processes(self.marker, self.since) if p.pid != self.pid]
         for process in found:
             known = self.seen.get(process.pid)
-            if known is None or not _alive(known):
+            if known is None or not alive(known):
                 self.seen[process.pid] = process
 
     def listens_on(self, port: int) -> bool | None:
@@ -689,7 +690,7 @@ class ProcessTree:
 
     def survivors(self) -> list[psutil.Process]:
         """The processes of the tree seen so far that are still alive."""
-        return [process for process in self.seen.values() if _alive(process)]
+        return [process for process in self.seen.values() if alive(process)]
 
     def wait_gone(self, deadline: float, *, grace: bool = False) -> bool:
         """Wait until the server and every remembered descendant are gone; False at deadline.
