@@ -498,3 +498,51 @@ def test_a_group_id_reused_after_the_command_is_reaped_is_not_the_command_s(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "True"]  # not found, still running
+
+
+FORKER = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+tag, ready = sys.argv[1], sys.argv[2]
+if os.fork():
+    os._exit(0)
+os.setsid()  # a daemon that ignores the signal and keeps starting workers, each its own session
+open(ready, "w").close()
+for _ in range(3000):
+    if os.fork() == 0:
+        os.setsid()
+        os.execvp("sleep", [tag, "120"])
+    time.sleep(0.002)
+"""
+
+
+def test_the_final_sigkill_goes_on_until_nothing_new_turns_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the grace, launch SIGKILLs, waits for what it killed to die, looks again and kills
+    what is new, until nothing is: a daemon forking workers in sessions of their own as launch
+    kills leaves none behind (review of d20181f: a name clash ended the kill after one round,
+    silently, and left 11 to 83 workers running)."""
+    clear_verirl_env(monkeypatch, tmp_path)
+    tag = f"verirl-forker-{tmp_path.name}"
+    forker, ready = tmp_path / "forker.py", tmp_path / "ready"
+    forker.write_text(FORKER)
+    script = f"trap '' TERM INT; {sys.executable} {forker} {tag} {ready}; while :; do sleep 1; done"
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "verirl", "launch", "--gpus", "1", "--shutdown-timeout", "1",
+         "--", "sh", "-c", script],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + DEADLINE
+        while not ready.exists() and launch.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert ready.exists(), launch.stderr.read().decode() if launch.poll() is not None else ""
+        time.sleep(0.3)  # workers are being forked as the signal comes
+        launch.send_signal(signal.SIGTERM)
+        _, err = launch.communicate(timeout=DEADLINE)
+        assert launch.returncode == 128 + signal.SIGKILL, err.decode()  # the command's code
+        assert still_alive(naming(tag), timeout=0.5) == []
+    finally:
+        end_launch(launch, naming(tag))

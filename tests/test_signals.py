@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import signal
 import sys
@@ -507,6 +508,8 @@ def _wrapped(first: Callable[[], object], how: str) -> Callable[[], None]:
         (_then(_sigterm, _sigterm), False),  # sys.exit(e.code): a second SIGTERM raises nothing
         (_then(_ctrl_c, lambda: _raise(KeyboardInterrupt("by user"))), False),  # its own
         (_then(_wrapped(_ctrl_c, "from None"), _ctrl_c), False),  # set aside, then one
+        # the program's own exit of a signal's code (SIGUSR1's, a hang-up's): verirl raises 143
+        *((_then(_ctrl_c, functools.partial(sys.exit, code)), False) for code in (129, 138, 192)),
     ],
     ids=[
         "term-int",
@@ -519,6 +522,9 @@ def _wrapped(first: Callable[[], object], how: str) -> Callable[[], None]:
         "term-term",
         "int-own",
         "from-none-int",
+        "int-exit129",
+        "int-exit138",
+        "int-exit192",
     ],
 )
 def test_two_interruptions_are_told_from_a_program_s_own_re_raise(body, twice):
@@ -630,9 +636,9 @@ def test_an_interruption_behind_the_lock_error_keeps_what_it_was_raised_during()
         (_then(_ctrl_c, lambda: _raise(KeyboardInterrupt("by user"))), ["SIGINT"]),
         (_then(_wrapped(_ctrl_c, "from e"), _sigterm), ["SIGINT", "SIGTERM"]),
         (_then(_wrapped(_ctrl_c, "from None"), _sigterm), ["SIGTERM"]),
-        (lambda: sys.exit(128 + signal.SIGHUP), ["SIGTERM"]),  # a hang-up made a SIGTERM
+        (lambda: sys.exit(128 + signal.SIGUSR1), []),  # a program's own, in its handler
     ],
-    ids=["term-int", "int-exit1", "int-own", "from-e", "from-none", "hup"],
+    ids=["term-int", "int-exit1", "int-own", "from-e", "from-none", "usr1-exit"],
 )
 def test_the_signals_an_exception_stands_for_are_read_as_a_traceback_shows_them(body, came):
     """`interruptions` (launch's reading of what came) walks the chain as `interrupted_twice`

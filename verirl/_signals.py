@@ -119,12 +119,6 @@ from its start, so it stays ignored.
 """
 
 
-_EXITING = frozenset(
-    (signal.SIGTERM, *TERMINATING, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()))
-)
-"""The signals whose exception is ``SystemExit(128 + N)`` (`signal_of`): SIGTERM, those made it."""
-
-
 _Raising = TypeVar("_Raising", bound=Callable[..., None])
 
 
@@ -1091,18 +1085,18 @@ def exception_chain(
 
 
 def signal_of(error: BaseException) -> int | None:
-    """The signal ``error`` is the exception of: SIGINT, SIGTERM (or one made one), or None.
+    """The signal ``error`` is the exception of: SIGINT, SIGTERM, or None.
 
     A ``KeyboardInterrupt()`` without arguments is a Ctrl-C (Python's
-    handler raises it so); a ``SystemExit(128 + N)`` for a signal N that
-    verirl makes exit so is SIGTERM (the policy's, the CLI's for a hang-up
-    or `TERMINATING`). A program's own is no signal: ``sys.exit(1)``,
-    ``raise KeyboardInterrupt("...")``.
+    handler raises it so); ``SystemExit(143)`` is SIGTERM's, the only exit
+    verirl's handlers raise (a hang-up, or one of `TERMINATING`, is handed
+    on to SIGTERM's handler). A program's own is no signal: ``sys.exit(1)``,
+    ``sys.exit(138)`` in its SIGUSR1 handler, ``raise KeyboardInterrupt("...")``.
     """
     if isinstance(error, KeyboardInterrupt):
         return None if error.args else signal.SIGINT
-    code = error.code if isinstance(error, SystemExit) else None
-    return signal.SIGTERM if isinstance(code, int) and code - 128 in _EXITING else None
+    exiting = isinstance(error, SystemExit) and error.code == 128 + signal.SIGTERM
+    return signal.SIGTERM if exiting else None
 
 
 def interruptions(error: BaseException) -> list[int]:

@@ -895,7 +895,7 @@ class _Command:
                 self.child.kill()
         deadline = time.monotonic() + _KILL_WAIT
         killed: set[psutil.Process] = set()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(psutil.Error, OSError):  # not a bug of ours: it would show
             for round_ in itertools.count():
                 fresh = [process for process in self.collect() if process not in killed]
                 if not fresh and round_ and (self.quiet() or time.monotonic() >= deadline):
@@ -914,15 +914,15 @@ class _Command:
         command is left unreaped (`_reap` reads its exit status).
         """
         while True:
-            alive = [process for process in killed if alive(process)]
-            if not alive and self.exited():
+            living = [process for process in killed if alive(process)]
+            if not living and self.exited():
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            if alive:  # short steps: psutil waits on another's zombie until its timeout
+            if living:  # short steps: psutil waits on another's zombie until its timeout
                 with contextlib.suppress(psutil.Error, OSError):
-                    psutil.wait_procs(alive, timeout=min(left, 0.05))
+                    psutil.wait_procs(living, timeout=min(left, 0.05))
             else:  # the command alone, SIGKILLed: gone within milliseconds
                 time.sleep(min(left, 0.005))
 
