@@ -73,6 +73,7 @@ __all__ = [
     "interrupted_twice",
     "interruptions",
     "is_verirl_handler",
+    "leave_in_place",
     "mark_noted",
     "must_not_raise",
     "note_dropped",
@@ -93,6 +94,7 @@ __all__ = [
     "signal_of",
     "sigterm_lost",
     "sigterm_pending",
+    "stand_in_for",
     "taken_for_sigterm",
 ]
 
@@ -597,9 +599,10 @@ class SigtermPolicy:
         self._fired = False
         self._cause = None
         self._interrupt_sent = False
+        standing_for = stand_in_for(signal.SIGTERM, current)
         if current == self.handle:
             self._installed = True
-        elif current == signal.SIG_DFL:
+        elif current == signal.SIG_DFL or standing_for in (signal.SIG_DFL, self.handle):
             self._installed = True
             try:
                 signal.signal(signal.SIGTERM, self.handle)
@@ -648,6 +651,30 @@ class SigtermPolicy:
 
 SIGTERM_POLICY = SigtermPolicy()
 """The process-wide policy every verirl component uses."""
+
+
+_LEFT_IN_PLACE: dict[int, tuple[object, object]] = {}
+_Disposition = TypeVar("_Disposition")
+
+
+def leave_in_place(signum: int, handler: object, previous: object) -> None:
+    """Note that verirl's ``handler`` stays on ``signum`` past its owner, in ``previous``'s stead.
+
+    `verirl.preemption.PreemptionCallback` leaves its SIGTERM handler (which
+    ignores a further SIGTERM) while its ``SystemExit(143)`` ends the process.
+    A program that catches the exit and goes on must not be left with it: the
+    next holder (the policy, a newer callback) takes ``previous`` for what it
+    finds (`stand_in_for`).
+    """
+    _LEFT_IN_PLACE[signum] = (handler, previous)
+
+
+def stand_in_for(signum: int, current: _Disposition) -> _Disposition:
+    """What ``current`` stands for on ``signum``: ``previous`` if left in place, else itself."""
+    left = _LEFT_IN_PLACE.get(signum)
+    if left is not None and left[0] == current:
+        return cast("_Disposition", left[1])
+    return current
 
 
 def exit_on_sigterm() -> contextlib.AbstractContextManager[bool]:

@@ -70,7 +70,13 @@ from typing import Any, Final
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from verirl._fs import printable, quoted, write_new_file
-from verirl._signals import SIGTERM_POLICY, hand_on, outside_tracers_lock
+from verirl._signals import (
+    SIGTERM_POLICY,
+    hand_on,
+    leave_in_place,
+    outside_tracers_lock,
+    stand_in_for,
+)
 from verirl._stop import STOP_REQUESTS
 from verirl._validate import check_int
 from verirl.checkpoints.model import INCOMPLETE_MARKER, read_trainer_state
@@ -270,10 +276,14 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
             return
         stopped = self._stopping or self._agree(args)  # a signal after the last step's end
         signalled, error = self._signalled, self._error
-        ending = stopped and error is None and self._exit_code is not None
-        # Ending after a SIGTERM: ours stays (it ignores any further SIGTERM, e.g. torchrun's to
-        # the other ranks) until the process is gone, rather than the default's sudden death.
-        # SIGINT goes back at once: a second Ctrl-C during the teardown means "out now".
+        # Ending by SystemExit after a signal: ours stays on SIGTERM (it ignores any further
+        # SIGTERM, e.g. torchrun's to the other ranks) until the process is gone, rather than
+        # the default's sudden death; a program that catches the exit and goes on gets it back
+        # from the next holder (`leave_in_place`). Not after a Ctrl-C's KeyboardInterrupt, often
+        # caught (a notebook) with the process going on. SIGINT goes back at once: a second
+        # Ctrl-C during the teardown means "out now".
+        by_interrupt = not isinstance(self._exit_code, int) and signalled == signal.SIGINT
+        ending = stopped and error is None and self._exit_code is not None and not by_interrupt
         self._deactivate(keep={signal.SIGTERM} if ending else set())
         if not stopped:
             return
@@ -347,7 +357,9 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         for callback in stale:  # a handler left by a callback closed off the main thread
             callback._give_back(set(callback._stale))  # noqa: SLF001 - the same class
         for signum in self._signals:
-            current = signal.getsignal(signum)
+            # an older callback's handler left in place as its exit ended the process, which
+            # went on (the exit caught): what it stood in for is what is replaced
+            current = stand_in_for(signum, signal.getsignal(signum))
             jit = _jit_manager(current) if signum == signal.SIGTERM else None
             ours = signum == signal.SIGTERM and current == SIGTERM_POLICY.handle
             if not (_is_default(signum, current) or ours or jit is not None):
@@ -408,6 +420,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
                 and replaceable
                 and (current in (self._on_signal, previous) or _is_default(signum, current))
             ):
+                leave_in_place(signum, self._on_signal, previous)  # first: it may be taken over
                 if current != self._on_signal:
                     signal.signal(signum, self._on_signal)
                 kept = True

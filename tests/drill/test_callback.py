@@ -585,3 +585,60 @@ def test_a_stale_handler_given_back_by_a_newer_callback_stops_cooperating(traine
             newer.close()
         assert newer._on_signal not in SIGTERM_POLICY._cooperating
         assert signal.getsignal(signal.SIGTERM) == SIGTERM_POLICY.handle
+
+
+def _stopped_by(signum, args, state, control):
+    """A callback that stopped training on ``signum`` and ended: what on_train_end raised."""
+    callback = PreemptionCallback()
+    callback.on_train_begin(args, state, control)
+    _step(callback, args, state, control)
+    os.kill(os.getpid(), signum)
+    _step(callback, args, state, control)
+    _save(callback, args, state, control)
+    with pytest.raises((SystemExit, KeyboardInterrupt)) as info:
+        callback.on_train_end(args, state, control)
+    return info.value
+
+
+def test_a_ctrl_c_stop_the_program_caught_gives_sigterm_back(trainer_objects):
+    """A KeyboardInterrupt out of train() is often caught (a notebook) and the process goes
+    on: SIGTERM is the default again, and a second trainer's callback stops on it (review of
+    b946ae2: the first one's handler stayed, and ignored every later SIGTERM)."""
+    args, state, control = trainer_objects
+    assert isinstance(_stopped_by(signal.SIGINT, args, state, control), KeyboardInterrupt)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    second = PreemptionCallback()
+    second.on_train_begin(args, state, control)
+    assert signal.getsignal(signal.SIGTERM) == second._on_signal
+    _step(second, args, state, control)
+    os.kill(os.getpid(), signal.SIGTERM)
+    _step(second, args, state, control)
+    assert second.stopped_at == state.global_step
+    with pytest.raises(SystemExit) as info:
+        second.on_train_end(args, state, control)
+    assert info.value.code == 143
+
+
+def test_after_a_sigterm_exit_the_program_caught_the_next_holder_takes_sigterm_over(
+    trainer_objects,
+):
+    """After a SIGTERM stop the callback's handler stays while the exit ends the process (a
+    further SIGTERM is ignored); a program that caught the exit and went on is not locked out:
+    a newer callback, or the policy of a later server, takes SIGTERM over (review of b946ae2)."""
+    args, state, control = trainer_objects
+    first = _stopped_by(signal.SIGTERM, args, state, control)
+    assert isinstance(first, SystemExit)
+    assert first.code == 143
+    kept = signal.getsignal(signal.SIGTERM)
+    assert kept != signal.SIG_DFL  # ignores a further SIGTERM while the process ends
+    with SIGTERM_POLICY.held():
+        assert SIGTERM_POLICY.active
+        with pytest.raises(SystemExit):
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    signal.signal(signal.SIGTERM, kept)  # left in place again: now a newer callback
+    second = PreemptionCallback()
+    second.on_train_begin(args, state, control)
+    assert signal.getsignal(signal.SIGTERM) == second._on_signal
+    second.close()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
