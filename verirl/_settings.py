@@ -19,6 +19,7 @@ from typing import Any
 
 import attrs
 
+from verirl import _defaults as defaults
 from verirl._fs import quoted
 from verirl._secrets import (
     HIDDEN,
@@ -118,19 +119,52 @@ def _shown_argv(value: tuple[str, ...] | None) -> str:
 def _setting(
     variable: str,
     parse: _Parse,
-    default: str = "",
+    default: object = None,
     *,
+    flag: str | None = None,
+    help: str,  # noqa: A002 - argparse's word
     secret: bool = False,
     shown: Callable[[Any], str] | None = None,
 ) -> Any:  # noqa: ANN401 - what attrs.field returns
-    """A field read from ``variable`` by ``parse``; ``default`` is what the README shows.
+    """A setting's one declaration: its variable, parser, default, flag and help.
 
-    ``secret``: never in the repr; ``shown``: what the repr shows of the value
-    (one that may hold a credential, hidden).
+    ``parse`` reads the variable's text; ``default`` is the value used when
+    neither the argument, the flag nor the variable gives one (from
+    `verirl._defaults`), or a description of what is done instead ("detected");
+    ``flag`` is its ``verirl`` option (None: none). The CLI's flags, their
+    help and the README's table come from here. ``secret``: never in the repr;
+    ``shown``: what the repr shows of the value (one that may hold a
+    credential, hidden).
     """
-    metadata = {"variable": variable, "parse": parse, "default": default, "secret": secret}
+    metadata = {
+        "variable": variable,
+        "parse": parse,
+        "default": _shown_default(default),
+        "value": None if isinstance(default, _Described) else default,
+        "flag": flag,
+        "help": help,
+        "secret": secret,
+    }
     shows: bool | Callable[[Any], str] = False if secret else (shown or True)
     return attrs.field(default=None, kw_only=True, repr=shows, metadata=metadata)
+
+
+class _Described(str):
+    """A default that is a description of what is done, not a value (``detected``)."""
+
+    __slots__ = ()
+
+
+def _shown_default(default: object) -> str:
+    """A default as the docs and ``--help`` show it: ``600`` for 600.0, ``""`` for none."""
+    if default is None:
+        return ""
+    if isinstance(default, float):
+        return f"{default:g}"
+    return str(default)
+
+
+_LOG_DIR_DEFAULT = _Described("`verirl-vllm-<uid>` under the temp directory")
 
 
 @attrs.frozen
@@ -138,35 +172,96 @@ class Settings:
     """The job's settings as read from the environment; ``None`` is unset (or blank).
 
     Field names are the keyword arguments of `verirl.TrainingRuntime.from_settings`,
-    which fall back to these values for arguments left ``None``.
+    which fall back to these values for arguments left ``None``. Each field is
+    the one declaration of its setting (`_setting`).
     """
 
-    env_url: str | None = _setting("VERIRL_ENV_SERVER_URL", _text, shown=_shown_url)
-    env_timeout: float | None = _setting("VERIRL_ENV_TIMEOUT", parse_seconds, "600")
-    model: str | None = _setting("VERIRL_MODEL", _text)
-    max_model_len: int | None = _setting("VERIRL_MAX_MODEL_LEN", _integer(1, MAX_LENGTH), "8192")
-    output_dir: str | None = _setting("VERIRL_OUTPUT_DIR", _text)
-    hub_repo_id: str | None = _setting("VERIRL_HUB_REPO_ID", _text)
-    hub_token: str | None = _setting("HF_TOKEN", _secret, secret=True)
-    hub_endpoint: str | None = _setting("VERIRL_HUB_ENDPOINT", _text, shown=_shown_url)
-    hub_revision: str | None = _setting("VERIRL_HUB_REVISION", _text)
-    gpu_count: int | None = _setting("VERIRL_GPU_COUNT", _integer(1, MAX_GPUS), "detected")
-    mode: str | None = _setting("VERIRL_VLLM_MODE", _mode, "auto")
-    vllm_gpus: int | None = _setting("VERIRL_VLLM_GPUS", _integer(1, MAX_GPUS), "1")
-    vllm_port: int | None = _setting("VERIRL_VLLM_PORT", _integer(1, MAX_PORT), "8001")
-    vllm_remote_host: str | None = _setting("VERIRL_VLLM_HOST", _text, shown=_shown_url)
-    vllm_command: tuple[str, ...] | None = _setting("VERIRL_VLLM_COMMAND", _argv, shown=_shown_argv)
-    vllm_args: tuple[str, ...] | None = _setting("VERIRL_VLLM_ARGS", _flags, shown=_shown_argv)
+    env_url: str | None = _setting(
+        "VERIRL_ENV_SERVER_URL", _text, flag="--env-url", help="env server base URL",
+        shown=_shown_url,
+    )  # fmt: skip
+    env_timeout: float | None = _setting(
+        "VERIRL_ENV_TIMEOUT", parse_seconds, defaults.ENV_TIMEOUT, flag="--env-timeout",
+        help="seconds to wait for the env server",
+    )  # fmt: skip
+    model: str | None = _setting("VERIRL_MODEL", _text, flag="--model", help="model to serve")
+    max_model_len: int | None = _setting(
+        "VERIRL_MAX_MODEL_LEN", _integer(1, MAX_LENGTH), defaults.MAX_MODEL_LEN,
+        flag="--max-model-len", help="vLLM max model length",
+    )  # fmt: skip
+    output_dir: str | None = _setting(
+        "VERIRL_OUTPUT_DIR", _text, flag="--output-dir", help="local checkpoints"
+    )
+    hub_repo_id: str | None = _setting(
+        "VERIRL_HUB_REPO_ID", _text, flag="--hub-repo", help="Hub repo with checkpoints"
+    )
+    hub_token: str | None = _setting("HF_TOKEN", _secret, help="Hub token", secret=True)
+    hub_endpoint: str | None = _setting(
+        "VERIRL_HUB_ENDPOINT", _text, flag="--hub-endpoint", help="Hub endpoint URL",
+        shown=_shown_url,
+    )  # fmt: skip
+    hub_revision: str | None = _setting(
+        "VERIRL_HUB_REVISION", _text, flag="--hub-revision", help="Hub revision"
+    )
+    gpu_count: int | None = _setting(
+        "VERIRL_GPU_COUNT", _integer(1, MAX_GPUS), _Described("detected"), flag="--gpus",
+        help="GPU count",
+    )  # fmt: skip
+    mode: str | None = _setting(
+        "VERIRL_VLLM_MODE", _mode, defaults.MODE, flag="--mode",
+        help="where vLLM runs: auto (server mode with 2 or more GPUs, else colocate), server, "
+        "colocate",
+    )  # fmt: skip
+    vllm_gpus: int | None = _setting(
+        "VERIRL_VLLM_GPUS", _integer(1, MAX_GPUS), defaults.VLLM_GPUS, flag="--vllm-gpus",
+        help="GPUs given to vLLM in server mode, its tensor parallel size when colocated",
+    )  # fmt: skip
+    vllm_port: int | None = _setting(
+        "VERIRL_VLLM_PORT", _integer(1, MAX_PORT), defaults.VLLM_PORT, flag="--vllm-port",
+        help="vLLM server port",
+    )  # fmt: skip
+    vllm_remote_host: str | None = _setting(
+        "VERIRL_VLLM_HOST", _text, flag="--vllm-host",
+        help="a remote vLLM host: start nothing locally", shown=_shown_url,
+    )  # fmt: skip
+    vllm_command: tuple[str, ...] | None = _setting(
+        "VERIRL_VLLM_COMMAND", _argv, flag="--vllm-command",
+        help="program replacing the server the installed TRL runs, e.g. "
+        "'python -m fakes.vllm_serve'",
+        shown=_shown_argv,
+    )  # fmt: skip
+    vllm_args: tuple[str, ...] | None = _setting(
+        "VERIRL_VLLM_ARGS", _flags, flag="--vllm-args",
+        help="more server flags, split like a shell, e.g. '--enforce-eager --dtype float32'",
+        shown=_shown_argv,
+    )  # fmt: skip
     vllm_log_dir: str | None = _setting(
-        "VERIRL_VLLM_LOG_DIR", _text, "`verirl-vllm-<uid>` under the temp directory"
-    )
+        "VERIRL_VLLM_LOG_DIR", _text, _LOG_DIR_DEFAULT, flag="--log-dir",
+        help="existing folder for the server's log, vllm-serve-PORT.log, appended to; gone "
+        "when the server starts, exit 2 (never made, never a file); the default is the same "
+        "folder for every retry",
+    )  # fmt: skip
     vllm_startup_timeout: float | None = _setting(
-        "VERIRL_VLLM_STARTUP_TIMEOUT", _positive_seconds, "900"
-    )
+        "VERIRL_VLLM_STARTUP_TIMEOUT", _positive_seconds, defaults.VLLM_STARTUP_TIMEOUT,
+        flag="--vllm-startup-timeout",
+        help="seconds the vLLM server may take to answer /health before it is stopped "
+        "(exit 4): a first start downloads the weights, loads them and captures CUDA graphs "
+        "(600 s was too short for a 70B model); with --vllm-host, how long to wait for the "
+        "server started there",
+    )  # fmt: skip
     vllm_unresponsive_timeout: float | None = _setting(
-        "VERIRL_VLLM_UNRESPONSIVE_TIMEOUT", parse_seconds, "60"
-    )
-    resume_from: str | None = _setting(RESUME_ENV_VAR, _text)
+        "VERIRL_VLLM_UNRESPONSIVE_TIMEOUT", parse_seconds, defaults.VLLM_UNRESPONSIVE_TIMEOUT,
+        flag="--vllm-unresponsive-timeout",
+        help="while the job runs, seconds the vLLM server may go without answering /health "
+        "before it counts as dead: the command gets SIGTERM and launch exits 4, as when the "
+        "server exits (0: watch its exit only)",
+    )  # fmt: skip
+    resume_from: str | None = _setting(
+        RESUME_ENV_VAR, _text, flag="--resume",
+        help="'auto' (the newest complete checkpoint, else a fresh start: the same command "
+        "for the first attempt and every retry), 'latest' (one must exist), a path, or empty "
+        "for a fresh start",
+    )  # fmt: skip
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -200,6 +295,33 @@ class Settings:
     def variables() -> dict[str, str]:
         """Field name → variable, in the README table's order."""
         return {field.name: field.metadata["variable"] for field in attrs.fields(Settings)}
+
+    @staticmethod
+    def default(field: str) -> Any:  # noqa: ANN401 - the field's own type
+        """The value a field takes when nothing gives one; ``None`` where it is worked out."""
+        return attrs.fields_dict(Settings)[field].metadata["value"]
+
+    @staticmethod
+    def flag(field: str) -> str | None:
+        """The ``verirl`` option that gives a field: ``flag("gpu_count") == "--gpus"``."""
+        return attrs.fields_dict(Settings)[field].metadata["flag"]  # type: ignore[no-any-return]
+
+    @staticmethod
+    def flags() -> dict[str, str]:
+        """Field name → its ``verirl`` option, for the fields that have one."""
+        return {
+            field.name: field.metadata["flag"]
+            for field in attrs.fields(Settings)
+            if field.metadata["flag"] is not None
+        }
+
+    @staticmethod
+    def help(field: str, lead: str | None = None) -> str:
+        """A field's ``--help`` text: ``lead`` (default: its own help), variable and default."""
+        metadata = attrs.fields_dict(Settings)[field].metadata
+        default = metadata["default"].strip("`")
+        tail = f"${metadata['variable']}" + (f"; default: {default}" if default else "")
+        return f"{lead or metadata['help']} ({tail})"
 
 
 @attrs.frozen

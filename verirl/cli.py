@@ -61,6 +61,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 from verirl import __version__
+from verirl import _defaults as defaults
 from verirl._cli_output import (
     STDERR,
     STDOUT,
@@ -116,7 +117,7 @@ log = logging.getLogger("verirl")
 GRPO_KWARGS_VARIABLE = "VERIRL_GRPO_KWARGS"
 VLLM_URL_VARIABLE = "VERIRL_VLLM_URL"
 
-LAUNCH_GRACE = 25.0
+LAUNCH_GRACE = defaults.SHUTDOWN_TIMEOUT
 """Seconds ``launch`` gives its command after passing SIGTERM/SIGINT on, before SIGKILL.
 
 Under the 30 s that Kubernetes (``terminationGracePeriodSeconds``' default)
@@ -188,56 +189,47 @@ def _ascii_positive_seconds(text: str) -> float:
     return _ascii_seconds(text, positive=True)
 
 
+def _dest(flag: str) -> str:
+    """The argparse destination of ``flag``: ``--vllm-host`` → ``vllm_host``."""
+    return flag.removeprefix("--").replace("-", "_")
+
+
+_ALIASES = {
+    # a component's field → the setting it comes from: an error about it names that setting
+    "tensor_parallel_size": "vllm_gpus", "port": "vllm_port", "remote_host": "vllm_remote_host",
+    "log_path": "vllm_log_dir", "log_dir": "vllm_log_dir", "root": "output_dir",
+    "download_dir": "output_dir", "repo_id": "hub_repo_id", "endpoint": "hub_endpoint",
+    "revision": "hub_revision", "request": "resume_from",
+}  # fmt: skip
+_OTHER_FLAGS = {
+    # fields given by flags that are no setting (a command's own, serve's node choices)
+    "health_path": "--health-path", "timeout": "--timeout",
+    "shutdown_timeout": "--shutdown-timeout", "vllm_bind_host": "--host", "host": "--host",
+    "vllm_tensor_parallel_size": "--tensor-parallel-size",
+    "vllm_data_parallel_size": "--data-parallel-size", "vllm_dedicated": "--dedicated",
+}  # fmt: skip
 _FLAGS: dict[str, tuple[str, str]] = {
     # library field → (argparse dest, flag); an error about a value given as a flag names it
-    "gpu_count": ("gpus", "--gpus"),
-    "max_model_len": ("max_model_len", "--max-model-len"),
-    "mode": ("mode", "--mode"),
-    "vllm_gpus": ("vllm_gpus", "--vllm-gpus"),
-    "tensor_parallel_size": ("vllm_gpus", "--vllm-gpus"),
-    "port": ("vllm_port", "--vllm-port"),
-    "vllm_port": ("vllm_port", "--vllm-port"),
-    "vllm_remote_host": ("vllm_host", "--vllm-host"),
-    "remote_host": ("vllm_host", "--vllm-host"),
-    "model": ("model", "--model"),
-    "vllm_command": ("vllm_command", "--vllm-command"),
-    "vllm_log_dir": ("log_dir", "--log-dir"),
-    "log_path": ("log_dir", "--log-dir"),
-    "log_dir": ("log_dir", "--log-dir"),
-    "env_timeout": ("env_timeout", "--env-timeout"),
-    "health_path": ("health_path", "--health-path"),
-    "timeout": ("timeout", "--timeout"),
-    "root": ("output_dir", "--output-dir"),
-    "output_dir": ("output_dir", "--output-dir"),
-    "download_dir": ("output_dir", "--output-dir"),
-    "repo_id": ("hub_repo", "--hub-repo"),
-    "hub_repo_id": ("hub_repo", "--hub-repo"),
-    "hub_endpoint": ("hub_endpoint", "--hub-endpoint"),
-    "hub_revision": ("hub_revision", "--hub-revision"),
-    "endpoint": ("hub_endpoint", "--hub-endpoint"),
-    "revision": ("hub_revision", "--hub-revision"),
-    "resume_from": ("resume", "--resume"),
-    "env_url": ("env_url", "--env-url"),
-    "request": ("resume", "--resume"),
-    "shutdown_timeout": ("shutdown_timeout", "--shutdown-timeout"),
-    "vllm_bind_host": ("host", "--host"),
-    "host": ("host", "--host"),
-    "vllm_tensor_parallel_size": ("tensor_parallel_size", "--tensor-parallel-size"),
-    "vllm_data_parallel_size": ("data_parallel_size", "--data-parallel-size"),
-    "vllm_dedicated": ("dedicated", "--dedicated"),
-    "vllm_unresponsive_timeout": ("vllm_unresponsive_timeout", "--vllm-unresponsive-timeout"),
-    "vllm_startup_timeout": ("vllm_startup_timeout", "--vllm-startup-timeout"),
+    field: (_dest(flag), flag)
+    for field, flag in {
+        **Settings.flags(),
+        **{alias: Settings.flags()[setting] for alias, setting in _ALIASES.items()},
+        **_OTHER_FLAGS,
+    }.items()
 }
+_SETTING_OF = {_dest(flag): field for field, flag in Settings.flags().items()}
+"""Flags (argparse destinations) → the settings they give."""
 
 
-_SETTING_OF = {"gpus": "gpu_count", "log_dir": "vllm_log_dir", "hub_repo": "hub_repo_id",
-               "vllm_host": "vllm_remote_host", "resume": "resume_from"}  # fmt: skip
-"""Flags (argparse destinations) whose setting has another name; the others share theirs."""
+def _flag(dest: str) -> str:
+    """The flag whose argparse destination is ``dest`` (`_dest` undone)."""
+    return "--" + dest.replace("_", "-")
 
 
 def _variable_of(dest: str) -> str | None:
     """The variable behind the flag whose argparse destination is ``dest`` (None: none)."""
-    return Settings.variables().get(_SETTING_OF.get(dest, dest))
+    field = _SETTING_OF.get(dest)
+    return None if field is None else Settings.variable(field)
 
 
 _REQUIRED: dict[str, tuple[str, str, str]] = {
@@ -347,13 +339,6 @@ def _flag_error(args: argparse.Namespace, exc: ConfigError) -> ConfigError:
     return _unset(field, reason, state=state)
 
 
-_UNUSED_FLAGS = {"model": "--model", "vllm_command": "--vllm-command", "vllm_args": "--vllm-args",
-                 "log_dir": "--log-dir", "vllm_gpus": "--vllm-gpus",
-                 "vllm_port": "--vllm-port",
-                 "vllm_startup_timeout": "--vllm-startup-timeout",
-                 "vllm_unresponsive_timeout": "--vllm-unresponsive-timeout"}  # fmt: skip
-
-
 def _refuse_unused(args: argparse.Namespace) -> None:
     """A flag that the layout would ignore is an error, not a silent no-op.
 
@@ -378,21 +363,23 @@ def _refuse_unused(args: argparse.Namespace) -> None:
         if value is not None:
             # Server flags and commands may hold an --api-key.
             shown = HIDDEN if dest == "vllm_args" else shown_command(value)
-            raise ConfigError.invalid(_UNUSED_FLAGS[dest], shown, f"not used: {why}")
+            raise ConfigError.invalid(_flag(dest), shown, f"not used: {why}")
     _refuse_without_what_they_tune(args)
 
 
 _TUNERS = (
-    # flags that tune something → (the flag and the setting that give that something, what)
-    ("hub_revision", "--hub-revision", "hub_repo", "hub_repo_id", "a Hub repo", "--hub-repo"),
-    ("hub_endpoint", "--hub-endpoint", "hub_repo", "hub_repo_id", "a Hub repo", "--hub-repo"),
-    ("env_timeout", "--env-timeout", "env_url", "env_url", "an env server", "--env-url"),
+    # settings that tune something → (the setting that gives that something, what)
+    ("hub_revision", "hub_repo_id", "a Hub repo"),
+    ("hub_endpoint", "hub_repo_id", "a Hub repo"),
+    ("env_timeout", "env_url", "an env server"),
 )
 
 
 def _refuse_without_what_they_tune(args: argparse.Namespace) -> None:
     """A flag that tunes a part the job does not have (no Hub repo, no env server) is an error."""
-    for dest, flag, owner, field, what, owner_flag in _TUNERS:
+    for tuner, field, what in _TUNERS:
+        dest, flag = _FLAGS[tuner]
+        owner, owner_flag = _FLAGS[field]
         value = getattr(args, dest, None)
         if value is None or getattr(args, owner, None) is not None:
             continue
@@ -495,72 +482,44 @@ def _unused_by_layout(args: argparse.Namespace) -> tuple[tuple[str, ...], str]:
 # -- argument groups shared by several commands
 
 
+def _add_setting(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    field: str,
+    *,
+    lead: str | None = None,
+    **kwargs: Any,  # noqa: ANN401 - argparse's own
+) -> None:
+    """The flag of the setting ``field``, as `Settings` declares it (flag, variable, default).
+
+    ``lead``: this command's words for it (``doctor``'s "vLLM port to check").
+    """
+    flag = Settings.flag(field)
+    if flag is None:  # pragma: no cover - a setting without a flag is never added
+        raise ValueError(field)
+    parser.add_argument(flag, help=Settings.help(field, lead), **kwargs)
+
+
 def _add_topology_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("topology")
-    group.add_argument(
-        "--gpus", type=_ascii_int, help="GPU count (default: $VERIRL_GPU_COUNT or detected)"
-    )
-    group.add_argument(
-        "--max-model-len", type=_ascii_int,
-        help="vLLM max model length ($VERIRL_MAX_MODEL_LEN; default: 8192)",
-    )  # fmt: skip
-    group.add_argument("--mode", choices=MODES, help="$VERIRL_VLLM_MODE; default: auto")
-    group.add_argument(
-        "--vllm-gpus", type=_ascii_int,
-        help="GPUs given to vLLM in server mode, its tensor parallel size when colocated "
-        "($VERIRL_VLLM_GPUS; default: 1)",
-    )  # fmt: skip
-    group.add_argument(
-        "--vllm-port", type=_ascii_int, help="vLLM server port ($VERIRL_VLLM_PORT; default: 8001)"
-    )
-    group.add_argument(
-        "--vllm-host", help="a remote vLLM host: start nothing locally ($VERIRL_VLLM_HOST)"
-    )
+    _add_setting(group, "gpu_count", type=_ascii_int)
+    _add_setting(group, "max_model_len", type=_ascii_int)
+    _add_setting(group, "mode", choices=MODES)
+    _add_setting(group, "vllm_gpus", type=_ascii_int)
+    _add_setting(group, "vllm_port", type=_ascii_int)
+    _add_setting(group, "vllm_remote_host")
 
 
 def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("checkpoints")
-    group.add_argument("--output-dir", help="local checkpoints (default: $VERIRL_OUTPUT_DIR)")
-    group.add_argument("--hub-repo", help="Hub repo with checkpoints ($VERIRL_HUB_REPO_ID)")
-    group.add_argument("--hub-endpoint", help="Hub endpoint URL ($VERIRL_HUB_ENDPOINT)")
-    group.add_argument("--hub-revision", help="Hub revision ($VERIRL_HUB_REVISION)")
-    group.add_argument(
-        "--resume",
-        help="'auto' (the newest complete checkpoint, else a fresh start: the same command for "
-        "the first attempt and every retry), 'latest' (one must exist), a path, or empty for "
-        f"a fresh start (default: ${RESUME_ENV_VAR})",
-    )
+    for field in ("output_dir", "hub_repo_id", "hub_endpoint", "hub_revision", "resume_from"):
+        _add_setting(group, field)
 
 
 def _add_server_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("vLLM server")
-    group.add_argument("--model", help="model to serve ($VERIRL_MODEL)")
-    group.add_argument(
-        "--vllm-command",
-        help="program replacing the server the installed TRL runs, e.g. "
-        "'python -m fakes.vllm_serve' ($VERIRL_VLLM_COMMAND)",
-    )
-    group.add_argument(
-        "--vllm-args",
-        help="more server flags, split like a shell, e.g. '--enforce-eager --dtype float32' "
-        "($VERIRL_VLLM_ARGS)",
-    )
-    group.add_argument(
-        "--log-dir",
-        help="existing folder for the server's log, vllm-serve-PORT.log, appended to; "
-        "gone when the server starts, exit 2 (never made, never a file) "
-        "($VERIRL_VLLM_LOG_DIR; default: verirl-vllm-<uid> under the temp directory, the same "
-        "folder for every retry)",
-    )
-    group.add_argument(
-        "--vllm-startup-timeout",
-        type=_ascii_positive_seconds,
-        metavar="S",
-        help="seconds the vLLM server may take to answer /health before it is stopped "
-        "(exit 4): a first start downloads the weights, loads them and captures "
-        "CUDA graphs (600 s was too short for a 70B model); with --vllm-host, how long to "
-        "wait for the server started there ($VERIRL_VLLM_STARTUP_TIMEOUT; default: 900)",
-    )
+    for field in ("model", "vllm_command", "vllm_args", "vllm_log_dir"):
+        _add_setting(group, field)
+    _add_setting(group, "vllm_startup_timeout", type=_ascii_positive_seconds, metavar="S")
 
 
 def _runtime_from_args(args: argparse.Namespace) -> TrainingRuntime:
@@ -573,31 +532,19 @@ def _settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
     command = split_command("--vllm-command", raw_command) if raw_command is not None else None
     if command is not None and not command:
         raise ConfigError.invalid("--vllm-command", shown_command(raw_command), "must not be empty")
-    return {
-        "env_url": getattr(args, "env_url", None),
-        "model": getattr(args, "model", None),
-        "max_model_len": args.max_model_len,
-        "output_dir": getattr(args, "output_dir", None),
-        "hub_repo_id": getattr(args, "hub_repo", None),
-        "hub_endpoint": getattr(args, "hub_endpoint", None),
-        "hub_revision": getattr(args, "hub_revision", None),
-        "gpu_count": args.gpus,
-        "mode": args.mode,
-        "vllm_gpus": args.vllm_gpus,
-        "vllm_port": args.vllm_port,
-        "vllm_remote_host": args.vllm_host,
-        "vllm_command": command,
-        "vllm_args": _vllm_args(args),
-        "vllm_log_dir": getattr(args, "log_dir", None),
-        "vllm_bind_host": getattr(args, "host", None),
-        "vllm_tensor_parallel_size": getattr(args, "tensor_parallel_size", None),
-        "vllm_data_parallel_size": getattr(args, "data_parallel_size", None),
-        "vllm_dedicated": getattr(args, "dedicated", None),
-        "resume_from": getattr(args, "resume", None),
-        "env_timeout": getattr(args, "env_timeout", None),
-        "vllm_startup_timeout": getattr(args, "vllm_startup_timeout", None),
-        "vllm_unresponsive_timeout": getattr(args, "vllm_unresponsive_timeout", None),
+    given: dict[str, Any] = {
+        field: getattr(args, dest, None) for dest, field in _SETTING_OF.items()
     }
+    given.update(
+        vllm_command=command,
+        vllm_args=_vllm_args(args),
+        # serve's node choices: arguments, never settings
+        vllm_bind_host=getattr(args, "host", None),
+        vllm_tensor_parallel_size=getattr(args, "tensor_parallel_size", None),
+        vllm_data_parallel_size=getattr(args, "data_parallel_size", None),
+        vllm_dedicated=getattr(args, "dedicated", None),
+    )
+    return given
 
 
 def _flag_variables(args: argparse.Namespace, given: Mapping[str, Any]) -> dict[str, str]:
@@ -1036,7 +983,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     # A variable launch would refuse is a problem of the table (launch's exit 2), not the end of
     # it: the env server and the rest are still checked, the table read without that variable.
     settings, refused = _settings_but_refused()
-    vllm_port = settings.vllm_port or 8001
+    vllm_port = settings.vllm_port or defaults.VLLM_PORT
     if args.vllm_port is not None:
         vllm_port = check_port("--vllm-port", args.vllm_port)
     from_flag = args.env_url is not None
@@ -1281,10 +1228,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_topology_args(p)
     _add_server_args(p)
     _add_checkpoint_args(p)
-    p.add_argument("--env-url", help="env server base URL ($VERIRL_ENV_SERVER_URL)")
-    p.add_argument(
-        "--env-timeout", type=_ascii_seconds, help="seconds to wait for it (default: 600)"
-    )
+    _add_setting(p, "env_url")
+    _add_setting(p, "env_timeout", type=_ascii_seconds)
     p.add_argument(
         "--shutdown-timeout",
         type=_ascii_seconds,
@@ -1293,20 +1238,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"at once (${SHUTDOWN_TIMEOUT_VARIABLE}; default: {LAUNCH_GRACE:g}, "
         "under the 30 s Kubernetes and Modal give)",
     )
-    p.add_argument(
-        "--vllm-unresponsive-timeout",
-        type=_ascii_seconds,
-        help="while COMMAND runs, seconds the vLLM server may go without answering /health "
-        "before it counts as dead: COMMAND gets SIGTERM and launch exits 4, as when the server "
-        "exits (0: watch its exit only; $VERIRL_VLLM_UNRESPONSIVE_TIMEOUT; default: 60)",
-    )
+    _add_setting(p, "vllm_unresponsive_timeout", type=_ascii_seconds)
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
     p = add("doctor", cmd_doctor, "Show what this machine has for a GRPO job.")
-    p.add_argument("--env-url", help="env server to check ($VERIRL_ENV_SERVER_URL)")
-    p.add_argument(
-        "--vllm-port", type=_ascii_int, help="vLLM port to check ($VERIRL_VLLM_PORT; default: 8001)"
-    )
+    _add_setting(p, "env_url", lead="env server to check")
+    _add_setting(p, "vllm_port", lead="vLLM port to check", type=_ascii_int)
     return parser
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import attrs
 
+from verirl import _defaults as defaults
 from verirl._fs import quoted
 from verirl._phases import Phases, PhaseTiming
 from verirl._secrets import HIDDEN, implicit_hub_token, redact_text, shown_command
@@ -109,12 +110,12 @@ _STOPPED_WHILE_STARTING = (
 )
 START_CANCEL_TIMEOUT = 60.0
 """Seconds to wait for a server's `start` to return after `stop` cancelled it."""
-VLLM_STARTUP_TIMEOUT = 900.0
+VLLM_STARTUP_TIMEOUT = defaults.VLLM_STARTUP_TIMEOUT
 """Seconds a vLLM server may take to become healthy, by default (``vllm_startup_timeout``).
 
 A first start downloads the weights, loads them onto the GPUs and captures
 CUDA graphs: 600 s (`verirl.VLLMServer`'s own default) was too short for a 70B
-model. It also bounds the wait for a server started elsewhere
+model (`verirl._defaults`). It also bounds the wait for a server started elsewhere
 (`TrainingRuntime.remote_server_timeout`: local rank 0's, or a vLLM node's),
 which includes that server's own start.
 """
@@ -188,10 +189,10 @@ _SERVING = {"host": "vllm_bind_host",
 
 def _plan(read: Read) -> VLLMTopology:
     count = read.integer("gpu_count", MAX_GPUS)
-    length = read.integer("max_model_len", MAX_LENGTH) or 8192
+    length = read.integer("max_model_len", MAX_LENGTH) or defaults.MAX_MODEL_LEN
     gpus = read.integer("vllm_gpus", MAX_GPUS)
-    port = read.integer("vllm_port", MAX_PORT) or 8001
-    mode = read.text("mode") or "auto"
+    port = read.integer("vllm_port", MAX_PORT) or defaults.VLLM_PORT
+    mode = read.text("mode") or defaults.MODE
     remote = read.text("vllm_remote_host")
     if mode not in MODES:
         raise ConfigError.invalid("mode", mode, f"must be one of {', '.join(MODES)}")
@@ -618,7 +619,7 @@ class TrainingRuntime:
     resume_from: str | None = attrs.field(default=None, kw_only=True, converter=resume_request)
     dist_env: DistributedEnv | None = attrs.field(default=None, kw_only=True)
     server_factory: ServerFactory | None = attrs.field(default=None, kw_only=True)
-    env_timeout: float = attrs.field(default=600.0, kw_only=True)
+    env_timeout: float = attrs.field(default=defaults.ENV_TIMEOUT, kw_only=True)
     remote_server_timeout: float = attrs.field(default=VLLM_STARTUP_TIMEOUT, kw_only=True)
     checkpoint_wait_timeout: float = attrs.field(default=NODE_WAIT_TIMEOUT, kw_only=True)
     die_with_launcher: bool = attrs.field(default=True, kw_only=True)
@@ -794,7 +795,7 @@ class TrainingRuntime:
                 model_field=read.name("model") or Settings.variable("model"),
                 startup_timeout=startup,
             ),
-            env_timeout=600.0 if timeout is None else timeout,
+            env_timeout=defaults.ENV_TIMEOUT if timeout is None else timeout,
             remote_server_timeout=startup,
             vllm_unresponsive_timeout=(
                 UNRESPONSIVE_TIMEOUT if unresponsive is None else unresponsive

@@ -17,6 +17,7 @@ from typing import Literal, Protocol
 
 import attrs
 
+from verirl import _defaults as defaults
 from verirl._fs import quoted
 from verirl._net import connect_host, url_host
 from verirl._validate import (
@@ -244,7 +245,7 @@ class VLLMTopology:
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     host: str = "127.0.0.1"
-    port: int = 8001
+    port: int = defaults.VLLM_PORT
     remote_host: str | None = None
     server_timeout: float = 240.0
 
@@ -254,13 +255,13 @@ class VLLMTopology:
         gpu_count: int,
         *,
         max_model_len: int,
-        mode: str = "auto",
+        mode: str = defaults.MODE,
         vllm_gpus: int | None = None,
         tensor_parallel_size: int | None = None,
         data_parallel_size: int = 1,
         gpu_memory_utilization: float | None = None,
         host: str = "127.0.0.1",
-        port: int = 8001,
+        port: int = defaults.VLLM_PORT,
         remote_host: str | None = None,
         server_timeout: float = 240.0,
         dedicated: bool = False,

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import attrs
 
+from verirl import _defaults as defaults
 from verirl._fs import printable, quoted, shortened
 from verirl._net import check_port_free, url_host
 from verirl._secrets import (
@@ -177,7 +178,7 @@ class VLLMServer:
     """
 
     model: str = attrs.field(validator=v_model)
-    port: int = attrs.field(default=8001, kw_only=True, validator=v_port)
+    port: int = attrs.field(default=defaults.VLLM_PORT, kw_only=True, validator=v_port)
     host: str = attrs.field(default="127.0.0.1", kw_only=True, validator=v_host)
     devices: tuple[int, ...] = attrs.field(default=(1,), kw_only=True, converter=to_devices)
     max_model_len: int | None = attrs.field(default=None, kw_only=True, validator=v_max_model_len)

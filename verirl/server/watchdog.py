@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from verirl import _defaults as defaults
 from verirl._secrets import redact_url
 from verirl._signals import SIGTERM_POLICY
 from verirl._stop import STOP_REQUESTS
@@ -54,7 +55,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-UNRESPONSIVE_TIMEOUT = 60.0
+UNRESPONSIVE_TIMEOUT = defaults.VLLM_UNRESPONSIVE_TIMEOUT
 """Default seconds without a healthy ``/health`` answer after which a live server counts as dead.
 
 A busy vLLM server answers ``/health`` in milliseconds: the API server's event

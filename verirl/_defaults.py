@@ -1,0 +1,46 @@
+"""The default of each setting, written once.
+
+The settings declaration (`verirl._settings.Settings`: its variable, flag,
+help and the docs' table), the components' own keyword defaults
+(`verirl.VLLMServer`, `verirl.VLLMTopology`, `verirl.TrainingRuntime`) and
+``verirl launch`` read them here, so that no two of them can disagree.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ENV_TIMEOUT",
+    "MAX_MODEL_LEN",
+    "MODE",
+    "SHUTDOWN_TIMEOUT",
+    "VLLM_GPUS",
+    "VLLM_PORT",
+    "VLLM_STARTUP_TIMEOUT",
+    "VLLM_UNRESPONSIVE_TIMEOUT",
+]
+
+ENV_TIMEOUT = 600.0
+"""Seconds to wait for the env server to answer."""
+MAX_MODEL_LEN = 8192
+"""vLLM's max model length."""
+MODE = "auto"
+"""The layout: server mode with two or more GPUs, colocate with one."""
+VLLM_GPUS = 1
+"""GPUs given to vLLM in server mode (its tensor parallel size when colocated)."""
+VLLM_PORT = 8001
+"""The vLLM server's port."""
+VLLM_STARTUP_TIMEOUT = 900.0
+"""Seconds a vLLM server may take to become healthy under the runtime and the CLI.
+
+A first start downloads the weights, loads them onto the GPUs and captures
+CUDA graphs: 600 s (`verirl.VLLMServer`'s own default) was too short for a 70B
+model.
+"""
+VLLM_UNRESPONSIVE_TIMEOUT = 60.0
+"""Seconds without a healthy ``/health`` answer after which a live server counts as dead."""
+SHUTDOWN_TIMEOUT = 25.0
+"""Seconds ``launch`` gives its command after passing SIGTERM/SIGINT on, before SIGKILL.
+
+Under the 30 s that Kubernetes (``terminationGracePeriodSeconds``' default)
+and Modal give a preempted container.
+"""
