@@ -17,7 +17,8 @@ import pytest
 from _support import nothing_listens
 from fakes import FakeEnvServer, FakeVLLMServer
 from verirl import find_free_port
-from verirl.cli import _public_address, main
+from verirl.cli import main
+from verirl.cli.commands import _public_address
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -659,7 +660,8 @@ def test_a_handler_inherited_from_start_up_does_not_change_the_cli(tmp_path, com
         textwrap.dedent("""
         import signal, sys
         signal.signal(signal.SIGTERM, lambda *_: None)
-        from verirl.cli import _public_address, main
+        from verirl.cli import main
+        from verirl.cli.commands import _public_address
         sys.exit(main(sys.argv[1:]))
     """)
     )
@@ -784,7 +786,8 @@ def test_launch_with_a_remote_vllm_leaves_the_gpus_to_the_launcher(
 
 def test_the_launch_grace_is_25_seconds_unless_a_flag_or_variable_says_otherwise(monkeypatch):
     """Under the 30 s Kubernetes and Modal give a preempted container."""
-    from verirl.cli import _launch_grace, build_parser
+    from verirl.cli import build_parser
+    from verirl.cli.commands import _launch_grace
 
     monkeypatch.delenv("VERIRL_SHUTDOWN_TIMEOUT", raising=False)
     parse = build_parser().parse_args

@@ -21,7 +21,8 @@ import pytest
 from _checkpoint_support import make_checkpoint, snapshot
 from _support import unshared_port, while_the_group_port_is_free
 from verirl import find_free_port
-from verirl.cli import EXIT_CHECKPOINT, main
+from verirl.cli import main
+from verirl.cli.codes import EXIT_CHECKPOINT
 
 RESUME = "VERIRL_RESUME_FROM_CHECKPOINT"
 PREFIX = "checkpoint: "

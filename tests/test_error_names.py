@@ -318,7 +318,7 @@ def test_a_held_download_lock_names_the_setting_to_change_not_download_dir(tmp_p
 
     from fakes.hub import serve_fake_hub
     from verirl import HubCheckpointSource
-    from verirl.cli import _in_cli_words
+    from verirl.cli.words import _in_cli_words
     from verirl.errors import CheckpointSourceError
 
     folder = tmp_path / "out" / "_verirl-hub-download"

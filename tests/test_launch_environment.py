@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from _support import clear_verirl_env
 from verirl import ConfigError, TrainingRuntime, VLLMTopology
 from verirl._settings import Settings
-from verirl.cli import _training_environment
+from verirl.cli.commands import _training_environment
 from verirl.distenv import DistributedEnv, avoided_ports
 from verirl.topology import TRL_GROUP_PORT
 

@@ -87,7 +87,7 @@ def _command(name: str, tmp_path: Path) -> list[str]:
 
 LOST = """
 import signal, sys
-import verirl.__main__ as program, verirl.cli as cli
+import verirl.__main__ as program, verirl.cli.entry as cli
 from verirl._signals import program_handler
 when = sys.argv[1]
 sys.argv = ["verirl", "--json", *sys.argv[2:]]
