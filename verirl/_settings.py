@@ -319,7 +319,7 @@ class Settings:
     def help(field: str, lead: str | None = None) -> str:
         """A field's ``--help`` text: ``lead`` (default: its own help), variable and default."""
         metadata = attrs.fields_dict(Settings)[field].metadata
-        default = metadata["default"].strip("`")
+        default = metadata["default"].replace("`", "")  # Markdown in the README's table
         tail = f"${metadata['variable']}" + (f"; default: {default}" if default else "")
         return f"{lead or metadata['help']} ({tail})"
 

@@ -420,7 +420,12 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
                 and replaceable
                 and (current in (self._on_signal, previous) or _is_default(signum, current))
             ):
-                leave_in_place(signum, self._on_signal, previous)  # first: it may be taken over
+                # What ours stands in for: the default, never a finished trainer's JIT handler
+                # (its callback put back its own original, which is what is here then).
+                standing = current if current != self._on_signal else previous
+                if _jit_manager(standing) is not None:
+                    standing = signal.SIG_DFL
+                leave_in_place(signum, self._on_signal, standing)  # first: it may be taken over
                 if current != self._on_signal:
                     signal.signal(signum, self._on_signal)
                 kept = True
@@ -429,6 +434,10 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
             # back all ours it still finds, and its exception ends this loop where it is.
             if current == self._on_signal:
                 signal.signal(signum, previous)
+            elif stand_in_for(signum, current) is not current:
+                # An older callback's, left in place, that a JIT checkpoint put back as its
+                # original: what it stands in for goes back instead.
+                signal.signal(signum, stand_in_for(signum, current))
             self._previous.pop(signum, None)
         self._cooperate_while_installed()
         return kept
