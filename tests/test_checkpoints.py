@@ -1702,7 +1702,7 @@ def test_every_path_huggingface_hub_refuses_to_download_is_unsafe(parts):
     """Contract: a name huggingface_hub's own check refuses is never handed to it."""
     from huggingface_hub._local_folder import _validate_relative_filename
 
-    from verirl.checkpoints.hub import _safe_repo_path
+    from verirl.checkpoints.hub_listing import _safe_repo_path
 
     path = "checkpoint-40/" + "/".join(parts)
     try:

@@ -11,27 +11,25 @@ The token never appears in a repr, log line or error message. Exported from
 
 from __future__ import annotations
 
-import bisect
 import collections
 import errno
 import json
 import logging
 import os
-import re
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import as_completed
 from concurrent.futures import wait as wait_futures
-from pathlib import Path, PureWindowsPath
+from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
 import attrs
 
-from verirl._fs import quoted, shortened
+from verirl._fs import quoted
 from verirl._phases import DaemonExecutor
 from verirl._secrets import (
     check_token,
@@ -48,15 +46,34 @@ from verirl._secrets import (
 from verirl._validate import check_int, check_number, check_seconds
 from verirl._version import __version__
 from verirl.checkpoints.download_dir import (
-    MARKER,
     FileEntry,
     FolderName,
     RemoteFolder,
     fetch_folder,
     human_size,
 )
+from verirl.checkpoints.hub_errors import (
+    _REFUSALS,
+    _describe_hub_error,
+    _local_failure,
+    _look_up_hub_host,
+    _repo_missing,
+    _status_code,
+)
+from verirl.checkpoints.hub_listing import (
+    _MAX_TREE_PAGES,
+    _folders_of,
+    _listed_incomplete,
+    _read_within,
+)
+from verirl.checkpoints.hub_names import (
+    _check_endpoint,
+    _check_repo_id,
+    _check_revision,
+    _commit_id,
+    _endpoint_rstrip,
+)
 from verirl.checkpoints.model import (
-    INCOMPLETE_MARKER,
     LAST_CHECKPOINT,
     MAX_TRAINER_STATE_BYTES,
     TRAINER_STATE,
@@ -65,7 +82,6 @@ from verirl.checkpoints.model import (
     check_origin,
     checkpoint_step,
     global_step,
-    incomplete_marker_reason,
     read_trainer_state,
     shorten,
     user_directory,
@@ -82,24 +98,11 @@ __all__ = ["HubCheckpointSource"]
 log = logging.getLogger("verirl.checkpoints")  # the component's logger, which users filter on
 _DOWNLOADERS = DaemonExecutor()
 
-# A Hub repo id: "name" or "namespace/name", as huggingface_hub validates it.
-_REPO_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*", re.ASCII)
-_MAX_REPO_ID = 96  # the Hub's limit
-_MAX_REVISION = 255  # longer than any git ref or commit id the Hub serves
-_REVISION_BAD_CHARS = re.compile(r"[~^:?*\[\\]")
 _MAX_TIMEOUT = 24 * 3600.0
-_MAX_TREE_PAGES = 10_000  # 10 million files at the Hub's 1000 a page
-_MAX_FILE_SIZE = 1 << 50  # a PiB: a listed size beyond it is not a file anyone uploaded
-# A commit id as the Hub gives it (git SHA-1, or SHA-256 for a repo that uses it).
-_COMMIT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}", re.ASCII)
 
 
 def _download_dir_path(value: str | os.PathLike[str]) -> Path:
     return user_directory("download_dir", value)
-
-
-def _endpoint_rstrip(value: str | None) -> str | None:
-    return value.rstrip("/") if isinstance(value, str) else value
 
 
 @attrs.frozen
@@ -594,316 +597,10 @@ class HubCheckpointSource:
 # ---------------------------------------------------------------- input checks
 
 
-def _check_repo_id(value: object) -> None:
-    if not isinstance(value, str) or not value:
-        raise ConfigError.invalid("repo_id", value, "must be a non-empty 'namespace/name' string")
-    if (
-        len(value) > _MAX_REPO_ID
-        or not _REPO_ID.fullmatch(value)
-        or "--" in value
-        or ".." in value
-        or value.endswith((".", "-"))
-    ):
-        raise ConfigError.invalid("repo_id", value, "is not a valid Hub repo id ('namespace/name')")
-
-
-def _check_revision(value: object) -> None:
-    """A branch, tag, ``refs/pr/N`` or commit id: a name git itself would accept.
-
-    Refused before any request: control characters, whitespace, ``..`` and
-    the other path tricks ``git check-ref-format`` refuses, and names longer
-    than `_MAX_REVISION`.
-    """
-    if value is None:
-        return
-    if not isinstance(value, str):
-        raise ConfigError.invalid("revision", value, "must be a string (or None: main)")
-    if not value.strip():
-        raise ConfigError.invalid("revision", value, "is empty: give a branch, tag or commit id")
-    if len(value) > _MAX_REVISION:
-        raise ConfigError.invalid(
-            "revision", value, f"is too long ({len(value)} characters, at most {_MAX_REVISION})"
-        )
-    bad = next((ch for ch in value if ch.isspace() or not ch.isprintable()), None)
-    if bad is not None:
-        raise ConfigError.invalid(
-            "revision", value, f"must not contain whitespace or control characters ({quoted(bad)})"
-        )
-    parts = value.split("/")
-    if (
-        _REVISION_BAD_CHARS.search(value)
-        or ".." in value
-        or "@{" in value
-        or value.endswith((".", ".lock"))
-        or any(not part or part.startswith(".") for part in parts)
-    ):
-        raise ConfigError.invalid(
-            "revision",
-            value,
-            "is not a valid branch, tag or commit name (no '..', '~^:?*[\\', '@{', empty or "
-            "'.'-led path parts, trailing '.' or '.lock')",
-        )
-
-
-def _check_endpoint(value: object) -> None:
-    """An ``http(s)://host[:port][/path]`` URL; the message never shows a password in it."""
-    if value is None:
-        return
-    if isinstance(value, str):
-        # Any "@" counts as credentials (a password may hold "#", "?" or "/"),
-        # and only the redacted form is ever shown.
-        shown = redact_url(value)
-        if shown != value:
-            raise ConfigError.invalid(
-                "endpoint", shown, "must not carry credentials; pass token= instead"
-            )
-        if "?" in value or "#" in value:
-            raise ConfigError.invalid("endpoint", shown, "must not have a ?query or #fragment")
-        if any(ch.isspace() or not ch.isprintable() for ch in value):
-            raise ConfigError.invalid(
-                "endpoint", shown, "must not contain whitespace or control characters"
-            )
-    from verirl._http import validate_http_url  # noqa: PLC0415 - requests only with a Hub source
-
-    validate_http_url("endpoint", value)
-
-
-def _listed_incomplete(folder: str, files: Mapping[str, object]) -> str | None:
-    """Why the listed ``folder`` is not a complete checkpoint, or None when it is.
-
-    The same rule as `read_trainer_state`, on names: a ``trainer_state.json``,
-    and no `INCOMPLETE_MARKER` (an upload of a folder whose save never ended).
-    """
-    if f"{folder}/{INCOMPLETE_MARKER}" in files:
-        return incomplete_marker_reason()
-    if f"{folder}/{TRAINER_STATE}" not in files:
-        return f"no {TRAINER_STATE} (probably an interrupted upload)"
-    return None
-
-
-_NAME_MAX = 255
-"""The longest file name (in bytes) a Linux file system takes: a longer one cannot be written."""
-_HF_RECORD_SUFFIX = ".metadata"  # huggingface_hub keeps <name>.metadata per file it downloads
-
-
-def _safe_repo_path(path: str) -> bool:
-    """Whether ``path`` stays inside its folder when joined to a local directory, and can be.
-
-    What huggingface_hub refuses to download (a drive part such as ``c:x``,
-    checked on every system) or cannot name (its ``<name>.metadata`` record
-    over the file name limit) is not safe either.
-    """
-    parts = path.split("/")
-    try:
-        path.encode("utf-8")  # a lone surrogate from JSON names no file the OS can make
-    except UnicodeEncodeError:
-        return False
-    return (
-        all(part not in ("", ".", "..") and len(part.encode()) <= _NAME_MAX for part in parts)
-        and len(parts[-1].encode()) <= _NAME_MAX - len(_HF_RECORD_SUFFIX)
-        and not any(PureWindowsPath(part).drive for part in parts)
-        and "\\" not in path
-        and "\0" not in path
-        and parts[1:2] != [MARKER]  # verirl's marker sits at the folder's top
-    )
-
-
-def _folders_of(
-    entries: list[dict[str, object]],
-) -> tuple[dict[str, dict[str, FileEntry]], dict[str, str]]:
-    """The listing's files by top-level folder, and why each folder that cannot be used cannot."""
-    folders: dict[str, dict[str, FileEntry]] = {}
-    unusable: dict[str, str] = {}
-    for entry in entries:
-        path, size = entry.get("path"), entry.get("size")
-        if entry.get("type") != "file" or not isinstance(path, str) or "/" not in path:
-            continue
-        folder = path.split("/", 1)[0]
-        if not _safe_repo_path(path):
-            unusable.setdefault(
-                folder, f"a file path that is not safe to download ({shorten(quoted(path))})"
-            )
-            continue
-        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= _MAX_FILE_SIZE:
-            unusable.setdefault(
-                folder, f"{shorten(path)} has no usable size ({shorten(quoted(size))})"
-            )
-            continue
-        lfs = entry.get("lfs")
-        lfs_sha = lfs.get("sha256") if isinstance(lfs, dict) else None
-        oid = str(lfs_sha or entry.get("oid") or "")
-        folders.setdefault(folder, {})[path] = FileEntry(size, oid)
-    for folder, files in folders.items():
-        clash = _file_and_folder(files)
-        if clash is not None:  # no download can make both
-            unusable.setdefault(folder, f"{shorten(quoted(clash))} both as a file and as a folder")
-    return folders, unusable
-
-
-def _file_and_folder(paths: Collection[str]) -> str | None:
-    """A path in ``paths`` that is also a folder of another one, or ``None``.
-
-    In sorted order, the paths below ``f/`` follow the smallest one at or
-    after ``f/`` at once: one look each (a deep path made every prefix cost).
-    """
-    ordered = sorted(paths)
-    for path in ordered:
-        below = path + "/"
-        index = bisect.bisect_left(ordered, below)
-        if index < len(ordered) and ordered[index].startswith(below):
-            return path
-    return None
-
-
-def _commit_id(sha: object, revision: str | None) -> str:
-    """The commit the Hub resolved the revision to; anything else there is a `ValueError`.
-
-    It names the download's cache entries and goes into verirl's marker file,
-    so only a real commit id will do (no path tricks from a hostile mirror).
-    """
-    if sha is None or sha == "":  # a mirror that does not say: pin to what was asked
-        return revision or "main"
-    if not isinstance(sha, str) or not _COMMIT_ID.fullmatch(sha):
-        msg = f"the Hub answered with a commit id that is not one: {shorten(quoted(sha))}"
-        raise ValueError(msg)
-    return sha
-
-
 # ---------------------------------------------------------------- huggingface_hub
 
 
-def _look_up_hub_host(endpoint: str, timeout: float) -> None:
-    """Look up the host the Hub's requests connect to within ``timeout`` seconds.
-
-    huggingface_hub's client looks names up with no timeout, in a call a
-    signal cannot interrupt: with a DNS server that never answers, the first
-    Hub call would hang past ``timeout`` and hold off a SIGTERM. This lookup
-    runs first, bounded and interruptible (`verirl._resolve.resolve`), and
-    raises `LookupTimeoutError` or `socket.gaierror` as the request would
-    have failed. Through a proxy (``HTTPS_PROXY``, ``ALL_PROXY``, not
-    bypassed by ``NO_PROXY``) the proxy's host is the one looked up: the
-    proxy resolves the endpoint. A URL that cannot be read is left to the
-    client.
-    """
-    import urllib.request  # noqa: PLC0415 - only with a Hub source
-
-    from verirl._resolve import resolve  # noqa: PLC0415
-
-    parts = urlsplit(endpoint)
-    try:
-        host, port = parts.hostname, parts.port
-        proxies = urllib.request.getproxies()
-        proxy = proxies.get(parts.scheme) or proxies.get("all")
-        if proxy and host and not urllib.request.proxy_bypass(host):
-            via = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
-            parts, host, port = via, via.hostname, via.port
-    except ValueError:  # a bad port: the client says so itself
-        return
-    if host:
-        default_port = 443 if parts.scheme == "https" else 80
-        resolve(host, port or default_port, timeout=timeout)
-
-
-def _describe_hub_error(exc: BaseException) -> str:
-    """A short reason for a huggingface_hub / httpx failure, without request headers."""
-    from huggingface_hub import errors  # noqa: PLC0415
-
-    status = _status_code(exc)
-    # Most specific first: GatedRepoError is a RepositoryNotFoundError, all are HfHubHTTPErrors.
-    known: list[tuple[type[BaseException], str]] = [
-        (errors.OfflineModeIsEnabled, "Hugging Face Hub offline mode is on (HF_HUB_OFFLINE)"),
-        (errors.GatedRepoError, f"gated repository, the token has no access (HTTP {status})"),
-        (
-            errors.RepositoryNotFoundError,
-            f"repository not found, or private and the token has no access (HTTP {status})",
-        ),
-        (errors.RevisionNotFoundError, f"revision not found (HTTP {status})"),
-        (
-            getattr(errors, "RemoteEntryNotFoundError", errors.EntryNotFoundError),
-            f"file not found (HTTP {status})",
-        ),
-        (errors.HfHubHTTPError, f"HTTP {status}"),
-    ]
-    for kind, reason in known:
-        if isinstance(exc, kind):
-            return reason
-    text = str(exc).strip()
-    first_line = text.splitlines()[0] if text else ""
-    return shortened(
-        f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__, 300
-    )
-
-
-def _repo_missing(exc: BaseException) -> bool:
-    """The Hub said the repository does not exist: a 404, not a gated repo, not a 401.
-
-    Without a token the Hub answers 401 for a private repository and for a
-    missing one alike, so only a 404 counts.
-    """
-    from huggingface_hub import errors  # noqa: PLC0415
-
-    return (
-        isinstance(exc, errors.RepositoryNotFoundError)
-        and not isinstance(exc, errors.GatedRepoError)
-        and _status_code(exc) == 404  # noqa: PLR2004
-    )
-
-
-_REFUSALS = frozenset({401, 403, 404, 410, 451})
-# What the download folder on this machine answers (not the network): it would
-# stop any other download too, so an older checkpoint must not stand in.
-_LOCAL_ERRNOS = frozenset(
-    {
-        errno.EACCES,
-        errno.EDQUOT,
-        errno.EFBIG,
-        errno.EIO,
-        errno.EISDIR,
-        errno.ELOOP,
-        errno.ENAMETOOLONG,
-        errno.ENOSPC,
-        errno.ENOTDIR,
-        errno.EPERM,
-        errno.EROFS,
-    }
-)
-
-
-def _local_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` or its cause chain is a file system error on this machine.
-
-    The walk stops at the first network error: a connect() a firewall refuses
-    is EPERM or EACCES under httpx's ``ConnectError``, and that is the Hub
-    away, not the download folder.
-    """
-    seen: BaseException | None = exc
-    for _ in range(16):  # the chain, bounded
-        if seen is None or _network_error(seen):
-            return False
-        if isinstance(seen, OSError) and seen.errno in _LOCAL_ERRNOS:
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-_NETWORK_MODULES = frozenset({"httpx", "httpcore", "requests", "urllib", "h", "ssl", "aiohttp"})
-
-
-def _network_error(exc: BaseException) -> bool:
-    """An error of the network stack (an HTTP client's, a socket's), whatever its errno."""
-    if isinstance(exc, (ConnectionError, TimeoutError)):
-        return True
-    roots = (k.__module__.split(".")[0].rstrip("0123456789") for k in type(exc).__mro__)
-    return any(root in _NETWORK_MODULES for root in roots)  # httpx2: huggingface_hub 2.x's
-
-
 """HTTP answers that refuse a listed file for good (at a pinned commit), unlike 5xx or no answer."""
-
-
-def _status_code(exc: BaseException) -> int | None:
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    return status if isinstance(status, int) else None
 
 
 def _progress_bar() -> type | None:
@@ -940,23 +637,3 @@ def _progress_bar() -> type | None:
             super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
 
     return Silent
-
-
-_MAX_PAGE_BYTES = 64 << 20
-"""A tree listing page larger than this is no listing (the Hub's pages are a few hundred KB)."""
-
-
-def _read_within(chunks: Iterator[bytes], deadline: float, timeout: float) -> bytes:
-    """The body ``chunks`` make, all of it by ``deadline`` (`TimeoutError` otherwise).
-
-    The client's own timeout bounds each read; a server that sends a byte
-    now and then would hold the listing for as long as it likes.
-    """
-    body = bytearray()
-    for chunk in chunks:
-        body += chunk
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the tree listing page did not arrive within {timeout:g}s")
-        if len(body) > _MAX_PAGE_BYTES:
-            raise ValueError(f"the tree listing page is over {_MAX_PAGE_BYTES >> 20} MiB")
-    return bytes(body)
