@@ -358,7 +358,11 @@ def test_the_policy_interrupts_only_while_its_handler_is_installed(default_sigte
         with pytest.raises(VLLMServerExited) as caught:
             block()
         assert caught.value is error
-        assert not SIGTERM_POLICY.interrupt(error)  # it fired once: a second one is ignored
+        # Caught, and the program went on: a later interrupt is raised again, where it was
+        # ignored for as long as the policy was held (one while the first one still unwinds is
+        # dropped: tests/test_signals.py).
+        with pytest.raises(VLLMServerExited):
+            block()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with exit_on_sigterm():
         assert not SIGTERM_POLICY.interrupt(error)  # a program's disposition is never taken over

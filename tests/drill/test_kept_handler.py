@@ -9,13 +9,14 @@ Real `transformers.Trainer` runs on CPU, each in a program of its own.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
 import pytest
 from drill_support import clean_env
 
-PROGRAM = """
+HEADER = """
 import os, signal, sys, tempfile, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
 signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -42,6 +43,11 @@ class Preempt(TrainerCallback):
         if state.global_step == 2:
             os.kill(os.getpid(), signal.SIGTERM)
 
+"""
+
+PROGRAM = (
+    HEADER
+    + """
 def train(jit, preempt):
     args = TrainingArguments(
         output_dir=tempfile.mkdtemp(), use_cpu=True, report_to="none", max_steps=4,
@@ -69,6 +75,7 @@ else:
     train(sys.argv[2] == "jit", preempt=False)  # a newer callback, a normal end
 print("default", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
 """
+)
 
 
 @pytest.mark.parametrize(
@@ -92,3 +99,114 @@ def test_a_caught_preemption_exit_leaves_no_handler_that_ignores_sigterm(first, 
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if not line.startswith("{")]  # metrics
     assert lines == [*said, "default True"], done.stdout + done.stderr[-3000:]
+
+
+SCENES = (
+    PROGRAM.split("first_jit", maxsplit=1)[0].split("train(sys.argv[1]", maxsplit=1)[0]
+    + """
+import threading
+from verirl._signals import SIGTERM_POLICY
+
+def train_caught(signum, jit=False, **kwargs):
+    class Preempt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == 2:
+                os.kill(os.getpid(), signum)
+    args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(), use_cpu=True, report_to="none", max_steps=4,
+        per_device_train_batch_size=2, save_strategy="no", enable_jit_checkpoint=jit,
+        disable_tqdm=True, logging_strategy="no",
+    )
+    trainer = Trainer(model=Model(), args=args, train_dataset=Data(),
+                      callbacks=[PreemptionCallback(**kwargs), Preempt()])
+    try:
+        trainer.train()
+        print("returned")
+    except (SystemExit, KeyboardInterrupt) as exc:
+        kept = signal.getsignal(signal.SIGTERM) != signal.SIG_DFL
+        print(type(exc).__name__, "kept" if kept else "default")
+
+def sigterm_now():
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(2)
+        print("SIGTERM ignored")
+    except SystemExit as exc:
+        print("SIGTERM exit", exc.code)
+
+scene = sys.argv[1]
+if scene.startswith("held-"):  # a server's or a runtime's policy held before training
+    signum, code = scene.split("-")[1:]
+    with exit_on_sigterm():
+        train_caught(getattr(signal, signum), **({} if code == "default" else {"exit_code": 7}))
+        sigterm_now()
+    with exit_on_sigterm():
+        train_caught(signal.SIGINT)
+        error = RuntimeError("the vLLM server died")
+        try:  # the watchdog's interrupt, from its thread
+            threading.Thread(target=SIGTERM_POLICY.interrupt, args=(error,)).start()
+            time.sleep(5)
+            print("interrupt dropped")
+        except RuntimeError as exc:
+            print("interrupt", exc)
+elif scene == "thread":  # the next training runs in a thread: its callback has no handler
+    train_caught(signal.SIGTERM)
+    class Slow(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            time.sleep(0.3)
+    done = []
+    def second():
+        args = TrainingArguments(
+            output_dir=tempfile.mkdtemp(), use_cpu=True, report_to="none", max_steps=40,
+            per_device_train_batch_size=2, save_strategy="no", disable_tqdm=True,
+            logging_strategy="no",
+        )
+        callback = PreemptionCallback(exit_code=None)
+        trainer = Trainer(
+            model=Model(), args=args, train_dataset=Data(), callbacks=[callback, Slow()]
+        )
+        trainer.train()
+        done.append(callback.stopped_at)
+    worker = threading.Thread(target=second)
+    worker.start()
+    time.sleep(3)
+    os.kill(os.getpid(), signal.SIGTERM)
+    worker.join()
+    print("stopped at", "a step" if done and done[0] is not None and done[0] < 40 else done)
+elif scene == "twice-jit":  # a second caught stop, of a trainer with a JIT checkpoint
+    train_caught(signal.SIGTERM)
+    train_caught(signal.SIGTERM, jit=True)
+elif scene == "went-on":  # no holder after the caught exit: SIGTERM is the default's again
+    train_caught(signal.SIGTERM)
+    sigterm_now()
+"""
+)
+
+
+@pytest.mark.parametrize(
+    ("scene", "said", "code"),
+    [
+        # held: SIGTERM's handler is the policy's after the stop ("kept")
+        ("held-SIGINT-default", ["KeyboardInterrupt kept", "SIGTERM exit 143"], 0),
+        ("held-SIGTERM-default", ["SystemExit kept", "SIGTERM exit 143"], 0),
+        ("held-SIGINT-7", ["SystemExit kept", "SIGTERM exit 143"], 0),
+        ("thread", ["SystemExit kept", "stopped at a step"], 0),
+        ("twice-jit", ["SystemExit kept", "SystemExit kept"], 0),
+        ("went-on", ["SystemExit kept"], -signal.SIGTERM),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_a_stop_s_exit_caught_leaves_sigterm_and_the_watchdog_working(scene, said, code):
+    """The program catches a PreemptionCallback's exit and goes on (review of 5c784e0): with a
+    policy held from before, a later SIGTERM exits 143 and the watchdog's interrupt is raised
+    (the policy stayed fired and ignored both); a next training in a thread stops on SIGTERM
+    (the kept handler swallowed it); a second trainer's exit keeps its handler while it unwinds
+    (with a JIT checkpoint it did not); with no holder left, SIGTERM is the default's."""
+    done = subprocess.run(
+        [sys.executable, "-c", SCENES, scene], capture_output=True, text=True, timeout=240,
+        env=clean_env(), check=False,
+    )  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if not line.startswith("{")]  # metrics
+    if scene.startswith("held-"):
+        said = [*said, "KeyboardInterrupt kept", "interrupt the vLLM server died"]
+    assert (done.returncode, lines) == (code, said), done.stdout + done.stderr[-3000:]
