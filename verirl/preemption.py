@@ -76,7 +76,6 @@ from verirl._signals import (
     leave_in_place,
     outside_tracers_lock,
     stand_in_for,
-    unwinding,
 )
 from verirl._stop import STOP_REQUESTS
 from verirl._validate import check_int
@@ -183,7 +182,6 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         self._requested = threading.Event()
         self._error: BaseException | None = None
         self._signalled: int | None = None  # the first preemption signal of this train()
-        self._ending: BaseException | None = None  # the exit a stop raised (`_kept_handler`)
         self._stopping = False
         self._stopped_at: int | None = None
         self._active = False
@@ -240,6 +238,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         with _ACTIVE_LOCK:
             _ACTIVE.append(self)
         self._active = True
+        SIGTERM_POLICY.went_on()  # an earlier stop's exit was caught: the program trains again
         STOP_REQUESTS.reset()
         self._remove_listener = STOP_REQUESTS.listen(self._on_request)
         self._install()
@@ -298,23 +297,23 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
             raise error
         if self._exit_code is None:
             return
-        leaving: BaseException
-        if isinstance(self._exit_code, int) or signalled != signal.SIGINT:
-            code = self._exit_code if isinstance(self._exit_code, int) else None
-            if code is None:
-                code = PREEMPTION_EXIT_CODE if signalled is None else 128 + signalled
-            log.warning("exiting with %d so that the orchestrator retries the job", code)
-            leaving = SystemExit(code)
-        else:
+        exits = isinstance(self._exit_code, int) or signalled != signal.SIGINT
+        if signalled is not None and exits:
+            # a SIGTERM during verirl's teardown is ignored as the SystemExit unwinds; not after
+            # a Ctrl-C's KeyboardInterrupt (often caught, the process going on), where it acts
+            SIGTERM_POLICY.note_fired()
+        if isinstance(self._exit_code, int):
+            code = self._exit_code
+        elif signalled == signal.SIGINT:
             log.warning(
                 "raising KeyboardInterrupt (exit 130), as SIGINT would have, so that the "
                 "platform retries the job"
             )
-            leaving = KeyboardInterrupt()
-        self._ending = leaving
-        if signalled is not None:  # a SIGTERM during verirl's teardown is ignored while it unwinds
-            SIGTERM_POLICY.note_fired(leaving)
-        raise leaving
+            raise KeyboardInterrupt
+        else:
+            code = PREEMPTION_EXIT_CODE if signalled is None else 128 + signalled
+        log.warning("exiting with %d so that the orchestrator retries the job", code)
+        raise SystemExit(code)
 
     def close(self) -> None:
         """Stop listening and put the previous signal handlers back; idempotent.
@@ -343,7 +342,6 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         self._requested.clear()
         self._error = None
         self._signalled = None
-        self._ending = None
         self._stopping = False
         self._stopped_at = None
         self._marker = None
@@ -421,8 +419,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
             current = signal.getsignal(signum)
             # Kept only over a default (or the JIT handler, which put its default back itself).
             replaceable = _is_default(signum, previous) or _jit_manager(previous) is not None
-            # an older callback's left in place counts as what it stands in for
-            here = stand_in_for(signum, current)
+            here = stand_in_for(signum, current)  # an older callback's kept one: what it stands for
             if (
                 signum in keep
                 and replaceable
@@ -488,34 +485,18 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         elif previous == signal.SIG_DFL:
             os.kill(os.getpid(), signum)  # the default action, now that it is set again
 
-    def _kept_handler(self, signum: int, frame: types.FrameType | None) -> None:
-        """A signal to ours, left in place as the stop's exit ended the process (`_uninstall`).
+    def _to_newer(self, signum: int, frame: types.FrameType | None) -> bool:
+        """A signal to ours, kept past its training's end: to a newer callback that takes it.
 
-        To the callback in charge if it takes that signal (one whose training
-        runs in a thread has no handler of its own); ignored while the exit
-        unwinds (the process is on its way out); once the program caught the
-        exit and went on, to what ours stood in for, as if given back then.
+        One whose training runs in a thread has no handler of its own; without
+        this, ours would ignore the signal as a repeat. True if passed on.
         """
         with _ACTIVE_LOCK:
             active = next((each for each in _ACTIVE if signum in each.signals), None)
-        if active is not None and active is not self:
-            active._on_signal(signum, frame)  # noqa: SLF001 - the same class
-            return
-        if self._ending is None or unwinding(self._ending, frame):
-            log.warning(
-                "%s again while stopping: ignored, so that the exit completes", _name(signum)
-            )
-            return
-        previous = stand_in_for(signum, self._on_signal)
-        self._previous[signum] = previous
-        given = self._give_back({signum})[signum]
-        log.info(
-            "%s: the program went on after this stop's exit; passed on to %r", _name(signum), given
-        )
-        if callable(given):
-            hand_on(given, signum, frame)
-        elif given == signal.SIG_DFL:
-            os.kill(os.getpid(), signum)  # the default action, now that it is set again
+        if active is None or active is self:
+            return False
+        active._on_signal(signum, frame)  # noqa: SLF001 - the same class
+        return True
 
     def _stop_cooperating(self) -> None:
         remove, self._remove_cooperation = self._remove_cooperation, None
@@ -552,8 +533,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         if signum in self._stale:
             self._pass_on_stale(signum, _frame)
             return
-        if not self._active and signum in self._previous:
-            self._kept_handler(signum, _frame)
+        if not self._active and signum in self._previous and self._to_newer(signum, _frame):
             return
         name = _name(signum)
         if self._signalled is not None:
@@ -567,10 +547,8 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
                 )
                 self._active = False
                 self._uninstall(set())
-                out_now = KeyboardInterrupt()
-                self._ending = out_now
-                SIGTERM_POLICY.note_fired(out_now)  # as at the train's end, while it unwinds
-                raise out_now
+                SIGTERM_POLICY.note_fired()  # as at the train's end: a later SIGTERM is ignored
+                raise KeyboardInterrupt
             log.warning("%s again while stopping: ignored, so that the save completes", name)
             return
         self._signalled = signum

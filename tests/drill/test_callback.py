@@ -98,19 +98,10 @@ def test_it_takes_over_from_the_runtime_policy_and_gives_it_back_fired(trainer_o
         os.kill(os.getpid(), signal.SIGTERM)  # no SystemExit mid-step
         _step(callback, args, state, control)
         with pytest.raises(SystemExit):
-            _end_then_sigterm_in_the_teardown(callback, args, state, control)
-        # the program caught the exit and went on: a SIGTERM exits afresh
-        with pytest.raises(SystemExit):
-            os.kill(os.getpid(), signal.SIGTERM)
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-
-
-def _end_then_sigterm_in_the_teardown(callback, args, state, control):
-    try:
-        callback.on_train_end(args, state, control)
-    finally:
+            callback.on_train_end(args, state, control)
         assert signal.getsignal(signal.SIGTERM) == SIGTERM_POLICY.handle
-        os.kill(os.getpid(), signal.SIGTERM)  # while the exit unwinds: ignored, fire once
+        os.kill(os.getpid(), signal.SIGTERM)  # during the teardown: ignored, fire once
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
 def test_a_stop_request_from_another_thread_stops_and_its_error_is_raised(trainer_objects):
@@ -292,18 +283,11 @@ def test_a_sigterm_after_the_out_now_ctrl_c_is_ignored_as_after_any_stop(trainer
         os.kill(os.getpid(), signal.SIGTERM)
         _step(callback, args, state, control)  # the stop: the save is about to begin
         with pytest.raises(KeyboardInterrupt):
-            _ctrl_c_then_sigterm_in_the_teardown()
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGTERM) == SIGTERM_POLICY.handle
+        os.kill(os.getpid(), signal.SIGTERM)  # during the teardown: ignored, fire once
     assert "SIGINT after SIGTERM while stopping: stopping now" in caplog.text
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-
-
-def _ctrl_c_then_sigterm_in_the_teardown():
-    try:
-        os.kill(os.getpid(), signal.SIGINT)  # out now: KeyboardInterrupt
-        threading.Event().wait(5)
-    finally:
-        assert signal.getsignal(signal.SIGTERM) == SIGTERM_POLICY.handle
-        os.kill(os.getpid(), signal.SIGTERM)  # while it unwinds: ignored, fire once
 
 
 @pytest.mark.parametrize(("first", "second"), [(signal.SIGINT, signal.SIGTERM),
