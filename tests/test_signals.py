@@ -646,3 +646,29 @@ def test_the_signals_an_exception_stands_for_are_read_as_a_traceback_shows_them(
     from verirl._signals import interruptions
 
     assert [signal.Signals(s).name for s in interruptions(_chain(body))] == came
+
+
+def test_a_training_started_off_the_main_code_does_not_rearm_the_policy(default_sigterm):
+    """`went_on` (a new training) re-arms a fired policy only from the main thread with nothing
+    unwinding there: a training in a worker thread, or one started from a teardown's ``except``,
+    re-armed it while the first exit unwound, and a second SIGTERM SIGKILLed the server
+    (review of 09d6f75)."""
+    policy = SigtermPolicy()
+    with policy.held():
+        with pytest.raises(SystemExit):
+            signal.raise_signal(signal.SIGTERM)
+        worker = threading.Thread(target=policy.went_on)
+        worker.start()
+        worker.join()
+        assert policy.fired
+        _went_on_while_an_exit_unwinds(policy)
+        assert policy.fired
+        policy.went_on()  # the main code, nothing unwinding: the program went on
+        assert not policy.fired
+
+
+def _went_on_while_an_exit_unwinds(policy: SigtermPolicy) -> None:
+    try:
+        sys.exit(143)
+    except SystemExit:
+        policy.went_on()

@@ -577,7 +577,12 @@ class SigtermPolicy:
         cannot always be told from a program that caught it and went on; a
         new training (`verirl.preemption.PreemptionCallback`'s start) can: the
         policy is armed again, for SIGTERM and for the watchdog's interrupt.
+        Only from the main thread with no exception being handled there: a
+        training started in another thread, or from a ``finally`` or an
+        ``except`` of the teardown, says nothing of the main thread's exit.
         """
+        if threading.current_thread() is not threading.main_thread() or sys.exc_info()[1]:
+            return
         with self._lock:
             self._fired = False
 

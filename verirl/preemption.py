@@ -485,6 +485,20 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         elif previous == signal.SIG_DFL:
             os.kill(os.getpid(), signum)  # the default action, now that it is set again
 
+    def _out_now(self, first: int) -> None:
+        """A second Ctrl-C while stopping: out now, without waiting for the checkpoint."""
+        log.warning(
+            "SIGINT %s while stopping: stopping now, without waiting for the "
+            "checkpoint (a save cut short stays marked %s)",
+            "again" if first == signal.SIGINT else f"after {_name(first)}",
+            INCOMPLETE_MARKER,
+        )
+        self._active = False
+        self._uninstall(set())
+        if first != signal.SIGINT:  # as at the train's end: a later SIGTERM is ignored
+            SIGTERM_POLICY.note_fired()  # (after a Ctrl-C stop, none was marked)
+        raise KeyboardInterrupt
+
     def _to_newer(self, signum: int, frame: types.FrameType | None) -> bool:
         """A signal to ours, kept past its training's end: to a newer callback that takes it.
 
@@ -538,17 +552,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         name = _name(signum)
         if self._signalled is not None:
             if signum == signal.SIGINT:
-                first = self._signalled
-                log.warning(
-                    "SIGINT %s while stopping: stopping now, without waiting for the "
-                    "checkpoint (a save cut short stays marked %s)",
-                    "again" if first == signal.SIGINT else f"after {_name(first)}",
-                    INCOMPLETE_MARKER,
-                )
-                self._active = False
-                self._uninstall(set())
-                SIGTERM_POLICY.note_fired()  # as at the train's end: a later SIGTERM is ignored
-                raise KeyboardInterrupt
+                self._out_now(self._signalled)
             log.warning("%s again while stopping: ignored, so that the save completes", name)
             return
         self._signalled = signum

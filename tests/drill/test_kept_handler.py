@@ -155,7 +155,29 @@ def interrupted_training():  # the watchdog interrupts it at its second step: it
     except RuntimeError as exc:
         print("interrupt", exc)
 
-if scene == "held-ctrl-c":  # a server's policy held from before; a Ctrl-C stop caught
+def ctrl_c_twice():  # the second one while stopping: out now
+    class CtrlC(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step in (2, 3):
+                os.kill(os.getpid(), signal.SIGINT)
+    args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(), use_cpu=True, report_to="none", max_steps=6,
+        per_device_train_batch_size=2, save_strategy="no", disable_tqdm=True,
+        logging_strategy="no",
+    )
+    trainer = Trainer(model=Model(), args=args, train_dataset=Data(),
+                      callbacks=[PreemptionCallback(), CtrlC()])
+    try:
+        trainer.train()
+        print("returned")
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt")
+
+if scene == "held-ctrl-c-twice":  # a notebook's kernel interrupted twice, the server held
+    with exit_on_sigterm():
+        ctrl_c_twice()
+        sigterm_now()
+elif scene == "held-ctrl-c":  # a server's policy held from before; a Ctrl-C stop caught
     with exit_on_sigterm():
         train_caught(signal.SIGINT)
         sigterm_now()
@@ -211,6 +233,7 @@ elif scene == "twice-jit":  # a second caught stop, of a trainer with a JIT chec
                 "interrupt the vLLM server died",
             ],
         ),
+        ("held-ctrl-c-twice", ["KeyboardInterrupt", "SIGTERM exit 143"]),
         ("held-sigterm", ["SystemExit kept", "interrupt the vLLM server died"]),
         ("held-exit-code", ["SystemExit kept", "interrupt the vLLM server died"]),
         ("thread", ["SystemExit kept", "stopped at a step"]),
