@@ -426,6 +426,22 @@ def ending_signal_name(code: int) -> str:
     return signal.Signals(code - 128).name
 
 
+_JIT_MODULE = "transformers.trainer_jit_checkpoint"
+_JIT_ORIGINAL = "_original_sigterm_handler"  # what its callback puts back as training ends
+
+
+def jit_checkpoint_manager(handler: object) -> object | None:
+    """The JIT-checkpoint manager of transformers if ``handler`` is its SIGTERM handler, else None.
+
+    ``enable_jit_checkpoint=True`` sets it as a Trainer is built, and its
+    callback puts back the handler it replaced when training ends.
+    """
+    owner: object = getattr(handler, "__self__", None)
+    if owner is not None and type(owner).__module__ == _JIT_MODULE:
+        return owner
+    return None
+
+
 class SigtermPolicy:
     """Reference-counted ``SIGTERM → SystemExit(143)`` while held (see the module docstring)."""
 
@@ -434,6 +450,7 @@ class SigtermPolicy:
         self._anonymous = 0  # holders that keep their own count (`held`)
         self._holders: dict[int, object] = {}  # id → holder, for `acquire(holder)`
         self._installed = False
+        self._lent_to: object | None = None  # a JIT-checkpoint manager that puts ours back
         self._fired = False
         self._cause: BaseException | None = None
         self._interrupt_sent = False
@@ -613,14 +630,26 @@ class SigtermPolicy:
         return True
 
     def _install(self) -> bool:
-        """The first holder's: our handler over the default; False where none can be set."""
+        """The first holder's: our handler over the default; False where none can be set.
+
+        Over transformers' JIT-checkpoint handler that replaced the default
+        (a Trainer built before this holder), ours becomes what that handler
+        puts back when its training ends: held, SIGTERM still exits after it.
+        """
         current = signal.getsignal(signal.SIGTERM)
         self._installed = False
         self._fired = False
         self._cause = None
         self._interrupt_sent = False
         standing_for = stand_in_for(signal.SIGTERM, current)
+        jit = jit_checkpoint_manager(standing_for)
+        while jit is not None and jit_checkpoint_manager(getattr(jit, _JIT_ORIGINAL, None)):
+            jit = jit_checkpoint_manager(getattr(jit, _JIT_ORIGINAL, None))  # an older Trainer's
         if current == self.handle:
+            self._installed = True
+        elif jit is not None and getattr(jit, _JIT_ORIGINAL, None) in (signal.SIG_DFL, self.handle):
+            setattr(jit, _JIT_ORIGINAL, self.handle)
+            self._lent_to = jit
             self._installed = True
         elif current == signal.SIG_DFL or standing_for in (signal.SIG_DFL, self.handle):
             self._installed = True
@@ -645,6 +674,9 @@ class SigtermPolicy:
                 return
             if self._users or not self._installed:
                 return
+            lent, self._lent_to = self._lent_to, None
+            if lent is not None and getattr(lent, _JIT_ORIGINAL, None) == self.handle:
+                setattr(lent, _JIT_ORIGINAL, signal.SIG_DFL)
             on_main = threading.current_thread() is threading.main_thread()
             if on_main and signal.getsignal(signal.SIGTERM) == self.handle:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -73,6 +73,7 @@ from verirl._fs import printable, quoted, write_new_file
 from verirl._signals import (
     SIGTERM_POLICY,
     hand_on,
+    jit_checkpoint_manager,
     leave_in_place,
     outside_tracers_lock,
     stand_in_for,
@@ -104,7 +105,6 @@ BY_SIGNAL: Final = _BySignal()
 
 _Handler = Callable[[int, types.FrameType | None], Any] | int | signal.Handlers | None
 _UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
-_JIT_MODULE = "transformers.trainer_jit_checkpoint"
 
 # Re-entrant: a signal handler (`PreemptionCallback._on_signal`) takes it, and may run on the
 # main thread while that thread holds it. Each section below is one list call or a snapshot,
@@ -145,14 +145,6 @@ def _is_default(signum: int, handler: _Handler) -> bool:
     if handler == signal.SIG_DFL:
         return True
     return signum == signal.SIGINT and handler is signal.default_int_handler
-
-
-def _jit_manager(handler: _Handler) -> object | None:
-    """The JIT-checkpoint manager of transformers when ``handler`` is its handler, else None."""
-    owner: object = getattr(handler, "__self__", None)
-    if owner is not None and type(owner).__module__ == _JIT_MODULE:
-        return owner
-    return None
 
 
 class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers is untyped here
@@ -364,7 +356,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
             # an older callback's handler left in place as its exit ended the process, which
             # went on (the exit caught): what it stood in for is what is replaced
             current = stand_in_for(signum, signal.getsignal(signum))
-            jit = _jit_manager(current) if signum == signal.SIGTERM else None
+            jit = jit_checkpoint_manager(current) if signum == signal.SIGTERM else None
             ours = signum == signal.SIGTERM and current == SIGTERM_POLICY.handle
             if not (_is_default(signum, current) or ours or jit is not None):
                 log.warning(
@@ -418,7 +410,8 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         for signum, previous in list(self._previous.items()):
             current = signal.getsignal(signum)
             # Kept only over a default (or the JIT handler, which put its default back itself).
-            replaceable = _is_default(signum, previous) or _jit_manager(previous) is not None
+            jit = jit_checkpoint_manager(previous)
+            replaceable = _is_default(signum, previous) or jit is not None
             here = stand_in_for(signum, current)  # an older callback's kept one: what it stands for
             if (
                 signum in keep
@@ -428,7 +421,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
                 # What ours stands in for: the default, never a finished trainer's JIT handler
                 # (its callback put back its own original, which is what is here then).
                 standing = here if current != self._on_signal else previous
-                if _jit_manager(standing) is not None:
+                if jit_checkpoint_manager(standing) is not None:
                     standing = signal.SIG_DFL
                 leave_in_place(signum, self._on_signal, standing)  # first: it may be taken over
                 if current != self._on_signal:

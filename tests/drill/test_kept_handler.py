@@ -42,19 +42,21 @@ class Preempt(TrainerCallback):
         if state.global_step == 2:
             os.kill(os.getpid(), signal.SIGTERM)
 
+def make_trainer(callbacks, jit=False, max_steps=4):
+    args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(), use_cpu=True, report_to="none", max_steps=max_steps,
+        per_device_train_batch_size=2, save_strategy="no", enable_jit_checkpoint=jit,
+        disable_tqdm=True, logging_strategy="no",
+    )
+    return Trainer(model=Model(), args=args, train_dataset=Data(), callbacks=callbacks)
+
 """
 
 PROGRAM = (
     HEADER
     + """
 def train(jit, preempt):
-    args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(), use_cpu=True, report_to="none", max_steps=4,
-        per_device_train_batch_size=2, save_strategy="no", enable_jit_checkpoint=jit,
-        disable_tqdm=True, logging_strategy="no",
-    )
-    callbacks = [PreemptionCallback(), *([Preempt()] if preempt else [])]
-    trainer = Trainer(model=Model(), args=args, train_dataset=Data(), callbacks=callbacks)
+    trainer = make_trainer([PreemptionCallback(), *([Preempt()] if preempt else [])], jit=jit)
     try:
         trainer.train()
         print("returned")
@@ -111,13 +113,7 @@ def train_caught(signum, jit=False, **kwargs):
         def on_step_end(self, args, state, control, **kw):
             if state.global_step == 2:
                 os.kill(os.getpid(), signum)
-    args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(), use_cpu=True, report_to="none", max_steps=4,
-        per_device_train_batch_size=2, save_strategy="no", enable_jit_checkpoint=jit,
-        disable_tqdm=True, logging_strategy="no",
-    )
-    trainer = Trainer(model=Model(), args=args, train_dataset=Data(),
-                      callbacks=[PreemptionCallback(**kwargs), Preempt()])
+    trainer = make_trainer([PreemptionCallback(**kwargs), Preempt()], jit=jit)
     try:
         trainer.train()
         print("returned")
@@ -142,13 +138,7 @@ def interrupted_training():  # the watchdog interrupts it at its second step: it
                 threading.Thread(target=SIGTERM_POLICY.interrupt, args=(error,)).start()
                 time.sleep(5)
                 print("interrupt dropped")
-    args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(), use_cpu=True, report_to="none", max_steps=4,
-        per_device_train_batch_size=2, save_strategy="no", disable_tqdm=True,
-        logging_strategy="no",
-    )
-    trainer = Trainer(model=Model(), args=args, train_dataset=Data(),
-                      callbacks=[PreemptionCallback(), Dies()])
+    trainer = make_trainer([PreemptionCallback(), Dies()])
     try:
         trainer.train()
         print("returned")
@@ -160,13 +150,7 @@ def ctrl_c_twice():  # the second one while stopping: out now
         def on_step_end(self, args, state, control, **kw):
             if state.global_step in (2, 3):
                 os.kill(os.getpid(), signal.SIGINT)
-    args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(), use_cpu=True, report_to="none", max_steps=6,
-        per_device_train_batch_size=2, save_strategy="no", disable_tqdm=True,
-        logging_strategy="no",
-    )
-    trainer = Trainer(model=Model(), args=args, train_dataset=Data(),
-                      callbacks=[PreemptionCallback(), CtrlC()])
+    trainer = make_trainer([PreemptionCallback(), CtrlC()], max_steps=6)
     try:
         trainer.train()
         print("returned")
@@ -196,15 +180,8 @@ elif scene == "thread":  # the next training runs in a thread: its callback has 
             time.sleep(0.3)
     done = []
     def second():
-        args = TrainingArguments(
-            output_dir=tempfile.mkdtemp(), use_cpu=True, report_to="none", max_steps=40,
-            per_device_train_batch_size=2, save_strategy="no", disable_tqdm=True,
-            logging_strategy="no",
-        )
         callback = PreemptionCallback(exit_code=None)
-        trainer = Trainer(
-            model=Model(), args=args, train_dataset=Data(), callbacks=[callback, Slow()]
-        )
+        trainer = make_trainer([callback, Slow()], max_steps=40)
         trainer.train()
         done.append(callback.stopped_at)
     worker = threading.Thread(target=second)
@@ -216,6 +193,22 @@ elif scene == "thread":  # the next training runs in a thread: its callback has 
 elif scene == "twice-jit":  # a second caught stop, of a trainer with a JIT checkpoint
     train_caught(signal.SIGTERM)
     train_caught(signal.SIGTERM, jit=True)
+elif scene.startswith("jit-built-before"):  # its JIT handler set before the server's policy
+    callbacks = [PreemptionCallback()] if scene.endswith("-preempt") else []
+    # Two: an older trainer's JIT handler under this one's, put back as this one ends.
+    older = make_trainer([], jit=True) if scene.endswith("-two") else None
+    trainer = make_trainer(callbacks, jit=True)
+    with exit_on_sigterm():
+        if not scene.endswith("-released"):
+            trainer.train()
+            if older is not None:
+                older.train()
+            print("returned")
+            sigterm_now()
+    if scene.endswith("-released"):  # held and released before it trains
+        trainer.train()
+        print("returned")
+    print("default", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
 """
 )
 
@@ -238,6 +231,10 @@ elif scene == "twice-jit":  # a second caught stop, of a trainer with a JIT chec
         ("held-exit-code", ["SystemExit kept", "interrupt the vLLM server died"]),
         ("thread", ["SystemExit kept", "stopped at a step"]),
         ("twice-jit", ["SystemExit kept", "SystemExit kept"]),
+        ("jit-built-before", ["returned", "SIGTERM exit 143", "default True"]),
+        ("jit-built-before-preempt", ["returned", "SIGTERM exit 143", "default True"]),
+        ("jit-built-before-released", ["returned", "default True"]),
+        ("jit-built-before-two", ["returned", "SIGTERM exit 143", "default True"]),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )
@@ -247,7 +244,9 @@ def test_a_stop_s_exit_caught_leaves_sigterm_and_the_watchdog_working(scene, sai
     training after any stop takes the watchdog's interrupt (the policy stayed fired for as long
     as it was held, and ignored both); a next training in a thread stops on SIGTERM (the kept
     handler swallowed it); a second trainer's exit keeps its handler while it unwinds (with a
-    JIT checkpoint it did not)."""
+    JIT checkpoint it did not); a trainer with a JIT checkpoint built before the policy is held
+    leaves SIGTERM exiting in the held block after it trained, and the default after (review of
+    09d6f75: its callback put the default back inside the block)."""
     done = subprocess.run(
         [sys.executable, "-c", SCENES, scene], capture_output=True, text=True, timeout=240,
         env=clean_env(), check=False,
