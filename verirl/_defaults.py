@@ -9,11 +9,16 @@ help and the docs' table), the components' own keyword defaults
 from __future__ import annotations
 
 __all__ = [
+    "COLOCATE_MEMORY",
     "ENV_TIMEOUT",
     "MAX_MODEL_LEN",
     "MODE",
+    "SERVER_MEMORY",
+    "SERVER_SHUTDOWN_TIMEOUT",
+    "SERVER_STARTUP_TIMEOUT",
     "SHUTDOWN_TIMEOUT",
     "VLLM_GPUS",
+    "VLLM_OWN_PORT",
     "VLLM_PORT",
     "VLLM_STARTUP_TIMEOUT",
     "VLLM_UNRESPONSIVE_TIMEOUT",
@@ -29,6 +34,8 @@ VLLM_GPUS = 1
 """GPUs given to vLLM in server mode (its tensor parallel size when colocated)."""
 VLLM_PORT = 8001
 """The vLLM server's port."""
+VLLM_OWN_PORT = 8000
+"""``vllm serve``'s own default port: never picked for ``MASTER_PORT`` either."""
 VLLM_STARTUP_TIMEOUT = 900.0
 """Seconds a vLLM server may take to become healthy under the runtime and the CLI.
 
@@ -36,6 +43,14 @@ A first start downloads the weights, loads them onto the GPUs and captures
 CUDA graphs: 600 s (`verirl.VLLMServer`'s own default) was too short for a 70B
 model.
 """
+SERVER_STARTUP_TIMEOUT = 600.0
+"""`verirl.VLLMServer`'s own ``startup_timeout`` (its public signature's default)."""
+SERVER_SHUTDOWN_TIMEOUT = 30.0
+"""`verirl.VLLMServer`'s ``shutdown_timeout``: its grace after SIGTERM, before SIGKILL."""
+SERVER_MEMORY = 0.9
+"""vLLM's ``gpu_memory_utilization`` in server mode (the GPUs are the server's own)."""
+COLOCATE_MEMORY = 0.5
+"""vLLM's ``gpu_memory_utilization`` when colocated (the trainer shares the GPU)."""
 VLLM_UNRESPONSIVE_TIMEOUT = 60.0
 """Seconds without a healthy ``/health`` answer after which a live server counts as dead."""
 SHUTDOWN_TIMEOUT = 25.0

@@ -16,6 +16,7 @@ from collections.abc import Collection, Mapping, MutableMapping
 
 import attrs
 
+from verirl import _defaults as defaults
 from verirl._fs import quoted
 from verirl._net import find_free_port
 from verirl._validate import (
@@ -34,7 +35,7 @@ __all__ = ["DistributedEnv", "avoided_ports", "find_free_port"]
 log = logging.getLogger(__name__)
 
 _ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
-_DEFAULT_VLLM_PORTS = (8000, 8001, TRL_GROUP_PORT)
+_DEFAULT_VLLM_PORTS = (defaults.VLLM_OWN_PORT, defaults.VLLM_PORT, TRL_GROUP_PORT)
 _LAUNCHER_VARS = (
     "RANK",
     "LOCAL_RANK",

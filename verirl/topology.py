@@ -33,7 +33,7 @@ from verirl._validate import (
     has_control_chars,
 )
 from verirl.errors import ConfigError
-from verirl.server.args import vllm_serve_args
+from verirl.server.args import serve_args_of
 from verirl.server.child_env import VISIBLE_DEVICES_VAR, parse_visible_devices
 
 __all__ = [
@@ -60,9 +60,6 @@ COLOCATE_MAX_MODEL_LEN = 8192
 
 TRL_GROUP_PORT = 51216
 """TRL's default ``vllm_group_port`` (the NCCL weight-sync group)."""
-
-_COLOCATE_MEMORY = 0.5
-_SERVER_MEMORY = 0.9
 
 
 def _parse_version(version: str) -> tuple[int, ...]:
@@ -335,7 +332,7 @@ class VLLMTopology:
             training_devices=all_gpus,
             vllm_devices=all_gpus,
             max_model_len=min(wanted.max_model_len, COLOCATE_MAX_MODEL_LEN),
-            gpu_memory_utilization=wanted.gpu_memory_utilization or _COLOCATE_MEMORY,
+            gpu_memory_utilization=wanted.gpu_memory_utilization or defaults.COLOCATE_MEMORY,
             tensor_parallel_size=tensor_parallel,
             data_parallel_size=1,
             host=wanted.host,
@@ -412,7 +409,7 @@ class VLLMTopology:
             training_devices=training,
             vllm_devices=serving,
             max_model_len=wanted.max_model_len,
-            gpu_memory_utilization=wanted.gpu_memory_utilization or _SERVER_MEMORY,
+            gpu_memory_utilization=wanted.gpu_memory_utilization or defaults.SERVER_MEMORY,
             tensor_parallel_size=tensor_parallel,
             data_parallel_size=wanted.data_parallel_size,
             host=wanted.host,
@@ -477,15 +474,7 @@ class VLLMTopology:
             raise ConfigError.invalid(
                 "model", model, "must be a model id or path, not blank, without control characters"
             )
-        return vllm_serve_args(
-            model,
-            host=self.host,
-            port=self.port,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            max_model_len=self.max_model_len,
-            tensor_parallel_size=self.tensor_parallel_size,
-            data_parallel_size=self.data_parallel_size,
-        )
+        return serve_args_of(model, self)
 
     def describe(self) -> str:
         """One line for logs, e.g. ``server: train on GPUs 0,1,2 · vLLM on GPU 3 (…)``."""

@@ -8,6 +8,7 @@ them to ``trl vllm-serve`` (TRL 0.2x), to TRL's own parser (TRL 1.x, whose
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 
 def vllm_serve_args(
@@ -42,6 +43,37 @@ def vllm_serve_args(
     ]
     args += list(extra_args)
     return args
+
+
+class ServerLayout(Protocol):
+    """What the server's flags are made of: a topology's server, or a `verirl.VLLMServer`."""
+
+    @property
+    def host(self) -> str: ...  # noqa: D102 - named by the class docstring
+    @property
+    def port(self) -> int: ...  # noqa: D102 - named by the class docstring
+    @property
+    def gpu_memory_utilization(self) -> float: ...  # noqa: D102 - named by the class docstring
+    @property
+    def max_model_len(self) -> int | None: ...  # noqa: D102 - named by the class docstring
+    @property
+    def tensor_parallel_size(self) -> int: ...  # noqa: D102 - named by the class docstring
+    @property
+    def data_parallel_size(self) -> int: ...  # noqa: D102 - named by the class docstring
+
+
+def serve_args_of(model: str, layout: ServerLayout, extra_args: Sequence[str] = ()) -> list[str]:
+    """`vllm_serve_args` for ``layout``'s host, port, memory, length and parallel sizes."""
+    return vllm_serve_args(
+        model,
+        host=layout.host,
+        port=layout.port,
+        gpu_memory_utilization=layout.gpu_memory_utilization,
+        max_model_len=layout.max_model_len,
+        tensor_parallel_size=layout.tensor_parallel_size,
+        data_parallel_size=layout.data_parallel_size,
+        extra_args=extra_args,
+    )
 
 
 OWN_FLAGS = (

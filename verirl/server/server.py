@@ -70,7 +70,7 @@ from verirl.errors import (
     VLLMServerExited,
     VLLMStartupTimeout,
 )
-from verirl.server.args import vllm_serve_args
+from verirl.server.args import serve_args_of
 from verirl.server.child_env import (
     vllm_child_environ,
 )
@@ -182,7 +182,9 @@ class VLLMServer:
     host: str = attrs.field(default="127.0.0.1", kw_only=True, validator=v_host)
     devices: tuple[int, ...] = attrs.field(default=(1,), kw_only=True, converter=to_devices)
     max_model_len: int | None = attrs.field(default=None, kw_only=True, validator=v_max_model_len)
-    gpu_memory_utilization: float = attrs.field(default=0.9, kw_only=True, validator=v_fraction)
+    gpu_memory_utilization: float = attrs.field(
+        default=defaults.SERVER_MEMORY, kw_only=True, validator=v_fraction
+    )
     tensor_parallel_size: int = attrs.field(default=1, kw_only=True, validator=v_count)
     data_parallel_size: int = attrs.field(default=1, kw_only=True, validator=v_count)
     extra_args: tuple[str, ...] = attrs.field(default=(), kw_only=True, converter=to_extra_args)
@@ -192,8 +194,12 @@ class VLLMServer:
         default=None, kw_only=True, converter=to_log_path, alias="log_path"
     )
     log_dir: Path | None = attrs.field(default=None, kw_only=True, converter=to_log_dir)
-    startup_timeout: float = attrs.field(default=600.0, kw_only=True, validator=v_seconds)
-    shutdown_timeout: float = attrs.field(default=30.0, kw_only=True, validator=v_seconds)
+    startup_timeout: float = attrs.field(
+        default=defaults.SERVER_STARTUP_TIMEOUT, kw_only=True, validator=v_seconds
+    )
+    shutdown_timeout: float = attrs.field(
+        default=defaults.SERVER_SHUTDOWN_TIMEOUT, kw_only=True, validator=v_seconds
+    )
     progress_interval: float = attrs.field(default=30.0, kw_only=True, validator=v_seconds)
     handle_sigterm: bool = attrs.field(default=True, kw_only=True, validator=v_bool)
 
@@ -295,18 +301,7 @@ class VLLMServer:
     @property
     def serve_args(self) -> tuple[str, ...]:
         """The flags after the command: ``--model M --host H --port P ...`` then ``extra_args``."""
-        return tuple(
-            vllm_serve_args(
-                self.model,
-                host=self.host,
-                port=self.port,
-                gpu_memory_utilization=self.gpu_memory_utilization,
-                max_model_len=self.max_model_len,
-                tensor_parallel_size=self.tensor_parallel_size,
-                data_parallel_size=self.data_parallel_size,
-                extra_args=self.extra_args,
-            )
-        )
+        return tuple(serve_args_of(self.model, self, self.extra_args))
 
     def launch_plan(self) -> LaunchPlan:
         """What `start` runs, and why: the argv, the variables it adds, the kind of launch.
