@@ -46,7 +46,8 @@ from verirl import (
     VLLMTopology,
     find_free_port,
 )
-from verirl.checkpoints.node_share import NodeSharedResolver, attempt_key
+from verirl.checkpoints.attempt import attempt_key
+from verirl.checkpoints.node_share import NodeSharedResolver
 from verirl.cli import main
 
 KEYWORDS = ["latest", "last-checkpoint", "auto"]

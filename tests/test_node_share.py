@@ -30,7 +30,8 @@ from verirl import (
     VLLMTopology,
     find_free_port,
 )
-from verirl.checkpoints.node_share import NodeSharedResolver, attempt_key
+from verirl.checkpoints.attempt import attempt_key
+from verirl.checkpoints.node_share import NodeSharedResolver
 
 REPO = "org/run"
 
@@ -304,7 +305,7 @@ def test_each_resolution_in_a_process_gets_a_new_key(tmp_path):
 def test_the_key_differs_between_launchers(tmp_path):
     code = (
         "import sys; from pathlib import Path;"
-        "from verirl.checkpoints.node_share import attempt_key;"
+        "from verirl.checkpoints.attempt import attempt_key;"
         "print(attempt_key({}, folder=Path(sys.argv[1])))"
     )
 
@@ -323,7 +324,8 @@ def test_the_key_differs_between_launchers(tmp_path):
 SPAWN_RANK = """
 import json, os, sys
 from pathlib import Path
-from verirl.checkpoints.node_share import NodeSharedResolver, attempt_key
+from verirl.checkpoints.attempt import attempt_key
+from verirl.checkpoints.node_share import NodeSharedResolver
 
 class Answer:
     def resolve(self, request):
@@ -397,7 +399,7 @@ def test_a_retry_by_the_same_parent_never_reads_the_previous_attempts_answer(tmp
 STEP_RANK = """
 import os, sys, time
 from pathlib import Path
-from verirl.checkpoints.node_share import attempt_key
+from verirl.checkpoints.attempt import attempt_key
 
 here, local_rank, ranks = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 (here / f"started-{local_rank}").touch()
@@ -478,7 +480,7 @@ def test_the_ranks_a_parent_starts_share_a_key_whatever_their_numbered_arguments
 ZL_STEP_RANK = """
 import ctypes, os, sys, threading, time
 from pathlib import Path
-from verirl.checkpoints.node_share import attempt_key
+from verirl.checkpoints.attempt import attempt_key
 
 # STEP_RANK's work in a thread; in the ranks ZL_RANKS names, the main thread ends first (the
 # rank shows as Zl)
