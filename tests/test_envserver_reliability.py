@@ -22,7 +22,8 @@ import requests.adapters
 from _support import FakeClock, LoopbackServer, loopback_server
 from fakes import FakeEnvServer, FakeEnvServerProbe
 from verirl import Backoff, ConfigError, EnvServerUnavailable, HttpEnvServerProbe
-from verirl.envserver import deadline_session, validate_http_url
+from verirl._http import deadline_session
+from verirl._url import validate_http_url
 
 SLACK = 5.0
 """What a loaded 2-core machine may add to a deadline in these tests."""

@@ -19,8 +19,8 @@ from _support import LoopbackServer, loopback_server
 from fakes import FakeEnvServer
 from verirl import ConfigError, HttpEnvServerProbe
 from verirl._http import deadline_session, request_health
+from verirl._url import is_loopback_host, validate_http_url
 from verirl.checkpoints.hub import HubCheckpointSource
-from verirl.envserver import is_loopback_host, validate_http_url
 from verirl.runtime import TrainingRuntime, _names_this_host
 
 LOOPBACK_SPELLINGS = [

@@ -38,6 +38,7 @@ import attrs
 from verirl._fs import quoted, shortened
 from verirl._poll import Backoff, Clock, Sleep, poll
 from verirl._secrets import HIDDEN, redact_url, scrub_all, secrets_in_environ
+from verirl._url import is_loopback_host, validate_http_url
 from verirl._validate import check_number
 from verirl.errors import ConfigError, EnvServerUnavailable
 
@@ -48,9 +49,7 @@ if TYPE_CHECKING:  # at run time imported where used: requests is not light to i
         DeadlineAdapter,
         deadline_session,
         describe_request_error,
-        is_loopback_host,
         request_health,
-        validate_http_url,
     )
 
 __all__ = [
@@ -89,9 +88,7 @@ _HTTP_NAMES = frozenset(
         "DeadlineAdapter",
         "deadline_session",
         "describe_request_error",
-        "is_loopback_host",
         "request_health",
-        "validate_http_url",
     }
 )
 
@@ -143,8 +140,6 @@ def check_wait_timeout(value: object) -> float:
 
 
 def _url(value: object) -> str:
-    from verirl._http import validate_http_url  # noqa: PLC0415 - requests only when used
-
     return validate_http_url("url", value)
 
 

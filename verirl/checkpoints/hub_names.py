@@ -6,6 +6,7 @@ import re
 
 from verirl._fs import quoted
 from verirl._secrets import redact_url
+from verirl._url import validate_http_url
 from verirl.checkpoints.model import shorten
 from verirl.errors import ConfigError
 
@@ -99,8 +100,6 @@ def _check_endpoint(value: object) -> None:
             raise ConfigError.invalid(
                 "endpoint", shown, "must not contain whitespace or control characters"
             )
-    from verirl._http import validate_http_url  # noqa: PLC0415 - requests only with a Hub source
-
     validate_http_url("endpoint", value)
 
 
