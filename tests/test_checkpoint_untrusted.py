@@ -48,7 +48,8 @@ from verirl import (
     VeriRLError,
 )
 from verirl._fs import flock_with_deadline
-from verirl.checkpoints.download_dir import FileEntry, RemoteFolder, fetch_folder
+from verirl.checkpoints.download_dir import fetch_folder
+from verirl.checkpoints.download_record import FileEntry, RemoteFolder
 from verirl.checkpoints.model import checkpoint_step
 from verirl.checkpoints.node_share import NodeSharedResolver
 from verirl.cli import main

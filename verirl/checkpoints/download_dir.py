@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -34,21 +33,24 @@ from verirl._fs import (
     make_owned_dir,
     printable,
     quoted,
-    read_capped,
     read_owner_record,
     remove_tree,
-    write_new_file,
 )
-from verirl.checkpoints.model import read_trainer_state, unreadable
+from verirl.checkpoints.download_record import (
+    MARKER,
+    FileEntry,
+    RemoteFolder,
+    mismatch,
+    read_marker,
+    write_marker,
+)
+from verirl.checkpoints.model import unreadable
 from verirl.errors import CheckpointSourceError, ConfigError, VeriRLError
 
-__all__ = ["MARKER", "FileEntry", "FolderName", "RemoteFolder", "fetch_folder", "human_size"]
+__all__ = ["FolderName", "fetch_folder", "human_size"]
 
 log = logging.getLogger("verirl.checkpoints")  # the component's logger, which users filter on
 
-MARKER = ".verirl-download.json"
-"""The record verirl writes into each folder it downloaded (no repo file may be named so)."""
-_MAX_MARKER_BYTES = 16 << 20
 _STAGING_PREFIX = ".verirl-tmp-"
 _OLD_PREFIX = ".verirl-old-"
 # Where huggingface_hub keeps a local_dir download's state.
@@ -69,35 +71,6 @@ def human_size(size: int) -> str:
     # In integers: a size too large for a float (a hostile listing's) never becomes one.
     tenths = (size * 10 + scale // 2) // scale
     return f"{tenths // 10}.{tenths % 10} {unit}"
-
-
-@attrs.frozen
-class FileEntry:
-    """One file of a listing: its size and its content id (LFS sha256, else the git blob id)."""
-
-    size: int
-    oid: str
-
-
-@attrs.frozen
-class RemoteFolder:
-    """A checkpoint folder as one listing of ``repo_id`` at ``commit`` described it.
-
-    ``files`` maps repo paths (``checkpoint-30/model.safetensors``) to entries;
-    ``origin`` is the source's description, for messages.
-    """
-
-    origin: str
-    repo_id: str
-    commit: str
-    name: str
-    step: int
-    files: Mapping[str, FileEntry]
-
-    @property
-    def expected(self) -> dict[str, FileEntry]:
-        """``files`` keyed by their path inside the folder."""
-        return {path.split("/", 1)[1]: entry for path, entry in self.files.items()}
 
 
 PER_JOB_HINT = "use a separate download_dir per job"
@@ -267,11 +240,11 @@ def _fetch_locked(
     try:
         download(sorted(remote.files), remote.commit, staging)
         fresh = staging / folder
-        problem = _mismatch(fresh, expected, None)
+        problem = mismatch(fresh, expected, None)
         if problem is not None:
             msg = f"downloaded {folder} from {remote.origin} but it is unusable: {problem}"
             raise CheckpointSourceError(msg) from ValueError(problem)
-        _write_marker(fresh, remote)
+        write_marker(fresh, remote)
         _move_into_place(root, fresh, target, remote, replace=kind == "dir")
     finally:
         remove_tree(staging)
@@ -284,9 +257,9 @@ def _reusable(root: Path, target: Path, folder: str, expected: Mapping[str, File
 
     Raises `ConfigError` when it differs and is not (only) verirl's to replace.
     """
-    marker = _read_marker(target)
-    mismatch = _mismatch(target, expected, marker)
-    if mismatch is None:
+    marker = read_marker(target)
+    why = mismatch(target, expected, marker)
+    if why is None:
         log.info("%s already holds %s as listed; nothing to download", printable(root), folder)
         _warn_about_strays(target, folder, expected)
         return True
@@ -294,7 +267,7 @@ def _reusable(root: Path, target: Path, folder: str, expected: Mapping[str, File
         raise ConfigError.invalid(
             "download_dir",
             str(root),
-            f"already holds {folder}, which verirl did not download there ({mismatch}); "
+            f"already holds {folder}, which verirl did not download there ({why}); "
             f"refusing to overwrite it ({_MOVE_IT})",
         )
     strays = _strays(target, marker)
@@ -302,11 +275,11 @@ def _reusable(root: Path, target: Path, folder: str, expected: Mapping[str, File
         raise ConfigError.invalid(
             "download_dir",
             str(root),
-            f"holds an outdated download of {folder} ({mismatch}) with files verirl did "
+            f"holds an outdated download of {folder} ({why}) with files verirl did "
             f"not download ({', '.join(map(printable, strays[:_STRAYS_SHOWN]))}); refusing to "
             "replace it: move those files away or delete the folder",
         )
-    log.info("replacing the outdated download %s (%s)", printable(target), mismatch)
+    log.info("replacing the outdated download %s (%s)", printable(target), why)
     return False
 
 
@@ -401,80 +374,6 @@ def _not_a_leftover(path: Path, prefix: str, folder: str) -> str | None:
     except OSError as exc:
         return f"it cannot be read ({type(exc).__name__}: {exc.strerror})"
     return None
-
-
-def _read_marker(folder: Path) -> Mapping[str, object] | None:
-    """The record verirl keeps in a folder it downloaded, or None (not ours).
-
-    No marker, a symlink in its place (never followed: a marker verirl writes
-    is a regular file), or content that is not verirl's record: None. A
-    marker that is there but cannot be read (an I/O error, a directory or a
-    FIFO in its place): `CheckpointSourceError`, since whether the folder may
-    be replaced cannot be told.
-    """
-    path = folder / MARKER
-    try:
-        if lstat_kind(path) in (None, "symlink"):
-            return None
-        data = json.loads(read_capped(path, _MAX_MARKER_BYTES, follow_symlinks=False))
-    except (ValueError, RecursionError):
-        return None
-    except OSError as exc:
-        raise unreadable(path, exc) from exc
-    if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
-        return None
-    return data
-
-
-def _write_marker(folder: Path, remote: RemoteFolder) -> None:
-    record = {
-        "written_by": "verirl",
-        "repo_id": remote.repo_id,
-        "commit": remote.commit,
-        "files": {
-            name: {"size": e.size, "oid": e.oid} for name, e in sorted(remote.expected.items())
-        },
-    }
-    # A new file, never through a symlink (the folder is verirl's fresh download).
-    write_new_file(folder / MARKER, json.dumps(record, indent=1) + "\n")
-
-
-def _mismatch(
-    folder: Path, expected: Mapping[str, FileEntry], marker: Mapping[str, object] | None
-) -> str | None:
-    """Why ``folder`` does not hold ``expected`` (sizes, and ids when we recorded them), or None.
-
-    Nothing is followed: a symlink where a file or a folder on the way to one
-    belongs is a mismatch. What cannot be read is a `CheckpointSourceError`.
-    """
-    recorded = marker.get("files") if marker is not None else None
-    for name, entry in sorted(expected.items()):
-        path = folder / name
-        try:
-            kinds = [lstat_kind(folder / parent) for parent in _parents(name)]
-            info = path.lstat()
-        except (FileNotFoundError, NotADirectoryError):
-            return f"{printable(name)} is missing"
-        except OSError as exc:
-            raise unreadable(path, exc) from exc
-        if any(kind != "dir" for kind in kinds):
-            return f"a folder on the way to {printable(name)} is not a directory"
-        if lstat_kind(path) != "file":
-            return f"{printable(name)} is not a regular file"
-        if info.st_size != entry.size:
-            return f"{printable(name)} has {info.st_size} bytes, the listing says {entry.size}"
-        if isinstance(recorded, dict):
-            seen = recorded.get(name)
-            if not isinstance(seen, dict) or seen.get("oid") != entry.oid:
-                return f"{printable(name)} changed on the Hub"
-    state, why = read_trainer_state(folder)
-    return why if state is None else None
-
-
-def _parents(name: str) -> list[str]:
-    """The folders on the way to ``name`` (``a/b/c`` -> ``a``, ``a/b``)."""
-    parts = name.split("/")
-    return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def _raise(exc: OSError) -> None:

@@ -45,13 +45,8 @@ from verirl._secrets import (
 )
 from verirl._validate import check_int, check_number, check_seconds
 from verirl._version import __version__
-from verirl.checkpoints.download_dir import (
-    FileEntry,
-    FolderName,
-    RemoteFolder,
-    fetch_folder,
-    human_size,
-)
+from verirl.checkpoints.download_dir import FolderName, fetch_folder, human_size
+from verirl.checkpoints.download_record import FileEntry, RemoteFolder
 from verirl.checkpoints.hub_errors import (
     _REFUSALS,
     _describe_hub_error,

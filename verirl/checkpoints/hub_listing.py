@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterator, Mapping
 from pathlib import PureWindowsPath
 
 from verirl._fs import quoted
-from verirl.checkpoints.download_dir import MARKER, FileEntry
+from verirl.checkpoints.download_record import MARKER, FileEntry
 from verirl.checkpoints.model import (
     INCOMPLETE_MARKER,
     TRAINER_STATE,
