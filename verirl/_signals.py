@@ -58,6 +58,7 @@ import signal
 import sys
 import threading
 import types
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar, cast
 
@@ -442,6 +443,28 @@ def jit_checkpoint_manager(handler: object) -> object | None:
     return None
 
 
+_JIT_SEEN: weakref.WeakSet[object] = weakref.WeakSet()
+"""Every JIT-checkpoint manager verirl saw the handler of: the policy lends to each (`_install`)."""
+
+
+def jit_chain(handler: object) -> tuple[list[object], object]:
+    """The JIT managers under ``handler``, newest first, and what the oldest one puts back.
+
+    Each puts back what SIGTERM had when its Trainer was built: an older
+    one's handler, a handler verirl left in place (read as what it stands in
+    for), the default or a program's own. Every manager found is noted.
+    """
+    managers: list[object] = []
+    under = stand_in_for(signal.SIGTERM, handler)
+    manager = jit_checkpoint_manager(under)
+    while manager is not None and manager not in managers:
+        managers.append(manager)
+        under = stand_in_for(signal.SIGTERM, getattr(manager, _JIT_ORIGINAL, None))
+        manager = jit_checkpoint_manager(under)
+    _JIT_SEEN.update(managers)
+    return managers, under
+
+
 class SigtermPolicy:
     """Reference-counted ``SIGTERM → SystemExit(143)`` while held (see the module docstring)."""
 
@@ -450,7 +473,7 @@ class SigtermPolicy:
         self._anonymous = 0  # holders that keep their own count (`held`)
         self._holders: dict[int, object] = {}  # id → holder, for `acquire(holder)`
         self._installed = False
-        self._lent_to: object | None = None  # a JIT-checkpoint manager that puts ours back
+        self._lent: list[weakref.ref[object]] = []  # JIT managers that put ours back (`_lend`)
         self._fired = False
         self._cause: BaseException | None = None
         self._interrupt_sent = False
@@ -642,15 +665,11 @@ class SigtermPolicy:
         self._cause = None
         self._interrupt_sent = False
         standing_for = stand_in_for(signal.SIGTERM, current)
-        jit = jit_checkpoint_manager(standing_for)
-        while jit is not None and jit_checkpoint_manager(getattr(jit, _JIT_ORIGINAL, None)):
-            jit = jit_checkpoint_manager(getattr(jit, _JIT_ORIGINAL, None))  # an older Trainer's
+        managers, under = jit_chain(current)
         if current == self.handle:
             self._installed = True
-        elif jit is not None and getattr(jit, _JIT_ORIGINAL, None) in (signal.SIG_DFL, self.handle):
-            setattr(jit, _JIT_ORIGINAL, self.handle)
-            self._lent_to = jit
-            self._installed = True
+        elif managers and under in (signal.SIG_DFL, self.handle):
+            self._installed = True  # the JIT handler stays; ours comes back as training ends
         elif current == signal.SIG_DFL or standing_for in (signal.SIG_DFL, self.handle):
             self._installed = True
             try:
@@ -660,7 +679,47 @@ class SigtermPolicy:
                 return False
         else:
             log.debug("SIGTERM already has a handler (%r); leaving it", current)
+        if self._installed:
+            self._lend()
         return True
+
+    def _lend(self) -> None:
+        """Ours as what each JIT manager puts back when its training ends, while held.
+
+        transformers' callback puts back the handler it found as its Trainer
+        was built (the default, a finished trainer's, or one verirl left in
+        place), also inside a held block; a program's own stays its.
+        """
+        for manager in list(_JIT_SEEN):
+            original = getattr(manager, _JIT_ORIGINAL, None)
+            under = stand_in_for(signal.SIGTERM, original)
+            if under in (signal.SIG_DFL, self.handle) or jit_checkpoint_manager(under):
+                setattr(manager, _JIT_ORIGINAL, self.handle)
+                if not any(ref() is manager for ref in self._lent):
+                    self._lent.append(weakref.ref(manager))
+
+    def reclaim(self) -> None:
+        """After a training ended (from the main thread): held, SIGTERM is ours again.
+
+        `verirl.preemption.PreemptionCallback` calls it as it gives SIGTERM
+        back: a JIT checkpoint's callback may have put back the default, a
+        finished trainer's handler or one verirl left in place, none of
+        which exits while a server or a runtime is held. A program's own
+        handler is left.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        with self._lock:
+            current = signal.getsignal(signal.SIGTERM)
+            if not self._users or current == self.handle:
+                return
+            _, under = jit_chain(current)
+            if under not in (signal.SIG_DFL, self.handle):
+                return
+            with contextlib.suppress(ValueError):  # not the main interpreter
+                signal.signal(signal.SIGTERM, self.handle)
+                self._installed = True
+                self._lend()
 
     def release(self, holder: object = None) -> None:
         """Uncount a holder; after the last one, put the default back if ours is still there.
@@ -674,9 +733,11 @@ class SigtermPolicy:
                 return
             if self._users or not self._installed:
                 return
-            lent, self._lent_to = self._lent_to, None
-            if lent is not None and getattr(lent, _JIT_ORIGINAL, None) == self.handle:
-                setattr(lent, _JIT_ORIGINAL, signal.SIG_DFL)
+            lent, self._lent = self._lent, []
+            for ref in lent:  # the default again, not a trainer finished meanwhile
+                manager = ref()
+                if manager is not None and getattr(manager, _JIT_ORIGINAL, None) == self.handle:
+                    setattr(manager, _JIT_ORIGINAL, signal.SIG_DFL)
             on_main = threading.current_thread() is threading.main_thread()
             if on_main and signal.getsignal(signal.SIGTERM) == self.handle:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -73,6 +73,7 @@ from verirl._fs import printable, quoted, write_new_file
 from verirl._signals import (
     SIGTERM_POLICY,
     hand_on,
+    jit_chain,
     jit_checkpoint_manager,
     leave_in_place,
     outside_tracers_lock,
@@ -356,9 +357,9 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
             # an older callback's handler left in place as its exit ended the process, which
             # went on (the exit caught): what it stood in for is what is replaced
             current = stand_in_for(signum, signal.getsignal(signum))
-            jit = jit_checkpoint_manager(current) if signum == signal.SIGTERM else None
+            jit = jit_chain(current)[0] if signum == signal.SIGTERM else None
             ours = signum == signal.SIGTERM and current == SIGTERM_POLICY.handle
-            if not (_is_default(signum, current) or ours or jit is not None):
+            if not (_is_default(signum, current) or ours or jit):
                 log.warning(
                     "%s already has a handler the program set (%r): left in place, so %s will "
                     "not save a checkpoint; verirl's stop requests still apply",
@@ -378,7 +379,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
                 # The watchdog's interrupt (after vllm_failure_grace) comes to this handler now.
                 self._stop_cooperating()
                 self._remove_cooperation = SIGTERM_POLICY.cooperate(self._on_signal)
-            if jit is not None:
+            if jit:
                 self._jit_set_aside = True
                 log.info(
                     "SIGTERM: PreemptionCallback takes over from transformers' JIT checkpoint "
@@ -438,6 +439,8 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
                 signal.signal(signum, stand_in_for(signum, current))
             self._previous.pop(signum, None)
         self._cooperate_while_installed()
+        if not kept:  # a JIT checkpoint's callback may have put back a handler that never exits
+            SIGTERM_POLICY.reclaim()
         return kept
 
     def _give_back(self, signals: set[int]) -> dict[int, _Handler]:

@@ -209,6 +209,28 @@ elif scene.startswith("jit-built-before"):  # its JIT handler set before the ser
         trainer.train()
         print("returned")
     print("default", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+else:  # JIT trainers whose callback puts back a handler that no longer exits (review of fbda37d)
+    preempt = [PreemptionCallback()] if scene.endswith("-pc") else []
+    if scene == "jit-two-holds":  # a notebook: the server started and stopped twice
+        trainers = [make_trainer(preempt, jit=True)]
+        with exit_on_sigterm():
+            trainers[0].train()
+    elif scene == "jit-trained-before-pc":  # its handler gone before any holder saw it
+        trainers = [make_trainer(preempt, jit=True)]
+        trainers[0].train()
+    elif scene.startswith("jit-order"):  # two trainers, the older trains first
+        trainers = [make_trainer([], jit=True), make_trainer(preempt, jit=True)]
+    elif scene.startswith("jit-after-kept"):  # built over a caught stop's kept handler
+        train_caught(signal.SIGTERM)
+        trainers = [make_trainer(preempt, jit=True)]
+    with exit_on_sigterm():
+        if scene.startswith("jit-order-inside"):  # the newer one built inside, over the older's
+            trainers[1] = make_trainer(preempt, jit=True)
+        for trainer in trainers:
+            trainer.train()
+        print("returned")
+        sigterm_now()
+    print("default", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
 """
 )
 
@@ -235,6 +257,18 @@ elif scene.startswith("jit-built-before"):  # its JIT handler set before the ser
         ("jit-built-before-preempt", ["returned", "SIGTERM exit 143", "default True"]),
         ("jit-built-before-released", ["returned", "default True"]),
         ("jit-built-before-two", ["returned", "SIGTERM exit 143", "default True"]),
+        *(
+            (scene, [*kept, "returned", "SIGTERM exit 143", "default True"])
+            for scene, kept in [
+                ("jit-two-holds", []),
+                ("jit-trained-before-pc", []),
+                ("jit-order", []),
+                ("jit-order-pc", []),
+                ("jit-order-inside-pc", []),
+                ("jit-after-kept", ["SystemExit kept"]),
+                ("jit-after-kept-pc", ["SystemExit kept"]),
+            ]
+        ),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )
@@ -246,7 +280,9 @@ def test_a_stop_s_exit_caught_leaves_sigterm_and_the_watchdog_working(scene, sai
     handler swallowed it); a second trainer's exit keeps its handler while it unwinds (with a
     JIT checkpoint it did not); a trainer with a JIT checkpoint built before the policy is held
     leaves SIGTERM exiting in the held block after it trained, and the default after (review of
-    09d6f75: its callback put the default back inside the block)."""
+    09d6f75: its callback put the default back inside the block); so do a trainer trained in an
+    earlier held block, two trained oldest first, one built over a caught stop's kept handler, and
+    with PreemptionCallback one never seen or built inside the block (review of fbda37d)."""
     done = subprocess.run(
         [sys.executable, "-c", SCENES, scene], capture_output=True, text=True, timeout=240,
         env=clean_env(), check=False,
