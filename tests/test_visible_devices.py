@@ -20,9 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verirl import ConfigError, TrainingRuntime, VLLMTopology
+from verirl import ConfigError, TrainingRuntime, VLLMTopology, detect_gpu_count
 from verirl.server.child_env import map_visible_devices, parse_visible_devices
-from verirl.topology import detect_gpu_count
 
 
 def torch_parse(var: str) -> list[int] | list[str]:  # noqa: C901 - torch's own code

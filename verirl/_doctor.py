@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from verirl._fs import printable
+from verirl._gpus import detect_gpu_count
 from verirl._net import port_is_free
 from verirl._secrets import (
     TOKEN_SOURCES,
@@ -53,7 +54,7 @@ from verirl.distenv import DistributedEnv
 from verirl.envserver import HttpEnvServerProbe
 from verirl.errors import CheckpointNotFoundError, CheckpointSourceError, ConfigError, VeriRLError
 from verirl.server.launch import CLI_COMMAND_HINT, COMMAND_HINT, vllm_distribution
-from verirl.topology import TRL_GROUP_PORT, detect_gpu_count
+from verirl.topology import TRL_GROUP_PORT
 from verirl.vllm_server import VLLMServer
 
 if TYPE_CHECKING:

@@ -26,6 +26,7 @@ import attrs
 
 from verirl import _defaults as defaults
 from verirl._fs import quoted
+from verirl._gpus import check_visible_gpus, detect_gpu_count
 from verirl._phases import Phases, PhaseTiming
 from verirl._secrets import HIDDEN, implicit_hub_token, redact_text, shown_command
 from verirl._settings import Read, Settings
@@ -78,13 +79,7 @@ from verirl.server.watchdog import (
     ServerWatchdog,
     interrupt_main,
 )
-from verirl.topology import (
-    MODES,
-    TRL_GROUP_PORT,
-    VLLMTopology,
-    check_visible_gpus,
-    detect_gpu_count,
-)
+from verirl.topology import MODES, TRL_GROUP_PORT, VLLMTopology
 
 __all__ = [
     "CheckpointResolving",

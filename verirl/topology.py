@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-import os
 import re
-from collections.abc import Callable, Mapping
 from typing import Literal, Protocol
 
 import attrs
 
 from verirl import _defaults as defaults
 from verirl._fs import quoted
+from verirl._gpus import check_visible_gpus, detect_gpu_count
 from verirl._net import connect_host, url_host
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
-    check_environ,
     check_host,
     check_int,
     check_number,
@@ -34,7 +32,6 @@ from verirl._validate import (
 )
 from verirl.errors import ConfigError
 from verirl.server.args import serve_args_of
-from verirl.server.child_env import VISIBLE_DEVICES_VAR, parse_visible_devices
 
 __all__ = [
     "COLOCATE_MAX_MODEL_LEN",
@@ -567,65 +564,3 @@ def check_local_server(topology: ServerTopology) -> None:
         "only server mode runs a local vLLM server "
         "(in colocate mode TRL runs vLLM inside the trainer)",
     )
-
-
-def detect_gpu_count(
-    *,
-    environ: Mapping[str, str] | None = None,
-    cuda_device_count: Callable[[], int] | None = None,
-) -> int:
-    """Count the GPUs this process may use.
-
-    Uses ``torch.cuda.device_count()`` (imported only here, lazily), which
-    honours ``CUDA_VISIBLE_DEVICES``. Without torch, counts the GPUs
-    ``CUDA_VISIBLE_DEVICES`` makes visible when it is set, read as torch reads
-    it (`verirl.server.child_env.parse_visible_devices`: empty, ``-1`` or a repeated
-    entry hide every GPU, an invalid entry ends the list), else returns 0
-    with a log line.
-    ``cuda_device_count`` replaces torch's counter (tests, other backends).
-    """
-    env = os.environ if environ is None else check_environ(environ)
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and not isinstance(visible, str):
-        raise ConfigError.invalid("CUDA_VISIBLE_DEVICES", visible, "must be a string")
-    listed = None if visible is None else parse_visible_devices(visible)  # torch's failures first
-    if cuda_device_count is None:
-        try:
-            import torch  # noqa: PLC0415 - torch is heavy and optional
-        except ImportError:
-            pass
-        else:
-            cuda_device_count = torch.cuda.device_count
-    if cuda_device_count is not None:
-        count = int(cuda_device_count())
-        log.debug("detected %d GPU(s) (CUDA_VISIBLE_DEVICES=%s)", count, visible)
-        return count
-    if visible is not None:
-        count = len(listed or ())  # as torch reads it: "0,,1" is one GPU
-        log.info("torch is not installed; CUDA_VISIBLE_DEVICES=%s makes %d GPU(s) visible",
-                 quoted(visible), count)  # fmt: skip
-        return count
-    log.info("torch is not installed and CUDA_VISIBLE_DEVICES is unset: assuming 0 GPUs")
-    return 0
-
-
-def check_visible_gpus(gpu_count: int, environ: Mapping[str, str], *, field: str) -> None:
-    """Refuse a GPU count that ``CUDA_VISIBLE_DEVICES`` (when set) does not make visible.
-
-    A plan for 4 GPUs under ``CUDA_VISIBLE_DEVICES=0,1`` (or ``""``, or ``-1``,
-    which hide every GPU) would hand out GPUs that are not there. ``field``
-    names where the count came from (``--gpus``, ``VERIRL_GPU_COUNT``); the
-    message names ``CUDA_VISIBLE_DEVICES`` and its value too.
-    """
-    visible = environ.get(VISIBLE_DEVICES_VAR)
-    if visible is None:
-        return
-    listed = parse_visible_devices(visible)
-    if gpu_count > len(listed):
-        seen = "hides every GPU" if not listed else f"makes only {len(listed)} GPU(s) visible"
-        raise ConfigError.invalid(
-            field,
-            gpu_count,
-            f"{VISIBLE_DEVICES_VAR}={quoted(visible)} {seen} (read as torch reads it); "
-            f"lower the count or change {VISIBLE_DEVICES_VAR}",
-        )
