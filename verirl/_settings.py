@@ -21,6 +21,7 @@ import attrs
 
 from verirl import _defaults as defaults
 from verirl._fs import quoted
+from verirl._plan_inputs import check_mode
 from verirl._secrets import (
     HIDDEN,
     hub_token_in_use,
@@ -41,7 +42,6 @@ from verirl._validate import (
 )
 from verirl.checkpoints import RESUME_ENV_VAR
 from verirl.errors import ConfigError
-from verirl.topology import check_mode
 
 __all__ = ["Read", "Settings", "split_args", "split_command"]
 
