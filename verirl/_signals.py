@@ -447,22 +447,38 @@ _JIT_SEEN: weakref.WeakSet[object] = weakref.WeakSet()
 """Every JIT-checkpoint manager verirl saw the handler of: the policy lends to each (`_install`)."""
 
 
-def jit_chain(handler: object) -> tuple[list[object], object]:
-    """The JIT managers under ``handler``, newest first, and what the oldest one puts back.
+def jit_trained(manager: object) -> bool:
+    """Whether the Trainer of a JIT ``manager`` has trained and is not training now.
 
-    Each puts back what SIGTERM had when its Trainer was built: an older
-    one's handler, a handler verirl left in place (read as what it stands in
-    for), the default or a program's own. Every manager found is noted.
+    Its handler is then stale: transformers sets it once, as the Trainer is
+    built, and the next train() does not set it again; it only starts a
+    timer for a checkpoint no training will take. Until then it is live.
+    """
+    trainer = getattr(manager, "trainer", None)
+    steps = getattr(getattr(trainer, "state", None), "max_steps", 0)
+    return bool(steps) and not getattr(trainer, "is_in_train", False)
+
+
+def jit_chain(handler: object) -> tuple[object | None, object]:
+    """Through ``handler``'s JIT managers: the first live handler (or None), and the bottom.
+
+    Each manager puts back what SIGTERM had when its Trainer was built: an
+    older one's handler, a handler verirl left in place (read as what it
+    stands in for), the default or a program's own, which is the bottom.
+    Every manager found is noted (`_JIT_SEEN`).
     """
     managers: list[object] = []
+    live: object | None = None
     under = stand_in_for(signal.SIGTERM, handler)
     manager = jit_checkpoint_manager(under)
     while manager is not None and manager not in managers:
         managers.append(manager)
+        if live is None and not jit_trained(manager):
+            live = under
         under = stand_in_for(signal.SIGTERM, getattr(manager, _JIT_ORIGINAL, None))
         manager = jit_checkpoint_manager(under)
     _JIT_SEEN.update(managers)
-    return managers, under
+    return live, under
 
 
 class SigtermPolicy:
@@ -664,13 +680,12 @@ class SigtermPolicy:
         self._fired = False
         self._cause = None
         self._interrupt_sent = False
-        standing_for = stand_in_for(signal.SIGTERM, current)
-        managers, under = jit_chain(current)
+        live, under = jit_chain(current)
         if current == self.handle:
             self._installed = True
-        elif managers and under in (signal.SIG_DFL, self.handle):
+        elif live is not None and under in (signal.SIG_DFL, self.handle):
             self._installed = True  # the JIT handler stays; ours comes back as training ends
-        elif current == signal.SIG_DFL or standing_for in (signal.SIG_DFL, self.handle):
+        elif under in (signal.SIG_DFL, self.handle):  # the default, or what never exits now
             self._installed = True
             try:
                 signal.signal(signal.SIGTERM, self.handle)
@@ -684,16 +699,17 @@ class SigtermPolicy:
         return True
 
     def _lend(self) -> None:
-        """Ours as what each JIT manager puts back when its training ends, while held.
+        """Ours as what a JIT manager puts back when its training ends, while held.
 
         transformers' callback puts back the handler it found as its Trainer
-        was built (the default, a finished trainer's, or one verirl left in
-        place), also inside a held block; a program's own stays its.
+        was built, also inside a held block: the default, or what no longer
+        exits (a trained Trainer's handler, one verirl left in place) become
+        ours; a live JIT handler (its Trainer yet to train) and a program's
+        own stay what is put back.
         """
         for manager in list(_JIT_SEEN):
-            original = getattr(manager, _JIT_ORIGINAL, None)
-            under = stand_in_for(signal.SIGTERM, original)
-            if under in (signal.SIG_DFL, self.handle) or jit_checkpoint_manager(under):
+            live, under = jit_chain(getattr(manager, _JIT_ORIGINAL, None))
+            if live is None and under in (signal.SIG_DFL, self.handle):
                 setattr(manager, _JIT_ORIGINAL, self.handle)
                 if not any(ref() is manager for ref in self._lent):
                     self._lent.append(weakref.ref(manager))
@@ -703,9 +719,9 @@ class SigtermPolicy:
 
         `verirl.preemption.PreemptionCallback` calls it as it gives SIGTERM
         back: a JIT checkpoint's callback may have put back the default, a
-        finished trainer's handler or one verirl left in place, none of
-        which exits while a server or a runtime is held. A program's own
-        handler is left.
+        trained Trainer's handler or one verirl left in place, none of which
+        exits while a server or a runtime is held. A live JIT handler and a
+        program's own handler are left.
         """
         if threading.current_thread() is not threading.main_thread():
             return
@@ -713,8 +729,8 @@ class SigtermPolicy:
             current = signal.getsignal(signal.SIGTERM)
             if not self._users or current == self.handle:
                 return
-            _, under = jit_chain(current)
-            if under not in (signal.SIG_DFL, self.handle):
+            live, under = jit_chain(current)
+            if live is not None or under not in (signal.SIG_DFL, self.handle):
                 return
             with contextlib.suppress(ValueError):  # not the main interpreter
                 signal.signal(signal.SIGTERM, self.handle)
@@ -739,9 +755,17 @@ class SigtermPolicy:
                 if manager is not None and getattr(manager, _JIT_ORIGINAL, None) == self.handle:
                     setattr(manager, _JIT_ORIGINAL, signal.SIG_DFL)
             on_main = threading.current_thread() is threading.main_thread()
-            if on_main and signal.getsignal(signal.SIGTERM) == self.handle:
+            current = signal.getsignal(signal.SIGTERM)
+            if on_main and (current == self.handle or self._stale_jit(current)):
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 self._installed = False
+
+    def _stale_jit(self, handler: object) -> bool:
+        """Whether ``handler`` is a trained Trainer's JIT handler over the default (or ours)."""
+        if jit_checkpoint_manager(handler) is None:
+            return False
+        live, under = jit_chain(handler)
+        return live is None and under in (signal.SIG_DFL, self.handle)
 
     @contextlib.contextmanager
     def held(self) -> Iterator[bool]:

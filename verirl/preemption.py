@@ -357,7 +357,9 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
             # an older callback's handler left in place as its exit ended the process, which
             # went on (the exit caught): what it stood in for is what is replaced
             current = stand_in_for(signum, signal.getsignal(signum))
-            jit = jit_chain(current)[0] if signum == signal.SIGTERM else None
+            jit = signum == signal.SIGTERM and jit_checkpoint_manager(current) is not None
+            if jit:
+                jit_chain(current)  # noted: the policy lends to it while held
             ours = signum == signal.SIGTERM and current == SIGTERM_POLICY.handle
             if not (_is_default(signum, current) or ours or jit):
                 log.warning(
