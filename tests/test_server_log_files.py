@@ -41,8 +41,10 @@ from verirl.cli import main
 from verirl.errors import ConfigError, VLLMServerExited
 from verirl.runtime import TrainingRuntime
 from verirl.server import log as _server_log
+from verirl.server import log_tail as _log_tail
+from verirl.server.log_tail import read_log_tail
 from verirl.server.readiness import LogWatch
-from verirl.vllm_server import VLLMServer, read_log_tail
+from verirl.vllm_server import VLLMServer
 
 FAKE = (sys.executable, "-m", "fakes.vllm_serve")
 BOUND = 10.0  # seconds any of this may take on a loaded machine; the blocking cases never end
@@ -667,14 +669,14 @@ def test_a_log_ending_in_more_blanks_than_are_read_says_so_reading_a_bounded_amo
         for _ in range(40):
             log.write(b" \r\n" * (1 << 18))  # 30 MiB in all
     read: list[int] = []
-    real = _server_log.read_regular
+    real = _log_tail.read_regular
 
     def counted(where: object, start: int, limit: int) -> tuple[int, bytes] | None:
         result = real(where, start, limit)  # type: ignore[arg-type]
         read.append(len(result[1]) if result else 0)
         return result
 
-    monkeypatch.setattr(_server_log, "read_regular", counted)
+    monkeypatch.setattr(_log_tail, "read_regular", counted)
     tail = read_log_tail(path)
     assert tail == "\u2026 (the last 4 MiB of the server log are blank)\n"
     assert sum(read) <= 4 * 1024 * 1024 + 64 * 1024
@@ -986,7 +988,7 @@ def test_a_control_sequence_cut_by_a_piece_read_backwards_is_still_blank(tmp_pat
     blob = bytearray(b"REAL LAST LINE\n" + b"\r\n" * 300_000)
     sequence = b"\x1b[12;34H\r\n"
     for piece in range(1, 6):
-        at = len(blob) - piece * _server_log._BLANK_CHUNK - shift
+        at = len(blob) - piece * _log_tail._BLANK_CHUNK - shift
         blob[at : at + len(sequence)] = sequence
     path.write_bytes(bytes(blob))
     assert read_log_tail(path, lines=1) == "REAL LAST LINE\n"

@@ -15,7 +15,7 @@ from verirl.server.child_env import (
     vllm_child_environ,
 )
 from verirl.server.launch import INSTALL_HINT, LaunchPlan, find_trl_command
-from verirl.server.log import read_log_tail
+from verirl.server.log_tail import read_log_tail
 from verirl.server.process import MARKER_VAR, death_signal_preexec
 from verirl.server.server import VLLMServer
 from verirl.topology import ServerTopology

@@ -28,7 +28,7 @@ import requests
 
 from verirl._http import deadline_session, request_health
 from verirl._poll import Backoff, PollResult, poll
-from verirl.server.log import KeptLog, read_regular
+from verirl.server.log_tail import KeptLog, read_regular
 from verirl.server.process import ProcessTree
 
 __all__ = [

@@ -98,15 +98,8 @@ from verirl.server.launch import (
     plan_launch,
     vllm_distribution,
 )
-from verirl.server.log import (
-    LOG_TAIL_LINES,
-    KeptLog,
-    check_lines,
-    check_server_log,
-    log_file_name,
-    open_server_log,
-    read_log_tail,
-)
+from verirl.server.log import check_server_log, log_file_name, open_server_log
+from verirl.server.log_tail import LOG_TAIL_LINES, KeptLog, check_lines, read_log_tail
 from verirl.server.process import (
     MARKER_VAR,
     ProcessTree,
