@@ -165,6 +165,7 @@ def _shell_forms(value: str) -> list[str]:
 
 
 @settings(max_examples=300, deadline=None)
+@example(value="S3cr000Pwd0=", form=8, tail=" # don't", head="")  # a password read as a key
 @given(
     value=token,
     form=st.integers(0, 8),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from _support import place_hub_token
-from verirl._secrets import redact_text, redact_url
+from verirl._secrets import redact_argv, redact_message, redact_text, redact_url, shown_command
 from verirl.errors import ConfigError
 
 SECRET = "s3cretpw"
@@ -404,3 +404,23 @@ def test_a_nul_in_a_message_is_shown_escaped_not_as_hidden():
     from verirl._secrets import redact_and_scrub
 
     assert redact_and_scrub("a\0\0b", []) == "a\\x00\\x00b"
+
+
+@pytest.mark.parametrize("password", ["S3crPwd0=", "mytoken=", "a=b", "api_key=", "pwd=x=y"])
+@pytest.mark.parametrize(
+    "redact",
+    [
+        redact_text,
+        redact_url,
+        redact_message,
+        lambda text: " ".join(redact_argv(["curl", text])),
+        lambda text: " ".join(redact_argv(["sh", "-c", f"curl {text} # don't"])),
+        lambda text: str(shown_command(f"curl {text}")),
+    ],
+    ids=["text", "url", "message", "argv", "shell-line", "command"],
+)
+def test_a_url_password_that_reads_like_a_parameter_is_hidden(password, redact):
+    """A URL password named like a secret parameter (``u:mypwd=@h``) was taken for one: its
+    empty value was hidden with the ``@``, and the password was shown (found by hypothesis)."""
+    shown = redact(f"http://u:{password}@h/x")
+    assert password.split("=", 1)[0] not in shown, shown

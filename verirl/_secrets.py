@@ -694,7 +694,14 @@ def _hide_structured(text: str) -> str:
 
 
 def _redact_params(value: str) -> str:
-    """``value`` without secret keys', query parameters' and header credentials' values."""
+    """``value`` without URL credentials, secret keys', parameters' and headers' values.
+
+    A URL's ``user:password@`` goes first (`_hide_userinfos`): a password
+    that reads like a parameter (``u:mypwd=@h``) would otherwise be taken for
+    a secret key, its value hidden with the ``@`` and the password left.
+    """
+    if "@" in value:
+        value = _hide_userinfos(value)
     if "=" in value or ":" in value:
         value = _hide_structured(value)
     if "=" in value:
@@ -851,9 +858,11 @@ def redact_message(text: str) -> str:
     rest of the text stays (an ``@`` without a colon before it, as in
     ``org/repo@revision``, is no credential).
     """
-    text = _redact_params(text)
-    if "@" not in text:
-        return text
+    return _redact_params(text)
+
+
+def _hide_userinfos(text: str) -> str:
+    """``text`` with each URL's ``user:password@`` (`_userinfo_spans`) as ``***@``."""
     shown: list[str] = []
     position = 0
     for start, end in _userinfo_spans(text):
