@@ -519,14 +519,14 @@ def test_a_ctrl_c_at_any_point_of_the_forwarding_s_set_up_or_end_drops_no_later_
     from _support import codes_of, interrupted_at_point
     from verirl._signals import TERMINATING
     from verirl._supervise import _Forwarding, run_command
-    from verirl.server import process as _process
-    from verirl.server.process import child_subreaper
+    from verirl.server import child as _child
+    from verirl.server.child import child_subreaper
 
     # The subreaper's own helpers too: a Ctrl-C in the one that puts it back, before its
     # system call, left it on (review round 38, R-F4).
     codes = codes_of(run_command, _Forwarding.__init__, _Forwarding.install, _Forwarding.close,
-                     _process.set_child_subreaper, _process.child_subreaper,
-                     _process._prctl)  # fmt: skip
+                     _child.set_child_subreaper, _child.child_subreaper,
+                     _child._prctl)  # fmt: skip
     originally = {signum: signal.getsignal(signum) for signum in TERMINATING}
     subreaper = child_subreaper()
     ours = [signum for signum, handler in originally.items() if handler == signal.SIG_DFL]

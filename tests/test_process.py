@@ -15,15 +15,9 @@ import psutil
 import pytest
 
 from _support import ZL_PROGRAM, ZlProcess, alive, still_alive
-from verirl.server import process as _process
-from verirl.server.process import (
-    MARKER_VAR,
-    ProcessTree,
-    _marked_processes,
-    death_signal_preexec,
-    popen_in_session,
-    spawn,
-)
+from verirl.server import child as _child
+from verirl.server.child import death_signal_preexec, popen_in_session, spawn
+from verirl.server.process import MARKER_VAR, ProcessTree, _marked_processes
 
 linux_only = pytest.mark.skipif(
     sys.platform != "linux", reason="PR_SET_PDEATHSIG and os.waitid(WNOWAIT) are Linux's"
@@ -31,7 +25,7 @@ linux_only = pytest.mark.skipif(
 
 CHILD_OF_A_DYING_PARENT = """
 import os, sys, time
-from verirl.server.process import death_signal_preexec, popen_in_session
+from verirl.server.child import death_signal_preexec, popen_in_session
 child = popen_in_session(
     [sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ), sys.stdout.buffer
 )
@@ -79,12 +73,12 @@ def test_the_death_signal_takes_the_child_along_when_the_parent_is_killed():
 @pytest.mark.parametrize("platform", ["darwin", "win32", "freebsd14"])
 def test_no_death_signal_off_linux(monkeypatch, platform):
     """Only Linux has PR_SET_PDEATHSIG: elsewhere no preexec_fn, rather than a failing one."""
-    _process._prctl.cache_clear()  # resolved once per process, on this machine's platform
+    _child._prctl.cache_clear()  # resolved once per process, on this machine's platform
     monkeypatch.setattr(sys, "platform", platform)
     try:
         assert death_signal_preexec() is None
     finally:
-        _process._prctl.cache_clear()
+        _child._prctl.cache_clear()
 
 
 @linux_only
@@ -163,7 +157,7 @@ def test_an_orphaned_worker_whose_main_thread_ended_is_taken_down(tmp_path):
 A_LIBRARY_S_AT_FORK_HOOK_WAITS = """
 import os, sys, threading
 from verirl import _supervise
-from verirl.server.process import popen_in_session, spawn
+from verirl.server.child import popen_in_session, spawn
 
 held = threading.Lock()
 held.acquire()
@@ -256,7 +250,7 @@ def test_a_command_that_cannot_be_exec_d_raises_as_subprocess_does_and_leaves_no
 
 CLOSED_STDIO = """
 import os, sys
-from verirl.server.process import popen_in_session, spawn
+from verirl.server.child import popen_in_session, spawn
 
 result = open(sys.argv[1], "w")
 log = open(sys.argv[2], "wb")
@@ -359,8 +353,7 @@ def test_a_ctrl_c_at_any_point_of_spawn_never_leaves_a_child_starting_after_it(
     import threading
 
     from _support import codes_of, interrupted_at_point
-    from verirl.server import process as _process
-    from verirl.server.process import _Spawner, _wait_through, spawn
+    from verirl.server.child import _Spawner, _wait_through, spawn
 
     codes = codes_of(spawn, _Spawner.submit, _wait_through)
     children: list[subprocess.Popen[bytes]] = []
@@ -376,7 +369,7 @@ def test_a_ctrl_c_at_any_point_of_spawn_never_leaves_a_child_starting_after_it(
 
     def spawner_for_this_point() -> None:
         if spawner != "running":
-            monkeypatch.setattr(_process, "_SPAWNER", _Spawner())
+            monkeypatch.setattr(_child, "_SPAWNER", _Spawner())
 
     try:
         spawner_for_this_point()
@@ -402,7 +395,8 @@ def test_a_ctrl_c_at_any_point_of_spawn_never_leaves_a_child_starting_after_it(
 _REUSED_SERVER_GROUP = """
 import os, signal, subprocess, sys, time
 import psutil
-from verirl.server.process import ProcessTree, popen_in_session, spawn
+from verirl.server.child import popen_in_session, spawn
+from verirl.server.process import ProcessTree
 
 with open(os.devnull, "wb") as log:
     popen = spawn(lambda: popen_in_session([sys.executable, "-c", "pass"], os.environ, log))

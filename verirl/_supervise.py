@@ -140,14 +140,8 @@ from verirl._signals import (
     replacing,
 )
 from verirl.errors import VLLMServerError
-from verirl.server.process import (
-    MARKER_VAR,
-    alive,
-    child_subreaper,
-    set_child_subreaper,
-    spawn,
-    start_child,
-)
+from verirl.server.child import child_subreaper, set_child_subreaper, spawn, start_child
+from verirl.server.process import MARKER_VAR, alive
 
 __all__ = ["LAUNCH_MARKER_VAR", "mark_this_launch", "run_command"]
 

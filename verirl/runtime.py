@@ -71,6 +71,7 @@ from verirl.errors import (
     VLLMServerError,
     VLLMServerUnavailable,
 )
+from verirl.server.child import set_death_signal
 from verirl.server.fields import to_extra_args
 from verirl.server.handle import ServerFactory, ServerHandle, checked_handle
 from verirl.server.watchdog import (
@@ -508,8 +509,6 @@ def _download_dir(resolver: object) -> tuple[Path, FolderName] | None:
 
 def _die_with_parent() -> None:
     """Have the kernel SIGKILL this process when its parent (the launcher's agent) dies."""
-    from verirl.server.process import set_death_signal  # noqa: PLC0415 - psutil, only under torchrun
-
     if set_death_signal(LAUNCHER_DEATH_SIGNAL):
         log.debug("this rank dies with its launcher (pid %d)", os.getppid())
 

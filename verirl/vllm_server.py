@@ -8,6 +8,7 @@ package of its own.
 
 from __future__ import annotations
 
+from verirl.server.child import death_signal_preexec
 from verirl.server.child_env import (
     SCRUBBED_ENV_PREFIXES,
     SCRUBBED_ENV_VARS,
@@ -16,7 +17,7 @@ from verirl.server.child_env import (
 )
 from verirl.server.launch import INSTALL_HINT, LaunchPlan, find_trl_command
 from verirl.server.log_tail import read_log_tail
-from verirl.server.process import MARKER_VAR, death_signal_preexec
+from verirl.server.process import MARKER_VAR
 from verirl.server.server import VLLMServer
 from verirl.topology import ServerTopology
 

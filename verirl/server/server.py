@@ -71,6 +71,7 @@ from verirl.errors import (
     VLLMStartupTimeout,
 )
 from verirl.server.args import serve_args_of
+from verirl.server.child import popen_in_session, spawn
 from verirl.server.child_env import (
     vllm_child_environ,
 )
@@ -100,15 +101,7 @@ from verirl.server.launch import (
 )
 from verirl.server.log import check_server_log, log_file_name, open_server_log
 from verirl.server.log_tail import LOG_TAIL_LINES, KeptLog, check_lines, read_log_tail
-from verirl.server.process import (
-    MARKER_VAR,
-    ProcessTree,
-    Run,
-    forget_at_exit,
-    popen_in_session,
-    spawn,
-    stop_at_exit,
-)
+from verirl.server.process import MARKER_VAR, ProcessTree, Run, forget_at_exit, stop_at_exit
 from verirl.server.readiness import (
     ServerExitedError,
     StartCancelledError,
