@@ -3,17 +3,8 @@
 One concern, kept apart from `verirl.vllm_server` (which decides *what* runs and
 *when* it is ready) because it is the part that must never leave a GPU held:
 
-- **Death signal.** `start_child` has a child ask the kernel (Linux
-  ``PR_SET_PDEATHSIG``) for SIGTERM when its parent dies, so even a SIGKILLed
-  trainer takes its server along; the CLI's ``launch`` uses it too. It asks
-  from a small ``python -I -S`` program that then execs the command, never
-  from a ``preexec_fn``: that runs every library's at-fork hooks in the forked
-  child of a threaded parent (huggingface_hub's closes its HTTP client), and
-  one waiting on a lock another thread held at the fork hangs the child before
-  it ever execs.
-- **Spawner thread.** The kernel sends that signal when the *thread* that
-  forked the child exits, so `spawn` forks from one long-lived daemon thread
-  (reset in a forked child, which has none).
+- **Start.** `verirl.server.child` starts the server tied to our life (the
+  death signal, the spawner thread).
 - **Process tree.** `ProcessTree` remembers the server, its group and every
   descendant, including workers that left the group (found by `MARKER_VAR` in
   their environment), and takes them all down: SIGTERM, a grace period,
