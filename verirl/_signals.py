@@ -448,15 +448,16 @@ _JIT_SEEN: weakref.WeakSet[object] = weakref.WeakSet()
 
 
 def jit_trained(manager: object) -> bool:
-    """Whether the Trainer of a JIT ``manager`` has trained and is not training now.
+    """Whether the Trainer of a JIT ``manager`` has begun a training (its state has max steps).
 
-    Its handler is then stale: transformers sets it once, as the Trainer is
-    built, and the next train() does not set it again; it only starts a
-    timer for a checkpoint no training will take. Until then it is live.
+    Its handler is then spent: transformers sets it once, as the Trainer is
+    built, and only its first training saves on it; after it, the handler
+    starts a timer for a checkpoint no training takes. Until then it is
+    live. Not ``is_in_train``, which a train() ended by an exception (a
+    stop's exit, an interrupt, a second Ctrl-C) leaves set for good.
     """
     trainer = getattr(manager, "trainer", None)
-    steps = getattr(getattr(trainer, "state", None), "max_steps", 0)
-    return bool(steps) and not getattr(trainer, "is_in_train", False)
+    return bool(getattr(getattr(trainer, "state", None), "max_steps", 0))
 
 
 def jit_chain(handler: object) -> tuple[object | None, object]:

@@ -130,7 +130,7 @@ def sigterm_now():
         print("SIGTERM exit", exc.code)
 
 scene = sys.argv[1]
-def interrupted_training():  # the watchdog interrupts it at its second step: its server died
+def interrupted_training(jit=False):  # the watchdog interrupts it at step 2: its server died
     class Dies(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
             if state.global_step == 2:
@@ -138,29 +138,34 @@ def interrupted_training():  # the watchdog interrupts it at its second step: it
                 threading.Thread(target=SIGTERM_POLICY.interrupt, args=(error,)).start()
                 time.sleep(5)
                 print("interrupt dropped")
-    trainer = make_trainer([PreemptionCallback(), Dies()])
+    trainer = make_trainer([PreemptionCallback(), Dies()], jit=jit)
     try:
         trainer.train()
         print("returned")
     except RuntimeError as exc:
         print("interrupt", exc)
 
-def ctrl_c_twice():  # the second one while stopping: out now
+def ctrl_c_twice(jit=False):  # the second one while stopping: out now
     class CtrlC(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
             if state.global_step in (2, 3):
                 os.kill(os.getpid(), signal.SIGINT)
-    trainer = make_trainer([PreemptionCallback(), CtrlC()], max_steps=6)
+    trainer = make_trainer([PreemptionCallback(), CtrlC()], jit=jit, max_steps=6)
     try:
         trainer.train()
         print("returned")
     except KeyboardInterrupt:
         print("KeyboardInterrupt")
 
-if scene == "held-ctrl-c-twice":  # a notebook's kernel interrupted twice, the server held
+if scene.startswith("held-ctrl-c-twice"):  # a notebook's kernel interrupted twice, server held
     with exit_on_sigterm():
-        ctrl_c_twice()
+        ctrl_c_twice(jit=scene.endswith("-jit"))
         sigterm_now()
+    print("default", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+elif scene == "interrupted-jit":  # a JIT trainer's train() ended by the watchdog's interrupt
+    with exit_on_sigterm():
+        interrupted_training(jit=True)
+    print("default", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
 elif scene == "held-ctrl-c":  # a server's policy held from before; a Ctrl-C stop caught
     with exit_on_sigterm():
         train_caught(signal.SIGINT)
@@ -268,7 +273,9 @@ else:  # JIT trainers whose callback puts back a handler that no longer exits (r
                 "interrupt the vLLM server died",
             ],
         ),
-        ("held-ctrl-c-twice", ["KeyboardInterrupt", "SIGTERM exit 143"]),
+        ("held-ctrl-c-twice", ["KeyboardInterrupt", "SIGTERM exit 143", "default True"]),
+        ("held-ctrl-c-twice-jit", ["KeyboardInterrupt", "SIGTERM exit 143", "default True"]),
+        ("interrupted-jit", ["interrupt the vLLM server died", "default True"]),
         ("held-sigterm", ["SystemExit kept", "interrupt the vLLM server died"]),
         ("held-exit-code", ["SystemExit kept", "interrupt the vLLM server died"]),
         ("thread", ["SystemExit kept", "stopped at a step"]),
@@ -316,7 +323,8 @@ def test_a_stop_s_exit_caught_leaves_sigterm_and_the_watchdog_working(scene, sai
     earlier held block, two trained oldest first, one built over a caught stop's kept handler, and
     with PreemptionCallback one never seen or built inside the block (review of fbda37d); a JIT
     trainer yet to train keeps its own handler for its training after the block (review of
-    51889db: it was taken for a trained one's)."""
+    51889db: it was taken for a trained one's); one whose train() ended by an exception (out
+    now, the watchdog's interrupt) counts as trained (review of 3c5ba66: as still training)."""
     done = subprocess.run(
         [sys.executable, "-c", SCENES, scene], capture_output=True, text=True, timeout=240,
         env=clean_env(), check=False,
