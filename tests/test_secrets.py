@@ -424,3 +424,36 @@ def test_a_url_password_that_reads_like_a_parameter_is_hidden(password, redact):
     empty value was hidden with the ``@``, and the password was shown (found by hypothesis)."""
     shown = redact(f"http://u:{password}@h/x")
     assert password.split("=", 1)[0] not in shown, shown
+
+
+@pytest.mark.parametrize(
+    "redacted",
+    [
+        lambda: redact_message("token=ab:cd@SECRETTAIL"),
+        lambda: redact_text("https://h/x?token=ab:cd@SECRETTAIL"),
+        lambda: redact_message("password=x:@SECRETTAIL"),
+        lambda: redact_message("X-Api-Key:abc@SECRETTAIL"),
+        lambda: " ".join(redact_argv(["curl", "-H", "X-Api-Key:abc@SECRETTAIL"])),
+        lambda: " ".join(redact_argv(["sh", "-c", "vllm --api-key=ab:cd@SECRETTAIL"])),
+        lambda: " ".join(redact_argv(["curl", "https://h/x?token=ab:cd@SECRETTAIL"])),
+        lambda: str(shown_command("vllm --api-key=ab:cd@SECRETTAIL 'unbalanced")),
+        lambda: redact_message("export HF_TOKEN=xy:z@SECRETTAIL"),
+        lambda: str(shown_command("curl 'https://h/x?token=ab:cd@SECRETTAIL'")),
+    ],
+    ids=[
+        "key",
+        "query",
+        "password-key",
+        "header",
+        "header-arg",
+        "flag-in-shell",
+        "query-arg",
+        "unbalanced",
+        "export",
+        "quoted-query",
+    ],  # fmt: skip
+)
+def test_a_secret_holding_a_colon_and_an_at_is_hidden_whole(redacted):
+    """A secret value with ``:`` and ``@`` in it (``token=ab:cd@TAIL``) is no URL credential:
+    hiding user:password@ before the key passes left its tail shown (review of 3c5ba66)."""
+    assert "SECRETTAIL" not in redacted()

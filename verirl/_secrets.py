@@ -694,14 +694,46 @@ def _hide_structured(text: str) -> str:
 
 
 def _redact_params(value: str) -> str:
-    """``value`` without URL credentials, secret keys', parameters' and headers' values.
+    """``value`` without secret keys', query parameters' and header credentials' values.
 
-    A URL's ``user:password@`` goes first (`_hide_userinfos`): a password
-    that reads like a parameter (``u:mypwd=@h``) would otherwise be taken for
-    a secret key, its value hidden with the ``@`` and the password left.
+    A URL's password (or its user alone, ``//TOKEN@``) is shielded from
+    these passes (`_shield_credentials`) and put back for the URL pass that
+    follows: one that reads like a secret key (``u:mypwd=@h``) was taken for
+    one, its empty value hidden with the ``@``, and so never seen as a URL's.
     """
-    if "@" in value:
-        value = _hide_userinfos(value)
+    if "@" not in value or _SHIELD in value:
+        return _redact_names(value)
+    shielded, credentials = _shield_credentials(value)
+    value = _redact_names(shielded)
+    for index, credential in enumerate(credentials):
+        value = value.replace(f"{_SHIELD}{index}{_SHIELD}", credential)
+    return value
+
+
+_SHIELD = "\ue000"  # a private-use character: no pass reads it as part of a name or a value
+
+
+def _shield_credentials(text: str) -> tuple[str, list[str]]:
+    """``text`` with each URL credential (`_userinfo_spans`) replaced by a numbered shield."""
+    pieces: list[str] = []
+    credentials: list[str] = []
+    position = 0
+    for start, end in _userinfo_spans(text):
+        user, colon, password = text[start : end - 1].partition(":")
+        if colon and password:
+            cut = start + len(user) + 1
+        elif not colon and user and text[max(0, start - 2) : start] == "//":
+            cut = start
+        else:
+            continue
+        pieces += [text[position:cut], f"{_SHIELD}{len(credentials)}{_SHIELD}"]
+        credentials.append(text[cut : end - 1])
+        position = end - 1
+    return "".join([*pieces, text[position:]]), credentials
+
+
+def _redact_names(value: str) -> str:
+    """``value`` without secret keys', query parameters' and header credentials' values."""
     if "=" in value or ":" in value:
         value = _hide_structured(value)
     if "=" in value:
@@ -858,11 +890,9 @@ def redact_message(text: str) -> str:
     rest of the text stays (an ``@`` without a colon before it, as in
     ``org/repo@revision``, is no credential).
     """
-    return _redact_params(text)
-
-
-def _hide_userinfos(text: str) -> str:
-    """``text`` with each URL's ``user:password@`` (`_userinfo_spans`) as ``***@``."""
+    text = _redact_params(text)
+    if "@" not in text:
+        return text
     shown: list[str] = []
     position = 0
     for start, end in _userinfo_spans(text):
