@@ -429,6 +429,7 @@ def ending_signal_name(code: int) -> str:
 
 _JIT_MODULE = "transformers.trainer_jit_checkpoint"
 _JIT_ORIGINAL = "_original_sigterm_handler"  # what its callback puts back as training ends
+_JIT_HANDLER = "_sigterm_handler"  # the handler it sets as its Trainer is built
 
 
 def jit_checkpoint_manager(handler: object) -> object | None:
@@ -447,26 +448,50 @@ _JIT_SEEN: weakref.WeakSet[object] = weakref.WeakSet()
 """Every JIT-checkpoint manager verirl saw the handler of: the policy lends to each (`_install`)."""
 
 
-def jit_trained(manager: object) -> bool:
-    """Whether the Trainer of a JIT ``manager`` has begun a training (its state has max steps).
+def jit_trained(manager: object, *, ending: bool = False) -> bool:
+    """Whether the Trainer of a JIT ``manager`` has trained: begun, and not training now.
 
     Its handler is then spent: transformers sets it once, as the Trainer is
     built, and only its first training saves on it; after it, the handler
-    starts a timer for a checkpoint no training takes. Until then it is
-    live. Not ``is_in_train``, which a train() ended by an exception (a
+    starts a timer for a checkpoint no training takes. Before and during
+    that training it is live. "Now" is read from the main thread's stack,
+    not from ``is_in_train``, which a train() ended by an exception (a
     stop's exit, an interrupt, a second Ctrl-C) leaves set for good.
+    ``ending``: the training on the stack is ending (its callback's end).
     """
     trainer = getattr(manager, "trainer", None)
-    return bool(getattr(getattr(trainer, "state", None), "max_steps", 0))
+    begun = bool(getattr(getattr(trainer, "state", None), "max_steps", 0))
+    return begun and (ending or not _training_now(trainer))
 
 
-def jit_chain(handler: object) -> tuple[object | None, object]:
+_TRAINING_FRAMES = frozenset({"train", "_inner_training_loop"})
+
+
+def _training_now(trainer: object) -> bool:
+    """Whether ``trainer``'s train() is on the main thread's stack."""
+    if threading.current_thread() is threading.main_thread():
+        frame: types.FrameType | None = sys._getframe()  # noqa: SLF001 - the stack, read only
+    else:
+        frame = sys._current_frames().get(threading.main_thread().ident or 0)  # noqa: SLF001
+    while frame is not None:
+        code = frame.f_code
+        if (
+            code.co_name in _TRAINING_FRAMES
+            and code.co_varnames[:1] == ("self",)
+            and frame.f_locals.get("self") is trainer
+        ):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def jit_chain(handler: object, *, ending: bool = False) -> tuple[object | None, object]:
     """Through ``handler``'s JIT managers: the first live handler (or None), and the bottom.
 
     Each manager puts back what SIGTERM had when its Trainer was built: an
     older one's handler, a handler verirl left in place (read as what it
     stands in for), the default or a program's own, which is the bottom.
-    Every manager found is noted (`_JIT_SEEN`).
+    Every manager found is noted (`_JIT_SEEN`). ``ending``: see `jit_trained`.
     """
     managers: list[object] = []
     live: object | None = None
@@ -474,7 +499,7 @@ def jit_chain(handler: object) -> tuple[object | None, object]:
     manager = jit_checkpoint_manager(under)
     while manager is not None and manager not in managers:
         managers.append(manager)
-        if live is None and not jit_trained(manager):
+        if live is None and not jit_trained(manager, ending=ending):
             live = under
         under = stand_in_for(signal.SIGTERM, getattr(manager, _JIT_ORIGINAL, None))
         manager = jit_checkpoint_manager(under)
@@ -490,7 +515,10 @@ class SigtermPolicy:
         self._anonymous = 0  # holders that keep their own count (`held`)
         self._holders: dict[int, object] = {}  # id → holder, for `acquire(holder)`
         self._installed = False
-        self._lent: list[weakref.ref[object]] = []  # JIT managers that put ours back (`_lend`)
+        # JIT managers that put ours back (`_lend`): id -> (the manager, the manager of the
+        # handler it had recorded, or None for the default)
+        self._lent: dict[int, tuple[weakref.ref[object], weakref.ref[object] | None]] = {}
+        self._set_aside: weakref.ref[object] | None = None  # a JIT handler ours replaced
         self._fired = False
         self._cause: BaseException | None = None
         self._interrupt_sent = False
@@ -672,21 +700,23 @@ class SigtermPolicy:
     def _install(self) -> bool:
         """The first holder's: our handler over the default; False where none can be set.
 
-        Over transformers' JIT-checkpoint handler that replaced the default
-        (a Trainer built before this holder), ours becomes what that handler
-        puts back when its training ends: held, SIGTERM still exits after it.
+        Over transformers' JIT-checkpoint handlers too, which the default is
+        under (a Trainer built before this holder): the policy wins while it
+        is held. The handler set aside, and what each JIT manager puts back
+        when its training ends (`_lend`), are given back at the last release
+        while its Trainer is yet to train.
         """
         current = signal.getsignal(signal.SIGTERM)
         self._installed = False
         self._fired = False
         self._cause = None
         self._interrupt_sent = False
-        live, under = jit_chain(current)
+        _, under = jit_chain(current)
         if current == self.handle:
             self._installed = True
-        elif live is not None and under in (signal.SIG_DFL, self.handle):
-            self._installed = True  # the JIT handler stays; ours comes back as training ends
-        elif under in (signal.SIG_DFL, self.handle):  # the default, or what never exits now
+        elif under in (signal.SIG_DFL, self.handle):  # the default under whatever is there
+            top = jit_checkpoint_manager(stand_in_for(signal.SIGTERM, current))
+            self._set_aside = None if top is None else weakref.ref(top)
             self._installed = True
             try:
                 signal.signal(signal.SIGTERM, self.handle)
@@ -700,29 +730,52 @@ class SigtermPolicy:
         return True
 
     def _lend(self) -> None:
-        """Ours as what a JIT manager puts back when its training ends, while held.
+        """Ours as what each JIT manager puts back when its training ends, while held.
 
         transformers' callback puts back the handler it found as its Trainer
-        was built, also inside a held block: the default, or what no longer
-        exits (a trained Trainer's handler, one verirl left in place) become
-        ours; a live JIT handler (its Trainer yet to train) and a program's
-        own stay what is put back.
+        was built, also inside a held block. Where the default is under it,
+        ours goes there instead; what was there is noted, for `release`. A
+        program's own handler under it stays what is put back.
         """
         for manager in list(_JIT_SEEN):
-            live, under = jit_chain(getattr(manager, _JIT_ORIGINAL, None))
-            if live is None and under in (signal.SIG_DFL, self.handle):
-                setattr(manager, _JIT_ORIGINAL, self.handle)
-                if not any(ref() is manager for ref in self._lent):
-                    self._lent.append(weakref.ref(manager))
+            if id(manager) in self._lent and self._lent[id(manager)][0]() is manager:
+                continue
+            original = getattr(manager, _JIT_ORIGINAL, None)
+            _, under = jit_chain(original)
+            if under not in (signal.SIG_DFL, self.handle):
+                continue
+            older = jit_checkpoint_manager(stand_in_for(signal.SIGTERM, original))
+            setattr(manager, _JIT_ORIGINAL, self.handle)
+            self._lent[id(manager)] = (
+                weakref.ref(manager),
+                None if older is None else weakref.ref(older),
+            )
 
-    def reclaim(self) -> None:
+    def _due(self, manager_ref: weakref.ref[object] | None) -> _Handler | signal.Handlers:
+        """What SIGTERM should have once released, from ``manager_ref`` down its chain.
+
+        The handler of the first Trainer still to train, else the default.
+        """
+        manager = None if manager_ref is None else manager_ref()
+        seen: set[int] = set()
+        while manager is not None and id(manager) not in seen:
+            seen.add(id(manager))
+            if not jit_trained(manager):
+                return cast("_Handler", getattr(manager, _JIT_HANDLER))
+            entry = self._lent.get(id(manager))
+            older = entry[1] if entry is not None and entry[0]() is manager else None
+            manager = None if older is None else older()
+        return signal.SIG_DFL
+
+    def reclaim(self, *, ending: bool = True) -> None:
         """After a training ended (from the main thread): held, SIGTERM is ours again.
 
         `verirl.preemption.PreemptionCallback` calls it as it gives SIGTERM
         back: a JIT checkpoint's callback may have put back the default, a
         trained Trainer's handler or one verirl left in place, none of which
         exits while a server or a runtime is held. A live JIT handler and a
-        program's own handler are left.
+        program's own handler are left. ``ending``: the training on the
+        stack is ending, its handler spent (`jit_trained`).
         """
         if threading.current_thread() is not threading.main_thread():
             return
@@ -730,7 +783,7 @@ class SigtermPolicy:
             current = signal.getsignal(signal.SIGTERM)
             if not self._users or current == self.handle:
                 return
-            live, under = jit_chain(current)
+            live, under = jit_chain(current, ending=ending)
             if live is not None or under not in (signal.SIG_DFL, self.handle):
                 return
             with contextlib.suppress(ValueError):  # not the main interpreter
@@ -750,15 +803,17 @@ class SigtermPolicy:
                 return
             if self._users or not self._installed:
                 return
-            lent, self._lent = self._lent, []
-            for ref in lent:  # the default again, not a trainer finished meanwhile
+            for ref, older in list(self._lent.values()):  # what each put back before ours
                 manager = ref()
                 if manager is not None and getattr(manager, _JIT_ORIGINAL, None) == self.handle:
-                    setattr(manager, _JIT_ORIGINAL, signal.SIG_DFL)
+                    setattr(manager, _JIT_ORIGINAL, self._due(older))
+            set_aside, self._set_aside = self._set_aside, None
+            due = self._due(set_aside)
+            self._lent = {}
             on_main = threading.current_thread() is threading.main_thread()
             current = signal.getsignal(signal.SIGTERM)
             if on_main and (current == self.handle or self._stale_jit(current)):
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, due if current == self.handle else signal.SIG_DFL)
                 self._installed = False
 
     def _stale_jit(self, handler: object) -> bool:

@@ -214,6 +214,32 @@ elif scene.startswith("jit-built-before"):  # its JIT handler set before the ser
         trainer.train()
         print("returned")
     print("default", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+elif scene == "jit-hold-in-training":  # a callback holds the policy a moment mid-training
+    class HoldsAMoment(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == 1:
+                with exit_on_sigterm():
+                    pass
+            if state.global_step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # JIT's 3 s timer comes before the end
+    trainer = make_trainer([HoldsAMoment()], jit=True, max_steps=8)
+    trainer.train()
+    saved = any(name.startswith("checkpoint-") for name in os.listdir(trainer.args.output_dir))
+    print("JIT checkpoint", saved)
+elif scene == "jit-ctrl-c-held":  # no PreemptionCallback; a Ctrl-C a notebook catches
+    class CtrlC(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+    trainer = make_trainer([CtrlC()], jit=True)
+    with exit_on_sigterm():
+        try:
+            trainer.train()
+        except KeyboardInterrupt:
+            print("KeyboardInterrupt")
+        sigterm_now()
+    print("default", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
 elif scene.startswith("jit-live-"):  # a JIT trainer that trains after the block keeps its JIT
     class Preempted(TrainerCallback):  # slow steps: JIT's 3 s timer comes before the end
         def on_step_end(self, args, state, control, **kw):
@@ -285,6 +311,8 @@ else:  # JIT trainers whose callback puts back a handler that no longer exits (r
         ("jit-built-before-released", ["returned", "default True"]),
         ("jit-built-before-two", ["returned", "SIGTERM exit 143", "default True"]),
         ("jit-live-reclaimed", ["JIT checkpoint True"]),
+        ("jit-hold-in-training", ["JIT checkpoint True"]),
+        ("jit-ctrl-c-held", ["KeyboardInterrupt", "SIGTERM exit 143", "default True"]),
         ("jit-live-lent", ["JIT checkpoint True"]),
         *(
             (
@@ -299,9 +327,7 @@ else:  # JIT trainers whose callback puts back a handler that no longer exits (r
             for scene, kept in [
                 ("jit-two-holds", []),
                 ("jit-trained-before-pc", []),
-                # Two trained oldest first without PreemptionCallback: the older's stale
-                # handler is what the newer puts back (known limit, README); the default after.
-                ("jit-order", None),
+                ("jit-order", []),
                 ("jit-order-pc", []),
                 ("jit-order-inside-pc", []),
                 ("jit-after-kept", ["SystemExit kept"]),
@@ -324,7 +350,9 @@ def test_a_stop_s_exit_caught_leaves_sigterm_and_the_watchdog_working(scene, sai
     with PreemptionCallback one never seen or built inside the block (review of fbda37d); a JIT
     trainer yet to train keeps its own handler for its training after the block (review of
     51889db: it was taken for a trained one's); one whose train() ended by an exception (out
-    now, the watchdog's interrupt) counts as trained (review of 3c5ba66: as still training)."""
+    now, the watchdog's interrupt) counts as trained (review of 3c5ba66: as still training); a
+    hold begun and ended during a JIT trainer's training leaves it its handler, and a JIT trainer
+    whose train() a caught Ctrl-C ended leaves SIGTERM exiting in the block (review of 9dde7cb)."""
     done = subprocess.run(
         [sys.executable, "-c", SCENES, scene], capture_output=True, text=True, timeout=240,
         env=clean_env(), check=False,
