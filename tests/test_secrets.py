@@ -451,9 +451,42 @@ def test_a_url_password_that_reads_like_a_parameter_is_hidden(password, redact):
         "unbalanced",
         "export",
         "quoted-query",
-    ],  # fmt: skip
+    ],
 )
 def test_a_secret_holding_a_colon_and_an_at_is_hidden_whole(redacted):
     """A secret value with ``:`` and ``@`` in it (``token=ab:cd@TAIL``) is no URL credential:
     hiding user:password@ before the key passes left its tail shown (review of 3c5ba66)."""
     assert "SECRETTAIL" not in redacted()
+
+
+HF_USER = "hf_" + "a" * 34
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"https://{HF_USER}:SECRETPW@huggingface.co/org/repo",
+        f"git clone https://{HF_USER}:SECRETPW@hf.co/x",
+        f"{HF_USER}:SECRETPW@host",
+        "\ue000 http://u:S3crPwd0=SECRETPW@h/x",
+        "\ue000\ue001 http://u:api_key=SECRETPW@h/x",
+        "\ue000 http://u:pwd=x=SECRETPW@h/x",
+    ],
+    ids=[
+        "hub-user-url",
+        "hub-user-command",
+        "hub-user-bare",
+        "shield-char",
+        "two-shield-chars",
+        "shield-char-two-equals",
+    ],
+)
+@pytest.mark.parametrize(
+    "redact",
+    [redact_text, redact_message, lambda text: " ".join(redact_argv(["git", text]))],
+    ids=["text", "message", "argv"],
+)
+def test_a_url_password_is_hidden_whatever_other_passes_did_around_it(text, redact):
+    """A URL password behind a user another pass rewrote (a Hub token), or in a text that
+    already holds the private-use character the shield was (review of 9dde7cb)."""
+    assert "SECRETPW" not in redact(text)

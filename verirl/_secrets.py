@@ -700,34 +700,46 @@ def _redact_params(value: str) -> str:
     these passes (`_shield_credentials`) and put back for the URL pass that
     follows: one that reads like a secret key (``u:mypwd=@h``) was taken for
     one, its empty value hidden with the ``@``, and so never seen as a URL's.
+    It is put back only behind what led to it; where a pass rewrote that
+    (a user that is a Hub token), it stays hidden.
     """
-    if "@" not in value or _SHIELD in value:
+    if "@" not in value:
         return _redact_names(value)
-    shielded, credentials = _shield_credentials(value)
+    shield = next(chr(code) for code in _PRIVATE_USE if chr(code) not in value)
+    shielded, credentials = _shield_credentials(value, shield)
     value = _redact_names(shielded)
-    for index, credential in enumerate(credentials):
-        value = value.replace(f"{_SHIELD}{index}{_SHIELD}", credential)
+    for index, (lead, credential) in enumerate(credentials):
+        mark = f"{shield}{index}{shield}"
+        before, found, after = value.partition(mark)
+        if found:
+            kept = credential if before.endswith(lead) else HIDDEN
+            value = before + kept + after
     return value
 
 
-_SHIELD = "\ue000"  # a private-use character: no pass reads it as part of a name or a value
+_PRIVATE_USE = range(0xE000, 0xF900)
+"""Characters no pass reads as part of a name or a value: a shield is one the text lacks."""
 
 
-def _shield_credentials(text: str) -> tuple[str, list[str]]:
-    """``text`` with each URL credential (`_userinfo_spans`) replaced by a numbered shield."""
+def _shield_credentials(text: str, shield: str) -> tuple[str, list[tuple[str, str]]]:
+    """``text`` with each URL credential (`_userinfo_spans`) replaced by a numbered shield.
+
+    Each credential comes with what leads to it: ``user:`` before a
+    password, ``//`` before a user alone.
+    """
     pieces: list[str] = []
-    credentials: list[str] = []
+    credentials: list[tuple[str, str]] = []
     position = 0
     for start, end in _userinfo_spans(text):
         user, colon, password = text[start : end - 1].partition(":")
         if colon and password:
-            cut = start + len(user) + 1
+            cut, lead = start + len(user) + 1, f"{user}:"
         elif not colon and user and text[max(0, start - 2) : start] == "//":
-            cut = start
+            cut, lead = start, "//"
         else:
             continue
-        pieces += [text[position:cut], f"{_SHIELD}{len(credentials)}{_SHIELD}"]
-        credentials.append(text[cut : end - 1])
+        pieces += [text[position:cut], f"{shield}{len(credentials)}{shield}"]
+        credentials.append((lead, text[cut : end - 1]))
         position = end - 1
     return "".join([*pieces, text[position:]]), credentials
 
