@@ -23,6 +23,7 @@ from verirl import (
     VLLMTopology,
     find_free_port,
 )
+from verirl.distenv import avoided_ports
 
 DELAY = 0.5
 
@@ -296,10 +297,11 @@ def test_sigint_during_the_block_tears_down_as_sigterm_does(default_sigterm):
 
 
 def test_default_factory_needs_a_model():
+    port = find_free_port()
     rt = TrainingRuntime(
-        VLLMTopology.plan(2, max_model_len=64, port=find_free_port()),
+        VLLMTopology.plan(2, max_model_len=64, port=port),
         environ={},
-        dist_env=DistributedEnv.single_node(environ={}),
+        dist_env=DistributedEnv.single_node(environ={}, avoid_ports=avoided_ports(port)),
     )
     with pytest.raises(ConfigError, match="model"):
         rt.start()

@@ -73,7 +73,7 @@ def fake_runtime() -> TrainingRuntime:
     from fakes.envserver import FakeEnvServerProbe  # noqa: PLC0415
     from fakes.vllm import FakeVLLMServer  # noqa: PLC0415
     from verirl.checkpoints import CheckpointResolver  # noqa: PLC0415
-    from verirl.distenv import DistributedEnv, find_free_port  # noqa: PLC0415
+    from verirl.distenv import DistributedEnv, avoided_ports, find_free_port  # noqa: PLC0415
     from verirl.runtime import TrainingRuntime  # noqa: PLC0415
     from verirl.topology import VLLMTopology  # noqa: PLC0415
 
@@ -83,13 +83,14 @@ def fake_runtime() -> TrainingRuntime:
         return FakeVLLMServer.from_topology(topology, model="fake/model", serve_http=True)
 
     environ: dict[str, str] = {}
+    port = find_free_port()  # free now, bound only at start: MASTER_PORT must not pick it too
     return TrainingRuntime(
-        VLLMTopology.plan(2, max_model_len=4096, port=find_free_port()),
+        VLLMTopology.plan(2, max_model_len=4096, port=port),
         model="fake/model",
         env_probe=FakeEnvServerProbe(),
         checkpoints=CheckpointResolver([FakeCheckpointSource(steps=[10])]),
         resume_from="latest",
-        dist_env=DistributedEnv.single_node(environ=environ),
+        dist_env=DistributedEnv.single_node(environ=environ, avoid_ports=avoided_ports(port)),
         server_factory=factory,
         environ=environ,
     )
