@@ -468,19 +468,23 @@ _TRAINING_FRAMES = frozenset({"train", "_inner_training_loop"})
 
 
 def _training_now(trainer: object) -> bool:
-    """Whether ``trainer``'s train() is on the main thread's stack."""
+    """Whether ``trainer``'s train() is on the main thread's stack, short of its end.
+
+    Its callbacks' ``on_train_end`` on the stack above it is its end: the JIT
+    callback put its handler's original back there, the training goes no further.
+    """
     if threading.current_thread() is threading.main_thread():
         frame: types.FrameType | None = sys._getframe()  # noqa: SLF001 - the stack, read only
     else:
         frame = sys._current_frames().get(threading.main_thread().ident or 0)  # noqa: SLF001
+    callbacks = getattr(trainer, "callback_handler", None)
     while frame is not None:
         code = frame.f_code
-        if (
-            code.co_name in _TRAINING_FRAMES
-            and code.co_varnames[:1] == ("self",)
-            and frame.f_locals.get("self") is trainer
-        ):
-            return True
+        if code.co_varnames[:1] == ("self",):
+            if code.co_name == "on_train_end" and frame.f_locals.get("self") is callbacks:
+                return False
+            if code.co_name in _TRAINING_FRAMES and frame.f_locals.get("self") is trainer:
+                return True
         frame = frame.f_back
     return False
 
@@ -556,8 +560,15 @@ class SigtermPolicy:
         if cause is not None:
             raise cause
         if self._users == 0:
-            # Released off the main thread, so the handler could not be removed: be the default.
-            signal.signal(signum, signal.SIG_DFL)
+            # Released off the main thread, so the handler could not be removed: be what it
+            # would have given back (a set-aside JIT handler whose Trainer is yet to train),
+            # else the default.
+            due = self._due(self._set_aside)
+            self._set_aside, self._lent = None, {}
+            signal.signal(signum, due)
+            if callable(due):
+                due(signum, _frame)
+                return
             os.kill(os.getpid(), signum)
             return
         if self._fired:
@@ -738,9 +749,10 @@ class SigtermPolicy:
         program's own handler under it stays what is put back.
         """
         for manager in list(_JIT_SEEN):
-            if id(manager) in self._lent and self._lent[id(manager)][0]() is manager:
-                continue
             original = getattr(manager, _JIT_ORIGINAL, None)
+            lent = self._lent.get(id(manager))
+            if original == self.handle and lent is not None and lent[0]() is manager:
+                continue  # lent already
             _, under = jit_chain(original)
             if under not in (signal.SIG_DFL, self.handle):
                 continue
@@ -807,13 +819,13 @@ class SigtermPolicy:
                 manager = ref()
                 if manager is not None and getattr(manager, _JIT_ORIGINAL, None) == self.handle:
                     setattr(manager, _JIT_ORIGINAL, self._due(older))
-            set_aside, self._set_aside = self._set_aside, None
-            due = self._due(set_aside)
-            self._lent = {}
-            on_main = threading.current_thread() is threading.main_thread()
+            if threading.current_thread() is not threading.main_thread():
+                return  # ours stays, and acts as what it would give back (`handle`)
+            due = self._due(self._set_aside)
+            self._set_aside, self._lent = None, {}
             current = signal.getsignal(signal.SIGTERM)
-            if on_main and (current == self.handle or self._stale_jit(current)):
-                signal.signal(signal.SIGTERM, due if current == self.handle else signal.SIG_DFL)
+            if current == self.handle or self._stale_jit(current):
+                signal.signal(signal.SIGTERM, due)
                 self._installed = False
 
     def _stale_jit(self, handler: object) -> bool:

@@ -240,6 +240,15 @@ elif scene == "jit-ctrl-c-held":  # no PreemptionCallback; a Ctrl-C a notebook c
             print("KeyboardInterrupt")
         sigterm_now()
     print("default", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+elif scene == "jit-hold-for-training":  # a callback holds the policy for the training only
+    class ServerForTraining(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            self.hold = exit_on_sigterm()
+            self.hold.__enter__()
+        def on_train_end(self, args, state, control, **kw):
+            self.hold.__exit__(None, None, None)
+    make_trainer([ServerForTraining()], jit=True).train()
+    print("default", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
 elif scene.startswith("jit-live-"):  # a JIT trainer that trains after the block keeps its JIT
     class Preempted(TrainerCallback):  # slow steps: JIT's 3 s timer comes before the end
         def on_step_end(self, args, state, control, **kw):
@@ -250,6 +259,24 @@ elif scene.startswith("jit-live-"):  # a JIT trainer that trains after the block
         with exit_on_sigterm():
             later = make_trainer([Preempted()], jit=True, max_steps=8)
             make_trainer([PreemptionCallback()]).train()
+    elif scene == "jit-live-over-spent":  # set aside; a JIT trainer built inside left spent
+        class CtrlC(TrainerCallback):
+            def on_step_end(self, args, state, control, **kw):
+                if state.global_step == 2:
+                    os.kill(os.getpid(), signal.SIGINT)
+        later = make_trainer([Preempted()], jit=True, max_steps=8)
+        with exit_on_sigterm():
+            try:
+                make_trainer([CtrlC()], jit=True).train()
+            except KeyboardInterrupt:
+                print("KeyboardInterrupt")
+    elif scene == "jit-live-released-off-main":  # the last holder released from a thread
+        later = make_trainer([Preempted()], jit=True, max_steps=8)
+        holder = object()
+        SIGTERM_POLICY.acquire(holder)
+        releasing = threading.Thread(target=SIGTERM_POLICY.release, args=(holder,))
+        releasing.start()
+        releasing.join()
     else:  # built before a newer one, which alone trains in the block
         later = make_trainer([Preempted()], jit=True, max_steps=8)
         newer = make_trainer([], jit=True)
@@ -312,6 +339,9 @@ else:  # JIT trainers whose callback puts back a handler that no longer exits (r
         ("jit-built-before-two", ["returned", "SIGTERM exit 143", "default True"]),
         ("jit-live-reclaimed", ["JIT checkpoint True"]),
         ("jit-hold-in-training", ["JIT checkpoint True"]),
+        ("jit-hold-for-training", ["default True"]),
+        ("jit-live-over-spent", ["KeyboardInterrupt", "JIT checkpoint True"]),
+        ("jit-live-released-off-main", ["JIT checkpoint True"]),
         ("jit-ctrl-c-held", ["KeyboardInterrupt", "SIGTERM exit 143", "default True"]),
         ("jit-live-lent", ["JIT checkpoint True"]),
         *(
@@ -352,7 +382,9 @@ def test_a_stop_s_exit_caught_leaves_sigterm_and_the_watchdog_working(scene, sai
     51889db: it was taken for a trained one's); one whose train() ended by an exception (out
     now, the watchdog's interrupt) counts as trained (review of 3c5ba66: as still training); a
     hold begun and ended during a JIT trainer's training leaves it its handler, and a JIT trainer
-    whose train() a caught Ctrl-C ended leaves SIGTERM exiting in the block (review of 9dde7cb)."""
+    whose train() a caught Ctrl-C ended leaves SIGTERM exiting in the block (review of 9dde7cb);
+    a hold ended in the trainer's own on_train_end, a spent JIT handler over a set-aside live one,
+    and a release from a thread leave each the right handler (review of 2724e76)."""
     done = subprocess.run(
         [sys.executable, "-c", SCENES, scene], capture_output=True, text=True, timeout=240,
         env=clean_env(), check=False,
