@@ -490,3 +490,11 @@ def test_a_url_password_is_hidden_whatever_other_passes_did_around_it(text, reda
     """A URL password behind a user another pass rewrote (a Hub token), or in a text that
     already holds the private-use character the shield was (review of 9dde7cb)."""
     assert "SECRETPW" not in redact(text)
+
+
+def test_a_text_holding_every_shield_character_is_still_redacted():
+    """Every private-use character in the text left no shield: a StopIteration escaped from an
+    error's construction (review of 2724e76). The credential is then hidden outright."""
+    text = "".join(map(chr, range(0xE000, 0xF900))) + " https://u:SECRETPW@h"
+    assert "SECRETPW" not in redact_message(text)
+    assert "SECRETPW" not in redact_text(text)

@@ -705,27 +705,29 @@ def _redact_params(value: str) -> str:
     """
     if "@" not in value:
         return _redact_names(value)
-    shield = next(chr(code) for code in _PRIVATE_USE if chr(code) not in value)
+    shield = next((chr(code) for code in _PRIVATE_USE if chr(code) not in value), None)
     shielded, credentials = _shield_credentials(value, shield)
     value = _redact_names(shielded)
-    for index, (lead, credential) in enumerate(credentials):
-        mark = f"{shield}{index}{shield}"
-        before, found, after = value.partition(mark)
-        if found:
-            kept = credential if before.endswith(lead) else HIDDEN
-            value = before + kept + after
-    return value
+    if shield is None or not credentials:
+        return value
+
+    def put_back(mark: re.Match[str]) -> str:
+        lead, credential = credentials[int(mark.group(1))]
+        return credential if mark.string.endswith(lead, 0, mark.start()) else HIDDEN
+
+    return re.sub(f"{shield}([0-9]+){shield}", put_back, value)
 
 
 _PRIVATE_USE = range(0xE000, 0xF900)
 """Characters no pass reads as part of a name or a value: a shield is one the text lacks."""
 
 
-def _shield_credentials(text: str, shield: str) -> tuple[str, list[tuple[str, str]]]:
+def _shield_credentials(text: str, shield: str | None) -> tuple[str, list[tuple[str, str]]]:
     """``text`` with each URL credential (`_userinfo_spans`) replaced by a numbered shield.
 
     Each credential comes with what leads to it: ``user:`` before a
-    password, ``//`` before a user alone.
+    password, ``//`` before a user alone. Without a shield (the text holds
+    every private-use character), each is hidden outright.
     """
     pieces: list[str] = []
     credentials: list[tuple[str, str]] = []
@@ -738,7 +740,8 @@ def _shield_credentials(text: str, shield: str) -> tuple[str, list[tuple[str, st
             cut, lead = start, "//"
         else:
             continue
-        pieces += [text[position:cut], f"{shield}{len(credentials)}{shield}"]
+        mark = HIDDEN if shield is None else f"{shield}{len(credentials)}{shield}"
+        pieces += [text[position:cut], mark]
         credentials.append((lead, text[cut : end - 1]))
         position = end - 1
     return "".join([*pieces, text[position:]]), credentials
