@@ -523,6 +523,7 @@ class SigtermPolicy:
         # handler it had recorded, or None for the default)
         self._lent: dict[int, tuple[weakref.ref[object], weakref.ref[object] | None]] = {}
         self._set_aside: weakref.ref[object] | None = None  # a JIT handler ours replaced
+        self._pid = os.getpid()  # the process whose handlers these are
         self._fired = False
         self._cause: BaseException | None = None
         self._interrupt_sent = False
@@ -563,7 +564,7 @@ class SigtermPolicy:
             # Released off the main thread, so the handler could not be removed: be what it
             # would have given back (a set-aside JIT handler whose Trainer is yet to train),
             # else the default.
-            due = self._due(self._set_aside)
+            due = self._due(self._set_aside) if os.getpid() == self._pid else signal.SIG_DFL
             self._set_aside, self._lent = None, {}
             signal.signal(signum, due)
             if callable(due):
@@ -722,6 +723,7 @@ class SigtermPolicy:
         self._fired = False
         self._cause = None
         self._interrupt_sent = False
+        self._pid = os.getpid()
         _, under = jit_chain(current)
         if current == self.handle:
             self._installed = True
@@ -845,13 +847,20 @@ class SigtermPolicy:
             self.release(token)
 
     def reset_after_fork(self) -> None:
-        """A forked child holds nothing; its copy of the handler acts as the default."""
+        """A forked child holds nothing; its copy of the handler acts as the default.
+
+        Nothing set aside or lent in the parent is the child's to give back:
+        a pool worker forked during training must end on SIGTERM.
+        """
         self._lock = threading.RLock()  # the handler may run while the main thread holds it
         self._anonymous = 0
         self._holders = {}
         self._fired = False
         self._cause = None
         self._interrupt_sent = False
+        self._set_aside = None
+        self._lent = {}
+        _JIT_SEEN.clear()
 
 
 SIGTERM_POLICY = SigtermPolicy()

@@ -180,6 +180,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         self._active = False
         self._stale: set[int] = set()  # handlers to give back, from the main thread
         self._previous: dict[int, _Handler] = {}  # signal -> the handler ours replaced
+        self._pid = os.getpid()  # the process whose training this is (`_on_signal`)
         self._jit_set_aside = False
         self._marker: Path | None = None  # the sentinel this callback wrote before its save
         self._remove_listener: Callable[[], None] | None = None
@@ -342,6 +343,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
     def _install(self) -> None:
         if not self._signals:
             return
+        self._pid = os.getpid()
         if threading.current_thread() is not threading.main_thread():
             log.warning(
                 "training runs outside the main thread: %s left as they are (Python runs signal "
@@ -391,6 +393,42 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
             log.debug(
                 "%s now saves a checkpoint at the next step end (was %r)", signum.name, current
             )
+
+    def _interrupt_taken(self) -> tuple[bool, BaseException | None]:
+        """Whether a SIGTERM is the watchdog's interrupt, and the error to raise for it.
+
+        Its error comes with the callback deactivated; none (taken back meanwhile):
+        the SIGTERM is ignored.
+        """
+        sent, cause = SIGTERM_POLICY.take_interrupt()
+        if not sent:
+            return False, None
+        if cause is None:
+            log.debug("an interrupt taken back meanwhile: SIGTERM ignored")
+            return True, None
+        log.error(
+            "training did not stop at a step end in time after %s: raising it now",
+            type(cause).__name__,
+        )
+        if self._stale:  # on the main thread now: they can go back
+            self._give_back(set(self._stale))
+        self._deactivate(keep=set())
+        return True, cause
+
+    def _as_before_in_a_child(self, signum: int, frame: types.FrameType | None) -> None:
+        """A process forked from the training's (a reward pool's worker): no training to stop.
+
+        The signal goes where it went before ours, the default (a worker that
+        ``terminate()`` must end, or a pool's exit waits for it for good).
+        """
+        previous = stand_in_for(signum, self._previous.get(signum, signal.SIG_DFL))
+        if previous == self._on_signal or jit_checkpoint_manager(previous) is not None:
+            previous = signal.SIG_DFL  # nothing of the parent's training is this process's
+        signal.signal(signum, previous)
+        if previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signum)
+        elif callable(previous):
+            previous(signum, frame)
 
     def _uninstall(self, keep: set[int]) -> bool:
         """Put back each handler ours replaced, except those in ``keep``; True if any kept.
@@ -526,22 +564,17 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
 
     @outside_tracers_lock
     def _on_signal(self, signum: int, _frame: types.FrameType | None) -> None:
+        if os.getpid() != self._pid:
+            self._as_before_in_a_child(signum, _frame)
+            return
+        # Before any routing, a stale handler's included: the watchdog's interrupt is not a
+        # preemption, and is never swallowed nor passed on as a plain SIGTERM.
         if signum == signal.SIGTERM:
-            # Before any routing, a stale handler's included: the watchdog's interrupt is not a
-            # preemption, and is never swallowed nor passed on as a plain SIGTERM.
-            sent, cause = SIGTERM_POLICY.take_interrupt()
-            if sent:
-                if cause is None:
-                    log.debug("an interrupt taken back meanwhile: SIGTERM ignored")
-                    return
-                log.error(
-                    "training did not stop at a step end in time after %s: raising it now",
-                    type(cause).__name__,
-                )
-                if self._stale:  # on the main thread now: they can go back
-                    self._give_back(set(self._stale))
-                self._deactivate(keep=set())
+            taken, cause = self._interrupt_taken()
+            if cause is not None:
                 raise cause
+            if taken:
+                return
         if signum in self._stale:
             self._pass_on_stale(signum, _frame)
             return

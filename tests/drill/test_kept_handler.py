@@ -240,6 +240,34 @@ elif scene == "jit-ctrl-c-held":  # no PreemptionCallback; a Ctrl-C a notebook c
             print("KeyboardInterrupt")
         sigterm_now()
     print("default", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+elif scene in ("jit-fork", "fork-preempt"):  # a worker forked (a reward pool's) ends on a signal
+    import multiprocessing
+    def terminated_worker(signum=signal.SIGTERM):
+        worker = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+        worker.start()
+        time.sleep(0.5)
+        os.kill(worker.pid, signum)
+        worker.join(10)
+        if worker.exitcode is None:
+            worker.kill()
+            worker.join()
+        return worker.exitcode
+    class ForksAWorker(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == 2:
+                print("worker during training", terminated_worker())
+    if scene == "fork-preempt":  # forked during a PreemptionCallback training
+        class ForksTwo(TrainerCallback):
+            def on_step_end(self, args, state, control, **kw):
+                if state.global_step == 2:
+                    ended = terminated_worker(), terminated_worker(signal.SIGINT)
+                    print("SIGTERM", ended[0], "SIGINT", ended[1])
+        make_trainer([PreemptionCallback(), ForksTwo()]).train()
+    else:
+        trainer = make_trainer([ForksAWorker()], jit=True)
+        with exit_on_sigterm():
+            print("worker", terminated_worker())
+            trainer.train()
 elif scene == "jit-hold-for-training":  # a callback holds the policy for the training only
     class ServerForTraining(TrainerCallback):
         def on_train_begin(self, args, state, control, **kw):
@@ -340,6 +368,8 @@ else:  # JIT trainers whose callback puts back a handler that no longer exits (r
         ("jit-live-reclaimed", ["JIT checkpoint True"]),
         ("jit-hold-in-training", ["JIT checkpoint True"]),
         ("jit-hold-for-training", ["default True"]),
+        ("jit-fork", ["worker -15", "worker during training -15"]),
+        ("fork-preempt", ["SIGTERM -15 SIGINT 1"]),  # SIGINT: the KeyboardInterrupt it had
         ("jit-live-over-spent", ["KeyboardInterrupt", "JIT checkpoint True"]),
         ("jit-live-released-off-main", ["JIT checkpoint True"]),
         ("jit-ctrl-c-held", ["KeyboardInterrupt", "SIGTERM exit 143", "default True"]),
@@ -384,7 +414,10 @@ def test_a_stop_s_exit_caught_leaves_sigterm_and_the_watchdog_working(scene, sai
     hold begun and ended during a JIT trainer's training leaves it its handler, and a JIT trainer
     whose train() a caught Ctrl-C ended leaves SIGTERM exiting in the block (review of 9dde7cb);
     a hold ended in the trainer's own on_train_end, a spent JIT handler over a set-aside live one,
-    and a release from a thread leave each the right handler (review of 2724e76)."""
+    and a release from a thread leave each the right handler (review of 2724e76); a worker forked
+    in the block ends on SIGTERM (review of 3d478f6: it took the parent's set-aside handler), and
+    one forked during a PreemptionCallback training ends on SIGTERM and SIGINT (it waited for a
+    step end that never came there)."""
     done = subprocess.run(
         [sys.executable, "-c", SCENES, scene], capture_output=True, text=True, timeout=240,
         env=clean_env(), check=False,
