@@ -860,6 +860,7 @@ class SigtermPolicy:
         self._interrupt_sent = False
         self._set_aside = None
         self._lent = {}
+        self._cooperating = []  # the parent's trainings' handlers: none trains here
         _JIT_SEEN.clear()
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Callable
 
@@ -80,6 +81,15 @@ class StopRequests:
         with self._lock:
             self._first = None
 
+    def reset_after_fork(self) -> None:
+        """A forked child runs none of its parent's training loops: nobody listens there."""
+        self._lock = threading.RLock()
+        self._listeners = []
+        self._first = None
+
 
 STOP_REQUESTS = StopRequests()
 """The registry `PreemptionCallback` listens on and verirl's watchdogs request through."""
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=STOP_REQUESTS.reset_after_fork)

@@ -115,6 +115,26 @@ _ACTIVE: list[PreemptionCallback] = []  # at most one: the callback now in charg
 _STALE: list[PreemptionCallback] = []  # closed off the main thread, their handlers still set
 
 
+def _forget_the_parent_s_training() -> None:
+    """In a forked child: the parent's callbacks train nothing here.
+
+    Their handlers, copied in, stand in for what they replaced (`leave_in_place`),
+    so that a holder in the child (its own server) takes SIGTERM over as from the default.
+    """
+    global _ACTIVE_LOCK  # noqa: PLW0603 - a lock held at the fork stays held in the child
+    _ACTIVE_LOCK = threading.RLock()
+    for callback in [*_ACTIVE, *_STALE]:
+        for signum, replaced in list(callback._previous.items()):  # noqa: SLF001 - same module
+            spent = jit_checkpoint_manager(replaced) is not None
+            leave_in_place(signum, callback._on_signal, signal.SIG_DFL if spent else replaced)  # noqa: SLF001
+    _ACTIVE.clear()
+    _STALE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_the_parent_s_training)
+
+
 def _check_signals(value: object) -> tuple[signal.Signals, ...]:
     """``signals=``: distinct catchable signals (ints or `signal.Signals`), else `ConfigError`."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
@@ -415,16 +435,25 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         self._deactivate(keep=set())
         return True, cause
 
+    @outside_tracers_lock
     def _as_before_in_a_child(self, signum: int, frame: types.FrameType | None) -> None:
         """A process forked from the training's (a reward pool's worker): no training to stop.
 
         The signal goes where it went before ours, the default (a worker that
-        ``terminate()`` must end, or a pool's exit waits for it for good).
+        ``terminate()`` must end, or a pool's exit waits for it for good); the
+        child's own policy's interrupt raises its error there.
         """
+        sent, cause = (False, None)
+        if signum == signal.SIGTERM:
+            sent, cause = SIGTERM_POLICY.take_interrupt()
         previous = stand_in_for(signum, self._previous.get(signum, signal.SIG_DFL))
         if previous == self._on_signal or jit_checkpoint_manager(previous) is not None:
             previous = signal.SIG_DFL  # nothing of the parent's training is this process's
         signal.signal(signum, previous)
+        if cause is not None:
+            raise cause
+        if sent:
+            return
         if previous == signal.SIG_DFL:
             os.kill(os.getpid(), signum)
         elif callable(previous):

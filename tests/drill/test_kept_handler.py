@@ -268,6 +268,39 @@ elif scene in ("jit-fork", "fork-preempt"):  # a worker forked (a reward pool's)
         with exit_on_sigterm():
             print("worker", terminated_worker())
             trainer.train()
+elif scene == "fork-holds":  # a child forked in training runs a server of its own
+    from verirl._stop import STOP_REQUESTS
+    def in_child(body, signum):
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            code = 0
+            try:
+                body()
+            except SystemExit as exc:
+                code = 100 + exc.code % 100
+            except RuntimeError:
+                code = 50
+            os._exit(code)
+        time.sleep(0.5)
+        os.kill(pid, signum)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    def holds():
+        with exit_on_sigterm():
+            time.sleep(10)
+    def interrupted():
+        with exit_on_sigterm():
+            SIGTERM_POLICY.interrupt(RuntimeError("vLLM server died"))
+            time.sleep(10)
+    def listens():
+        os._exit(7 if STOP_REQUESTS.listening else 0)
+    class ForksAt2(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == 2:
+                print("held", in_child(holds, signal.SIGTERM), "interrupted",
+                      in_child(interrupted, signal.SIGCONT), "listening",
+                      in_child(listens, signal.SIGCONT))
+    make_trainer([PreemptionCallback(), ForksAt2()]).train()
 elif scene == "jit-hold-for-training":  # a callback holds the policy for the training only
     class ServerForTraining(TrainerCallback):
         def on_train_begin(self, args, state, control, **kw):
@@ -370,6 +403,7 @@ else:  # JIT trainers whose callback puts back a handler that no longer exits (r
         ("jit-hold-for-training", ["default True"]),
         ("jit-fork", ["worker -15", "worker during training -15"]),
         ("fork-preempt", ["SIGTERM -15 SIGINT 1"]),  # SIGINT: the KeyboardInterrupt it had
+        ("fork-holds", ["held 143 interrupted 50 listening 0"]),
         ("jit-live-over-spent", ["KeyboardInterrupt", "JIT checkpoint True"]),
         ("jit-live-released-off-main", ["JIT checkpoint True"]),
         ("jit-ctrl-c-held", ["KeyboardInterrupt", "SIGTERM exit 143", "default True"]),
@@ -417,7 +451,8 @@ def test_a_stop_s_exit_caught_leaves_sigterm_and_the_watchdog_working(scene, sai
     and a release from a thread leave each the right handler (review of 2724e76); a worker forked
     in the block ends on SIGTERM (review of 3d478f6: it took the parent's set-aside handler), and
     one forked during a PreemptionCallback training ends on SIGTERM and SIGINT (it waited for a
-    step end that never came there)."""
+    step end that never came there); such a child holding a policy of its own exits 143 on
+    SIGTERM, raises its own interrupt and inherits no stop listener (review of 1c1ce83)."""
     done = subprocess.run(
         [sys.executable, "-c", SCENES, scene], capture_output=True, text=True, timeout=240,
         env=clean_env(), check=False,
