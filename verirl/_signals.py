@@ -202,6 +202,22 @@ def hand_on(
         handing_on = False  # noqa: F841 - read from outside (`_HANDING_ON`)
 
 
+def pass_to(
+    disposition: Callable[[int, types.FrameType | None], object] | int | signal.Handlers | None,
+    signum: int,
+    frame: types.FrameType | None,
+) -> None:
+    """Give ``signum`` to ``disposition``, just set again, as it would have had it.
+
+    A handler is called (`hand_on`); the default's action is taken (the
+    signal sent again, to it now); an ignored signal is dropped.
+    """
+    if callable(disposition):
+        hand_on(disposition, signum, frame)
+    elif disposition == signal.SIG_DFL:
+        os.kill(os.getpid(), signum)
+
+
 _HANDING_ON = "handing_on"
 """`hand_on`'s local, true while the handler it was given runs."""
 
@@ -567,10 +583,7 @@ class SigtermPolicy:
             due = self._due(self._set_aside) if os.getpid() == self._pid else signal.SIG_DFL
             self._set_aside, self._lent = None, {}
             signal.signal(signum, due)
-            if callable(due):
-                due(signum, _frame)
-                return
-            os.kill(os.getpid(), signum)
+            pass_to(due, signum, _frame)
             return
         if self._fired:
             log.warning("SIGTERM received again while tearing down; ignored")

@@ -72,11 +72,11 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from verirl._fs import printable, quoted, write_new_file
 from verirl._signals import (
     SIGTERM_POLICY,
-    hand_on,
     jit_chain,
     jit_checkpoint_manager,
     leave_in_place,
     outside_tracers_lock,
+    pass_to,
     stand_in_for,
 )
 from verirl._stop import STOP_REQUESTS
@@ -452,12 +452,8 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
         signal.signal(signum, previous)
         if cause is not None:
             raise cause
-        if sent:
-            return
-        if previous == signal.SIG_DFL:
-            os.kill(os.getpid(), signum)
-        elif callable(previous):
-            previous(signum, frame)
+        if not sent:
+            pass_to(previous, signum, frame)
 
     def _uninstall(self, keep: set[int]) -> bool:
         """Put back each handler ours replaced, except those in ``keep``; True if any kept.
@@ -545,10 +541,7 @@ class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers
             return
         previous = self._give_back({signum})[signum]
         log.info("%s: this PreemptionCallback was closed; passed on to %r", _name(signum), previous)
-        if callable(previous):
-            hand_on(previous, signum, frame)  # a program's own: interrupted as Python does
-        elif previous == signal.SIG_DFL:
-            os.kill(os.getpid(), signum)  # the default action, now that it is set again
+        pass_to(previous, signum, frame)  # a program's own: interrupted as Python does
 
     def _out_now(self, first: int) -> None:
         """A second Ctrl-C while stopping: out now, without waiting for the checkpoint."""
