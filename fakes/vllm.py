@@ -60,11 +60,11 @@ from fakes._http import serve_in_background, stop_serving
 from verirl import (
     ConfigError,
     PortInUseError,
-    ServerTopology,
     VLLMServer,
     VLLMServerError,
     VLLMServerExited,
 )
+from verirl.topology import ServerTopology
 
 if TYPE_CHECKING:
     import http.server

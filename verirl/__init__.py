@@ -9,7 +9,9 @@ needs them. Type checkers and IDEs read the ``TYPE_CHECKING`` block.
 
 ``verirl.PreemptionCallback`` is a transformers ``TrainerCallback``: it is
 reachable here on first use like the others, but not listed in ``__all__``, so
-that ``from verirl import *`` never needs the ML stack.
+that ``from verirl import *`` never needs the ML stack. A few types that only
+appear in signatures (``LaunchPlan``, ``ServerFactory``, …) stay reachable here
+too, unlisted: ``__all__`` is what the docs use, and their home modules own them.
 """
 
 from __future__ import annotations
@@ -43,18 +45,19 @@ if TYPE_CHECKING:
         VLLMStartupTimeout,
     )
     from verirl.preemption import PreemptionCallback as PreemptionCallback
+    from verirl.runtime import CheckpointResolving as CheckpointResolving
+    from verirl.runtime import PhaseTiming as PhaseTiming
     from verirl.runtime import (
-        CheckpointResolving,
-        PhaseTiming,
         RuntimeSession,
-        ServerFactory,
         ServerHandle,
         TrainingRuntime,
         resolver_from_settings,
         topology_from_settings,
     )
-    from verirl.server.launch import LaunchPlan
-    from verirl.topology import ServerTopology, VLLMTopology, detect_gpu_count
+    from verirl.runtime import ServerFactory as ServerFactory
+    from verirl.server.launch import LaunchPlan as LaunchPlan
+    from verirl.topology import ServerTopology as ServerTopology
+    from verirl.topology import VLLMTopology, detect_gpu_count
     from verirl.vllm_server import VLLMServer
 
 __all__ = [
@@ -62,7 +65,6 @@ __all__ = [
     "Checkpoint",
     "CheckpointNotFoundError",
     "CheckpointResolver",
-    "CheckpointResolving",
     "CheckpointSource",
     "CheckpointSourceError",
     "ConfigError",
@@ -71,14 +73,10 @@ __all__ = [
     "EnvServerUnavailable",
     "HttpEnvServerProbe",
     "HubCheckpointSource",
-    "LaunchPlan",
     "LocalCheckpointSource",
-    "PhaseTiming",
     "PortInUseError",
     "RuntimeSession",
-    "ServerFactory",
     "ServerHandle",
-    "ServerTopology",
     "Settings",
     "TrainingRuntime",
     "VLLMServer",
@@ -139,6 +137,10 @@ _SUBMODULES: dict[str, tuple[str, ...]] = {
 }
 # Names that need an optional dependency (transformers): resolved the same way, not in __all__.
 _OPTIONAL: dict[str, str] = {"PreemptionCallback": "verirl.preemption"}
+# Reachable for code written against them, not in __all__: types only signatures name.
+_UNLISTED = frozenset(
+    {"CheckpointResolving", "LaunchPlan", "PhaseTiming", "ServerFactory", "ServerTopology"}
+)
 _MODULE_OF = {name: module for module, names in _SUBMODULES.items() for name in names}
 _MODULE_OF.update(_OPTIONAL)
 
