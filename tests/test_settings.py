@@ -187,3 +187,32 @@ def test_a_bad_deprecated_server_timeout_names_it():
 def test_variable_names_match_the_readme_wording():
     assert Settings.variable("gpu_count") == "VERIRL_GPU_COUNT"
     assert all(re.fullmatch(r"(VERIRL_[A-Z_]+|HF_TOKEN)", v) for v in Settings.variables().values())
+
+
+# Settings read as text (not numbers, not server flags): each door applies the variable's rule.
+TEXT_SETTINGS = [
+    field.name
+    for field in attrs.fields(Settings)
+    if field.type not in ("int | None", "float | None") and field.name != "vllm_args"
+]
+
+
+@pytest.mark.parametrize("door", ["argument", "variable"])
+@pytest.mark.parametrize("field", TEXT_SETTINGS)
+def test_a_control_character_is_refused_whichever_door_it_comes_through(field, door):
+    """A value the variable refuses is refused as a `from_settings` argument too (and so as a
+    flag, which is one): ``--output-dir $'a\\x01b'`` was taken, its variable refused (issue 27)."""
+    value = "a\x01b"
+    environ = {"VERIRL_GPU_COUNT": "2", "VERIRL_MODEL": "m", "VERIRL_HUB_REPO_ID": "a/b"}
+    given: dict[str, object] = {}
+    if door == "variable":
+        environ[Settings.variable(field)] = value
+    else:
+        given[field] = [value] if field == "vllm_command" else value
+    with pytest.raises(ConfigError) as caught:
+        TrainingRuntime.from_settings(environ=environ, **given)
+    name = field if door == "argument" else Settings.variable(field)
+    assert caught.value.field == name
+    assert caught.value.reason == "must not contain control characters"
+    if field == "hub_token":
+        assert value not in str(caught.value)

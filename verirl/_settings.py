@@ -287,6 +287,11 @@ class Settings:
         return cls(**values)
 
     @staticmethod
+    def parse(field: str, name: str, raw: str) -> Any:  # noqa: ANN401 - the field's own type
+        """``raw`` read by the field's parser, as its variable is; errors name ``name``."""
+        return attrs.fields_dict(Settings)[field].metadata["parse"](name, raw)
+
+    @staticmethod
     def variable(field: str) -> str:
         """The variable a field is read from: ``variable("gpu_count") == "VERIRL_GPU_COUNT"``."""
         return str(attrs.fields_dict(Settings)[field].metadata["variable"])
@@ -346,6 +351,11 @@ class Read:
         if not isinstance(given, str):
             shown = HIDDEN if field == "hub_token" else value
             raise ConfigError.invalid(field, shown, "must be a string")
+        # The variable's own rule (`_text`, `_secret`), so no door takes what another refuses
+        checked = given.replace("\r", "").replace("\n", "") if field == "hub_token" else given
+        if has_control_chars(checked):
+            shown = HIDDEN if field == "hub_token" else redact_url(given)
+            raise ConfigError.invalid(field, shown, "must not contain control characters")
         return given
 
     def integer(self, field: str, maximum: int) -> int | None:

@@ -43,6 +43,7 @@ from verirl._validate import (
     check_environ,
     check_seconds,
     check_text,
+    has_control_chars,
     host_address,
 )
 from verirl.checkpoints import (
@@ -323,6 +324,9 @@ def _check_command(command: object) -> tuple[str, ...]:
         raise ConfigError.invalid("vllm_command", shown_command(command), reason)
     argv = tuple(command)
     if not argv or not all(isinstance(arg, str) and arg and "\x00" not in arg for arg in argv):
+        raise ConfigError.invalid("vllm_command", shown_command(command), reason)
+    if any(has_control_chars(arg) for arg in argv):  # as VERIRL_VLLM_COMMAND is read
+        reason = "must not contain control characters"
         raise ConfigError.invalid("vllm_command", shown_command(command), reason)
     return argv
 

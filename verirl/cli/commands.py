@@ -21,7 +21,7 @@ from verirl._cli_output import STDOUT
 from verirl._fs import printable
 from verirl._net import url_host
 from verirl._secrets import redact_argv, redact_text, secrets_in_environ
-from verirl._settings import Settings
+from verirl._settings import Read, Settings
 from verirl._signals import SIGTERM_POLICY, exit_on_sigterm, sigterm_pending
 from verirl._validate import check_port, check_seconds, parse_seconds
 from verirl.checkpoints import RESUME_ENV_VAR
@@ -60,7 +60,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "server_url": topology.server_url,
         "grpo_kwargs": topology.grpo_kwargs(),
     }
-    if topology.is_local_server and args.model:
+    if topology.is_local_server and args.model is not None:
         data["serve_args"] = topology.serve_args(args.model)
     text = topology.describe() + "\n" + json.dumps(topology.grpo_kwargs(), sort_keys=True)
     _emit(args, data, text)
@@ -91,7 +91,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
         hub_endpoint=args.hub_endpoint,
         hub_revision=args.hub_revision,
     )
-    request = args.resume if args.resume is not None else Settings.from_environ().resume_from
+    # read as from_settings reads it: the flag checked by the variable's rule
+    given = {"resume_from": args.resume}
+    request = Read(Settings.from_environ(), given, os.environ).text("resume_from")
     try:
         path = resolver.resolve(request)
     except ConfigError as exc:  # 'auto' with nowhere to look

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from verirl._fs import quoted
-from verirl._secrets import HIDDEN, shown_command
-from verirl._settings import Settings, split_args, split_command
+from verirl._secrets import HIDDEN
+from verirl._settings import Settings, split_args
 from verirl._validate import parse_int, parse_seconds
 from verirl.cli.codes import SHUTDOWN_TIMEOUT_VARIABLE
 from verirl.errors import ConfigError
@@ -165,9 +165,9 @@ def _runtime_from_args(args: argparse.Namespace) -> TrainingRuntime:
 def _settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """`TrainingRuntime.from_settings`'s arguments as the flags give them (``None``: not given)."""
     raw_command = getattr(args, "vllm_command", None)
-    command = split_command("--vllm-command", raw_command) if raw_command is not None else None
-    if command is not None and not command:
-        raise ConfigError.invalid("--vllm-command", shown_command(raw_command), "must not be empty")
+    command = None
+    if raw_command is not None:  # read as its variable is: split, printable, not empty
+        command = list(Settings.parse("vllm_command", "--vllm-command", raw_command))
     given: dict[str, Any] = {
         field: getattr(args, dest, None) for dest, field in _SETTING_OF.items()
     }
