@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import pytest
 
-from verirl import ConfigError, TrainingRuntime, VLLMServer, VLLMTopology
+from verirl import ConfigError, Settings, TrainingRuntime, VLLMServer, VLLMTopology
 from verirl._fs import quoted
 from verirl.runtime import resolver_from_settings, topology_from_settings
 
@@ -272,3 +273,81 @@ def test_an_error_about_a_combination_lists_the_variables_weighed():
     environ = {"VERIRL_GPU_COUNT": "2", "VERIRL_VLLM_GPUS": "2"}
     with pytest.raises(ConfigError, match=r"\(from the environment: VERIRL_VLLM_GPUS=2\)"):
         TrainingRuntime.from_settings(mode="server", model="m", environ=environ)
+
+
+# The typed form: from_settings(Settings(...)) (issue 27)
+
+SETTINGS_ENVIRON = {
+    # every one of these would change the runtime if it were read
+    "VERIRL_GPU_COUNT": "4", "VERIRL_VLLM_PORT": "9000", "VERIRL_MODEL": "from-variable",
+    "VERIRL_VLLM_STARTUP_TIMEOUT": "77", "VERIRL_ENV_TIMEOUT": "5",
+}  # fmt: skip
+
+
+def test_typed_settings_give_every_value_and_no_variable_is_read(tmp_path):
+    settings = Settings(
+        gpu_count=2, vllm_port=9123, model="m", output_dir=str(tmp_path),
+        vllm_startup_timeout=1800.0, env_timeout=12.0, vllm_command=("prog", "-x"),
+    )  # fmt: skip
+    runtime = TrainingRuntime.from_settings(settings, environ=SETTINGS_ENVIRON)
+    assert (runtime.topology.gpu_count, runtime.topology.port) == (2, 9123)
+    assert runtime.env_timeout == 12.0
+    assert _startup_bounds(runtime) == (1800.0, 1800.0)
+    assert runtime.server_factory is not None
+    server = runtime.server_factory(runtime.topology)
+    assert isinstance(server, VLLMServer)
+    assert server.model == "m"
+    assert list(server.command or ())[:2] == ["prog", "-x"]
+    assert runtime.checkpoints is not None
+
+
+def test_typed_settings_read_from_the_environment_plan_as_the_variables_do():
+    environ = {"VERIRL_GPU_COUNT": "4", "VERIRL_VLLM_GPUS": "2", "VERIRL_VLLM_PORT": "9000",
+               "VERIRL_MODEL": "m", "VERIRL_MAX_MODEL_LEN": "4096"}  # fmt: skip
+    typed = TrainingRuntime.from_settings(Settings.from_environ(environ), environ={})
+    keywords = TrainingRuntime.from_settings(environ=environ)
+    assert typed.topology == keywords.topology
+    changed = attrs.evolve(Settings.from_environ(environ), vllm_port=9100)
+    assert TrainingRuntime.from_settings(changed, environ={}).topology.port == 9100
+
+
+def test_a_bad_typed_value_is_named_by_its_field():
+    with pytest.raises(ConfigError, match=r"^vllm_port=70000") as info:
+        TrainingRuntime.from_settings(Settings(gpu_count=2, vllm_port=70000), environ={})
+    assert info.value.field == "vllm_port"
+    with pytest.raises(ConfigError) as info:
+        TrainingRuntime.from_settings(Settings(gpu_count=1, output_dir="a\x01b"), environ={})
+    assert info.value.field == "output_dir"
+
+
+def test_an_unset_typed_gpu_count_is_named_by_its_field():
+    """No GPU detected and none given: the field is named, not a variable nobody read."""
+    with pytest.raises(ConfigError, match=r"^gpu_count=None \(unset") as info:
+        TrainingRuntime.from_settings(Settings(), environ={"CUDA_VISIBLE_DEVICES": ""})
+    assert info.value.field == "gpu_count"
+    assert "VERIRL_GPU_COUNT" not in str(info.value)
+
+
+@pytest.mark.parametrize(("field", "value"), [("vllm_port", 9100), ("hub_token", "hf_secret123")])
+def test_a_setting_given_both_typed_and_as_an_argument_is_refused(field, value):
+    settings = Settings(gpu_count=1, hub_repo_id="a/b", **{field: value})
+    with pytest.raises(ConfigError, match="given both in settings and as an argument") as info:
+        TrainingRuntime.from_settings(settings, **{field: value}, environ={})
+    assert info.value.field == field
+    assert "hf_secret123" not in str(info.value)
+
+
+@pytest.mark.parametrize("settings", [{"vllm_port": 9000}, "VERIRL_VLLM_PORT=9000", 1])
+def test_settings_must_be_a_settings(settings):
+    with pytest.raises(ConfigError, match=r"^settings=.*must be a verirl.Settings") as info:
+        TrainingRuntime.from_settings(settings, environ={})
+    assert info.value.field == "settings"
+
+
+def test_topology_and_resolver_take_typed_settings_too(tmp_path):
+    settings = Settings(gpu_count=2, vllm_port=9124, output_dir=str(tmp_path), model="m")
+    assert topology_from_settings(settings, environ=SETTINGS_ENVIRON).port == 9124
+    (tmp_path / "checkpoint-7").mkdir()
+    (tmp_path / "checkpoint-7" / "trainer_state.json").write_text("{}")
+    resolver = resolver_from_settings(settings, environ={"VERIRL_OUTPUT_DIR": "/nonexistent"})
+    assert resolver.resolve("latest") == str(tmp_path / "checkpoint-7")

@@ -336,6 +336,12 @@ class Read:
     settings: Settings
     given: Mapping[str, object] = attrs.field(repr=False)  # may hold a token
     environ: Mapping[str, str] = attrs.field(repr=False)
+    typed: bool = False
+    """The values came as a `Settings` (no variable read): an unset one is named by its field."""
+
+    def unset_name(self, field: str) -> str:
+        """How to name ``field`` when nothing gave it: its variable, or its field when typed."""
+        return field if self.typed else Settings.variable(field)
 
     def name(self, field: str) -> str | None:
         """The argument's name if given, the variable's if set, else ``None`` (a default)."""
@@ -382,12 +388,13 @@ class Read:
 
     def unset_gpu_count(self, reason: str, count: int | None = None) -> ConfigError:
         """An error about the GPU count, which no argument or variable gave."""
-        raw = self.environ.get("VERIRL_GPU_COUNT")
+        name = self.unset_name("gpu_count")
+        raw = None if self.typed else self.environ.get(name)
         how = "unset" if raw is None else "blank"
         detected = "" if count is None else f"; {count} GPU(s) detected"
         return ConfigError(
-            f"VERIRL_GPU_COUNT={quoted(raw)} ({how}{detected}): {reason}",
-            field="VERIRL_GPU_COUNT",
+            f"{name}={quoted(raw)} ({how}{detected}): {reason}",
+            field=name,
             value=raw,
             reason=reason,
         )

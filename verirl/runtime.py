@@ -21,6 +21,7 @@ import urllib.parse
 import warnings
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -242,6 +243,8 @@ def _inherited(read: Read, named: str | None) -> str:
 
 
 def topology_from_settings(
+    settings: Settings | None = None,
+    /,
     *,
     gpu_count: int | None = None,
     max_model_len: int | None = None,
@@ -251,12 +254,44 @@ def topology_from_settings(
     vllm_remote_host: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> VLLMTopology:
-    """The `VLLMTopology` of `TrainingRuntime.from_settings`, and nothing else."""
-    env = os.environ if environ is None else check_environ(environ)
+    """The `VLLMTopology` of `TrainingRuntime.from_settings`, and nothing else.
+
+    ``settings``, the arguments and ``environ`` as there; the fields of
+    ``settings`` that do not plan the topology are not looked at.
+    """
     given = {"gpu_count": gpu_count, "max_model_len": max_model_len, "mode": mode,
              "vllm_gpus": vllm_gpus, "vllm_port": vllm_port,
              "vllm_remote_host": vllm_remote_host}  # fmt: skip
-    return _plan(Read(Settings.from_environ(env), given, env))
+    return _plan(_read(settings, given, environ))
+
+
+def _read(
+    settings: Settings | None, given: Mapping[str, object], environ: Mapping[str, str] | None
+) -> Read:
+    """The values to build from: the arguments over the variables, or the typed settings.
+
+    With ``settings``, its values join the arguments and no variable is read
+    (a value is named by its field); a setting given both ways is refused,
+    since which one was meant cannot be known.
+    """
+    env = os.environ if environ is None else check_environ(environ)
+    if settings is None:
+        return Read(Settings.from_environ(env), given, env)
+    given_settings: object = settings  # typed, but a caller's value
+    if not isinstance(given_settings, Settings):
+        reason = "must be a verirl.Settings (Settings.from_environ() reads one)"
+        raise ConfigError.invalid("settings", type(given_settings).__name__, reason)
+    merged = dict(given)
+    for field in attrs.fields(Settings):
+        value = getattr(settings, field.name)
+        if value is None or field.name not in given:
+            continue
+        if given[field.name] is not None:
+            shown = HIDDEN if field.metadata["secret"] else given[field.name]
+            reason = "is given both in settings and as an argument: give it once"
+            raise ConfigError.invalid(field.name, shown, reason)
+        merged[field.name] = resume_request(value) if field.name == "resume_from" else value
+    return Read(Settings(), merged, env, typed=True)
 
 
 def _resolver(read: Read) -> CheckpointResolver:
@@ -295,6 +330,8 @@ def _download_dir_origin(read: Read, folder: str | None) -> str:
 
 
 def resolver_from_settings(
+    settings: Settings | None = None,
+    /,
     *,
     output_dir: str | None = None,
     hub_repo_id: str | None = None,
@@ -311,11 +348,11 @@ def resolver_from_settings(
     explicit paths still work, ``"latest"`` finds nothing. With a repo and no
     token, the one huggingface_hub would send is checked here
     (`verirl._secrets.implicit_hub_token`): a `ConfigError` naming where it is.
+    ``settings`` as in `TrainingRuntime.from_settings`: then no variable is read.
     """
-    env = os.environ if environ is None else check_environ(environ)
     given = {"output_dir": output_dir, "hub_repo_id": hub_repo_id, "hub_token": hub_token,
              "hub_endpoint": hub_endpoint, "hub_revision": hub_revision}  # fmt: skip
-    return _resolver(Read(Settings.from_environ(env), given, env))
+    return _resolver(_read(settings, given, environ))
 
 
 def _check_command(command: object) -> tuple[str, ...]:
@@ -689,6 +726,8 @@ class TrainingRuntime:
     @classmethod
     def from_settings(
         cls,
+        settings: Settings | None = None,
+        /,
         *,
         env_url: str | None = None,
         model: str | None = None,
@@ -716,13 +755,17 @@ class TrainingRuntime:
         vllm_unresponsive_timeout: float | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> TrainingRuntime:
-        """Build the real components from plain settings, falling back to environment variables.
+        """Build the real components from the job's settings.
 
-        Each argument left ``None`` is read from its variable by
-        `verirl._settings.Settings` (the README's table lists them with their
-        defaults); a bad value from a variable is a `ConfigError` naming the
-        variable. ``environ`` (default ``os.environ``) is where the variables
-        and the launcher's distributed settings are read from.
+        ``settings`` (a `verirl.Settings`, e.g. ``Settings.from_environ()``
+        with a field changed by ``attrs.evolve``) gives every setting at once,
+        and no ``VERIRL_*`` variable is read: a value is named by its field in
+        errors. Without it, each argument left ``None`` is read from its
+        variable by `verirl.Settings` (the README's table lists them with
+        their defaults); a bad value from a variable is a `ConfigError` naming
+        the variable. A setting given both ways is a `ConfigError`.
+        ``environ`` (default ``os.environ``) is where the variables, the
+        launcher's distributed settings and ``CUDA_VISIBLE_DEVICES`` are read from.
         ``vllm_bind_host``, ``vllm_tensor_parallel_size``,
         ``vllm_data_parallel_size`` and ``vllm_dedicated`` (a node that only
         serves: see `VLLMTopology.plan`'s ``dedicated``) have no variable: a
@@ -731,29 +774,34 @@ class TrainingRuntime:
         the local server's ``startup_timeout`` and ``remote_server_timeout``,
         the wait for a server started elsewhere.
         """
-        env = os.environ if environ is None else check_environ(environ)
-        given = {"env_url": env_url, "model": model, "max_model_len": max_model_len,
-                 "output_dir": output_dir, "hub_repo_id": hub_repo_id, "hub_token": hub_token,
-                 "hub_endpoint": hub_endpoint, "hub_revision": hub_revision,
-                 "gpu_count": gpu_count, "mode": mode, "vllm_gpus": vllm_gpus,
-                 "vllm_port": vllm_port, "vllm_remote_host": vllm_remote_host,
-                 "vllm_log_dir": vllm_log_dir, "resume_from": resume_request(resume_from),
-                 "vllm_bind_host": vllm_bind_host,
-                 "vllm_tensor_parallel_size": vllm_tensor_parallel_size,
-                 "vllm_data_parallel_size": vllm_data_parallel_size,
-                 "vllm_dedicated": vllm_dedicated, "vllm_args": vllm_args,
-                 "vllm_command": vllm_command}  # fmt: skip
-        read = Read(Settings.from_environ(env), given, env)
+        given: dict[str, Any] = {
+            "env_url": env_url, "model": model, "max_model_len": max_model_len,
+            "output_dir": output_dir, "hub_repo_id": hub_repo_id, "hub_token": hub_token,
+            "hub_endpoint": hub_endpoint, "hub_revision": hub_revision,
+            "gpu_count": gpu_count, "mode": mode, "vllm_gpus": vllm_gpus,
+            "vllm_port": vllm_port, "vllm_remote_host": vllm_remote_host,
+            "vllm_log_dir": vllm_log_dir, "resume_from": resume_request(resume_from),
+            "vllm_bind_host": vllm_bind_host,
+            "vllm_tensor_parallel_size": vllm_tensor_parallel_size,
+            "vllm_data_parallel_size": vllm_data_parallel_size,
+            "vllm_dedicated": vllm_dedicated, "vllm_args": vllm_args,
+            "vllm_command": vllm_command, "env_timeout": env_timeout,
+            "vllm_startup_timeout": vllm_startup_timeout,
+            "vllm_unresponsive_timeout": vllm_unresponsive_timeout,
+        }  # fmt: skip
+        read = _read(settings, given, environ)
+        env = read.environ
+        given = dict(read.given)  # with the settings' values
         topology = _plan(read)
         url = read.text("env_url")
         probe = None
         if url is not None:
             with read.naming({"url": "env_url"}):
                 probe = HttpEnvServerProbe(url)
-        command = (
-            read.settings.vllm_command if vllm_command is None else _check_command(vllm_command)
-        )
-        args = (read.settings.vllm_args or ()) if vllm_args is None else _check_args(vllm_args)
+        command = given["vllm_command"]
+        command = read.settings.vllm_command if command is None else _check_command(command)
+        args = given["vllm_args"]
+        args = (read.settings.vllm_args or ()) if args is None else _check_args(args)
         with read.naming({"extra_args": "vllm_args"}):
             to_extra_args(args)  # checked now, not at the server's start: --port, a null byte
         log_dir = read.text("vllm_log_dir")
@@ -766,12 +814,16 @@ class TrainingRuntime:
             name = read.name("resume_from") or "resume_from"
             raise ConfigError.invalid(name, request, NO_SOURCE_FOR_AUTO)
         model = read.text("model")
-        timeout = env_timeout if env_timeout is not None else read.settings.env_timeout
-        unresponsive = vllm_unresponsive_timeout
+        timeout = given["env_timeout"]
+        if timeout is None:
+            timeout = read.settings.env_timeout
+        unresponsive = given["vllm_unresponsive_timeout"]
         if unresponsive is None:
             unresponsive = read.settings.vllm_unresponsive_timeout
-        if vllm_startup_timeout is not None:
-            startup = check_seconds("vllm_startup_timeout", vllm_startup_timeout, positive=True)
+        if given["vllm_startup_timeout"] is not None:
+            startup = check_seconds(
+                "vllm_startup_timeout", given["vllm_startup_timeout"], positive=True
+            )
         else:
             startup = read.settings.vllm_startup_timeout or VLLM_STARTUP_TIMEOUT
         dist = DistributedEnv.single_node(environ=env, avoid_ports=avoided_ports(topology.port))
@@ -790,7 +842,7 @@ class TrainingRuntime:
                 command=command,
                 extra_args=args,
                 log_dir=log_dir,
-                model_field=read.name("model") or Settings.variable("model"),
+                model_field=read.name("model") or read.unset_name("model"),
                 startup_timeout=startup,
             ),
             env_timeout=defaults.ENV_TIMEOUT if timeout is None else timeout,
