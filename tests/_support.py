@@ -21,11 +21,10 @@ import pytest
 
 from fakes._http import QuietHTTPServer, serve_in_background, stop_serving
 from fakes.vllm import FakeVLLMServer
-from verirl import VLLMTopology, _procfs, find_free_port
+from verirl import ServerHandle, VLLMTopology, _procfs, find_free_port
 from verirl._net import port_is_free
-from verirl.runtime import ServerHandle
+from verirl.server.process import MARKER_VAR
 from verirl.topology import TRL_GROUP_PORT
-from verirl.vllm_server import MARKER_VAR
 
 SESSION_VAR = "PYTEST_VERIRL_SESSION"
 """Set to a fresh id in each pytest process (each xdist worker too) at configure time.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import json
 import subprocess
@@ -296,3 +297,39 @@ def test_every_type_a_public_signature_names_is_exported():
                 _verirl_types(annotation, found)
     missing = sorted(t.__qualname__ for t in found if getattr(verirl, t.__name__, None) is not t)
     assert missing == []
+
+
+def _reexported(module: str) -> dict[str, str]:
+    """The names ``module``'s source imports from other verirl modules, each with that module
+    (read, not imported: `verirl.preemption` needs transformers)."""
+    spec = importlib.util.find_spec(module)
+    assert spec is not None, module
+    assert spec.origin is not None, module
+    names = {}
+    for node in ast.parse(Path(spec.origin).read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names if node.module.startswith("verirl") else ():
+                names[alias.asname or alias.name] = node.module
+    return names
+
+
+def test_tests_import_from_the_module_that_owns_a_name():
+    """Issue 27: a test imports a public name, or the module that defines it, never a
+    re-export (a public module that re-exports private helpers only for the tests)."""
+    contract = {("verirl.vllm_server", "VLLMServer")}  # the DESIGN's public path for it
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module):
+                continue
+            if node.module == "verirl" or not node.module.startswith("verirl."):
+                continue
+            reexported = _reexported(node.module)
+            for alias in node.names:
+                home = reexported.get(alias.name)
+                # a package's own submodules are its house: verirl.checkpoints.Checkpoint
+                if home is None or home.startswith(node.module + "."):
+                    continue
+                if (node.module, alias.name) not in contract:
+                    found.append(f"{path.relative_to(ROOT)}: {alias.name} from {node.module}")
+    assert found == []

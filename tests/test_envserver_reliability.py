@@ -368,7 +368,7 @@ def test_url_password_is_used_but_never_shown(caplog):
 
 
 def test_redact_url():
-    from verirl.envserver import redact_url
+    from verirl._secrets import redact_url
 
     assert redact_url("http://u:p@h:1/x") == "http://***@h:1/x"
     assert redact_url("http://h:1/x@y") == "http://***@y"  # an @ anywhere: over-redact, never leak

@@ -39,8 +39,8 @@ from fakes.vllm_serve import (
     make_http_server,
     parse_args,
 )
+from verirl import ServerHandle
 from verirl.errors import ConfigError, PortInUseError, VLLMServerError, VLLMServerExited
-from verirl.runtime import ServerHandle
 from verirl.server.args import vllm_serve_args
 from verirl.vllm_server import VLLMServer
 

@@ -20,6 +20,7 @@ import pytest
 
 from _support import unshared_port
 from verirl import ConfigError, VLLMServer, VLLMServerError
+from verirl._secrets import redact_argv
 from verirl.server.launch import (
     DEV_MODE_VAR,
     INSTALL_HINT,
@@ -28,7 +29,6 @@ from verirl.server.launch import (
     VLLMInstall,
     import_trl_serve,
     plan_launch,
-    redact_argv,
     vllm_distribution,
 )
 

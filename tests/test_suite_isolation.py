@@ -29,7 +29,7 @@ from _support import (
     tagged_processes,
 )
 from verirl import _procfs
-from verirl.vllm_server import MARKER_VAR
+from verirl.server.process import MARKER_VAR
 
 pytest_plugins = ["pytester"]
 

@@ -36,18 +36,12 @@ from verirl.errors import (
     VLLMStartupTimeout,
 )
 from verirl.server.args import vllm_serve_args
-from verirl.server.launch import COMMAND_HINT
+from verirl.server.child_env import SCRUBBED_ENV_VARS, map_visible_devices, vllm_child_environ
+from verirl.server.launch import COMMAND_HINT, INSTALL_HINT, find_trl_command
+from verirl.server.log_tail import read_log_tail
 from verirl.server.readiness import health_check
 from verirl.topology import VLLMTopology
-from verirl.vllm_server import (
-    INSTALL_HINT,
-    SCRUBBED_ENV_VARS,
-    VLLMServer,
-    find_trl_command,
-    map_visible_devices,
-    read_log_tail,
-    vllm_child_environ,
-)
+from verirl.vllm_server import VLLMServer
 
 FAKE = (sys.executable, "-m", "fakes.vllm_serve")
 MODEL = "fake/model"
