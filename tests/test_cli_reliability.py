@@ -717,7 +717,7 @@ def test_launch_with_a_pipe_nobody_reads_still_runs_the_command_to_its_end(
 def test_a_commands_own_json_flag_is_not_launchs(tmp_path):
     """``launch python train.py --json`` (no ``--``): a signal's document only if launch had it."""
     code = (
-        "import sys; from verirl import _cli_output as out; out.decide_json(False); "
+        "import sys; from verirl import _cli_document as out; out.decide_json(False); "
         "out.signal_document(sys.argv[1:], 143); "
         "out.decide_json(True); out.signal_document(sys.argv[1:], 143)"
     )

@@ -134,8 +134,8 @@ class SignalOnImport:  # the signal comes as the module `where` starts to be imp
         return None
 
 if where == "reserve_standard_fds":  # run's first step
-    import verirl._cli_output as out
-    out.reserve_standard_fds = send
+    import verirl._cli_fds as fds
+    fds.reserve_standard_fds = send
 else:
     sys.meta_path.insert(0, SignalOnImport())
 if how == "python -m verirl":

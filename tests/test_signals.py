@@ -103,12 +103,12 @@ def test_another_thread_neither_counts_nor_installs(default_sigterm):
 @pytest.fixture
 def program_state(monkeypatch):
     """`program_handler`'s notes, fresh for the test and gone after it."""
-    from verirl import _cli_output, _signals
+    from verirl import _cli_document, _signals
 
     monkeypatch.setattr(_signals, "_PROGRAM_RECEIVED", [])
     monkeypatch.setattr(_signals, "_UNARRIVED", [])
     monkeypatch.setattr(_signals, "_DROPPED", [])
-    monkeypatch.setattr(_cli_output, "_WRITTEN", [])
+    monkeypatch.setattr(_cli_document, "_WRITTEN", [])
 
 
 def _lose_a_sigterm() -> None:
@@ -179,7 +179,7 @@ def test_no_wait_raises_a_sigterm_that_arrived(program_state):
 
 
 def test_after_a_lost_sigterm_only_its_own_document_is_written(program_state, capsys):
-    from verirl._cli_output import document_written, write_document
+    from verirl._cli_document import document_written, write_document
     from verirl._signals import raise_if_dropped
 
     _lose_a_sigterm()

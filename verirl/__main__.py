@@ -189,7 +189,7 @@ def run() -> int:
     elif received is not None:
         code = 128 + received
     if code in (_CTRL_C, 128 + signal.SIGTERM):
-        from verirl._cli_output import signal_document  # noqa: PLC0415 - imported by now, or quickly
+        from verirl._cli_document import signal_document  # noqa: PLC0415 - imported by now, or quickly
 
         signal_document(sys.argv[1:], code)
     if received is not None or code == _CTRL_C or SIGTERM_POLICY.fired:
@@ -253,7 +253,8 @@ def _prepare() -> None:
     on the spot before. ``verirl launch`` passes them on to its command instead
     while the command runs (`verirl._supervise`).
     """
-    from verirl._cli_output import STDERR, reserve_standard_fds  # noqa: PLC0415 - inside the try
+    from verirl._cli_fds import reserve_standard_fds  # noqa: PLC0415 - inside the try
+    from verirl._cli_output import STDERR  # noqa: PLC0415
 
     reserve_standard_fds()
     STDERR.in_background()  # a reader of stderr that stops reading holds up no command
@@ -297,8 +298,8 @@ _LATE_AS_SIGTERM = (*(() if _SIGHUP is None else (_SIGHUP,)), *TERMINATING)
 
 def _stated() -> int | None:
     """The exit code the run's final ``--json`` document stated, if one was written."""
-    output = sys.modules.get("verirl._cli_output")
-    return None if output is None else output.final_code()
+    document = sys.modules.get("verirl._cli_document")
+    return None if document is None else document.final_code()
 
 
 def _late_signal_exit() -> None:

@@ -1027,7 +1027,7 @@ _UNARRIVED: list[int] = []
 """The signal `program_handler` raised for, until its exit is seen to reach the main thread.
 
 Seen: a wait raised it again (`raise_if_lost`), the run's document says so
-(`verirl._cli_output.write_document`), or the program caught it
+(`verirl._cli_document.write_document`), or the program caught it
 (`program_exit_arrived`).
 """
 

@@ -13,7 +13,8 @@ import shlex
 from collections.abc import Iterator, Sequence
 
 from verirl import __version__
-from verirl._cli_output import STDERR, STDOUT, command_word, wants_json, write_document
+from verirl._cli_document import command_word, wants_json, write_document
+from verirl._cli_output import STDERR, STDOUT
 from verirl._fs import printable
 from verirl._secrets import HIDDEN, redact_argv, shown_line, taken_out
 from verirl.cli.codes import EXIT_CONFIG, EXIT_ERROR, EXIT_OK

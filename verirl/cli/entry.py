@@ -7,7 +7,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from verirl._cli_output import abandoned_pipes_to_devnull, decide_json, stdout_to_stderr
+from verirl._cli_document import decide_json
+from verirl._cli_fds import abandoned_pipes_to_devnull, stdout_to_stderr
 from verirl.cli.argv import _parse, _warn_repeated
 from verirl.cli.codes import EXIT_ERROR, _exit_code
 from verirl.cli.commands import _owning_sigterm

@@ -10,7 +10,8 @@ import logging
 import os
 from collections.abc import Callable
 
-from verirl._cli_output import STDERR, STDOUT, signal_message, write_document
+from verirl._cli_document import signal_message, write_document
+from verirl._cli_output import STDERR, STDOUT
 from verirl._fs import escape_bytes
 from verirl._secrets import HIDDEN, known_secrets, redact_and_scrub, scrub_all, secrets_in_environ
 from verirl.cli.codes import EXIT_OK, SIGNALLED
