@@ -40,7 +40,8 @@ from _support import clean_environ, unshared_port, while_the_group_port_is_free
 from verirl.cli import main
 from verirl.errors import ConfigError, VLLMServerExited
 from verirl.runtime import TrainingRuntime
-from verirl.server import log as _server_log
+from verirl.server import log_check as _log_check
+from verirl.server import log_folder as _log_folder
 from verirl.server import log_tail as _log_tail
 from verirl.server.log_tail import read_log_tail
 from verirl.server.readiness import LogWatch
@@ -402,7 +403,7 @@ def test_a_default_folder_removed_as_it_is_resolved_is_made_again_private(
     private_tmp, servers, monkeypatch
 ):
     """The folder checked and the folder written into are one: removed between, made again."""
-    resolve = _server_log.default_log_dir
+    resolve = _log_folder.default_log_dir
     removed: list[Path] = []
 
     def then_removed() -> Path:
@@ -412,7 +413,7 @@ def test_a_default_folder_removed_as_it_is_resolved_is_made_again_private(
             removed.append(folder)
         return folder
 
-    monkeypatch.setattr(_server_log, "default_log_dir", then_removed)
+    monkeypatch.setattr(_log_folder, "default_log_dir", then_removed)
     server = servers(log_path=None)
     with server:
         pass
@@ -907,7 +908,8 @@ def test_doctor_says_of_whatever_is_at_the_log_s_path_what_launch_does(tmp_path,
 _JUDGE_BOTH = """
 import json, sys
 from pathlib import Path
-from verirl.server.log import check_server_log, open_server_log
+from verirl.server.log import open_server_log
+from verirl.server.log_check import check_server_log
 from verirl.errors import ConfigError
 
 said = []
@@ -973,10 +975,10 @@ def test_a_log_path_s_folder_that_start_makes_is_judged_as_start_judges_it(tmp_p
 def test_doctor_judges_a_log_path_under_many_missing_folders_as_start_makes_them(tmp_path, depth):
     """start makes them all (``mkdir -p``); doctor's look walks them up without recursion."""
     path = tmp_path.joinpath(*["a"] * depth, "x.log")
-    _server_log.check_server_log(path, port=8001)  # as start, which makes them: no error
+    _log_check.check_server_log(path, port=8001)  # as start, which makes them: no error
     (tmp_path / "a").write_text("a file where the first folder goes")
     with pytest.raises(ConfigError, match="its folder cannot be made"):
-        _server_log.check_server_log(path, port=8001)
+        _log_check.check_server_log(path, port=8001)
     assert not (tmp_path / "a").is_dir()
 
 

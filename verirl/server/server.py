@@ -99,7 +99,9 @@ from verirl.server.launch import (
     plan_launch,
     vllm_distribution,
 )
-from verirl.server.log import check_server_log, log_file_name, open_server_log
+from verirl.server.log import open_server_log
+from verirl.server.log_check import check_server_log
+from verirl.server.log_folder import log_file_name
 from verirl.server.log_tail import LOG_TAIL_LINES, KeptLog, check_lines, read_log_tail
 from verirl.server.process import MARKER_VAR, ProcessTree, Run, forget_at_exit, stop_at_exit
 from verirl.server.readiness import (
@@ -587,7 +589,7 @@ class VLLMServer:
     def check_log(self) -> None:
         """What `start` would refuse about the log, as a `ConfigError`, found without writing.
 
-        A preflight (``verirl doctor``): see `verirl.server.log.check_server_log`.
+        A preflight (``verirl doctor``): see `verirl.server.log_check.check_server_log`.
         """
         if self.log_dir is not None:
             check_server_log(self.log_dir, port=self.port, field="log_dir")
