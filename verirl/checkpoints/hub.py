@@ -13,19 +13,15 @@ from __future__ import annotations
 
 import collections
 import errno
-import json
 import logging
 import os
-import sys
 import tempfile
 import threading
-import time
 from collections.abc import Sequence
 from concurrent.futures import as_completed
 from concurrent.futures import wait as wait_futures
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import quote, urlsplit
 
 import attrs
 
@@ -38,28 +34,26 @@ from verirl._secrets import (
     hub_token_within,
     implicit_hub_token,
     implicit_token_disabled,
-    redact_url,
     scrub,
     scrub_config_error,
     scrub_exception,
 )
 from verirl._validate import check_int, check_number, check_seconds
-from verirl._version import __version__
 from verirl.checkpoints.download_dir import FolderName, fetch_folder, human_size
 from verirl.checkpoints.download_record import FileEntry, RemoteFolder
 from verirl.checkpoints.hub_errors import (
     _REFUSALS,
+    _answered_by_hub,
     _describe_hub_error,
     _local_failure,
     _look_up_hub_host,
+    _refuse_offline,
     _repo_missing,
     _status_code,
 )
 from verirl.checkpoints.hub_listing import (
-    _MAX_TREE_PAGES,
     _folders_of,
     _listed_incomplete,
-    _read_within,
 )
 from verirl.checkpoints.hub_names import (
     _check_endpoint,
@@ -68,6 +62,7 @@ from verirl.checkpoints.hub_names import (
     _commit_id,
     _endpoint_rstrip,
 )
+from verirl.checkpoints.hub_transfer import download_file, hub_api, hub_endpoint, list_tree
 from verirl.checkpoints.model import (
     LAST_CHECKPOINT,
     MAX_TRAINER_STATE_BYTES,
@@ -86,7 +81,6 @@ from verirl.errors import CheckpointSourceError, ConfigError
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from huggingface_hub import HfApi
 
 __all__ = ["HubCheckpointSource"]
 
@@ -305,7 +299,7 @@ class HubCheckpointSource:
             cause = FileNotFoundError(errno.ENOENT, "not in the repo listing", f"{folder}/")
             msg = f"{folder} is not (or no longer) a complete checkpoint in {self.description}"
             raise CheckpointSourceError(msg) from cause
-        self._refuse_offline("download from")
+        _refuse_offline("download from", self.description)
         remote = RemoteFolder(
             origin=self.description,
             repo_id=self.repo_id,
@@ -342,14 +336,17 @@ class HubCheckpointSource:
         would land outside it, or a file without a plausible size, is ignored
         with a warning (a download of it could not be verified).
         """
-        self._refuse_offline("list")
+        _refuse_offline("list", self.description)
         try:
             token = self._request_token()
-            api = self._api(token)
+            api = hub_api(self.endpoint, token)
             _look_up_hub_host(api.endpoint, self.timeout)
             info = api.model_info(self.repo_id, revision=self.revision, timeout=self.timeout)
             commit = _commit_id(info.sha, self.revision)
-            entries = self._tree(api.endpoint, commit, token)
+            entries = list_tree(
+                api.endpoint, self.repo_id, commit, token,
+                timeout=self.timeout, description=self.description,
+            )  # fmt: skip
         except (CheckpointSourceError, ConfigError):
             raise
         except Exception as exc:
@@ -368,42 +365,6 @@ class HubCheckpointSource:
         )
         self._listing = listing
         return listing
-
-    def _tree(self, endpoint: str, commit: str, token: str | bool) -> list[dict[str, object]]:
-        """The recursive tree listing at ``commit``, every page within ``timeout``.
-
-        `HfApi.list_repo_tree` takes no timeout, so the pages are fetched here
-        with huggingface_hub's own session, headers and error mapping. A server
-        that keeps sending "next" links is cut off after `_MAX_TREE_PAGES`.
-        """
-        from huggingface_hub import get_session, hf_raise_for_status  # noqa: PLC0415
-
-        # Public and documented, but re-exported lazily, which mypy cannot see.
-        from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # noqa: PLC0415
-
-        headers = build_hf_headers(token=token, library_name="verirl", library_version=__version__)
-        url: str | None = f"{endpoint}/api/models/{self.repo_id}/tree/{quote(commit, safe='')}"
-        params: dict[str, str] | None = {"recursive": "true", "expand": "false"}
-        entries: list[dict[str, object]] = []
-        seen: set[str] = set()
-        while url is not None:
-            if url in seen or len(seen) >= _MAX_TREE_PAGES:
-                msg = f"cannot list {self.description}: the tree listing does not end"
-                raise CheckpointSourceError(msg) from ValueError(redact_url(url))
-            seen.add(url)
-            deadline = time.monotonic() + self.timeout  # the whole page: a trickle is cut off too
-            with get_session().stream(
-                "GET", url, headers=headers, params=params, timeout=self.timeout
-            ) as response:
-                body = _read_within(response.iter_bytes(), deadline, self.timeout)
-                hf_raise_for_status(response)
-            page = json.loads(body)
-            if not isinstance(page, list):
-                msg = f"cannot list {self.description}: the tree listing is not a JSON list"
-                raise CheckpointSourceError(msg) from ValueError(type(page).__name__)
-            entries += [entry for entry in page if isinstance(entry, dict)]
-            url, params = response.links.get("next", {}).get("url"), None
-        return entries
 
     def _last_checkpoint_step(self, listing: _Listing) -> int | None:
         """``global_step`` of ``last-checkpoint/trainer_state.json`` (a small download), or None.
@@ -451,7 +412,7 @@ class HubCheckpointSource:
         workers = max(1, min(self.max_workers, len(filenames)))
         try:
             token = self._request_token()
-            _look_up_hub_host(self._endpoint(), self.timeout)
+            _look_up_hub_host(hub_endpoint(self.endpoint), self.timeout)
         except ConfigError:
             raise
         except Exception as exc:
@@ -482,23 +443,10 @@ class HubCheckpointSource:
             raise
 
     def _download(self, filename: str, commit: str, local_dir: Path, token: str | bool) -> Path:
-        from huggingface_hub import hf_hub_download  # noqa: PLC0415
-
-        path = hf_hub_download(
-            self.repo_id,
-            filename,
-            revision=commit,
-            local_dir=local_dir,
-            # Keep everything under local_dir: huggingface_hub only reads this cache here,
-            # and the global one (~/.cache/huggingface) stays untouched.
-            cache_dir=local_dir / ".cache" / "huggingface" / "hub",
-            endpoint=self.endpoint,
-            token=token,
-            etag_timeout=self.timeout,
-            library_name="verirl",
-            tqdm_class=_progress_bar(),
-        )
-        return Path(path)
+        return download_file(
+            self.repo_id, filename, commit, local_dir, token,
+            endpoint=self.endpoint, timeout=self.timeout,
+        )  # fmt: skip
 
     def _request_token(self) -> str | bool:
         """The token requests send: ``token=``, else the one huggingface_hub finds; False: none.
@@ -519,22 +467,6 @@ class HubCheckpointSource:
         except TimeoutError as exc:
             raise CheckpointSourceError(f"cannot reach {self.description}: {exc}") from exc
 
-    def _endpoint(self) -> str:
-        """The endpoint requests go to (``endpoint=``, else huggingface_hub's ``HF_ENDPOINT``)."""
-        from huggingface_hub import constants  # noqa: PLC0415
-
-        return self.endpoint or constants.ENDPOINT
-
-    def _api(self, token: str | bool) -> HfApi:
-        from huggingface_hub import HfApi  # noqa: PLC0415
-
-        return HfApi(
-            endpoint=self.endpoint,
-            token=token,
-            library_name="verirl",
-            library_version=__version__,
-        )
-
     # ------------------------------------------------------------ errors
 
     def _error(
@@ -554,81 +486,9 @@ class HubCheckpointSource:
         scrub_exception(exc, token)
         message = f"cannot {doing} {self.description}: {_describe_hub_error(exc)}"
         refused = listed and (
-            (_status_code(exc) in _REFUSALS and self._answered_by_hub(exc)) or _local_failure(exc)
+            (_status_code(exc) in _REFUSALS and _answered_by_hub(exc, hub_endpoint(self.endpoint)))
+            or _local_failure(exc)
         )
         return CheckpointSourceError(
             scrub(message, token), repo_missing=_repo_missing(exc), checkpoint_unreadable=refused
         )
-
-    def _answered_by_hub(self, exc: BaseException) -> bool:
-        """Whether the refusal came from the Hub itself, not from where it redirected the body.
-
-        A 403 from a storage URL the Hub redirected to is as a rule an expired
-        signature (a slow transfer, a skewed clock): the Hub away, not a
-        refusal. With no URL to tell, it counts as the Hub's.
-        """
-        url = getattr(getattr(exc, "response", None), "url", None)
-        if url is None:
-            return True
-        try:
-            where = urlsplit(str(url)).hostname
-            hub = urlsplit(self._endpoint()).hostname
-        except Exception:  # noqa: BLE001 - cannot tell: the Hub's
-            return True
-        return where is None or hub is None or where == hub
-
-    def _refuse_offline(self, doing: str) -> None:
-        if hub_offline():
-            from huggingface_hub.errors import OfflineModeIsEnabled  # noqa: PLC0415
-
-            cause = OfflineModeIsEnabled("HF_HUB_OFFLINE is set")
-            raise CheckpointSourceError(
-                f"cannot {doing} {self.description}: Hugging Face Hub offline mode is on "
-                "(HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE); unset it, or resume from a local "
-                "checkpoint"
-            ) from cause
-
-
-# ---------------------------------------------------------------- input checks
-
-
-# ---------------------------------------------------------------- huggingface_hub
-
-
-"""HTTP answers that refuse a listed file for good (at a pinned commit), unlike 5xx or no answer."""
-
-
-def _progress_bar() -> type | None:
-    """huggingface_hub's progress bar, or a silent one when stderr cannot take it.
-
-    With no stderr (``2>&-``, ``pythonw``) or a closed one, tqdm raises while
-    it holds its class-wide lock, and every other download thread then waits
-    on that lock forever: the download, and the process's exit, would hang.
-    In the ``verirl`` program, the bar writes through its stderr channel
-    (`verirl._cli_output`): a reader of stderr that stops reading holds up
-    no download.
-    """
-    from verirl._cli_output import STDERR  # noqa: PLC0415 - the program's, when it runs
-
-    queued = STDERR.queued_file()
-    stream = sys.stderr
-    usable = stream is not None and not getattr(stream, "closed", False)
-    if usable and queued is None:
-        return None  # huggingface_hub's own (and its HF_HUB_DISABLE_PROGRESS_BARS)
-    from huggingface_hub.utils.tqdm import tqdm as hub_tqdm  # noqa: PLC0415
-
-    if usable:
-
-        class Queued(hub_tqdm):
-            def __init__(self, *args: object, **kwargs: object) -> None:
-                kwargs.setdefault("file", queued)
-                super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
-
-        return Queued
-
-    class Silent(hub_tqdm):
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            kwargs["disable"] = True
-            super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
-
-    return Silent

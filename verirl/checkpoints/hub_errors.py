@@ -6,6 +6,8 @@ import errno
 from urllib.parse import urlsplit
 
 from verirl._fs import shortened
+from verirl._secrets import hub_offline
+from verirl.errors import CheckpointSourceError
 
 
 def _look_up_hub_host(endpoint: str, timeout: float) -> None:
@@ -139,3 +141,34 @@ def _status_code(exc: BaseException) -> int | None:
     response = getattr(exc, "response", None)
     status = getattr(response, "status_code", None)
     return status if isinstance(status, int) else None
+
+
+def _answered_by_hub(exc: BaseException, endpoint: str) -> bool:
+    """Whether the refusal came from the Hub itself, not from where it redirected the body.
+
+    A 403 from a storage URL the Hub redirected to is as a rule an expired
+    signature (a slow transfer, a skewed clock): the Hub away, not a
+    refusal. With no URL to tell, it counts as the Hub's.
+    """
+    url = getattr(getattr(exc, "response", None), "url", None)
+    if url is None:
+        return True
+    try:
+        where = urlsplit(str(url)).hostname
+        hub = urlsplit(endpoint).hostname
+    except Exception:  # noqa: BLE001 - cannot tell: the Hub's
+        return True
+    return where is None or hub is None or where == hub
+
+
+def _refuse_offline(doing: str, description: str) -> None:
+    """A `CheckpointSourceError` now if huggingface_hub's offline mode is on: no request made."""
+    if hub_offline():
+        from huggingface_hub.errors import OfflineModeIsEnabled  # noqa: PLC0415
+
+        cause = OfflineModeIsEnabled("HF_HUB_OFFLINE is set")
+        raise CheckpointSourceError(
+            f"cannot {doing} {description}: Hugging Face Hub offline mode is on "
+            "(HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE); unset it, or resume from a local "
+            "checkpoint"
+        ) from cause
