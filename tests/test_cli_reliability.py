@@ -1536,8 +1536,8 @@ def test_doctor_plans_with_the_port_it_is_given_as_launch_would(tmp_path, clash)
 @pytest.mark.parametrize("clash", ["vLLM port", "TRL group port"])
 def test_a_master_port_on_a_server_of_this_host_named_as_remote_is_refused(host, clash):
     """``--vllm-host 127.0.0.1`` (``verirl serve`` beside the job) listens on this host too."""
+    from verirl._this_host import check_master_port
     from verirl.distenv import DistributedEnv
-    from verirl.runtime import check_master_port
     from verirl.topology import TRL_GROUP_PORT, VLLMTopology
 
     topology = VLLMTopology.plan(2, max_model_len=1024, remote_host=host, port=9123)
@@ -1662,8 +1662,8 @@ def test_credentials_in_the_hub_endpoint_are_refused_with_the_cli_s_way_to_give_
 
 def test_a_remote_vllm_host_that_is_one_of_this_machine_s_addresses_is_this_host():
     """``--vllm-host 192.0.2.2`` on the machine that has 192.0.2.2: its ports are this host's."""
+    from verirl._this_host import check_master_port
     from verirl.distenv import DistributedEnv
-    from verirl.runtime import check_master_port
     from verirl.topology import VLLMTopology
 
     own = [
@@ -1688,7 +1688,7 @@ def test_a_remote_vllm_host_that_is_one_of_this_machine_s_addresses_is_this_host
 )
 def test_an_address_that_merely_binds_is_not_this_host(host):
     """Multicast and broadcast addresses bind too (so does any, with ip_nonlocal_bind)."""
-    from verirl.runtime import _names_this_host
+    from verirl._this_host import _names_this_host
 
     own = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
     assert host not in own
@@ -1696,7 +1696,7 @@ def test_an_address_that_merely_binds_is_not_this_host(host):
 
 
 def test_each_of_this_machine_s_addresses_is_this_host_link_local_ones_too():
-    from verirl.runtime import _names_this_host
+    from verirl._this_host import _names_this_host
 
     own = [
         a.address
@@ -1710,7 +1710,7 @@ def test_each_of_this_machine_s_addresses_is_this_host_link_local_ones_too():
 
 def test_this_host_s_addresses_are_known_without_the_routing_table(monkeypatch):
     """A sandbox /proc without net/fib_trie: a bind to a unicast address decides."""
-    from verirl import runtime
+    from verirl import _this_host
 
     original = Path.read_text
 
@@ -1723,13 +1723,13 @@ def test_this_host_s_addresses_are_known_without_the_routing_table(monkeypatch):
     own = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
            if a.family == socket.AF_INET and not a.address.startswith("127.")]  # fmt: skip
     assert own
-    assert all(runtime._names_this_host(address) for address in own)
-    assert not runtime._names_this_host("224.0.0.1")
-    assert not runtime._names_this_host("255.255.255.255")
+    assert all(_this_host._names_this_host(address) for address in own)
+    assert not _this_host._names_this_host("224.0.0.1")
+    assert not _this_host._names_this_host("255.255.255.255")
 
 
 def test_an_odd_line_of_the_routing_table_hides_no_address_after_it(monkeypatch):
-    from verirl import runtime
+    from verirl import _this_host
 
     table = (
         "Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- weird\n        /32 host LOCAL\n"
@@ -1742,7 +1742,7 @@ def test_an_odd_line_of_the_routing_table_hides_no_address_after_it(monkeypatch)
         return table if str(self) == "/proc/net/fib_trie" else original(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "read_text", read_text)
-    networks, unread = runtime._local_networks()
+    networks, unread = _this_host._local_networks()
     assert 4 not in unread
     assert any(ipaddress.ip_address("192.0.2.77") in network for network in networks)
     assert not any(ipaddress.ip_address("192.0.2.255") in network for network in networks)

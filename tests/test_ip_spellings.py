@@ -19,9 +19,10 @@ from _support import LoopbackServer, loopback_server
 from fakes import FakeEnvServer
 from verirl import ConfigError, HttpEnvServerProbe
 from verirl._http import deadline_session, request_health
+from verirl._this_host import _names_this_host
 from verirl._url import is_loopback_host, validate_http_url
 from verirl.checkpoints.hub import HubCheckpointSource
-from verirl.runtime import TrainingRuntime, _names_this_host
+from verirl.runtime import TrainingRuntime
 
 LOOPBACK_SPELLINGS = [
     "0x7f000001",
