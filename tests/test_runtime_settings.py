@@ -7,9 +7,16 @@ import math
 import attrs
 import pytest
 
-from verirl import ConfigError, Settings, TrainingRuntime, VLLMServer, VLLMTopology
+from verirl import (
+    ConfigError,
+    Settings,
+    TrainingRuntime,
+    VLLMServer,
+    VLLMTopology,
+    resolver_from_settings,
+    topology_from_settings,
+)
 from verirl._fs import quoted
-from verirl.runtime import resolver_from_settings, topology_from_settings
 
 INTEGER_VARIABLES = ["VERIRL_GPU_COUNT", "VERIRL_MAX_MODEL_LEN", "VERIRL_VLLM_GPUS",
                      "VERIRL_VLLM_PORT"]  # fmt: skip
