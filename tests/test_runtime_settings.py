@@ -358,3 +358,67 @@ def test_topology_and_resolver_take_typed_settings_too(tmp_path):
     (tmp_path / "checkpoint-7" / "trainer_state.json").write_text("{}")
     resolver = resolver_from_settings(settings, environ={"VERIRL_OUTPUT_DIR": "/nonexistent"})
     assert resolver.resolve("latest") == str(tmp_path / "checkpoint-7")
+
+
+# Every component's timeouts are settings (issue 27): the server's grace after SIGTERM, the
+# watchdog's save grace, the local ranks' wait for rank 0's checkpoint.
+
+
+def _shutdown_timeout(runtime: TrainingRuntime) -> float:
+    assert runtime.server_factory is not None
+    server = runtime.server_factory(runtime.topology)
+    assert isinstance(server, VLLMServer)
+    return server.shutdown_timeout
+
+
+def _reached(runtime: TrainingRuntime) -> tuple[float, float, float]:
+    return (
+        _shutdown_timeout(runtime),
+        runtime.vllm_failure_grace,
+        runtime.checkpoint_wait_timeout,
+    )
+
+
+def test_the_component_timeouts_default_to_the_components_own():
+    runtime = TrainingRuntime.from_settings(gpu_count=2, model="m", environ={})
+    assert _reached(runtime) == (
+        VLLMServer("m").shutdown_timeout,
+        TrainingRuntime(VLLMTopology.plan(1, max_model_len=64)).vllm_failure_grace,
+        TrainingRuntime(VLLMTopology.plan(1, max_model_len=64)).checkpoint_wait_timeout,
+    )
+    assert _reached(runtime) == (30.0, 120.0, 3600.0)
+
+
+@pytest.mark.parametrize("door", ["argument", "variable", "typed"])
+def test_the_component_timeouts_reach_the_components(door):
+    values = {"vllm_shutdown_timeout": 7.5, "vllm_failure_grace": 0.0,
+              "checkpoint_wait_timeout": 90.0}  # fmt: skip
+    environ = {"VERIRL_GPU_COUNT": "2", "VERIRL_MODEL": "m"}
+    if door == "argument":
+        runtime = TrainingRuntime.from_settings(**values, environ=environ)
+    elif door == "variable":
+        environ.update({Settings.variable(field): str(value) for field, value in values.items()})
+        runtime = TrainingRuntime.from_settings(environ=environ)
+    else:
+        runtime = TrainingRuntime.from_settings(
+            Settings(gpu_count=2, model="m", **values), environ={}
+        )
+    assert _reached(runtime) == (7.5, 0.0, 90.0)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("vllm_shutdown_timeout", "-1"), ("vllm_shutdown_timeout", "nan"),
+     ("vllm_failure_grace", "inf"), ("vllm_failure_grace", "soon"),
+     ("checkpoint_wait_timeout", "0"), ("checkpoint_wait_timeout", "1e30")],
+)  # fmt: skip
+def test_a_bad_component_timeout_is_named_by_where_it_came_from(field, value):
+    variable = Settings.variable(field)
+    environ = {"VERIRL_GPU_COUNT": "2", "VERIRL_MODEL": "m", variable: value}
+    with pytest.raises(ConfigError, match=rf"^{variable}=") as info:
+        TrainingRuntime.from_settings(environ=environ)
+    assert info.value.field == variable
+    as_number = float(value) if value != "soon" else value
+    with pytest.raises(ConfigError, match=rf"^{field}=") as info:
+        TrainingRuntime.from_settings(gpu_count=2, model="m", environ={}, **{field: as_number})
+    assert info.value.field == field

@@ -78,6 +78,7 @@ def _default_server_factory(
     log_dir: str | None = None,
     model_field: str = "model",
     startup_timeout: float | None = None,
+    shutdown_timeout: float | None = None,
 ) -> ServerFactory:
     """`VLLMServer.from_topology`, with each of the other arguments that is given."""
 
@@ -93,6 +94,8 @@ def _default_server_factory(
             overrides["log_dir"] = log_dir
         if startup_timeout is not None:
             overrides["startup_timeout"] = startup_timeout
+        if shutdown_timeout is not None:
+            overrides["shutdown_timeout"] = shutdown_timeout
         from verirl.vllm_server import VLLMServer  # noqa: PLC0415 - psutil and requests, when used
 
         return VLLMServer.from_topology(topology, model=model, **overrides)
@@ -393,6 +396,7 @@ def runtime_arguments(
             log_dir=log_dir,
             model_field=read.name("model") or read.unset_name("model"),
             startup_timeout=startup,
+            shutdown_timeout=_seconds(read, "vllm_shutdown_timeout"),
         ),
         "env_timeout": defaults.ENV_TIMEOUT if timeout is None else timeout,
         "remote_server_timeout": startup,
@@ -400,7 +404,19 @@ def runtime_arguments(
             UNRESPONSIVE_TIMEOUT if unresponsive is None else unresponsive
         ),
     }
+    for field in ("vllm_failure_grace", "checkpoint_wait_timeout"):
+        seconds = _seconds(read, field, positive=field == "checkpoint_wait_timeout")
+        if seconds is not None:  # else the runtime's own default, the setting's
+            arguments[field] = seconds
     start_names = (
         {} if log_dir is None else {"log_dir": read.name("vllm_log_dir") or "vllm_log_dir"}
     )
     return topology, arguments, start_names
+
+
+def _seconds(read: Read, field: str, *, positive: bool = False) -> float | None:
+    """A seconds setting: the argument, checked under its name, else the variable's value."""
+    given = read.given.get(field)
+    if given is None:
+        return getattr(read.settings, field)  # type: ignore[no-any-return]
+    return check_seconds(field, given, positive=positive)

@@ -11,8 +11,10 @@ from __future__ import annotations
 __all__ = [
     "COLOCATE_MEMORY",
     "ENV_TIMEOUT",
+    "FAILURE_GRACE",
     "MAX_MODEL_LEN",
     "MODE",
+    "NODE_WAIT_TIMEOUT",
     "SERVER_MEMORY",
     "SERVER_SHUTDOWN_TIMEOUT",
     "SERVER_STARTUP_TIMEOUT",
@@ -53,6 +55,13 @@ COLOCATE_MEMORY = 0.5
 """vLLM's ``gpu_memory_utilization`` when colocated (the trainer shares the GPU)."""
 VLLM_UNRESPONSIVE_TIMEOUT = 60.0
 """Seconds without a healthy ``/health`` answer after which a live server counts as dead."""
+FAILURE_GRACE = 120.0
+"""Seconds a listening training loop gets to save and stop after the vLLM server failed, before
+the main thread is interrupted anyway (a checkpoint of a few billion parameters with optimizer
+state takes tens of seconds to write; a loop stuck in a collective never gets there)."""
+NODE_WAIT_TIMEOUT = 3600.0
+"""Seconds local ranks above 0 wait for local rank 0's checkpoint choice (a download may take
+that long)."""
 SHUTDOWN_TIMEOUT = 25.0
 """Seconds ``launch`` gives its command after passing SIGTERM/SIGINT on, before SIGKILL.
 

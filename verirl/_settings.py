@@ -256,6 +256,22 @@ class Settings:
         "before it counts as dead: the command gets SIGTERM and launch exits 4, as when the "
         "server exits (0: watch its exit only)",
     )  # fmt: skip
+    vllm_shutdown_timeout: float | None = _setting(
+        "VERIRL_VLLM_SHUTDOWN_TIMEOUT", parse_seconds, defaults.SERVER_SHUTDOWN_TIMEOUT,
+        help="seconds the vLLM server started here gets after SIGTERM to end, with its "
+        "workers, before SIGKILL",
+    )  # fmt: skip
+    vllm_failure_grace: float | None = _setting(
+        "VERIRL_VLLM_FAILURE_GRACE", parse_seconds, defaults.FAILURE_GRACE,
+        help="after the vLLM server died or hung, seconds a training that listens for stop "
+        "requests (PreemptionCallback) gets to save and stop before the main thread is "
+        "interrupted (0: at once)",
+    )  # fmt: skip
+    checkpoint_wait_timeout: float | None = _setting(
+        "VERIRL_CHECKPOINT_WAIT_TIMEOUT", _positive_seconds, defaults.NODE_WAIT_TIMEOUT,
+        help="seconds local ranks above 0 wait for local rank 0 to choose (and download) the "
+        "checkpoint to resume from",
+    )  # fmt: skip
     resume_from: str | None = _setting(
         RESUME_ENV_VAR, _text, flag="--resume",
         help="'auto' (the newest complete checkpoint, else a fresh start: the same command "

@@ -328,6 +328,9 @@ class TrainingRuntime:
         env_timeout: float | None = None,
         vllm_startup_timeout: float | None = None,
         vllm_unresponsive_timeout: float | None = None,
+        vllm_shutdown_timeout: float | None = None,
+        vllm_failure_grace: float | None = None,
+        checkpoint_wait_timeout: float | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> TrainingRuntime:
         """Build the real components from the job's settings.
@@ -363,6 +366,9 @@ class TrainingRuntime:
             "vllm_command": vllm_command, "env_timeout": env_timeout,
             "vllm_startup_timeout": vllm_startup_timeout,
             "vllm_unresponsive_timeout": vllm_unresponsive_timeout,
+            "vllm_shutdown_timeout": vllm_shutdown_timeout,
+            "vllm_failure_grace": vllm_failure_grace,
+            "checkpoint_wait_timeout": checkpoint_wait_timeout,
         }  # fmt: skip
         topology, arguments, start_names = runtime_arguments(settings, given, environ)
         runtime = cls(topology, **arguments)

@@ -34,6 +34,7 @@ from typing import Protocol
 
 import attrs
 
+from verirl import _defaults as defaults
 from verirl._fs import (
     FileRefusedError,
     flock_with_deadline,
@@ -51,7 +52,7 @@ __all__ = ["NODE_WAIT_TIMEOUT", "CheckpointResolving", "NodeSharedResolver", "at
 
 log = logging.getLogger("verirl.checkpoints")
 
-NODE_WAIT_TIMEOUT = 3600.0
+NODE_WAIT_TIMEOUT = defaults.NODE_WAIT_TIMEOUT
 """Seconds a follower waits for the leader's choice by default (a download may take that long)."""
 
 _PREFIX = ".verirl-node-"

@@ -66,10 +66,9 @@ and is still 5x shorter than TCPStore's and 30x shorter than NCCL's timeouts
 that end a hung job otherwise. Model loading is before readiness: not watched.
 """
 
-SAVE_GRACE = 120.0
+SAVE_GRACE = defaults.FAILURE_GRACE
 """Default seconds a listening training loop gets to save and stop before the main thread is
-interrupted anyway (a checkpoint of a few billion parameters with optimizer state takes tens
-of seconds to write; a loop that is stuck in a collective never gets there)."""
+interrupted anyway (`verirl._defaults.FAILURE_GRACE`)."""
 
 HEALTH_INTERVAL = 1.0
 """Seconds between two health requests: about one request a second to the user's server."""
