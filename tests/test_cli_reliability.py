@@ -1503,7 +1503,7 @@ def test_a_token_file_huggingface_hub_would_block_on_is_exit_2_at_once(
 def test_a_token_in_the_environment_makes_the_token_file_irrelevant(tmp_path):
     os.mkfifo(tmp_path / "fifo")
     env = {"HF_TOKEN": "hf_" + "x" * 30, "HF_TOKEN_PATH": str(tmp_path / "fifo")}
-    from verirl._secrets import refuse_unreadable_token_file
+    from verirl._hub_token import refuse_unreadable_token_file
 
     refuse_unreadable_token_file(env)  # huggingface_hub never opens the file: no error
     with pytest.raises(ConfigError, match="HF_TOKEN_PATH="):

@@ -19,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verirl import _secrets
-from verirl._secrets import HIDDEN, redact_argv
+from verirl._hidden import HIDDEN
+from verirl._secrets import redact_argv
 from verirl.cli import main
 from verirl.server import launch as _launch
 

@@ -23,8 +23,8 @@ from verirl import (
     TrainingRuntime,
     VLLMServer,
 )
+from verirl._hidden import HIDDEN
 from verirl._secrets import (
-    HIDDEN,
     redact_argv,
     redact_message,
     redact_text,

@@ -103,7 +103,7 @@ def test_a_token_huggingface_hub_finds_itself_is_checked_and_its_source_named(
 ):
     from huggingface_hub import get_token
 
-    from verirl._secrets import implicit_hub_token
+    from verirl._hub_token import implicit_hub_token
 
     token = BAD_TOKENS[kind]
     expected = place_hub_token(source, token, tmp_path, token_env, monkeypatch)
@@ -123,7 +123,7 @@ def test_a_token_huggingface_hub_finds_itself_is_checked_and_its_source_named(
 def test_a_token_file_that_is_not_text_is_a_config_error_naming_it(token_env):
     from huggingface_hub import get_token
 
-    from verirl._secrets import implicit_hub_token
+    from verirl._hub_token import implicit_hub_token
 
     token_env.write_bytes(b"hf_SECRETtoken12345\xe967890")  # Latin-1, not UTF-8
     with pytest.raises(UnicodeDecodeError):
@@ -140,7 +140,7 @@ def test_a_token_file_that_is_not_text_is_a_config_error_naming_it(token_env):
 def test_a_good_token_is_the_one_huggingface_hub_finds(token_env, monkeypatch, source):
     from huggingface_hub import get_token
 
-    from verirl._secrets import implicit_hub_token
+    from verirl._hub_token import implicit_hub_token
 
     if source == "file":
         token_env.write_text(f"  {TOKEN}\r\n")  # huggingface_hub drops CR, LF and spaces around
@@ -153,7 +153,7 @@ def test_a_good_token_is_the_one_huggingface_hub_finds(token_env, monkeypatch, s
 def test_a_token_huggingface_hub_does_not_send_is_not_checked(token_env, monkeypatch, why):
     from huggingface_hub import constants
 
-    from verirl._secrets import implicit_hub_token
+    from verirl._hub_token import implicit_hub_token
 
     token_env.write_text(BAD_TOKENS["space"])
     if why == "offline":
@@ -187,7 +187,7 @@ def test_the_token_variable_is_the_one_huggingface_hub_takes(token_env, monkeypa
                                                              hub_token):  # fmt: skip
     from huggingface_hub.utils._auth import _get_token_from_environment
 
-    from verirl._secrets import token_variable
+    from verirl._hub_token import token_variable
 
     for name, value in (("HF_TOKEN", hf_token), ("HUGGING_FACE_HUB_TOKEN", hub_token)):
         if value is not None:
@@ -200,7 +200,7 @@ def test_a_blank_hf_token_does_not_hide_a_token_file_huggingface_hub_would_block
     token_env, monkeypatch
 ):
     """HF_TOKEN=" " wins over HUGGING_FACE_HUB_TOKEN and gives no token: the file is read."""
-    from verirl._secrets import implicit_hub_token
+    from verirl._hub_token import implicit_hub_token
 
     monkeypatch.setenv("HF_TOKEN", " ")
     monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", TOKEN)
@@ -220,7 +220,7 @@ def test_a_token_path_huggingface_hub_cannot_read_is_a_config_error_naming_it(
 ):
     from huggingface_hub import constants, get_token
 
-    from verirl._secrets import implicit_hub_token
+    from verirl._hub_token import implicit_hub_token
 
     (tmp_path / "file").write_text("not a folder\n")
     monkeypatch.setenv(variable, value.format(tmp=tmp_path))
@@ -253,7 +253,7 @@ def test_offline_mode_is_read_as_huggingface_hub_reads_it(monkeypatch):
     """HF_HUB_OFFLINE=0 turns it off whatever TRANSFORMERS_OFFLINE says, as in huggingface_hub."""
     from huggingface_hub import constants
 
-    from verirl._secrets import hub_offline
+    from verirl._hub_token import hub_offline
 
     done = subprocess.run(
         [sys.executable, "-c", _HUB_OFFLINE_PROGRAM, json.dumps(_OFFLINE_CASES)],
@@ -338,7 +338,7 @@ def test_a_token_file_huggingface_hub_never_reads_is_never_refused(token_env, mo
     from huggingface_hub import constants
     from huggingface_hub.utils._headers import get_token_to_send
 
-    from verirl._secrets import implicit_hub_token, refuse_unreadable_token_file
+    from verirl._hub_token import implicit_hub_token, refuse_unreadable_token_file
 
     token_env.mkdir()  # huggingface_hub would fail reading it, were it read
     if why == "oidc":

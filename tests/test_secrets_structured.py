@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verirl._secrets import HIDDEN, redact_argv, redact_text, shown_command, shown_line
+from verirl._hidden import HIDDEN
+from verirl._secrets import redact_argv, redact_text, shown_command, shown_line
 
 S3_ID = "AKIAIOSFODNN7EXAMPLE"
 S3_SECRET = "wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY"

@@ -18,7 +18,9 @@ import attrs
 from verirl import _defaults as defaults
 from verirl._fs import quoted
 from verirl._gpus import check_visible_gpus, detect_gpu_count
-from verirl._secrets import HIDDEN, implicit_hub_token, shown_command
+from verirl._hidden import HIDDEN
+from verirl._hub_token import implicit_hub_token
+from verirl._secrets import shown_command
 from verirl._settings import Read, Settings
 from verirl._this_host import _check_env_url_port, check_master_port
 from verirl._validate import (
@@ -277,7 +279,7 @@ def resolver_from_settings(
     ``None``. With neither a folder nor a repo the resolver has no sources:
     explicit paths still work, ``"latest"`` finds nothing. With a repo and no
     token, the one huggingface_hub would send is checked here
-    (`verirl._secrets.implicit_hub_token`): a `ConfigError` naming where it is.
+    (`verirl._hub_token.implicit_hub_token`): a `ConfigError` naming where it is.
     ``settings`` as in `TrainingRuntime.from_settings`: then no variable is read.
     """
     given = {"output_dir": output_dir, "hub_repo_id": hub_repo_id, "hub_token": hub_token,

@@ -36,19 +36,17 @@ from typing import TYPE_CHECKING, Any
 
 from verirl._fs import printable
 from verirl._gpus import detect_gpu_count
-from verirl._net import port_is_free
-from verirl._secrets import (
+from verirl._hub_token import (
     TOKEN_SOURCES,
     check_token,
     hub_token_within,
     implicit_hub_token,
     implicit_token_disabled,
-    redact_argv,
-    redact_text,
     refuse_unreadable_token_file,
-    scrub,
     token_variable,
 )
+from verirl._net import port_is_free
+from verirl._secrets import redact_argv, redact_text, scrub
 from verirl._version import __version__
 from verirl.distenv import DistributedEnv
 from verirl.envserver import HttpEnvServerProbe

@@ -21,15 +21,10 @@ import attrs
 
 from verirl import _defaults as defaults
 from verirl._fs import quoted
+from verirl._hidden import HIDDEN
+from verirl._hub_token import hub_token_in_use
 from verirl._plan_inputs import check_mode
-from verirl._secrets import (
-    HIDDEN,
-    hub_token_in_use,
-    redact_argv,
-    redact_url,
-    scrub_config_error,
-    shown_command,
-)
+from verirl._secrets import redact_argv, redact_url, scrub_config_error, shown_command
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,

@@ -36,8 +36,9 @@ from urllib.parse import unquote
 import attrs
 
 from verirl._fs import quoted, shortened
+from verirl._hidden import HIDDEN
 from verirl._poll import Backoff, Clock, Sleep, poll
-from verirl._secrets import HIDDEN, redact_url, scrub_all, secrets_in_environ
+from verirl._secrets import redact_url, scrub_all, secrets_in_environ
 from verirl._url import is_loopback_host, validate_http_url
 from verirl._validate import check_number
 from verirl.errors import ConfigError, EnvServerUnavailable

@@ -26,18 +26,16 @@ from typing import TYPE_CHECKING
 import attrs
 
 from verirl._fs import quoted
-from verirl._phases import DaemonExecutor
-from verirl._secrets import (
+from verirl._hub_token import (
     check_token,
     hub_offline,
     hub_token_in_use,
     hub_token_within,
     implicit_hub_token,
     implicit_token_disabled,
-    scrub,
-    scrub_config_error,
-    scrub_exception,
 )
+from verirl._phases import DaemonExecutor
+from verirl._secrets import scrub, scrub_config_error, scrub_exception
 from verirl._validate import check_int, check_number, check_seconds
 from verirl.checkpoints.download_dir import FolderName, fetch_folder, human_size
 from verirl.checkpoints.download_record import FileEntry, RemoteFolder

@@ -6,7 +6,7 @@ import errno
 from urllib.parse import urlsplit
 
 from verirl._fs import shortened
-from verirl._secrets import hub_offline
+from verirl._hub_token import hub_offline
 from verirl.errors import CheckpointSourceError
 
 

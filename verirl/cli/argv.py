@@ -16,7 +16,8 @@ from verirl import __version__
 from verirl._cli_document import command_word, wants_json, write_document
 from verirl._cli_output import STDERR, STDOUT
 from verirl._fs import printable
-from verirl._secrets import HIDDEN, redact_argv, shown_line, taken_out
+from verirl._hidden import HIDDEN
+from verirl._secrets import redact_argv, shown_line, taken_out
 from verirl.cli.codes import EXIT_CONFIG, EXIT_ERROR, EXIT_OK
 from verirl.cli.output import _RUN_SECRETS, _error_document, _for_stdout, _hidden, _read_run_secrets
 from verirl.cli.parser import _PARSE_OUTPUT, _REPEATED

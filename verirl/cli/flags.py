@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from verirl._fs import quoted
-from verirl._secrets import HIDDEN
+from verirl._hidden import HIDDEN
 from verirl._settings import Settings, split_args
 from verirl._validate import parse_int, parse_seconds
 from verirl.cli.codes import SHUTDOWN_TIMEOUT_VARIABLE

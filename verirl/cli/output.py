@@ -13,7 +13,8 @@ from collections.abc import Callable
 from verirl._cli_document import signal_message, write_document
 from verirl._cli_output import STDERR, STDOUT
 from verirl._fs import escape_bytes
-from verirl._secrets import HIDDEN, known_secrets, redact_and_scrub, scrub_all, secrets_in_environ
+from verirl._hidden import HIDDEN
+from verirl._secrets import known_secrets, redact_and_scrub, scrub_all, secrets_in_environ
 from verirl.cli.codes import EXIT_OK, SIGNALLED
 
 log = logging.getLogger("verirl")

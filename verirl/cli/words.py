@@ -12,7 +12,9 @@ import os
 import re
 
 from verirl._fs import printable, quoted
-from verirl._secrets import HIDDEN, hub_token_in_use, redact_text, scrub, shown_command
+from verirl._hidden import HIDDEN
+from verirl._hub_token import hub_token_in_use
+from verirl._secrets import redact_text, scrub, shown_command
 from verirl._settings import Settings
 from verirl.checkpoints import RESUME_ENV_VAR
 from verirl.cli.flags import _FLAGS, _REQUIRED, _flag, _unset, _variable_of

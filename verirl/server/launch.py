@@ -29,7 +29,8 @@ from typing import Any, Literal, NoReturn
 import attrs
 
 from verirl._fs import quoted
-from verirl._secrets import HIDDEN, redact_argv, redact_text
+from verirl._hidden import HIDDEN
+from verirl._secrets import redact_argv, redact_text
 from verirl.errors import ConfigError, VLLMServerError
 
 __all__ = [

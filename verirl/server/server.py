@@ -54,15 +54,9 @@ import attrs
 
 from verirl import _defaults as defaults
 from verirl._fs import printable, quoted, shortened
+from verirl._hidden import HIDDEN
 from verirl._net import check_port_free, url_host
-from verirl._secrets import (
-    HIDDEN,
-    known_secrets,
-    redact_argv,
-    redact_text,
-    scrub_all,
-    secrets_in_environ,
-)
+from verirl._secrets import known_secrets, redact_argv, redact_text, scrub_all, secrets_in_environ
 from verirl._signals import interrupted_twice, must_not_raise, raise_interruption_behind
 from verirl.errors import (
     ConfigError,
