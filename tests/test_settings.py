@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import sys
 import warnings
@@ -196,7 +197,8 @@ def test_variable_names_match_the_readme_wording():
 TEXT_SETTINGS = [
     field.name
     for field in attrs.fields(Settings)
-    if field.type not in ("int | None", "float | None") and field.name != "vllm_args"
+    if field.type not in ("int | None", "float | None")
+    and field.name not in ("vllm_args", "vllm_command")  # argv: any word exec takes
 ]
 
 
@@ -219,3 +221,68 @@ def test_a_control_character_is_refused_whichever_door_it_comes_through(field, d
     assert caught.value.reason == "must not contain control characters"
     if field == "hub_token":
         assert value not in str(caught.value)
+
+
+@pytest.mark.parametrize("value", ["auto\r", "latest\n", " auto \r\n"])
+def test_blanks_around_a_flag_are_not_part_of_it_as_for_its_variable(value, tmp_path, capsys):
+    """A value read from a file keeps its line end (``read -r``, a Windows editor): the flag reads
+    it as its variable does, not as a control character (review 24, a regression of e147e57)."""
+    from _support import run_cli
+
+    (tmp_path / "checkpoint-3").mkdir()
+    (tmp_path / "checkpoint-3" / "trainer_state.json").write_text('{"global_step": 3}')
+    assert run_cli(["resume", "--output-dir", str(tmp_path), "--resume", value]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "checkpoint-3")
+    runtime = TrainingRuntime.from_settings(
+        gpu_count=1, output_dir=str(tmp_path), resume_from=value, environ={}
+    )
+    assert runtime.resume_from == value  # kept as given; read as "auto"/"latest" at start
+
+
+MULTI_LINE = ("python3", "-c", "import sys\nprint(sys.argv)")
+
+
+@pytest.mark.parametrize("door", ["argument", "variable", "typed"])
+def test_a_command_word_may_hold_a_line_break_as_exec_takes_it(door):
+    """``python -c`` with a program of several lines is an argv exec runs: no door refuses it
+    (review 24: e147e57 refused it as a control character in two doors of three)."""
+    environ = {"VERIRL_GPU_COUNT": "2", "VERIRL_MODEL": "m"}
+    if door == "argument":
+        runtime = TrainingRuntime.from_settings(vllm_command=MULTI_LINE, environ=environ)
+    elif door == "variable":
+        environ["VERIRL_VLLM_COMMAND"] = "python3 -c 'import sys\nprint(sys.argv)'\n  "
+        runtime = TrainingRuntime.from_settings(environ=environ)
+    else:
+        typed = Settings(gpu_count=2, model="m", vllm_command=MULTI_LINE)
+        runtime = TrainingRuntime.from_settings(typed, environ={})
+    assert runtime.server_factory is not None
+    assert tuple(runtime.server_factory(runtime.topology).command or ())[:3] == MULTI_LINE
+
+
+@pytest.mark.parametrize("door", ["argument", "variable", "flag"])
+def test_an_empty_command_word_is_named_where_it_was_given(door, capsys, monkeypatch):
+    """``--served-model-name ''`` in VERIRL_VLLM_COMMAND named an internal ``command=`` field and
+    said 'non-empty list' of a list that was not empty (review 24)."""
+    from _support import run_cli
+
+    reason = "must not hold an empty argument ('')"
+    line = "prog --served-model-name ''"
+    if door == "flag":
+        for name in [name for name in os.environ if name.startswith("VERIRL_")]:
+            monkeypatch.delenv(name)
+        argv = ["plan", "--gpus", "2", "--model", "m", "--vllm-command", line]
+        assert run_cli(["serve", *argv[1:]]) == 2
+        assert f"--vllm-command=['prog', '--served-model-name', '']: {reason}" in (
+            capsys.readouterr().err
+        )
+        return
+    environ = {"VERIRL_GPU_COUNT": "2", "VERIRL_MODEL": "m"}
+    given = {}
+    if door == "variable":
+        environ["VERIRL_VLLM_COMMAND"] = line
+    else:
+        given["vllm_command"] = ["prog", "--served-model-name", ""]
+    with pytest.raises(ConfigError) as info:
+        TrainingRuntime.from_settings(environ=environ, **given)
+    assert info.value.field == ("vllm_command" if door == "argument" else "VERIRL_VLLM_COMMAND")
+    assert info.value.reason == reason

@@ -21,7 +21,7 @@ from verirl._gpus import check_visible_gpus, detect_gpu_count
 from verirl._hidden import HIDDEN
 from verirl._hub_token import implicit_hub_token
 from verirl._secrets import shown_command
-from verirl._settings import Read, Settings
+from verirl._settings import Read, Settings, command_problem
 from verirl._this_host import _check_env_url_port, check_master_port
 from verirl._validate import (
     MAX_GPUS,
@@ -29,7 +29,6 @@ from verirl._validate import (
     MAX_PORT,
     check_environ,
     check_seconds,
-    has_control_chars,
 )
 from verirl.checkpoints import (
     AUTO,
@@ -288,15 +287,16 @@ def resolver_from_settings(
 
 
 def _check_command(command: object) -> tuple[str, ...]:
-    reason = "must be a non-empty sequence of strings (the argv)"
+    """An argv given as an argument, checked as VERIRL_VLLM_COMMAND's words are."""
+    reason = "must be a sequence of strings (the argv)"
     if isinstance(command, (str, bytes)) or not isinstance(command, Sequence):
         raise ConfigError.invalid("vllm_command", shown_command(command), reason)
     argv = tuple(command)
-    if not argv or not all(isinstance(arg, str) and arg and "\x00" not in arg for arg in argv):
+    if not all(isinstance(arg, str) for arg in argv):
         raise ConfigError.invalid("vllm_command", shown_command(command), reason)
-    if any(has_control_chars(arg) for arg in argv):  # as VERIRL_VLLM_COMMAND is read
-        reason = "must not contain control characters"
-        raise ConfigError.invalid("vllm_command", shown_command(command), reason)
+    problem = command_problem(argv)
+    if problem is not None:
+        raise ConfigError.invalid("vllm_command", shown_command(command), problem)
     return argv
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -38,7 +38,7 @@ from verirl._validate import (
 from verirl.checkpoints import RESUME_ENV_VAR
 from verirl.errors import ConfigError
 
-__all__ = ["Read", "Settings", "split_args", "split_command"]
+__all__ = ["Read", "Settings", "command_problem", "split_args", "split_command"]
 
 _Parse = Callable[[str, str], object]
 
@@ -86,10 +86,27 @@ def _integer(minimum: int, maximum: int) -> _Parse:
     return lambda name, raw: parse_int(name, raw, minimum, maximum)
 
 
-def _argv(name: str, raw: str) -> tuple[str, ...]:
-    argv = tuple(split_command(name, _text(name, raw)))
+def command_problem(argv: Sequence[str]) -> str | None:
+    """Why ``argv`` cannot be run as a command (none of it may be empty or hold a NUL), or None.
+
+    Nothing else is refused: a word may hold any other character, a line break
+    too (a ``python -c`` program of several lines), as exec takes it.
+    """
     if not argv:
-        raise ConfigError.invalid(name, raw, "must not be empty")
+        return "must not be empty"
+    if any(arg == "" for arg in argv):
+        return "must not hold an empty argument ('')"
+    if any("\x00" in arg for arg in argv):
+        return "must not contain a null byte"
+    return None
+
+
+def _argv(name: str, raw: str) -> tuple[str, ...]:
+    # A shell line: split first (a newline is white space to it), then each word checked.
+    argv = tuple(split_command(name, raw.strip()))
+    problem = command_problem(argv)
+    if problem is not None:  # the words, where an empty one shows as ''
+        raise ConfigError.invalid(name, shown_command(list(argv) if argv else raw), problem)
     return argv
 
 
@@ -368,9 +385,10 @@ class Read:
         if not isinstance(given, str):
             shown = HIDDEN if field == "hub_token" else value
             raise ConfigError.invalid(field, shown, "must be a string")
-        # The variable's own rule (`_text`, `_secret`), so no door takes what another refuses
+        # The variable's own rule (`_text`, `_secret`: blanks around the value are not part of
+        # it), so that no door takes what another refuses
         checked = given.replace("\r", "").replace("\n", "") if field == "hub_token" else given
-        if has_control_chars(checked):
+        if has_control_chars(checked.strip()):
             shown = HIDDEN if field == "hub_token" else redact_url(given)
             raise ConfigError.invalid(field, shown, "must not contain control characters")
         return given

@@ -12,6 +12,7 @@ from verirl._cli_fds import abandoned_pipes_to_devnull, stdout_to_stderr
 from verirl.cli.argv import _parse, _warn_repeated
 from verirl.cli.codes import EXIT_ERROR, _exit_code
 from verirl.cli.commands import _owning_sigterm
+from verirl.cli.flags import read_setting_flags
 from verirl.cli.output import (
     _configure_logging,
     _emit_json,
@@ -53,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         try:
             with contextlib.ExitStack() as stack:
+                read_setting_flags(args)
                 if args.cmd in ("serve", "launch"):
                     stack.enter_context(_owning_sigterm())
                 if args.cmd == "launch":  # the command must not fail on a pipe nobody reads

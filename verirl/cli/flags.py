@@ -158,6 +158,21 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
     _add_setting(group, "vllm_startup_timeout", type=_ascii_positive_seconds, metavar="S")
 
 
+def read_setting_flags(args: argparse.Namespace) -> None:
+    """Read each text flag of a setting by that setting's parser, as its variable is read.
+
+    A value from a file keeps its line end (``--resume "$(cat f)"`` does not,
+    ``read -r`` from a Windows file does): blanks around it are dropped and a
+    control character inside it is refused, the same for the flag and the
+    variable, whichever command takes it. Commands and server flags are split
+    like a shell where they are used.
+    """
+    for dest, field in _SETTING_OF.items():
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and field not in ("vllm_command", "vllm_args"):
+            setattr(args, dest, Settings.parse(field, _flag(dest), value))
+
+
 def _runtime_from_args(args: argparse.Namespace) -> TrainingRuntime:
     return TrainingRuntime.from_settings(**_settings_from_args(args))
 
