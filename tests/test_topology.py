@@ -313,3 +313,16 @@ def test_a_dedicated_node_refuses_what_cannot_be(kwargs, field, words):
         VLLMTopology.plan(8, max_model_len=4096, **{"dedicated": True, **kwargs})
     assert err.value.field == field
     assert words in str(err.value)
+
+
+@pytest.mark.parametrize(("gpus", "tp"), [(4, 3), (3, 2), (6, 4)])
+def test_colocate_tensor_parallel_must_divide_the_training_processes(gpus, tp):
+    """TRL groups the ranks by the tensor parallel size and refuses an uneven split, but only in
+    the trainer, after the job started (review 24): refused at plan time, named as given."""
+    for given in ("vllm_gpus", "tensor_parallel_size"):
+        with pytest.raises(ConfigError, match="must divide the") as info:
+            VLLMTopology.plan(gpus, max_model_len=1024, mode="colocate", **{given: tp})
+        assert info.value.field == given
+    assert VLLMTopology.plan(4, max_model_len=1024, mode="colocate", vllm_gpus=2).mode == (
+        "colocate"
+    )

@@ -156,11 +156,18 @@ class VLLMTopology:
             raise ConfigError.invalid(
                 "data_parallel_size", wanted.data_parallel_size, "colocate mode supports only 1"
             )
+        # named as given: vllm_gpus is colocate's tensor parallel size
+        given = "vllm_gpus" if wanted.tensor_parallel_size is None else "tensor_parallel_size"
         if tensor_parallel > wanted.gpu_count:
             raise ConfigError.invalid(
-                "tensor_parallel_size",
+                given, tensor_parallel, f"exceeds the {wanted.gpu_count} GPU(s) to colocate on"
+            )
+        if wanted.gpu_count % tensor_parallel:  # TRL refuses it only once training started
+            raise ConfigError.invalid(
+                given,
                 tensor_parallel,
-                f"exceeds the {wanted.gpu_count} GPU(s) to colocate on",
+                f"must divide the {wanted.gpu_count} training processes evenly (one per GPU): "
+                "TRL groups them by it, each group running one vLLM",
             )
         all_gpus = tuple(range(wanted.gpu_count))
         if wanted.max_model_len > COLOCATE_MAX_MODEL_LEN:
