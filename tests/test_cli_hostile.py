@@ -174,7 +174,8 @@ def test_the_flag_wins_over_the_variable_and_is_named(capsys, clean_env, monkeyp
 # A flag and its variable read a value the same way (review 24): blanks around it are not part
 # of it, a control character inside it is refused, whichever door and whichever command.
 FLAG_SETTINGS = {flag: field for field, flag in Settings.flags().items()}
-AROUND = ["1_0\n", " nan ", "http://127.0.0.1:1/y\r\n", "a\x01b", "\u0663\t", "a b\r"]
+AROUND = ["1_0\n", " nan ", "http://127.0.0.1:1/y\r\n", "a\x01b", "\u0663\t", "a b\r",
+          "server\r", " colocate ", "latest\n"]  # fmt: skip
 # A flag the run would not use is refused, its variable ignored (the README's rule): left out.
 UNUSED = {
     ("resume", "--hub-endpoint"),

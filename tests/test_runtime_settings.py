@@ -422,3 +422,22 @@ def test_a_bad_component_timeout_is_named_by_where_it_came_from(field, value):
     with pytest.raises(ConfigError, match=rf"^{field}=") as info:
         TrainingRuntime.from_settings(gpu_count=2, model="m", environ={}, **{field: as_number})
     assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "secret"),
+    [("vllm_args", ("--api-key", "S3CRETPASS"), "S3CRETPASS"),
+     ("vllm_command", ("vllm", "serve", "--api-key", "S3CRETPASS"), "S3CRETPASS"),
+     ("env_url", "http://user:S3CRETPASS@envhost:8000", "S3CRETPASS"),
+     ("hub_endpoint", "https://user:S3CRETPASS@mirror.example", "S3CRETPASS"),
+     ("hub_token", "hf_S3CRETPASS", "S3CRETPASS")],
+)  # fmt: skip
+def test_a_setting_given_both_ways_never_shows_its_secret(field, value, secret):
+    """The both-ways refusal showed server flags, commands and URL passwords (review 25): each
+    field is shown there as every other error shows it."""
+    settings = Settings(gpu_count=2, model="m", hub_repo_id="a/b", **{field: value})
+    with pytest.raises(ConfigError, match="given both") as info:
+        TrainingRuntime.from_settings(settings, environ={}, **{field: value})
+    assert info.value.field == field
+    assert secret not in str(info.value)
+    assert secret not in repr(info.value.value)

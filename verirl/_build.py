@@ -218,7 +218,7 @@ def _read(
         if value is None or field.name not in given:
             continue
         if given[field.name] is not None:
-            shown = HIDDEN if field.metadata["secret"] else given[field.name]
+            shown = Settings.shown_in_error(field.name, given[field.name])
             reason = "is given both in settings and as an argument: give it once"
             raise ConfigError.invalid(field.name, shown, reason)
         merged[field.name] = resume_request(value) if field.name == "resume_from" else value

@@ -123,6 +123,16 @@ def _shown_url(value: str | None) -> str:
     return quoted(value if value is None else redact_url(value))
 
 
+def _url_in_errors(value: object) -> object:
+    """A URL setting as an error shows it: its password and secret parameters hidden."""
+    return redact_url(value) if isinstance(value, str) else value
+
+
+def _never_shown(value: object) -> str:  # noqa: ARG001 - the same shape as the others
+    """Server flags as an error shows them: not at all (errors never echo ``extra_args``)."""
+    return HIDDEN
+
+
 def _shown_argv(value: tuple[str, ...] | None) -> str:
     """A command or flags setting in the repr: ``--api-key`` values and tokens hidden."""
     return quoted(value if value is None else tuple(redact_argv(value)))
@@ -137,6 +147,7 @@ def _setting(
     help: str,  # noqa: A002 - argparse's word
     secret: bool = False,
     shown: Callable[[Any], str] | None = None,
+    in_errors: Callable[[Any], object] | None = None,
 ) -> Any:  # noqa: ANN401 - what attrs.field returns
     """A setting's one declaration: its variable, parser, default, flag and help.
 
@@ -144,9 +155,10 @@ def _setting(
     neither the argument, the flag nor the variable gives one (from
     `verirl._defaults`), or a description of what is done instead ("detected");
     ``flag`` is its ``verirl`` option (None: none). The CLI's flags, their
-    help and the README's table come from here. ``secret``: never in the repr;
-    ``shown``: what the repr shows of the value (one that may hold a
-    credential, hidden).
+    help and the README's table come from here. ``secret``: never in the repr
+    nor in an error; ``shown``: what the repr shows of the value (one that
+    may hold a credential, hidden); ``in_errors``: what an error about a value
+    given shows of it (`Settings.shown_in_error`).
     """
     metadata = {
         "variable": variable,
@@ -156,6 +168,7 @@ def _setting(
         "flag": flag,
         "help": help,
         "secret": secret,
+        "in_errors": (lambda _: HIDDEN) if secret else in_errors,
     }
     shows: bool | Callable[[Any], str] = False if secret else (shown or True)
     return attrs.field(default=None, kw_only=True, repr=shows, metadata=metadata)
@@ -190,7 +203,7 @@ class Settings:
 
     env_url: str | None = _setting(
         "VERIRL_ENV_SERVER_URL", _text, flag="--env-url", help="env server base URL",
-        shown=_shown_url,
+        shown=_shown_url, in_errors=_url_in_errors,
     )  # fmt: skip
     env_timeout: float | None = _setting(
         "VERIRL_ENV_TIMEOUT", parse_seconds, defaults.ENV_TIMEOUT, flag="--env-timeout",
@@ -210,7 +223,7 @@ class Settings:
     hub_token: str | None = _setting("HF_TOKEN", _secret, help="Hub token", secret=True)
     hub_endpoint: str | None = _setting(
         "VERIRL_HUB_ENDPOINT", _text, flag="--hub-endpoint", help="Hub endpoint URL",
-        shown=_shown_url,
+        shown=_shown_url, in_errors=_url_in_errors,
     )  # fmt: skip
     hub_revision: str | None = _setting(
         "VERIRL_HUB_REVISION", _text, flag="--hub-revision", help="Hub revision"
@@ -235,17 +248,18 @@ class Settings:
     vllm_remote_host: str | None = _setting(
         "VERIRL_VLLM_HOST", _text, flag="--vllm-host",
         help="a remote vLLM host: start nothing locally", shown=_shown_url,
+        in_errors=_url_in_errors,
     )  # fmt: skip
     vllm_command: tuple[str, ...] | None = _setting(
         "VERIRL_VLLM_COMMAND", _argv, flag="--vllm-command",
         help="program replacing the server the installed TRL runs, e.g. "
         "'python -m fakes.vllm_serve'",
-        shown=_shown_argv,
+        shown=_shown_argv, in_errors=shown_command,
     )  # fmt: skip
     vllm_args: tuple[str, ...] | None = _setting(
         "VERIRL_VLLM_ARGS", _flags, flag="--vllm-args",
         help="more server flags, split like a shell, e.g. '--enforce-eager --dtype float32'",
-        shown=_shown_argv,
+        shown=_shown_argv, in_errors=_never_shown,
     )  # fmt: skip
     vllm_log_dir: str | None = _setting(
         "VERIRL_VLLM_LOG_DIR", _text, _LOG_DIR_DEFAULT, flag="--log-dir",
@@ -318,6 +332,12 @@ class Settings:
     def parse(field: str, name: str, raw: str) -> Any:  # noqa: ANN401 - the field's own type
         """``raw`` read by the field's parser, as its variable is; errors name ``name``."""
         return attrs.fields_dict(Settings)[field].metadata["parse"](name, raw)
+
+    @staticmethod
+    def shown_in_error(field: str, value: object) -> object:
+        """``value`` of ``field`` as an error may show it: a secret hidden, a URL's password too."""
+        hide = attrs.fields_dict(Settings)[field].metadata["in_errors"]
+        return value if hide is None else hide(value)
 
     @staticmethod
     def variable(field: str) -> str:

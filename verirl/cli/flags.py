@@ -139,7 +139,9 @@ def _add_topology_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("topology")
     _add_setting(group, "gpu_count", type=_ascii_int)
     _add_setting(group, "max_model_len", type=_ascii_int)
-    _add_setting(group, "mode", choices=MODES)
+    # no argparse choices: checked by the setting's parser after blanks around it are dropped, as
+    # VERIRL_VLLM_MODE is (`read_setting_flags`)
+    _add_setting(group, "mode", metavar="{" + ",".join(MODES) + "}")
     _add_setting(group, "vllm_gpus", type=_ascii_int)
     _add_setting(group, "vllm_port", type=_ascii_int)
     _add_setting(group, "vllm_remote_host")
