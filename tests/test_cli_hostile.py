@@ -206,3 +206,18 @@ def test_a_flag_ends_as_its_variable_does(case, value, capsys, clean_env, monkey
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert by_flag == by_variable, err
+
+
+def test_wait_env_reads_its_url_as_env_url_is(capsys, clean_env):
+    """wait-env's URL with a line end was refused while --env-url took it (review 26)."""
+    assert run_cli(["wait-env", "http://127.0.0.1:1\r", "--timeout", "0"]) == 3
+    assert "env server http://127.0.0.1:1 not healthy" in capsys.readouterr().out
+
+
+def test_serve_never_names_a_variable_it_does_not_read(capsys, clean_env, monkeypatch):
+    """serve's layout error read VERIRL_ENV_TIMEOUT, which serve says it does not read."""
+    monkeypatch.setenv("VERIRL_ENV_TIMEOUT", "abc")
+    assert run_cli(["serve", "--model", "m", "--gpus", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpus=1: serve needs a local server-mode topology" in err
+    assert "VERIRL_ENV_TIMEOUT='abc'" not in err

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import attrs
 import pytest
@@ -441,3 +443,59 @@ def test_a_setting_given_both_ways_never_shows_its_secret(field, value, secret):
     assert info.value.field == field
     assert secret not in str(info.value)
     assert secret not in repr(info.value.value)
+
+
+# Review 26: secrets through every door, a token read as HF_TOKEN is
+
+PATH_WORD_COMMAND = [sys.executable, Path("serve.py"), "--api-key", "SEKRIT-KEY-123"]
+
+
+@pytest.mark.parametrize("door", ["argument", "typed", "both"])
+def test_an_api_key_after_a_word_that_is_not_text_is_hidden(door):
+    """A Path word (subprocess takes one) made the whole argv shown as it was (review 26)."""
+    environ = {"VERIRL_GPU_COUNT": "2", "VERIRL_MODEL": "m"}
+    given: dict[str, object] = {"vllm_command": PATH_WORD_COMMAND, "environ": environ}
+    typed = None
+    if door != "argument":
+        command = PATH_WORD_COMMAND if door == "typed" else ("x",)
+        typed = Settings(gpu_count=2, model="m", vllm_command=command)
+        given = {"environ": {}} if door == "typed" else {**given, "environ": {}}
+    with pytest.raises(ConfigError) as info:
+        TrainingRuntime.from_settings(typed, **given)
+    for shown in (str(info.value), repr(info.value.value), repr(info.value)):
+        assert "SEKRIT-KEY-123" not in shown
+    assert "SEKRIT-KEY-123" not in repr(Settings(vllm_command=PATH_WORD_COMMAND))
+
+
+def test_the_hub_token_in_an_endpoint_is_hidden_by_every_refusal(monkeypatch):
+    token = "tokSEKRIT0123456789abcdef"
+    monkeypatch.setenv("HF_TOKEN", token)
+    endpoint = f"https://mirror.example/{token}/\x01"
+    with pytest.raises(ConfigError) as info:
+        resolver_from_settings(hub_repo_id="o/r", hub_endpoint=endpoint)
+    assert token not in str(info.value)
+    assert token not in repr(info.value.value)
+    typed = Settings(hub_repo_id="o/r", hub_token=token, hub_endpoint="https://mirror.example")
+    with pytest.raises(ConfigError, match="given both") as info:
+        resolver_from_settings(typed, hub_endpoint=f"https://mirror.example/{token}", environ={})
+    assert token not in str(info.value)
+    assert token not in repr(info.value.value)
+
+
+@pytest.mark.parametrize("door", ["argument", "typed", "variable"])
+def test_a_hub_token_with_a_line_end_is_read_as_hf_token_is(door, tmp_path):
+    """A token read from a file keeps its newline: HF_TOKEN drops it, so does every door."""
+    token = "hf_" + "a" * 34
+    environ = {}
+    if door == "variable":
+        environ["HF_TOKEN"] = token + "\n"
+        resolver = resolver_from_settings(hub_repo_id="o/r", output_dir=str(tmp_path),
+                                          environ=environ)  # fmt: skip
+    elif door == "argument":
+        resolver = resolver_from_settings(hub_repo_id="o/r", output_dir=str(tmp_path),
+                                          hub_token=token + "\r\n", environ=environ)  # fmt: skip
+    else:
+        typed = Settings(hub_repo_id="o/r", output_dir=str(tmp_path), hub_token=token + "\n")
+        resolver = resolver_from_settings(typed, environ=environ)
+    hub = resolver.sources[-1]
+    assert hub._token == token

@@ -218,9 +218,8 @@ def _read(
         if value is None or field.name not in given:
             continue
         if given[field.name] is not None:
-            shown = Settings.shown_in_error(field.name, given[field.name])
             reason = "is given both in settings and as an argument: give it once"
-            raise ConfigError.invalid(field.name, shown, reason)
+            raise Read(settings, given, env).refusal(field.name, given[field.name], reason)
         merged[field.name] = resume_request(value) if field.name == "resume_from" else value
     return Read(Settings(), merged, env, typed=True)
 

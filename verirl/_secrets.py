@@ -1165,6 +1165,21 @@ def shown_command(value: object) -> object:
         except ValueError:
             return _redact_split_line(value, [])
         return " ".join(redact_argv(words))
-    if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
-        return type(value)(redact_argv(value))
+    if isinstance(value, (list, tuple)):
+        # Words that are not text (a Path, a number) are redacted as the text they stand for:
+        # an --api-key's value after a Path word is still hidden.
+        words = [item if isinstance(item, str) else _word_text(item) for item in value]
+        shown = redact_argv(words)
+        return type(value)(
+            item if not isinstance(item, str) and word == words[index] else word
+            for index, (item, word) in enumerate(zip(value, shown, strict=True))
+        )
     return value
+
+
+def _word_text(item: object) -> str:
+    """A command word that is not text, as text: a path-like's path, else its ``str``."""
+    if isinstance(item, os.PathLike):
+        path = os.fspath(item)
+        return path if isinstance(path, str) else os.fsdecode(path)
+    return str(item)

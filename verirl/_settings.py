@@ -22,9 +22,9 @@ import attrs
 from verirl import _defaults as defaults
 from verirl._fs import quoted
 from verirl._hidden import HIDDEN
-from verirl._hub_token import hub_token_in_use
+from verirl._hub_token import cleaned_token, hub_token_in_use
 from verirl._plan_inputs import check_mode
-from verirl._secrets import redact_argv, redact_url, scrub_config_error, shown_command
+from verirl._secrets import redact_url, scrub_config_error, shown_command
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
@@ -135,7 +135,7 @@ def _never_shown(value: object) -> str:  # noqa: ARG001 - the same shape as the 
 
 def _shown_argv(value: tuple[str, ...] | None) -> str:
     """A command or flags setting in the repr: ``--api-key`` values and tokens hidden."""
-    return quoted(value if value is None else tuple(redact_argv(value)))
+    return quoted(value if value is None else shown_command(value))
 
 
 def _setting(
@@ -403,15 +403,28 @@ class Read:
             return getattr(self.settings, field)  # type: ignore[no-any-return]
         given: object = os.fspath(value) if isinstance(value, os.PathLike) else value
         if not isinstance(given, str):
-            shown = HIDDEN if field == "hub_token" else value
-            raise ConfigError.invalid(field, shown, "must be a string")
-        # The variable's own rule (`_text`, `_secret`: blanks around the value are not part of
-        # it), so that no door takes what another refuses
-        checked = given.replace("\r", "").replace("\n", "") if field == "hub_token" else given
-        if has_control_chars(checked.strip()):
-            shown = HIDDEN if field == "hub_token" else redact_url(given)
-            raise ConfigError.invalid(field, shown, "must not contain control characters")
+            raise self.refusal(field, value, "must be a string")
+        if field == "hub_token":  # as HF_TOKEN is read (`_secret`), and huggingface_hub reads it
+            given = cleaned_token(given) or ""
+        # The variable's own rule (`_text`: blanks around the value are not part of it), so
+        # that no door takes what another refuses
+        if has_control_chars(given.strip()):
+            raise self.refusal(field, given, "must not contain control characters")
         return given
+
+    def refusal(self, field: str, value: object, reason: str) -> ConfigError:
+        """An error about a value given for ``field``, never showing a secret.
+
+        The value is shown as its setting shows values in errors
+        (`Settings.shown_in_error`; a URL's password hidden), and the Hub
+        token, wherever it stands, is scrubbed.
+        """
+        shown = Settings.shown_in_error(field, value)
+        if shown is value and isinstance(value, str):
+            shown = redact_url(value)
+        token = self.given.get("hub_token") or self.settings.hub_token
+        in_use = hub_token_in_use(token if isinstance(token, str) else None)
+        return scrub_config_error(ConfigError.invalid(field, shown, reason), in_use)
 
     def integer(self, field: str, maximum: int) -> int | None:
         value = self.given.get(field)

@@ -165,7 +165,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "serve needs a local server-mode topology: 2 or more GPUs, mode auto or server "
             "(or --dedicated on a node that only serves)"
         )
-        settings = Settings.from_environ()
+        settings = Settings.from_environ(environ)  # what serve reads, as from_settings did
         if args.mode is not None:
             raise ConfigError.invalid("--mode", args.mode, reason)
         if settings.mode == "colocate":

@@ -173,6 +173,8 @@ def read_setting_flags(args: argparse.Namespace) -> None:
         value = getattr(args, dest, None)
         if isinstance(value, str) and field not in ("vllm_command", "vllm_args"):
             setattr(args, dest, Settings.parse(field, _flag(dest), value))
+    if args.cmd == "wait-env":  # its URL is --env-url's, given as an argument
+        args.url = Settings.parse("env_url", "url", args.url)
 
 
 def _runtime_from_args(args: argparse.Namespace) -> TrainingRuntime:
