@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections import UserList
 from pathlib import Path
 
 import attrs
@@ -499,3 +500,63 @@ def test_a_hub_token_with_a_line_end_is_read_as_hf_token_is(door, tmp_path):
         resolver = resolver_from_settings(typed, environ=environ)
     hub = resolver.sources[-1]
     assert hub._token == token
+
+
+# Review 27: an argument read as its variable is; any argv shape redacted
+
+
+@pytest.mark.parametrize("door", ["argument", "typed", "variable"])
+def test_an_argument_with_a_line_end_reads_as_its_variable(door, tmp_path):
+    """``output_dir="/ckpts\\n"`` looked in a folder named with the line end, so ``auto`` started
+    fresh where the variable resumed (review 27): blanks around a text value are not part of it
+    through any door."""
+    (tmp_path / "checkpoint-5").mkdir()
+    (tmp_path / "checkpoint-5" / "trainer_state.json").write_text('{"global_step": 5}')
+    values = {"output_dir": f"{tmp_path}\n", "model": " m\u2028", "mode": " server ",
+              "hub_revision": "main\r\n", "resume_from": "auto\n"}  # fmt: skip
+    environ = {"VERIRL_GPU_COUNT": "2", "VERIRL_HUB_REPO_ID": "a/b"}
+    if door == "argument":
+        runtime = TrainingRuntime.from_settings(**values, environ=environ)
+    elif door == "typed":
+        runtime = TrainingRuntime.from_settings(
+            Settings(gpu_count=2, hub_repo_id="a/b", **values), environ={}
+        )
+    else:
+        environ.update({Settings.variable(field): value for field, value in values.items()})
+        runtime = TrainingRuntime.from_settings(environ=environ)
+    assert runtime.model == "m"
+    assert runtime.topology.mode == "server"
+    assert runtime.checkpoints is not None
+    assert runtime.checkpoints.resolve(runtime.resume_from) == str(tmp_path / "checkpoint-5")
+
+
+def test_a_path_object_is_a_path_as_it_is(tmp_path):
+    """Blanks are dropped from text, never from a path object: ``Path("run ")`` is that folder."""
+    folder = tmp_path / "run "
+    (folder / "checkpoint-2").mkdir(parents=True)
+    (folder / "checkpoint-2" / "trainer_state.json").write_text('{"global_step": 2}')
+    runtime = TrainingRuntime.from_settings(gpu_count=1, output_dir=folder, environ={})
+    assert runtime.checkpoints is not None
+    assert runtime.checkpoints.resolve("latest") == str(folder / "checkpoint-2")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [UserList(["python", "-m", "srv", "--api-key", "sk-SECRETVALUE123456", ""]),
+     ["python", b"--api-key", "sk-SECRETVALUE123456"],
+     ("python", "--api-key", "sk-SECRETVALUE123456", "")],
+    ids=["UserList", "bytes-word", "tuple"],
+)  # fmt: skip
+def test_an_argv_of_any_shape_is_redacted_when_refused(command):
+    with pytest.raises(ConfigError) as info:
+        TrainingRuntime.from_settings(gpu_count=2, model="m", vllm_command=command, environ={})
+    for shown in (str(info.value), repr(info.value.value)):
+        assert "SECRETVALUE" not in shown
+    assert "SECRETVALUE" not in repr(Settings(vllm_command=command, vllm_args=command))
+
+
+def test_a_url_given_as_bytes_never_keeps_its_password():
+    with pytest.raises(ConfigError) as info:
+        TrainingRuntime.from_settings(gpu_count=1, env_url=b"https://user:PASSWORD9@h/", environ={})
+    assert "PASSWORD9" not in str(info.value)
+    assert "PASSWORD9" not in repr(info.value.value)

@@ -498,3 +498,18 @@ def test_a_text_holding_every_shield_character_is_still_redacted():
     text = "".join(map(chr, range(0xE000, 0xF900))) + " https://u:SECRETPW@h"
     assert "SECRETPW" not in redact_message(text)
     assert "SECRETPW" not in redact_text(text)
+
+
+@pytest.mark.parametrize("blank", ["", " ", "\n"])
+def test_a_blank_hub_token_argument_checks_the_token_sent_instead(token_env, tmp_path, blank):
+    """A blank ``hub_token`` means none, as a blank HF_TOKEN does: the token huggingface_hub
+    sends instead is checked up front for both (review 27: the argument skipped the check)."""
+    from verirl import ConfigError, resolver_from_settings
+
+    token_env.write_text("hf_abcdefgh ijklmnop\n")  # a space: no header can carry it
+    for given in ({"hub_token": blank}, {}):
+        environ = {} if given else {"HF_TOKEN": blank}
+        with pytest.raises(ConfigError, match="contains U\\+0020"):
+            resolver_from_settings(
+                hub_repo_id="a/b", output_dir=str(tmp_path), environ=environ, **given
+            )

@@ -236,7 +236,7 @@ def test_blanks_around_a_flag_are_not_part_of_it_as_for_its_variable(value, tmp_
     runtime = TrainingRuntime.from_settings(
         gpu_count=1, output_dir=str(tmp_path), resume_from=value, environ={}
     )
-    assert runtime.resume_from == value  # kept as given; read as "auto"/"latest" at start
+    assert runtime.resume_from == value.strip()  # as VERIRL_RESUME_FROM_CHECKPOINT is read
 
 
 MULTI_LINE = ("python3", "-c", "import sys\nprint(sys.argv)")

@@ -245,7 +245,7 @@ def _resolver(read: Read) -> CheckpointResolver:
                 revision=read.text("hub_revision"),
                 endpoint=read.text("hub_endpoint"),
             )
-        if token is None:  # refused now, as HF_TOKEN is, not when the Hub is first asked
+        if not token:  # refused now, as HF_TOKEN is, not when the Hub is first asked
             implicit_hub_token()
         sources.append(hub)
     return CheckpointResolver(sources)

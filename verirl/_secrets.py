@@ -1165,21 +1165,23 @@ def shown_command(value: object) -> object:
         except ValueError:
             return _redact_split_line(value, [])
         return " ".join(redact_argv(words))
-    if isinstance(value, (list, tuple)):
-        # Words that are not text (a Path, a number) are redacted as the text they stand for:
-        # an --api-key's value after a Path word is still hidden.
-        words = [item if isinstance(item, str) else _word_text(item) for item in value]
-        shown = redact_argv(words)
-        return type(value)(
+    if isinstance(value, Sequence) and not isinstance(value, bytes):
+        # Any sequence (a UserList too), and words that are not text (a Path, bytes, a number)
+        # redacted as the text they stand for: an --api-key's value after one is still hidden.
+        items = list(value)
+        words = [item if isinstance(item, str) else _word_text(item) for item in items]
+        shown = [
             item if not isinstance(item, str) and word == words[index] else word
-            for index, (item, word) in enumerate(zip(value, shown, strict=True))
-        )
+            for index, (item, word) in enumerate(zip(items, redact_argv(words), strict=True))
+        ]
+        return tuple(shown) if isinstance(value, tuple) else shown
     return value
 
 
 def _word_text(item: object) -> str:
-    """A command word that is not text, as text: a path-like's path, else its ``str``."""
+    """A command word that is not text, as text: a path-like's path, bytes decoded, else ``str``."""
     if isinstance(item, os.PathLike):
-        path = os.fspath(item)
-        return path if isinstance(path, str) else os.fsdecode(path)
+        item = os.fspath(item)
+    if isinstance(item, bytes):
+        return os.fsdecode(item)
     return str(item)

@@ -125,6 +125,8 @@ def _shown_url(value: str | None) -> str:
 
 def _url_in_errors(value: object) -> object:
     """A URL setting as an error shows it: its password and secret parameters hidden."""
+    if isinstance(value, bytes):  # refused (not text), yet it may hold a password
+        value = os.fsdecode(value)
     return redact_url(value) if isinstance(value, str) else value
 
 
@@ -401,13 +403,17 @@ class Read:
         value = self.given.get(field)
         if value is None:
             return getattr(self.settings, field)  # type: ignore[no-any-return]
+        path = isinstance(value, os.PathLike)
         given: object = os.fspath(value) if isinstance(value, os.PathLike) else value
         if not isinstance(given, str):
             raise self.refusal(field, value, "must be a string")
-        if field == "hub_token":  # as HF_TOKEN is read (`_secret`), and huggingface_hub reads it
+        # Read as its variable is (`_text`, `_secret`), so that no door takes what another
+        # refuses, nor reads other bytes: blanks around the value are not part of it (a path
+        # object is a path as it is), a control character inside it is refused.
+        if field == "hub_token":  # as huggingface_hub reads a token
             given = cleaned_token(given) or ""
-        # The variable's own rule (`_text`: blanks around the value are not part of it), so
-        # that no door takes what another refuses
+        elif not path:
+            given = given.strip()
         if has_control_chars(given.strip()):
             raise self.refusal(field, given, "must not contain control characters")
         return given
