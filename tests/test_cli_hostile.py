@@ -221,3 +221,14 @@ def test_serve_never_names_a_variable_it_does_not_read(capsys, clean_env, monkey
     err = capsys.readouterr().err
     assert "--gpus=1: serve needs a local server-mode topology" in err
     assert "VERIRL_ENV_TIMEOUT='abc'" not in err
+
+
+@pytest.mark.parametrize(
+    "variable", ["VERIRL_CHECKPOINT_WAIT_TIMEOUT", "VERIRL_VLLM_FAILURE_GRACE"]
+)
+def test_serve_does_not_read_the_training_side_timeouts(variable, capsys, clean_env, monkeypatch):
+    monkeypatch.setenv(variable, "0" if "WAIT" in variable else "soon")
+    assert run_cli(["serve", "--model", "m", "--gpus", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpus=1: serve needs a local server-mode topology" in err
+    assert f"{variable}=" not in err

@@ -560,3 +560,57 @@ def test_a_url_given_as_bytes_never_keeps_its_password():
         TrainingRuntime.from_settings(gpu_count=1, env_url=b"https://user:PASSWORD9@h/", environ={})
     assert "PASSWORD9" not in str(info.value)
     assert "PASSWORD9" not in repr(info.value.value)
+
+
+# Review 28: the given token hidden in every refusal and repr; bytes words; server flags
+
+
+TOKEN = "Zq9xWv7uTs5rQp3oNm1lKj"  # no hf_ shape: hidden because it is the token, not by pattern
+
+
+@pytest.mark.parametrize(
+    ("environ", "given"),
+    [({"VERIRL_HUB_ENDPOINT": f"https://proxy.example/{TOKEN}/\x01"}, {}),
+     ({"VERIRL_VLLM_COMMAND": f"prog {TOKEN} ''"}, {}),
+     ({}, {"vllm_command": ["prog", TOKEN, ""]})],
+    ids=["endpoint-variable", "command-variable", "command-argument"],
+)  # fmt: skip
+def test_the_hub_token_given_as_an_argument_is_hidden_in_every_refusal(environ, given):
+    environ = {"VERIRL_GPU_COUNT": "2", "VERIRL_MODEL": "m", **environ}
+    typed = Settings(hub_repo_id="o/r", hub_token=TOKEN, gpu_count=2, model="m")
+    keywords = {"hub_repo_id": "o/r", "hub_token": TOKEN}
+    doors = [(None, keywords), (typed, {})] if given else [(None, keywords)]  # typed: no variable
+    for settings, more in doors:
+        with pytest.raises(ConfigError) as info:
+            TrainingRuntime.from_settings(settings, environ=environ, **more, **given)
+        assert TOKEN not in str(info.value)
+        assert TOKEN not in repr(info.value.value)
+
+
+def test_the_settings_repr_hides_the_token_inside_other_values():
+    settings = Settings(hub_token=TOKEN, hub_endpoint=f"https://proxy.example/{TOKEN}",
+                        vllm_command=("prog", TOKEN))  # fmt: skip
+    assert TOKEN not in repr(settings)
+    assert TOKEN not in str(settings)
+
+
+@pytest.mark.parametrize("field", ["vllm_args", "vllm_command"])
+def test_a_bytes_flag_word_never_shows_the_value_after_it(field):
+    words = ["prog", b"--api-key", "S3cretValue1234567"]
+    given = {field: words[1:] if field == "vllm_args" else words}
+    with pytest.raises(ConfigError) as info:
+        TrainingRuntime.from_settings(gpu_count=2, model="m", environ={}, **given)
+    assert "S3cretValue1234567" not in str(info.value) + repr(info.value.value)
+    for server_field in ("command", "extra_args"):
+        with pytest.raises(ConfigError) as info:
+            VLLMServer("m", **{server_field: words})
+        assert "S3cretValue1234567" not in str(info.value) + repr(info.value.value)
+
+
+def test_a_refused_server_flag_list_is_never_echoed():
+    """The README: errors never echo extra_args (a redacted list showed the others' values)."""
+    flags = ["--middleware", "x:SECRETMIDDLE", "--port", "1"]
+    with pytest.raises(ConfigError) as info:
+        TrainingRuntime.from_settings(gpu_count=2, model="m", vllm_args=flags, environ={})
+    assert info.value.field == "vllm_args"
+    assert "SECRETMIDDLE" not in str(info.value) + repr(info.value.value)

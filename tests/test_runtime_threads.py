@@ -37,7 +37,7 @@ from _support import (
 from fakes.envserver import FakeEnvServer
 from verirl import DistributedEnv, HttpEnvServerProbe, TrainingRuntime, VLLMServer, VLLMTopology
 from verirl._net import find_free_port
-from verirl._signals import SIGTERM_POLICY
+from verirl._signals import SIGTERM_POLICY, current_frames
 from verirl.errors import VeriRLError
 from verirl.server.watchdog import ServerWatchdog
 
@@ -491,7 +491,7 @@ def _waiting_or_done(thread: threading.Thread, codes: set[Any], within: float) -
     """Until ``thread`` runs one of ``codes``, or has ended (at most ``within`` seconds)."""
     deadline = time.monotonic() + within
     while thread.is_alive() and time.monotonic() < deadline:
-        frame = sys._current_frames().get(thread.ident or 0)
+        frame = current_frames().get(thread.ident or 0)  # CPython gh-106883 (3.11.7 here)
         while frame is not None:
             if frame.f_code in codes:
                 return

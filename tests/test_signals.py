@@ -672,3 +672,29 @@ def _went_on_while_an_exit_unwinds(policy: SigtermPolicy) -> None:
         sys.exit(143)
     except SystemExit:
         policy.went_on()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_current_frames_runs_with_the_collector_off_and_puts_it_back(monkeypatch, enabled):
+    """CPython gh-106883 (before 3.11.9 and 3.12.3): a collection inside sys._current_frames()
+    deadlocks against a thread that is ending; verirl calls it with the collector off, as the
+    fixed CPython does, and leaves the collector as it found it (a test's run hung on 3.11.7)."""
+    import gc
+
+    from verirl import _signals
+
+    seen: list[bool] = []
+
+    def frames() -> dict[int, object]:
+        seen.append(gc.isenabled())
+        return {}
+
+    monkeypatch.setattr(_signals.sys, "_current_frames", frames)
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        assert _signals.current_frames() == {}
+        assert seen == [False]
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -8,8 +8,9 @@ from (`verirl._settings.Read`).
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,8 @@ from verirl import _defaults as defaults
 from verirl._fs import quoted
 from verirl._gpus import check_visible_gpus, detect_gpu_count
 from verirl._hidden import HIDDEN
-from verirl._hub_token import implicit_hub_token
-from verirl._secrets import shown_command
+from verirl._hub_token import cleaned_token, implicit_hub_token
+from verirl._secrets import scrub_config_error, shown_command
 from verirl._settings import Read, Settings, command_problem
 from verirl._this_host import _check_env_url_port, check_master_port
 from verirl._validate import (
@@ -282,7 +283,8 @@ def resolver_from_settings(
     """
     given = {"output_dir": output_dir, "hub_repo_id": hub_repo_id, "hub_token": hub_token,
              "hub_endpoint": hub_endpoint, "hub_revision": hub_revision}  # fmt: skip
-    return _resolver(_read(settings, given, environ))
+    with _token_hidden(settings, given):
+        return _resolver(_read(settings, given, environ))
 
 
 def _check_command(command: object) -> tuple[str, ...]:
@@ -335,6 +337,24 @@ def _has_sources(resolver: CheckpointResolving | None) -> bool:
     return not isinstance(resolver, CheckpointResolver) or bool(resolver.sources)
 
 
+@contextlib.contextmanager
+def _token_hidden(settings: Settings | None, given: Mapping[str, object]) -> Iterator[None]:
+    """Every refusal while building scrubbed of the Hub token given (argument or typed field).
+
+    A variable is read, and an argv checked, before or apart from the token:
+    wherever that token stands in what they show (a proxy URL, a command
+    word), it is hidden as a token from ``HF_TOKEN`` is.
+    """
+    try:
+        yield
+    except ConfigError as exc:
+        token = given.get("hub_token") or getattr(settings, "hub_token", None)  # any settings
+        if not isinstance(token, str) or not token:
+            raise
+        scrubbed = scrub_config_error(exc, cleaned_token(token))
+        raise scrubbed from exc.__cause__
+
+
 def runtime_arguments(
     settings: Settings | None, given: Mapping[str, Any], environ: Mapping[str, str] | None
 ) -> tuple[VLLMTopology, dict[str, Any], dict[str, str]]:
@@ -343,6 +363,13 @@ def runtime_arguments(
     Also the names the runtime's start-time errors use for the settings they
     concern (a ``log_dir`` gone by ``start()`` is named as the user gave it).
     """
+    with _token_hidden(settings, given):
+        return _runtime_arguments(settings, given, environ)
+
+
+def _runtime_arguments(
+    settings: Settings | None, given: Mapping[str, Any], environ: Mapping[str, str] | None
+) -> tuple[VLLMTopology, dict[str, Any], dict[str, str]]:
     read = _read(settings, given, environ)
     env = read.environ
     given = dict(read.given)  # with the settings' values
@@ -352,12 +379,7 @@ def runtime_arguments(
     if url is not None:
         with read.naming({"url": "env_url"}):
             probe = HttpEnvServerProbe(url)
-    command = given["vllm_command"]
-    command = read.settings.vllm_command if command is None else _check_command(command)
-    args = given["vllm_args"]
-    args = (read.settings.vllm_args or ()) if args is None else _check_args(args)
-    with read.naming({"extra_args": "vllm_args"}):
-        to_extra_args(args)  # checked now, not at the server's start: --port, a null byte
+    command, args = _server_argv(read)
     log_dir = read.text("vllm_log_dir")
     if log_dir is not None and not os.path.isdir(log_dir):  # noqa: PTH112
         name = read.name("vllm_log_dir") or "vllm_log_dir"
@@ -421,3 +443,18 @@ def _seconds(read: Read, field: str, *, positive: bool = False) -> float | None:
     if given is None:
         return getattr(read.settings, field)  # type: ignore[no-any-return]
     return check_seconds(field, given, positive=positive)
+
+
+def _server_argv(read: Read) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
+    """The server's command and extra flags, each checked now, not at the server's start."""
+    command = read.given["vllm_command"]
+    command = read.settings.vllm_command if command is None else _check_command(command)
+    args = read.given["vllm_args"]
+    args = (read.settings.vllm_args or ()) if args is None else _check_args(args)
+    with read.naming({"extra_args": "vllm_args"}):
+        try:
+            to_extra_args(args)  # a flag verirl sets itself (--port), a null byte
+        except ConfigError as exc:  # errors never echo the server flags (an --api-key)
+            field, reason = exc.field or "extra_args", exc.reason or "is refused"
+            raise ConfigError.invalid(field, HIDDEN, reason) from exc.__cause__
+    return command, args

@@ -48,11 +48,21 @@ _NOT_SECRETS = frozenset({"true", "false", "yes", "no", "none", "null", "empty",
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
+def _scrubbed_value(value: object, secret: str) -> object:
+    """An error's value with ``secret`` scrubbed: text, and each text word of an argv."""
+    if isinstance(value, str):
+        return scrub(value, secret)
+    if isinstance(value, (list, tuple)):
+        words = [_scrubbed_value(item, secret) for item in value]
+        return tuple(words) if isinstance(value, tuple) else words
+    return value
+
+
 def scrub_config_error(exc: ConfigError, secret: str | None) -> ConfigError:
     """``exc`` with every form of ``secret`` scrubbed from its message, value and reason."""
     if not secret:
         return exc
-    value = scrub(exc.value, secret) if isinstance(exc.value, str) else exc.value
+    value = _scrubbed_value(exc.value, secret)
     reason = None if exc.reason is None else scrub(exc.reason, secret)
     return type(exc)(scrub(str(exc), secret), field=exc.field, value=value, reason=reason)
 

@@ -24,7 +24,7 @@ from verirl._fs import quoted
 from verirl._hidden import HIDDEN
 from verirl._hub_token import cleaned_token, hub_token_in_use
 from verirl._plan_inputs import check_mode
-from verirl._secrets import redact_url, scrub_config_error, shown_command
+from verirl._secrets import redact_url, scrub, scrub_config_error, shown_command
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
@@ -194,7 +194,7 @@ def _shown_default(default: object) -> str:
 _LOG_DIR_DEFAULT = _Described("`verirl-vllm-<uid>` under the temp directory")
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class Settings:
     """The job's settings as read from the environment; ``None`` is unset (or blank).
 
@@ -306,6 +306,24 @@ class Settings:
         "for the first attempt and every retry), 'latest' (one must exist), a path, or empty "
         "for a fresh start",
     )  # fmt: skip
+
+    def __repr__(self) -> str:
+        """Attrs' repr of the shown fields, with the Hub token scrubbed wherever it stands.
+
+        Each field shows what its declaration lets it (a URL's password and
+        an ``--api-key`` hidden); a token inside another value (a proxy
+        endpoint, a command word) is hidden as the token itself is.
+        """
+        parts = []
+        for field in attrs.fields(Settings):
+            if field.repr is False:
+                continue
+            value = getattr(self, field.name)
+            shown = field.repr(value) if callable(field.repr) else repr(value)
+            parts.append(f"{field.name}={shown}")
+        text = f"Settings({', '.join(parts)})"
+        token = cleaned_token(self.hub_token) if isinstance(self.hub_token, str) else None
+        return scrub(text, token) if token else text
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -52,6 +52,7 @@ from __future__ import annotations
 import _signal  # type: ignore[import-not-found]  # signal's C half (see put_back)
 import contextlib
 import functools
+import gc
 import logging
 import os
 import signal
@@ -69,6 +70,7 @@ __all__ = [
     "SigtermPolicy",
     "arm_exit_deadline",
     "as_sigterm",
+    "current_frames",
     "ending_signal_name",
     "exception_chain",
     "exit_on_sigterm",
@@ -483,6 +485,24 @@ def jit_trained(manager: object, *, ending: bool = False) -> bool:
 _TRAINING_FRAMES = frozenset({"train", "_inner_training_loop"})
 
 
+def current_frames() -> dict[int, types.FrameType]:
+    """``sys._current_frames()``, with the garbage collector off while it runs.
+
+    Before Python 3.11.9 and 3.12.3 (CPython gh-106883) it holds the
+    interpreter's thread-list lock while it makes frame objects: a collection
+    they start can run a weakref callback that lets go of the GIL (a socket's
+    close), a thread that is ending takes the GIL and waits for that lock, and
+    the two wait for each other for good. Off as CPython's own fix turns it off.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return sys._current_frames()  # noqa: SLF001 - the stacks, read only
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _training_now(trainer: object) -> bool:
     """Whether ``trainer``'s train() is on the main thread's stack, short of its end.
 
@@ -492,7 +512,7 @@ def _training_now(trainer: object) -> bool:
     if threading.current_thread() is threading.main_thread():
         frame: types.FrameType | None = sys._getframe()  # noqa: SLF001 - the stack, read only
     else:
-        frame = sys._current_frames().get(threading.main_thread().ident or 0)  # noqa: SLF001
+        frame = current_frames().get(threading.main_thread().ident or 0)
     callbacks = getattr(trainer, "callback_handler", None)
     while frame is not None:
         code = frame.f_code

@@ -123,7 +123,8 @@ def _exit_if_sigterm_was_lost() -> None:
 
 
 _NOT_SERVES = ("env_url", "env_timeout", "output_dir", "hub_repo_id", "hub_endpoint",
-               "hub_revision", "resume_from")  # fmt: skip
+               "hub_revision", "resume_from", "checkpoint_wait_timeout",
+               "vllm_failure_grace")  # fmt: skip
 """Settings of the whole job that serve has no use for: no env-server wait, no resume.
 
 Set in a job's shared environment (a multi-node job's vLLM node), they made

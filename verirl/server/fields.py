@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from verirl._secrets import redact_argv, shown_command
+from verirl._secrets import shown_command
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
@@ -89,13 +89,8 @@ def _to_strings(field: str, value: Iterable[str]) -> tuple[str, ...]:
             field, shown_command(value), "must be a sequence of strings, not one string"
         )
     items: tuple[object, ...] = tuple(value)
-    if not all(isinstance(item, str) for item in items):
-        redacted = redact_argv([str(item) for item in items])
-        shown_items = [
-            item if not isinstance(item, str) and word == str(item) else word
-            for item, word in zip(items, redacted, strict=True)
-        ]
-        raise ConfigError.invalid(field, shown_items, "must contain only strings")
+    if not all(isinstance(item, str) for item in items):  # each word redacted as its text
+        raise ConfigError.invalid(field, shown_command(list(items)), "must contain only strings")
     strings = tuple(str(item) for item in items)
     for index, item in enumerate(strings):
         problem = _unportable(item)
