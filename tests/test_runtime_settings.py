@@ -614,3 +614,34 @@ def test_a_refused_server_flag_list_is_never_echoed():
         TrainingRuntime.from_settings(gpu_count=2, model="m", vllm_args=flags, environ={})
     assert info.value.field == "vllm_args"
     assert "SECRETMIDDLE" not in str(info.value) + repr(info.value.value)
+
+
+# Review 29: the token scrubbed from the whole error, whichever source gives it
+
+
+@pytest.mark.parametrize("source", ["argument", "HF_TOKEN"])
+@pytest.mark.parametrize(
+    "given",
+    [{"env_url": f"proxy.local/{TOKEN}"}, {"hub_revision": f"{TOKEN}.lock"},
+     {"env_timeout": TOKEN}, {"vllm_unresponsive_timeout": [TOKEN]},
+     {"vllm_command": ["python", Path(f"/tmp/{TOKEN}"), ""]}],
+    ids=["env_url", "hub_revision", "env_timeout", "unresponsive", "command-path"],
+)  # fmt: skip
+def test_no_part_of_a_refusal_shows_the_hub_token(source, given):
+    import traceback
+
+    environ = {"HF_TOKEN": TOKEN} if source == "HF_TOKEN" else {}
+    token = {"hub_token": TOKEN} if source == "argument" else {}
+    with pytest.raises(ConfigError) as info:
+        TrainingRuntime.from_settings(
+            gpu_count=2, model="m", hub_repo_id="a/b", environ=environ, **token, **given
+        )
+    shown = "".join(traceback.format_exception(info.value))
+    for text in (shown, str(info.value), repr(info.value.value)):
+        assert TOKEN not in text
+
+
+@pytest.mark.parametrize("value", [b"http://user:PW9@h:9/", 123, ["h"]])
+def test_the_settings_repr_takes_any_value_in_a_url_field(value):
+    shown = repr(Settings(env_url=value, hub_endpoint=value, vllm_remote_host=value))
+    assert "PW9" not in shown

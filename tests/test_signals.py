@@ -698,3 +698,33 @@ def test_current_frames_runs_with_the_collector_off_and_puts_it_back(monkeypatch
         assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_current_frames_from_several_threads_never_runs_with_the_collector_on(monkeypatch):
+    """One call's end must not turn the collector back on under another's (review 29)."""
+    import gc
+    import threading
+
+    from verirl import _signals
+
+    on: list[bool] = []
+    real = _signals.sys._current_frames
+
+    def frames() -> dict[int, object]:
+        on.append(gc.isenabled())
+        return real()
+
+    monkeypatch.setattr(_signals.sys, "_current_frames", frames)
+
+    def calls() -> None:
+        for _ in range(2000):
+            _signals.current_frames()
+
+    threads = [threading.Thread(target=calls) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(on) == 6000
+    assert not any(on)
+    assert gc.isenabled()

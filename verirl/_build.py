@@ -20,8 +20,8 @@ from verirl import _defaults as defaults
 from verirl._fs import quoted
 from verirl._gpus import check_visible_gpus, detect_gpu_count
 from verirl._hidden import HIDDEN
-from verirl._hub_token import cleaned_token, implicit_hub_token
-from verirl._secrets import scrub_config_error, shown_command
+from verirl._hub_token import cleaned_token, hub_token_in_use, implicit_hub_token
+from verirl._secrets import scrub_config_error, scrub_exception, shown_command
 from verirl._settings import Read, Settings, command_problem
 from verirl._this_host import _check_env_url_port, check_master_port
 from verirl._validate import (
@@ -60,6 +60,7 @@ __all__ = [
     "HUB_DOWNLOAD_FOLDER",
     "resolver_from_settings",
     "runtime_arguments",
+    "token_hidden",
     "topology_from_settings",
 ]
 
@@ -283,7 +284,7 @@ def resolver_from_settings(
     """
     given = {"output_dir": output_dir, "hub_repo_id": hub_repo_id, "hub_token": hub_token,
              "hub_endpoint": hub_endpoint, "hub_revision": hub_revision}  # fmt: skip
-    with _token_hidden(settings, given):
+    with token_hidden(settings, given, environ):
         return _resolver(_read(settings, given, environ))
 
 
@@ -338,21 +339,38 @@ def _has_sources(resolver: CheckpointResolving | None) -> bool:
 
 
 @contextlib.contextmanager
-def _token_hidden(settings: Settings | None, given: Mapping[str, object]) -> Iterator[None]:
-    """Every refusal while building scrubbed of the Hub token given (argument or typed field).
+def token_hidden(
+    settings: object, given: Mapping[str, object], environ: Mapping[str, str] | None
+) -> Iterator[None]:
+    """Every refusal while building scrubbed of the Hub token, wherever it stands.
 
-    A variable is read, and an argv checked, before or apart from the token:
-    wherever that token stands in what they show (a proxy URL, a command
-    word), it is hidden as a token from ``HF_TOKEN`` is.
+    The token given (argument or typed field), the one ``HF_TOKEN`` gives in
+    ``environ``, and the one huggingface_hub finds itself: a variable is read,
+    and an argv or a timeout checked, apart from the token, and may show it (a
+    proxy URL, a command word). The error's cause chain is scrubbed too, and the
+    unscrubbed error is not kept as its context: a traceback shows neither.
     """
     try:
         yield
     except ConfigError as exc:
-        token = given.get("hub_token") or getattr(settings, "hub_token", None)  # any settings
-        if not isinstance(token, str) or not token:
-            raise
-        scrubbed = scrub_config_error(exc, cleaned_token(token))
-        raise scrubbed from exc.__cause__
+        failure = exc
+    else:
+        return
+    given_token = given.get("hub_token") or getattr(settings, "hub_token", None)
+    env: object = os.environ if environ is None else environ  # a caller's, maybe no mapping
+    from_env = env.get("HF_TOKEN") if isinstance(env, Mapping) else None
+    tokens = {
+        cleaned_token(token)
+        for token in (given_token, from_env, hub_token_in_use(None))
+        if isinstance(token, str)
+    } - {None}
+    if not tokens:
+        raise failure
+    scrubbed = failure
+    for token in tokens:
+        scrubbed = scrub_config_error(scrubbed, token)
+        scrub_exception(failure, token)  # its chain, shown under the new error
+    raise scrubbed from failure.__cause__
 
 
 def runtime_arguments(
@@ -363,7 +381,7 @@ def runtime_arguments(
     Also the names the runtime's start-time errors use for the settings they
     concern (a ``log_dir`` gone by ``start()`` is named as the user gave it).
     """
-    with _token_hidden(settings, given):
+    with token_hidden(settings, given, environ):
         return _runtime_arguments(settings, given, environ)
 
 

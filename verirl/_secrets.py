@@ -55,6 +55,10 @@ def _scrubbed_value(value: object, secret: str) -> object:
     if isinstance(value, (list, tuple)):
         words = [_scrubbed_value(item, secret) for item in value]
         return tuple(words) if isinstance(value, tuple) else words
+    if isinstance(value, (bytes, os.PathLike)):  # shown as the text it stands for, if it shows
+        text = _word_text(value)
+        shown = scrub(text, secret)
+        return shown if shown != text else value
     return value
 
 

@@ -120,7 +120,7 @@ def _flags(name: str, raw: str) -> tuple[str, ...]:
 
 def _shown_url(value: str | None) -> str:
     """A URL setting in the repr: its password and secret parameters hidden."""
-    return quoted(value if value is None else redact_url(value))
+    return quoted(value if value is None else _url_in_errors(value))
 
 
 def _url_in_errors(value: object) -> object:

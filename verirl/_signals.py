@@ -492,15 +492,21 @@ def current_frames() -> dict[int, types.FrameType]:
     interpreter's thread-list lock while it makes frame objects: a collection
     they start can run a weakref callback that lets go of the GIL (a socket's
     close), a thread that is ending takes the GIL and waits for that lock, and
-    the two wait for each other for good. Off as CPython's own fix turns it off.
+    the two wait for each other for good. Off as CPython's own fix turns it off;
+    one call at a time, so that one call's end never turns it back on under
+    another's.
     """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return sys._current_frames()  # noqa: SLF001 - the stacks, read only
-    finally:
-        if enabled:
-            gc.enable()
+    with _FRAMES_LOCK:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return sys._current_frames()  # noqa: SLF001 - the stacks, read only
+        finally:
+            if enabled:
+                gc.enable()
+
+
+_FRAMES_LOCK = threading.RLock()  # re-entered by a signal handler that runs inside a call
 
 
 def _training_now(trainer: object) -> bool:

@@ -30,6 +30,7 @@ from verirl._build import (
     _requested,
     resolver_from_settings,
     runtime_arguments,
+    token_hidden,
     topology_from_settings,
 )
 from verirl._gpus import check_visible_gpus
@@ -370,8 +371,9 @@ class TrainingRuntime:
             "vllm_failure_grace": vllm_failure_grace,
             "checkpoint_wait_timeout": checkpoint_wait_timeout,
         }  # fmt: skip
-        topology, arguments, start_names = runtime_arguments(settings, given, environ)
-        runtime = cls(topology, **arguments)
+        with token_hidden(settings, given, environ):  # the runtime checks its timeouts too
+            topology, arguments, start_names = runtime_arguments(settings, given, environ)
+            runtime = cls(topology, **arguments)
         runtime._start_names = start_names  # a folder gone by start() named as the user gave it
         return runtime
 

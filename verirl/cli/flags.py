@@ -59,6 +59,11 @@ def _ascii_positive_seconds(text: str) -> float:
     return _ascii_seconds(text, positive=True)
 
 
+def _stripped(text: str) -> str:
+    """A flag's value without the blanks around it (a line end read from a file)."""
+    return text.strip()
+
+
 def _dest(flag: str) -> str:
     """The argparse destination of ``flag``: ``--vllm-host`` → ``vllm_host``."""
     return flag.removeprefix("--").replace("-", "_")
@@ -139,9 +144,9 @@ def _add_topology_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("topology")
     _add_setting(group, "gpu_count", type=_ascii_int)
     _add_setting(group, "max_model_len", type=_ascii_int)
-    # no argparse choices: checked by the setting's parser after blanks around it are dropped, as
-    # VERIRL_VLLM_MODE is (`read_setting_flags`)
-    _add_setting(group, "mode", metavar="{" + ",".join(MODES) + "}")
+    # blanks around it dropped before argparse's choices, as VERIRL_VLLM_MODE's are; a bad one
+    # stays argparse's usage error, which hides a word that may be a misplaced secret
+    _add_setting(group, "mode", type=_stripped, choices=MODES)
     _add_setting(group, "vllm_gpus", type=_ascii_int)
     _add_setting(group, "vllm_port", type=_ascii_int)
     _add_setting(group, "vllm_remote_host")
