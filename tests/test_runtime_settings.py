@@ -645,3 +645,38 @@ def test_no_part_of_a_refusal_shows_the_hub_token(source, given):
 def test_the_settings_repr_takes_any_value_in_a_url_field(value):
     shown = repr(Settings(env_url=value, hub_endpoint=value, vllm_remote_host=value))
     assert "PW9" not in shown
+
+
+# Review 30: every *_from_settings hides the token, in the whole chain, the longest whole
+
+LONG = "tokSECRETabcdefghijklmnop1234"
+
+
+def test_topology_from_settings_hides_a_token_from_hf_token():
+    environ = {"HF_TOKEN": LONG, "VERIRL_VLLM_MODE": LONG}
+    for settings in (None, Settings(hub_token=LONG, mode=LONG)):
+        with pytest.raises(ConfigError) as info:
+            topology_from_settings(settings, environ=environ if settings is None else {})
+        assert LONG not in str(info.value)
+        assert LONG not in repr(info.value.value)
+
+
+def test_no_error_in_the_chain_keeps_the_token_in_its_value():
+    with pytest.raises(ConfigError) as info:
+        resolver_from_settings(environ={"HF_TOKEN": LONG, "VERIRL_HUB_REVISION": f"{LONG}.lock",
+                                        "VERIRL_HUB_REPO_ID": "a/b"})  # fmt: skip
+    seen: list[BaseException] = []
+    error: BaseException | None = info.value
+    while error is not None and error not in seen:
+        seen.append(error)
+        for kept in (str(error), repr(getattr(error, "value", None)), getattr(error, "reason", "")):
+            assert LONG not in str(kept)
+        error = error.__cause__ or error.__context__
+
+
+def test_a_token_inside_a_longer_one_hides_the_longer_one_whole():
+    with pytest.raises(ConfigError) as info:
+        TrainingRuntime.from_settings(
+            hub_token=LONG[:17], gpu_count=2, environ={"HF_TOKEN": LONG, "VERIRL_VLLM_MODE": LONG}
+        )
+    assert LONG[17:] not in str(info.value)

@@ -195,7 +195,8 @@ def topology_from_settings(
     given = {"gpu_count": gpu_count, "max_model_len": max_model_len, "mode": mode,
              "vllm_gpus": vllm_gpus, "vllm_port": vllm_port,
              "vllm_remote_host": vllm_remote_host}  # fmt: skip
-    return _plan(_read(settings, given, environ))
+    with token_hidden(settings, given, environ):
+        return _plan(_read(settings, given, environ))
 
 
 def _read(
@@ -359,15 +360,12 @@ def token_hidden(
     given_token = given.get("hub_token") or getattr(settings, "hub_token", None)
     env: object = os.environ if environ is None else environ  # a caller's, maybe no mapping
     from_env = env.get("HF_TOKEN") if isinstance(env, Mapping) else None
-    tokens = {
-        cleaned_token(token)
-        for token in (given_token, from_env, hub_token_in_use(None))
-        if isinstance(token, str)
-    } - {None}
+    found = (given_token, from_env, hub_token_in_use(None))
+    tokens = {cleaned_token(token) or "" for token in found if isinstance(token, str)} - {""}
     if not tokens:
         raise failure
     scrubbed = failure
-    for token in tokens:
+    for token in sorted(tokens, key=len, reverse=True):  # a token inside a longer one: whole
         scrubbed = scrub_config_error(scrubbed, token)
         scrub_exception(failure, token)  # its chain, shown under the new error
     raise scrubbed from failure.__cause__

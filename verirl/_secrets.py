@@ -180,7 +180,11 @@ _FRAGMENT_CUTS = re.compile(r"""[\s:@=&?/#;,.'"`<>()\[\]{}|\\\x00-\x1f\x7f-]+"""
 
 
 def scrub_exception(exc: BaseException, secret: str | None) -> None:
-    """Scrub ``secret`` from the string arguments of ``exc`` and of its cause/context chain."""
+    """Scrub ``secret`` from ``exc`` and its cause/context chain.
+
+    Their string arguments, and the ``value`` and ``reason`` a `ConfigError`
+    keeps beside its message: code that walks the chain reads those too.
+    """
     if not secret:
         return
     seen: set[int] = set()
@@ -193,6 +197,11 @@ def scrub_exception(exc: BaseException, secret: str | None) -> None:
         )
         if args != current.args:
             current.args = args
+        kept = vars(current)
+        if "value" in kept:
+            current.value = _scrubbed_value(kept["value"], secret)  # type: ignore[attr-defined]
+        if isinstance(kept.get("reason"), str):
+            current.reason = scrub(kept["reason"], secret)  # type: ignore[attr-defined]
         current = current.__cause__ or current.__context__
 
 
