@@ -286,3 +286,14 @@ def test_an_empty_command_word_is_named_where_it_was_given(door, capsys, monkeyp
         TrainingRuntime.from_settings(environ=environ, **given)
     assert info.value.field == ("vllm_command" if door == "argument" else "VERIRL_VLLM_COMMAND")
     assert info.value.reason == reason
+
+
+@pytest.mark.parametrize("variable", ["VERIRL_VLLM_MODE", "VERIRL_GPU_COUNT", "VERIRL_OUTPUT_DIR"])
+def test_from_environ_hides_the_hub_token_in_any_refused_variable(variable):
+    """Only an endpoint's refusal was scrubbed (review 30): any value may hold the token."""
+    token = "tokSECRETabcdefghijklmnop1234"
+    value = f"/ck/{token}\x01" if variable == "VERIRL_OUTPUT_DIR" else token
+    with pytest.raises(ConfigError) as info:
+        Settings.from_environ({"HF_TOKEN": token, variable: value})
+    assert token not in str(info.value)
+    assert token not in repr(info.value.value)

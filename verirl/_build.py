@@ -20,7 +20,7 @@ from verirl import _defaults as defaults
 from verirl._fs import quoted
 from verirl._gpus import check_visible_gpus, detect_gpu_count
 from verirl._hidden import HIDDEN
-from verirl._hub_token import cleaned_token, hub_token_in_use, implicit_hub_token
+from verirl._hub_token import implicit_hub_token, tokens_to_hide
 from verirl._secrets import scrub_config_error, scrub_exception, shown_command
 from verirl._settings import Read, Settings, command_problem
 from verirl._this_host import _check_env_url_port, check_master_port
@@ -358,14 +358,11 @@ def token_hidden(
     else:
         return
     given_token = given.get("hub_token") or getattr(settings, "hub_token", None)
-    env: object = os.environ if environ is None else environ  # a caller's, maybe no mapping
-    from_env = env.get("HF_TOKEN") if isinstance(env, Mapping) else None
-    found = (given_token, from_env, hub_token_in_use(None))
-    tokens = {cleaned_token(token) or "" for token in found if isinstance(token, str)} - {""}
+    tokens = tokens_to_hide(os.environ if environ is None else environ, given_token)
     if not tokens:
         raise failure
     scrubbed = failure
-    for token in sorted(tokens, key=len, reverse=True):  # a token inside a longer one: whole
+    for token in tokens:  # longest first: a token inside a longer one leaves no tail
         scrubbed = scrub_config_error(scrubbed, token)
         scrub_exception(failure, token)  # its chain, shown under the new error
     raise scrubbed from failure.__cause__

@@ -32,6 +32,7 @@ __all__ = [
     "implicit_token_disabled",
     "refuse_unreadable_token_file",
     "token_variable",
+    "tokens_to_hide",
 ]
 
 
@@ -230,6 +231,18 @@ def token_variable(environ: Mapping[str, str]) -> tuple[str, str | None] | None:
         if raw:
             return name, cleaned_token(raw)
     return None
+
+
+def tokens_to_hide(environ: object, *given: object) -> list[str]:
+    """Every Hub token an error may quote, longest first (a prefix leaves no tail).
+
+    Those ``given``, ``HF_TOKEN`` in ``environ`` (when it is a mapping), and
+    the one huggingface_hub finds itself.
+    """
+    from_env = environ.get("HF_TOKEN") if isinstance(environ, Mapping) else None
+    found = (*given, from_env, hub_token_in_use(None))
+    tokens = {cleaned_token(token) or "" for token in found if isinstance(token, str)} - {""}
+    return sorted(tokens, key=len, reverse=True)
 
 
 def cleaned_token(raw: str | None) -> str | None:

@@ -22,9 +22,9 @@ import attrs
 from verirl import _defaults as defaults
 from verirl._fs import quoted
 from verirl._hidden import HIDDEN
-from verirl._hub_token import cleaned_token, hub_token_in_use
+from verirl._hub_token import cleaned_token, hub_token_in_use, tokens_to_hide
 from verirl._plan_inputs import check_mode
-from verirl._secrets import redact_url, scrub, scrub_config_error, shown_command
+from verirl._secrets import redact_url, scrub, scrub_config_error, scrub_exception, shown_command
 from verirl._validate import (
     MAX_GPUS,
     MAX_LENGTH,
@@ -342,10 +342,15 @@ class Settings:
                 try:
                     values[field.name] = field.metadata["parse"](name, raw)
                 except ConfigError as exc:
-                    if field.name != "hub_endpoint":
-                        raise
-                    # An endpoint may hold the Hub token: never shown.
-                    raise scrub_config_error(exc, hub_token_in_use(None)) from None
+                    failure, cause = exc, exc.__cause__
+                else:
+                    continue
+                # Any value may hold the Hub token (a proxy endpoint, a path): never shown.
+                for token in tokens_to_hide(env):
+                    failure = scrub_config_error(failure, token)
+                    if cause is not None:
+                        scrub_exception(cause, token)
+                raise failure from cause
         return cls(**values)
 
     @staticmethod
